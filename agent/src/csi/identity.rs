@@ -1,0 +1,78 @@
+//! CSI Identity of the node plugin; Probe is ready only when hostd answers.
+
+use std::time::Duration;
+
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::plugin_capability::{self, service};
+use proxmox_csi_proto::hostd::v1::HealthRequest;
+use proxmox_csi_proto::hostd::v1::hostd_client::HostdClient;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+#[derive(Debug)]
+pub struct Identity {
+    driver_name: String,
+    hostd: HostdClient<Channel>,
+    probe_timeout: Duration,
+}
+
+impl Identity {
+    pub fn new(driver_name: String, hostd: HostdClient<Channel>, probe_timeout: Duration) -> Self {
+        Self {
+            driver_name,
+            hostd,
+            probe_timeout,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl csi::identity_server::Identity for Identity {
+    async fn get_plugin_info(
+        &self,
+        _: Request<csi::GetPluginInfoRequest>,
+    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
+        Ok(Response::new(csi::GetPluginInfoResponse {
+            name: self.driver_name.clone(),
+            vendor_version: env!("CARGO_PKG_VERSION").to_string(),
+            manifest: Default::default(),
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<csi::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
+        // The node plugin serves no Controller service; it reports topology.
+        Ok(Response::new(csi::GetPluginCapabilitiesResponse {
+            capabilities: vec![csi::PluginCapability {
+                r#type: Some(plugin_capability::Type::Service(plugin_capability::Service {
+                    r#type: service::Type::VolumeAccessibilityConstraints as i32,
+                })),
+            }],
+        }))
+    }
+
+    async fn probe(
+        &self,
+        _: Request<csi::ProbeRequest>,
+    ) -> Result<Response<csi::ProbeResponse>, Status> {
+        let mut hostd = self.hostd.clone();
+        let mut req = Request::new(HealthRequest {});
+        req.set_timeout(self.probe_timeout);
+        let ready = match hostd.health(req).await {
+            Ok(h) => {
+                let h = h.into_inner();
+                if !h.udev_monitor_alive {
+                    tracing::debug!("probe: hostd answers but its udev monitor is not running");
+                }
+                true
+            }
+            Err(e) => {
+                tracing::warn!(code = ?e.code(), message = e.message(), "probe: hostd did not answer Health");
+                false
+            }
+        };
+        Ok(Response::new(csi::ProbeResponse { ready: Some(ready) }))
+    }
+}

@@ -1,0 +1,3 @@
+//! CSI services of the node plugin. One file per service.
+
+pub mod identity;

@@ -1,0 +1,72 @@
+//! Wiring: hostd connection → gRPC services → listener.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use proxmox_csi_common::endpoint::SocketAccess;
+use proxmox_csi_common::metrics::{self, Metrics};
+use proxmox_csi_common::{Endpoint, EndpointError};
+use proxmox_csi_proto::csi::v1::identity_server::IdentityServer;
+use tokio::sync::watch;
+
+use crate::csi::identity::Identity;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    #[error("hostd socket {socket}: {source}")]
+    Hostd {
+        socket: PathBuf,
+        source: tonic::transport::Error,
+    },
+    #[error("metrics endpoint {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub driver_name: String,
+    pub csi_address: Endpoint,
+    pub hostd_socket: PathBuf,
+    pub metrics_address: Option<SocketAddr>,
+}
+
+pub async fn run(
+    opts: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    let hostd = crate::hostd::connect(opts.hostd_socket.clone(), Duration::from_secs(30))
+        .map_err(|source| StartError::Hostd {
+            socket: opts.hostd_socket.clone(),
+            source,
+        })?;
+    let metrics = Arc::new(Metrics::new("node", env!("CARGO_PKG_VERSION")));
+    let identity = Identity::new(opts.driver_name.clone(), hostd, Duration::from_secs(5));
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    if let Some(addr) = opts.metrics_address {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Metrics { addr, source })?;
+        tokio::spawn(metrics::serve_on(listener, metrics, stopped(stop_rx.clone())));
+    }
+    let listener = opts.csi_address.bind(SocketAccess::default()).await?;
+    tracing::info!(endpoint = %opts.csi_address, hostd = %opts.hostd_socket.display(), "serving CSI");
+    let router = tonic::transport::Server::builder().add_service(IdentityServer::new(identity));
+    listener.serve(router, stopped(stop_rx)).await?;
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,12 @@
+//! Plumbing shared by `proxmox-csi-controller`, `proxmox-csi-node` and
+//! `proxmox-csi-hostd`: where they listen, how they log, how they expose
+//! metrics, how they stop, and how secrets are kept out of logs.
+
+pub mod endpoint;
+pub mod logging;
+pub mod metrics;
+pub mod secret;
+pub mod shutdown;
+
+pub use endpoint::{Endpoint, EndpointError, Listener};
+pub use secret::Secret;

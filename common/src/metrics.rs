@@ -1,0 +1,144 @@
+//! Prometheus metrics: one registry per process, served on `/metrics` when a
+//! `--metrics-address` is given.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    component: String,
+    version: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RpcLabels {
+    pub method: String,
+    pub code: String,
+}
+
+/// The process's metrics. Cheap to clone; components register their own
+/// families into [`Metrics::registry_mut`] before serving.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    rpc_total: Family<RpcLabels, Counter>,
+    rpc_seconds: Family<RpcLabels, Histogram>,
+}
+
+impl Metrics {
+    pub fn new(component: &str, version: &str) -> Self {
+        let mut registry = Registry::with_prefix("proxmox_csi");
+        let build = Family::<BuildLabels, Gauge>::default();
+        build
+            .get_or_create(&BuildLabels {
+                component: component.to_string(),
+                version: version.to_string(),
+            })
+            .set(1);
+        registry.register("build_info", "Build of the running binary", build);
+        let start_time = Gauge::<i64>::default();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        start_time.set(i64::try_from(now).unwrap_or_default());
+        registry.register(
+            "process_start_time_seconds",
+            "Start time of the process since the Unix epoch",
+            start_time,
+        );
+        let rpc_total = Family::<RpcLabels, Counter>::default();
+        registry.register(
+            "grpc_requests",
+            "gRPC requests served, by method and status code",
+            rpc_total.clone(),
+        );
+        let rpc_seconds = Family::<RpcLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 4.0, 10))
+        });
+        registry.register(
+            "grpc_request_duration_seconds",
+            "gRPC request latency, by method and status code",
+            rpc_seconds.clone(),
+        );
+        Self {
+            registry,
+            rpc_total,
+            rpc_seconds,
+        }
+    }
+
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
+    /// Records one served RPC. `method` is the gRPC method name, e.g. `Probe`.
+    pub fn observe_rpc(&self, method: &str, code: tonic::Code, started: Instant) {
+        let labels = RpcLabels {
+            method: method.to_string(),
+            code: format!("{code:?}"),
+        };
+        self.rpc_total.get_or_create(&labels).inc();
+        self.rpc_seconds
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Encoding into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Serves `/metrics` on `addr` until `shutdown` resolves.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    serve_on(listener, metrics, shutdown).await
+}
+
+/// Like [`serve`], on a listener the caller bound (tests bind port 0).
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = Router::new().route(
+        "/metrics",
+        get(move || {
+            let metrics = metrics.clone();
+            async move {
+                (
+                    StatusCode::OK,
+                    [(
+                        header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    metrics.render(),
+                )
+                    .into_response()
+            }
+        }),
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,358 @@
+//! The cloud config file, compatible with the Go driver's
+//! (`clusters[]` + `features`), parsed once into trusted types.
+//!
+//! Every validation error names the cluster entry (`cluster #N`, counted from
+//! zero like the Go driver) and the key at fault.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use proxmox_csi_common::Secret;
+use serde::Deserialize;
+use url::Url;
+
+/// Default owner VMID of unattached disks (`vm-9999-…`), as in the Go driver.
+pub const DEFAULT_CONTROLLER_VMID: u32 = 9999;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("reading cloud config {path}: {reason}")]
+    Read { path: PathBuf, reason: String },
+    #[error("invalid cloud config: {0}")]
+    Syntax(String),
+    #[error("cloud config: clusters not found: add at least one entry under `clusters:`")]
+    NoClusters,
+    #[error("cluster #{index}: {key}: {reason}")]
+    Cluster {
+        index: usize,
+        key: &'static str,
+        reason: String,
+    },
+    #[error("features.{key}: {reason}")]
+    Feature { key: &'static str, reason: String },
+}
+
+/// How the controller authenticates to one Proxmox cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credentials {
+    /// `PVEAPIToken=<token_id>=<secret>`.
+    Token { id: String, secret: Secret<String> },
+    /// Ticket login; needed only where Proxmox reserves an operation for root@pam.
+    Password {
+        username: String,
+        password: Secret<String>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cluster {
+    /// API base, always ending in `/api2/json`.
+    pub url: Url,
+    pub insecure: bool,
+    pub credentials: Credentials,
+    pub region: String,
+    /// PEM bundle of the CAs that sign the cluster's certificate.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// How a Kubernetes node is matched to a VM (`features.provider`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Provider {
+    #[default]
+    Default,
+    Capmox,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloudConfig {
+    pub clusters: Vec<Cluster>,
+    pub provider: Provider,
+    pub controller_vmid: u32,
+    /// Keys present in the file that this driver does not read, for a warning.
+    pub ignored_keys: Vec<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct RawConfig {
+    #[serde(default)]
+    features: RawFeatures,
+    #[serde(default)]
+    clusters: Option<Vec<RawCluster>>,
+    #[serde(flatten)]
+    other: BTreeMap<String, serde_norway::Value>,
+}
+
+#[derive(Deserialize, Default)]
+struct RawFeatures {
+    provider: Option<String>,
+    #[serde(rename = "controllerVmID")]
+    controller_vmid: Option<i64>,
+    #[serde(rename = "controllerVMID")]
+    controller_vmid_doc: Option<i64>,
+    #[serde(flatten)]
+    other: BTreeMap<String, serde_norway::Value>,
+}
+
+#[derive(Deserialize, Default)]
+struct RawCluster {
+    url: Option<String>,
+    #[serde(default)]
+    insecure: bool,
+    token_id: Option<String>,
+    token_id_file: Option<PathBuf>,
+    token_secret: Option<Secret<String>>,
+    token_secret_file: Option<PathBuf>,
+    username: Option<String>,
+    password: Option<Secret<String>>,
+    password_file: Option<PathBuf>,
+    region: Option<String>,
+    ca_file: Option<PathBuf>,
+    #[serde(flatten)]
+    other: BTreeMap<String, serde_norway::Value>,
+}
+
+impl CloudConfig {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        Self::parse(&text)
+    }
+
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let raw: RawConfig = if text.trim().is_empty() {
+            RawConfig::default()
+        } else {
+            serde_norway::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?
+        };
+        let mut ignored_keys: Vec<String> = raw.other.keys().cloned().collect();
+        ignored_keys.extend(raw.features.other.keys().map(|k| format!("features.{k}")));
+
+        let provider = match raw.features.provider.as_deref() {
+            None | Some("") | Some("default") => Provider::Default,
+            Some("capmox") => Provider::Capmox,
+            Some(other) => {
+                return Err(ConfigError::Feature {
+                    key: "provider",
+                    reason: format!("{other:?} is not one of: default, capmox"),
+                });
+            }
+        };
+        let controller_vmid = controller_vmid(&raw.features)?;
+
+        let raw_clusters = raw.clusters.unwrap_or_default();
+        if raw_clusters.is_empty() {
+            return Err(ConfigError::NoClusters);
+        }
+        let mut clusters: Vec<Cluster> = Vec::with_capacity(raw_clusters.len());
+        for (index, rc) in raw_clusters.into_iter().enumerate() {
+            ignored_keys.extend(rc.other.keys().map(|k| format!("clusters[{index}].{k}")));
+            let cluster = parse_cluster(index, rc)?;
+            if let Some(first) = clusters.iter().position(|c| c.region == cluster.region) {
+                return Err(ConfigError::Cluster {
+                    index,
+                    key: "region",
+                    reason: format!(
+                        "region {:?} is already used by cluster #{first}; regions name clusters and must be unique",
+                        cluster.region
+                    ),
+                });
+            }
+            clusters.push(cluster);
+        }
+        Ok(Self {
+            clusters,
+            provider,
+            controller_vmid,
+            ignored_keys,
+        })
+    }
+
+    pub fn cluster(&self, region: &str) -> Option<&Cluster> {
+        self.clusters.iter().find(|c| c.region == region)
+    }
+}
+
+fn controller_vmid(f: &RawFeatures) -> Result<u32, ConfigError> {
+    let value = match (f.controller_vmid, f.controller_vmid_doc) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(ConfigError::Feature {
+                key: "controllerVmID",
+                reason: format!(
+                    "given twice with different values ({a} as controllerVmID, {b} as controllerVMID); keep one"
+                ),
+            });
+        }
+        (Some(v), _) | (None, Some(v)) => v,
+        (None, None) => return Ok(DEFAULT_CONTROLLER_VMID),
+    };
+    // Proxmox VMIDs run from 100 to 999999999; the Go driver demands more than 100.
+    if !(101..=999_999_999).contains(&value) {
+        return Err(ConfigError::Feature {
+            key: "controllerVmID",
+            reason: format!("invalid VM ID {value}, must be greater than 100 and at most 999999999"),
+        });
+    }
+    Ok(value as u32)
+}
+
+fn parse_cluster(index: usize, rc: RawCluster) -> Result<Cluster, ConfigError> {
+    let err = |key: &'static str, reason: String| ConfigError::Cluster { index, key, reason };
+
+    let url = match rc.url.as_deref().map(str::trim) {
+        None | Some("") => return Err(err("url", "missing PVE API URL in cloud config".into())),
+        Some(u) => parse_url(u).map_err(|reason| err("url", reason))?,
+    };
+    let region = match rc.region.as_deref().map(str::trim) {
+        None | Some("") => {
+            return Err(err("region", "missing PVE region in cloud config".into()));
+        }
+        Some(r) => r.to_string(),
+    };
+
+    let token_id = inline_or_file(index, "token_id", rc.token_id, rc.token_id_file)?;
+    let token_secret = inline_or_file(
+        index,
+        "token_secret",
+        rc.token_secret.map(|s| s.expose().clone()),
+        rc.token_secret_file,
+    )?;
+    let password = inline_or_file(
+        index,
+        "password",
+        rc.password.map(|s| s.expose().clone()),
+        rc.password_file,
+    )?;
+    let username = rc.username.filter(|u| !u.trim().is_empty());
+
+    let uses_token = token_id.is_some() || token_secret.is_some();
+    let uses_user = username.is_some() || password.is_some();
+    let credentials = match (uses_token, uses_user) {
+        (true, true) => {
+            return Err(err(
+                "token_id",
+                "must specify one of user, token or file credentials, not multiple: \
+                 use token_id/token_secret or username/password"
+                    .into(),
+            ));
+        }
+        (false, false) => {
+            return Err(err(
+                "token_id",
+                "user, token or file credentials are required: set token_id and token_secret \
+                 (or token_id_file and token_secret_file)"
+                    .into(),
+            ));
+        }
+        (true, false) => {
+            let id = token_id.ok_or_else(|| {
+                err("token_id", "token_secret is set but token_id is missing".into())
+            })?;
+            let secret = token_secret.ok_or_else(|| {
+                err("token_secret", "token_id is set but token_secret is missing".into())
+            })?;
+            validate_token_id(&id).map_err(|r| err("token_id", r))?;
+            Credentials::Token {
+                id,
+                secret: Secret::new(secret),
+            }
+        }
+        (false, true) => {
+            let username = username
+                .ok_or_else(|| err("username", "password is set but username is missing".into()))?;
+            let password = password
+                .ok_or_else(|| err("password", "username is set but password is missing".into()))?;
+            if !username.contains('@') {
+                return Err(err(
+                    "username",
+                    format!("{username:?} has no realm; expected user@realm, e.g. root@pam"),
+                ));
+            }
+            Credentials::Password {
+                username,
+                password: Secret::new(password),
+            }
+        }
+    };
+
+    if let Some(ca) = &rc.ca_file
+        && !ca.is_file()
+    {
+        return Err(err("ca_file", format!("{} is not a readable file", ca.display())));
+    }
+
+    Ok(Cluster {
+        url,
+        insecure: rc.insecure,
+        credentials,
+        region,
+        ca_file: rc.ca_file,
+    })
+}
+
+/// A value given inline or as `<key>_file` (whose content is trimmed), never both.
+fn inline_or_file(
+    index: usize,
+    key: &'static str,
+    inline: Option<String>,
+    file: Option<PathBuf>,
+) -> Result<Option<String>, ConfigError> {
+    let err = |reason: String| ConfigError::Cluster { index, key, reason };
+    let inline = inline.filter(|v| !v.is_empty());
+    match (inline, file) {
+        (Some(_), Some(_)) => Err(err(format!(
+            "must specify one of user, token or file credentials, not multiple: \
+             {key} and {key}_file are both set"
+        ))),
+        (Some(v), None) => Ok(Some(v)),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| err(format!("reading {key}_file {}: {e}", path.display())))?;
+            let v = text.trim().to_string();
+            if v.is_empty() {
+                return Err(err(format!("{key}_file {} is empty", path.display())));
+            }
+            Ok(Some(v))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+fn parse_url(raw: &str) -> Result<Url, String> {
+    if !raw.starts_with("http") {
+        return Err(format!("{raw:?} must start with http:// or https://"));
+    }
+    let mut url = Url::parse(raw).map_err(|e| format!("{raw:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(format!("{raw:?} must be http(s)://host[:port]/api2/json"));
+    }
+    let path = url.path().trim_end_matches('/').to_string();
+    if path.is_empty() {
+        url.set_path("/api2/json");
+    } else if !path.ends_with("/api2/json") {
+        return Err(format!(
+            "{raw:?} must point at the API root, e.g. https://pve:8006/api2/json"
+        ));
+    } else {
+        url.set_path(&path);
+    }
+    Ok(url)
+}
+
+fn validate_token_id(id: &str) -> Result<(), String> {
+    // user@realm!tokenname
+    let ok = id
+        .split_once('!')
+        .is_some_and(|(user, name)| user.contains('@') && !name.is_empty());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{id:?} is not a token id; expected user@realm!tokenname, e.g. kubernetes-csi@pve!csi"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests;

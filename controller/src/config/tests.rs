@@ -1,0 +1,170 @@
+use super::*;
+
+const GOOD: &str = r#"
+features:
+  provider: default
+  controllerVmID: 9998
+clusters:
+  - url: https://pve1:8006/api2/json
+    insecure: true
+    token_id: "kubernetes-csi@pve!csi"
+    token_secret: "s3cr3t-token"
+    region: Region-1
+  - url: https://pve2:8006
+    username: root@pam
+    password: "pw"
+    region: Region-2
+"#;
+
+#[test]
+fn parses_the_go_driver_format() {
+    let c = CloudConfig::parse(GOOD).unwrap();
+    assert_eq!(c.controller_vmid, 9998);
+    assert_eq!(c.provider, Provider::Default);
+    assert_eq!(c.clusters.len(), 2);
+    assert_eq!(c.clusters[0].url.as_str(), "https://pve1:8006/api2/json");
+    assert!(c.clusters[0].insecure);
+    assert_eq!(
+        c.clusters[0].credentials,
+        Credentials::Token {
+            id: "kubernetes-csi@pve!csi".into(),
+            secret: Secret::new("s3cr3t-token".into())
+        }
+    );
+    // A bare host gets the API root appended.
+    assert_eq!(c.clusters[1].url.as_str(), "https://pve2:8006/api2/json");
+    assert!(matches!(c.clusters[1].credentials, Credentials::Password { .. }));
+    assert!(c.ignored_keys.is_empty());
+}
+
+#[test]
+fn secrets_do_not_print() {
+    let c = CloudConfig::parse(GOOD).unwrap();
+    let dump = format!("{c:?}");
+    assert!(!dump.contains("s3cr3t-token"), "{dump}");
+    assert!(!dump.contains("\"pw\""), "{dump}");
+}
+
+#[test]
+fn accepts_the_documented_controller_vmid_spelling() {
+    let c = CloudConfig::parse(&GOOD.replace("controllerVmID", "controllerVMID")).unwrap();
+    assert_eq!(c.controller_vmid, 9998);
+    let c = CloudConfig::parse(&GOOD.replace("  controllerVmID: 9998\n", "")).unwrap();
+    assert_eq!(c.controller_vmid, DEFAULT_CONTROLLER_VMID);
+}
+
+#[test]
+fn reads_and_trims_file_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("id"), "csi@pve!k8s\n").unwrap();
+    std::fs::write(dir.path().join("secret"), "  abc \n").unwrap();
+    let text = format!(
+        "clusters:\n  - url: http://h/api2/json\n    region: r\n    token_id_file: {0}/id\n    token_secret_file: {0}/secret\n",
+        dir.path().display()
+    );
+    let c = CloudConfig::parse(&text).unwrap();
+    assert_eq!(
+        c.clusters[0].credentials,
+        Credentials::Token {
+            id: "csi@pve!k8s".into(),
+            secret: Secret::new("abc".into())
+        }
+    );
+}
+
+fn error_of(yaml: &str) -> String {
+    CloudConfig::parse(yaml).unwrap_err().to_string()
+}
+
+#[test]
+fn every_error_names_the_entry_and_the_key() {
+    let base = "clusters:\n  - url: https://a/api2/json\n    token_id: u@pve!t\n    token_secret: x\n    region: r1\n";
+    let cases: &[(&str, &str)] = &[
+        (
+            "  - token_id: u@pve!t\n    token_secret: x\n    region: r2\n",
+            "cluster #1: url: missing PVE API URL",
+        ),
+        (
+            "  - url: https://b/api2/json\n    token_id: u@pve!t\n    token_secret: x\n",
+            "cluster #1: region: missing PVE region",
+        ),
+        (
+            "  - url: ftp://b\n    token_id: u@pve!t\n    token_secret: x\n    region: r2\n",
+            "cluster #1: url: \"ftp://b\" must start with http",
+        ),
+        (
+            "  - url: https://b/api2/json\n    region: r2\n",
+            "cluster #1: token_id: user, token or file credentials are required",
+        ),
+        (
+            "  - url: https://b/api2/json\n    token_id: u@pve!t\n    token_secret: x\n    username: root@pam\n    password: p\n    region: r2\n",
+            "cluster #1: token_id: must specify one of user, token or file credentials, not multiple",
+        ),
+        (
+            "  - url: https://b/api2/json\n    token_id: u@pve!t\n    token_secret: x\n    token_secret_file: /etc/hostname\n    region: r2\n",
+            "cluster #1: token_secret: must specify one of user, token or file credentials, not multiple",
+        ),
+        (
+            "  - url: https://b/api2/json\n    token_id: u@pve!t\n    region: r2\n",
+            "cluster #1: token_secret: token_id is set but token_secret is missing",
+        ),
+        (
+            "  - url: https://b/api2/json\n    token_id: justaname\n    token_secret: x\n    region: r2\n",
+            "cluster #1: token_id: \"justaname\" is not a token id",
+        ),
+        (
+            "  - url: https://b/api2/json\n    token_id: u@pve!t\n    token_secret: x\n    region: r1\n",
+            "cluster #1: region: region \"r1\" is already used by cluster #0",
+        ),
+        (
+            "  - url: https://b/api2/json\n    username: root\n    password: p\n    region: r2\n",
+            "cluster #1: username: \"root\" has no realm",
+        ),
+        (
+            "  - url: https://b/api2/json\n    token_id: u@pve!t\n    token_secret_file: /nonexistent/secret\n    region: r2\n",
+            "cluster #1: token_secret: reading token_secret_file /nonexistent/secret",
+        ),
+        (
+            "  - url: https://b/api2/json\n    token_id: u@pve!t\n    token_secret: x\n    region: r2\n    ca_file: /nonexistent/ca.pem\n",
+            "cluster #1: ca_file: /nonexistent/ca.pem is not a readable file",
+        ),
+    ];
+    for (entry, want) in cases {
+        let got = error_of(&format!("{base}{entry}"));
+        assert!(got.starts_with(want), "want {want:?}\n got {got:?}");
+    }
+}
+
+#[test]
+fn rejects_bad_features_and_empty_files() {
+    assert_eq!(
+        CloudConfig::parse("").unwrap_err(),
+        ConfigError::NoClusters
+    );
+    assert!(error_of("clusters: [").starts_with("invalid cloud config"));
+    let one = "clusters:\n  - url: https://a\n    token_id: u@pve!t\n    token_secret: x\n    region: r\n";
+    assert!(
+        error_of(&format!("features:\n  controllerVmID: 100\n{one}"))
+            .starts_with("features.controllerVmID: invalid VM ID 100, must be greater than 100")
+    );
+    assert!(
+        error_of(&format!("features:\n  controllerVmID: 1000\n  controllerVMID: 2000\n{one}"))
+            .contains("given twice with different values")
+    );
+    assert!(
+        error_of(&format!("features:\n  provider: aws\n{one}"))
+            .starts_with("features.provider: \"aws\" is not one of: default, capmox")
+    );
+}
+
+#[test]
+fn reports_keys_it_does_not_read() {
+    let c = CloudConfig::parse(
+        "features:\n  controllerVmId: 5000\nclusters:\n  - url: https://a\n    token_id: u@pve!t\n    token_secret: x\n    region: r\n    tokenSecret: y\n",
+    )
+    .unwrap();
+    assert_eq!(
+        c.ignored_keys,
+        vec!["features.controllerVmId".to_string(), "clusters[0].tokenSecret".to_string()]
+    );
+}

@@ -1,0 +1,111 @@
+//! CSI Identity: who we are, what we can do, and whether every configured
+//! Proxmox cluster answers.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use proxmox_csi_common::metrics::Metrics;
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::plugin_capability::{self, service, volume_expansion};
+use tonic::{Request, Response, Status};
+
+use crate::pve;
+
+#[derive(Debug)]
+pub struct Identity {
+    driver_name: String,
+    clusters: Arc<Vec<pve::Client>>,
+    probe_timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl Identity {
+    pub fn new(
+        driver_name: String,
+        clusters: Arc<Vec<pve::Client>>,
+        probe_timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            driver_name,
+            clusters,
+            probe_timeout,
+            metrics,
+        }
+    }
+
+    /// Checks every cluster's `/version`; returns the failures, one line each.
+    async fn unreachable_clusters(&self) -> Vec<String> {
+        let checks = self.clusters.iter().map(|c| async move {
+            match tokio::time::timeout(self.probe_timeout, c.version()).await {
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some(format!(
+                    "Proxmox cluster {}: GET /version: no answer within {:?}",
+                    c.region(),
+                    self.probe_timeout
+                )),
+            }
+        });
+        join_all(checks).await.into_iter().flatten().collect()
+    }
+}
+
+fn service(t: service::Type) -> csi::PluginCapability {
+    csi::PluginCapability {
+        r#type: Some(plugin_capability::Type::Service(plugin_capability::Service {
+            r#type: t as i32,
+        })),
+    }
+}
+
+fn expansion(t: volume_expansion::Type) -> csi::PluginCapability {
+    csi::PluginCapability {
+        r#type: Some(plugin_capability::Type::VolumeExpansion(
+            plugin_capability::VolumeExpansion { r#type: t as i32 },
+        )),
+    }
+}
+
+#[tonic::async_trait]
+impl csi::identity_server::Identity for Identity {
+    async fn get_plugin_info(
+        &self,
+        _: Request<csi::GetPluginInfoRequest>,
+    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
+        Ok(Response::new(csi::GetPluginInfoResponse {
+            name: self.driver_name.clone(),
+            vendor_version: env!("CARGO_PKG_VERSION").to_string(),
+            manifest: Default::default(),
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<csi::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
+        Ok(Response::new(csi::GetPluginCapabilitiesResponse {
+            capabilities: vec![
+                service(service::Type::ControllerService),
+                service(service::Type::VolumeAccessibilityConstraints),
+                expansion(volume_expansion::Type::Online),
+            ],
+        }))
+    }
+
+    async fn probe(
+        &self,
+        _: Request<csi::ProbeRequest>,
+    ) -> Result<Response<csi::ProbeResponse>, Status> {
+        let started = Instant::now();
+        let failures = self.unreachable_clusters().await;
+        for f in &failures {
+            tracing::warn!(reason = %f, "probe: Proxmox cluster not reachable");
+        }
+        self.metrics.observe_rpc("Probe", tonic::Code::Ok, started);
+        Ok(Response::new(csi::ProbeResponse {
+            ready: Some(failures.is_empty()),
+        }))
+    }
+}

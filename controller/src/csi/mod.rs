@@ -1,0 +1,3 @@
+//! CSI services of the controller. One file per service; handlers stay thin.
+
+pub mod identity;

@@ -1,0 +1,59 @@
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use proxmox_csi_common::Endpoint;
+use proxmox_csi_common::logging::{self, LogFormat};
+use proxmox_csi_controller::server::{self, Options};
+
+/// CSI controller for Proxmox VE.
+#[derive(Debug, Parser)]
+#[command(name = "proxmox-csi-controller", version)]
+struct Args {
+    /// CSI endpoint: unix:///path.sock or tcp://host:port.
+    #[arg(long, default_value = "unix:///csi/csi.sock")]
+    csi_address: Endpoint,
+    /// Cloud config file (clusters and credentials).
+    #[arg(long, env = "PROXMOX_CSI_CLOUD_CONFIG")]
+    cloud_config: PathBuf,
+    /// CSI driver name.
+    #[arg(long, default_value = "csi.proxmox.sinextra.dev")]
+    driver_name: String,
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:8080).
+    #[arg(long)]
+    metrics_address: Option<SocketAddr>,
+    /// Timeout of one Proxmox API call, in seconds.
+    #[arg(long, default_value_t = 30)]
+    api_timeout: u64,
+    /// Log format: text or json.
+    #[arg(long, default_value = "text")]
+    log_format: LogFormat,
+    /// Log level or filter (overrides RUST_LOG), e.g. debug.
+    #[arg(long)]
+    log_level: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Err(e) = logging::init(args.log_format, args.log_level.as_deref()) {
+        eprintln!("proxmox-csi-controller: {e}");
+        return ExitCode::FAILURE;
+    }
+    let opts = Options {
+        driver_name: args.driver_name,
+        csi_address: args.csi_address,
+        cloud_config: args.cloud_config,
+        metrics_address: args.metrics_address,
+        api_timeout: Duration::from_secs(args.api_timeout),
+    };
+    match server::run(opts, proxmox_csi_common::shutdown::signal_received()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "controller failed");
+            ExitCode::FAILURE
+        }
+    }
+}

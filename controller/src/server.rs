@@ -1,0 +1,92 @@
+//! Wiring: config → Proxmox clients → gRPC services → listener.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use proxmox_csi_common::endpoint::SocketAccess;
+use proxmox_csi_common::metrics::{self, Metrics};
+use proxmox_csi_common::{Endpoint, EndpointError};
+use proxmox_csi_proto::csi::v1::identity_server::IdentityServer;
+use tokio::sync::watch;
+
+use crate::config::{CloudConfig, ConfigError};
+use crate::csi::identity::Identity;
+use crate::pve;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Proxmox(#[from] pve::PveError),
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    #[error("metrics endpoint {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub driver_name: String,
+    pub csi_address: Endpoint,
+    pub cloud_config: PathBuf,
+    pub metrics_address: Option<SocketAddr>,
+    pub api_timeout: Duration,
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(
+    opts: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StartError> {
+    let config = CloudConfig::load(&opts.cloud_config)?;
+    for key in &config.ignored_keys {
+        tracing::warn!(key = %key, "cloud config: key not recognised, ignored");
+    }
+    let clients = config
+        .clusters
+        .iter()
+        .cloned()
+        .map(|c| pve::Client::new(c, opts.api_timeout))
+        .collect::<Result<Vec<_>, _>>()?;
+    let regions: Vec<&str> = clients.iter().map(|c| c.region()).collect();
+    tracing::info!(?regions, controller_vmid = config.controller_vmid, "cloud config loaded");
+
+    let metrics = Arc::new(Metrics::new("controller", env!("CARGO_PKG_VERSION")));
+    let identity = Identity::new(
+        opts.driver_name.clone(),
+        Arc::new(clients),
+        Duration::from_secs(5),
+        metrics.clone(),
+    );
+
+    // One shutdown signal fanned out to the gRPC and metrics servers.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    if let Some(addr) = opts.metrics_address {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Metrics { addr, source })?;
+        tracing::info!(%addr, "serving metrics on /metrics");
+        tokio::spawn(metrics::serve_on(listener, metrics.clone(), stopped(stop_rx.clone())));
+    }
+
+    let listener = opts.csi_address.bind(SocketAccess::default()).await?;
+    tracing::info!(endpoint = %opts.csi_address, driver = %opts.driver_name, "serving CSI");
+    let router = tonic::transport::Server::builder().add_service(IdentityServer::new(identity));
+    listener.serve(router, stopped(stop_rx)).await?;
+    tracing::info!("stopped");
+    Ok(())
+}

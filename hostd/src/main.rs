@@ -1,0 +1,71 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use proxmox_csi_common::endpoint::SocketAccess;
+use proxmox_csi_common::logging::{self, LogFormat};
+use proxmox_csi_hostd::server::{self, Options};
+
+/// Privileged host daemon of the Proxmox CSI driver.
+#[derive(Debug, Parser)]
+#[command(name = "proxmox-csi-hostd", version)]
+struct Args {
+    /// Unix socket the node plugin connects to.
+    #[arg(long, default_value = "/run/proxmox-csi-hostd/hostd.sock")]
+    socket: PathBuf,
+    /// Octal mode of the socket.
+    #[arg(long, default_value = "660", value_parser = parse_mode)]
+    socket_mode: u32,
+    /// Numeric group owning the socket (the node plugin's group).
+    #[arg(long)]
+    socket_group: Option<u32>,
+    /// Health file rewritten every few seconds, for `talosctl read`.
+    #[arg(long, default_value = "/run/proxmox-csi-hostd/health.json")]
+    health_file: PathBuf,
+    /// Seconds between health file updates.
+    #[arg(long, default_value_t = 5)]
+    health_interval: u64,
+    /// Where SMBIOS identity is read from.
+    #[arg(long, default_value = "/sys/class/dmi/id")]
+    dmi_dir: PathBuf,
+    /// Log format: text or json.
+    #[arg(long, default_value = "text")]
+    log_format: LogFormat,
+    /// Log level or filter (overrides RUST_LOG), e.g. debug.
+    #[arg(long)]
+    log_level: Option<String>,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("socket mode {s:?} is not an octal mode such as 660"))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Err(e) = logging::init(args.log_format, args.log_level.as_deref()) {
+        eprintln!("proxmox-csi-hostd: {e}");
+        return ExitCode::FAILURE;
+    }
+    let opts = Options {
+        socket: args.socket,
+        socket_access: SocketAccess {
+            mode: args.socket_mode,
+            group: args.socket_group,
+        },
+        health_file: Some(args.health_file),
+        health_interval: Duration::from_secs(args.health_interval.max(1)),
+        dmi_dir: args.dmi_dir,
+    };
+    match server::run(opts, proxmox_csi_common::shutdown::signal_received()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "hostd failed");
+            ExitCode::FAILURE
+        }
+    }
+}

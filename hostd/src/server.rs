@@ -1,0 +1,70 @@
+//! Wiring: health reporting, the gRPC service, the unix socket.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use proxmox_csi_common::endpoint::SocketAccess;
+use proxmox_csi_common::{Endpoint, EndpointError};
+use proxmox_csi_proto::hostd::v1::hostd_server::HostdServer;
+use tokio::sync::watch;
+
+use crate::health::Health;
+use crate::service::HostdService;
+
+/// Largest request hostd accepts; its requests are a few paths and flags.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub socket: PathBuf,
+    pub socket_access: SocketAccess,
+    pub health_file: Option<PathBuf>,
+    pub health_interval: Duration,
+    pub dmi_dir: PathBuf,
+}
+
+pub async fn run(
+    opts: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), EndpointError> {
+    let health = Arc::new(Health::default());
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+
+    if let Some(path) = opts.health_file.clone() {
+        let health = health.clone();
+        let mut stop = stop_rx.clone();
+        let every = opts.health_interval;
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = health.write_file(&path) {
+                    tracing::warn!(path = %path.display(), error = %e, "writing the health file");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+        });
+    }
+
+    let endpoint = Endpoint::Unix(opts.socket.clone());
+    let listener = endpoint.bind(opts.socket_access).await?;
+    tracing::info!(socket = %opts.socket.display(), mode = format!("{:o}", opts.socket_access.mode), "serving hostd");
+    let service = HostdService::new(health, opts.dmi_dir.clone());
+    let router = tonic::transport::Server::builder().add_service(
+        HostdServer::new(service)
+            .max_decoding_message_size(MAX_REQUEST_BYTES),
+    );
+    listener
+        .serve(router, async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+        })
+        .await?;
+    tracing::info!("stopped");
+    Ok(())
+}
