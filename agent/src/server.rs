@@ -61,11 +61,13 @@ pub async fn run(
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| StartError::Metrics { addr, source })?;
-        tokio::spawn(metrics::serve_on(listener, metrics, stopped(stop_rx.clone())));
+        tokio::spawn(metrics::serve_on(listener, metrics.clone(), stopped(stop_rx.clone())));
     }
     let listener = opts.csi_address.bind(SocketAccess::default()).await?;
     tracing::info!(endpoint = %opts.csi_address, hostd = %opts.hostd_socket.display(), "serving CSI");
-    let router = tonic::transport::Server::builder().add_service(IdentityServer::new(identity));
+    let router = tonic::transport::Server::builder()
+        .layer(metrics::GrpcMetricsLayer(metrics.clone()))
+        .add_service(IdentityServer::new(identity));
     listener.serve(router, stopped(stop_rx)).await?;
     tracing::info!("stopped");
     Ok(())

@@ -12,7 +12,11 @@ use std::path::{Path, PathBuf};
 
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use bytes::Bytes;
+use tonic::body::Body;
+use tonic::service::Routes;
 use tonic::transport::server::Router;
+use tower::{Layer, Service};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
@@ -176,11 +180,21 @@ impl Listener {
     }
 
     /// Serves `router` until `shutdown` resolves, then removes the unix socket.
-    pub async fn serve(
+    pub async fn serve<L, ResBody>(
         self,
-        router: Router,
+        router: Router<L>,
         shutdown: impl Future<Output = ()> + Send,
-    ) -> Result<(), EndpointError> {
+    ) -> Result<(), EndpointError>
+    where
+        L: Layer<Routes>,
+        L::Service:
+            Service<http::Request<Body>, Response = http::Response<ResBody>> + Clone + Send + 'static,
+        <L::Service as Service<http::Request<Body>>>::Future: Send,
+        <L::Service as Service<http::Request<Body>>>::Error:
+            Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+        ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+        ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         match self {
             Self::Tcp { listener } => {
                 let endpoint = format!("tcp://{:?}", listener.local_addr().ok());

@@ -105,6 +105,72 @@ impl Metrics {
     }
 }
 
+/// A tower layer that counts and times every gRPC call by method and status.
+#[derive(Debug, Clone)]
+pub struct GrpcMetricsLayer(pub std::sync::Arc<Metrics>);
+
+impl<S> tower::Layer<S> for GrpcMetricsLayer {
+    type Service = GrpcMetricsService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        GrpcMetricsService {
+            inner,
+            metrics: self.0.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GrpcMetricsService<S> {
+    inner: S,
+    metrics: std::sync::Arc<Metrics>,
+}
+
+impl<S, B, R> tower::Service<http::Request<B>> for GrpcMetricsService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let method = req
+            .uri()
+            .path()
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let metrics = self.metrics.clone();
+        let started = Instant::now();
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            // Unary errors are "trailers-only": the status is in the headers.
+            // A success carries it in the trailers, which is always OK here.
+            let code = resp
+                .headers()
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<i32>().ok())
+                .map(tonic::Code::from_i32)
+                .unwrap_or(tonic::Code::Ok);
+            metrics.observe_rpc(&method, code, started);
+            Ok(resp)
+        })
+    }
+}
+
 /// Serves `/metrics` on `addr` until `shutdown` resolves.
 pub async fn serve(
     addr: SocketAddr,

@@ -62,7 +62,6 @@ pub async fn run(
         opts.driver_name.clone(),
         Arc::new(clients),
         Duration::from_secs(5),
-        metrics.clone(),
     );
 
     // One shutdown signal fanned out to the gRPC and metrics servers.
@@ -85,7 +84,9 @@ pub async fn run(
 
     let listener = opts.csi_address.bind(SocketAccess::default()).await?;
     tracing::info!(endpoint = %opts.csi_address, driver = %opts.driver_name, "serving CSI");
-    let router = tonic::transport::Server::builder().add_service(IdentityServer::new(identity));
+    let router = tonic::transport::Server::builder()
+        .layer(metrics::GrpcMetricsLayer(metrics.clone()))
+        .add_service(IdentityServer::new(identity));
     listener.serve(router, stopped(stop_rx)).await?;
     tracing::info!("stopped");
     Ok(())

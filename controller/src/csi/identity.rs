@@ -2,10 +2,9 @@
 //! Proxmox cluster answers.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::join_all;
-use proxmox_csi_common::metrics::Metrics;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::plugin_capability::{self, service, volume_expansion};
 use tonic::{Request, Response, Status};
@@ -17,7 +16,6 @@ pub struct Identity {
     driver_name: String,
     clusters: Arc<Vec<pve::Client>>,
     probe_timeout: Duration,
-    metrics: Arc<Metrics>,
 }
 
 impl Identity {
@@ -25,13 +23,11 @@ impl Identity {
         driver_name: String,
         clusters: Arc<Vec<pve::Client>>,
         probe_timeout: Duration,
-        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             driver_name,
             clusters,
             probe_timeout,
-            metrics,
         }
     }
 
@@ -98,12 +94,10 @@ impl csi::identity_server::Identity for Identity {
         &self,
         _: Request<csi::ProbeRequest>,
     ) -> Result<Response<csi::ProbeResponse>, Status> {
-        let started = Instant::now();
         let failures = self.unreachable_clusters().await;
         for f in &failures {
             tracing::warn!(reason = %f, "probe: Proxmox cluster not reachable");
         }
-        self.metrics.observe_rpc("Probe", tonic::Code::Ok, started);
         Ok(Response::new(csi::ProbeResponse {
             ready: Some(failures.is_empty()),
         }))

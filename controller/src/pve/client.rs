@@ -135,8 +135,14 @@ impl Client {
         })?;
         let status = resp.status();
         if !status.is_success() {
-            // Proxmox puts the reason in the status line; the body may add detail.
-            let reason = status.canonical_reason().unwrap_or_default().to_string();
+            // Proxmox puts the message in the status line (before PVE 8.4 only
+            // there); newer servers repeat it, with detail, in the body.
+            let reason = resp
+                .extensions()
+                .get::<hyper::ext::ReasonPhrase>()
+                .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned())
+                .or_else(|| status.canonical_reason().map(str::to_string))
+                .unwrap_or_default();
             let body = resp.text().await.unwrap_or_default();
             let message = api_message(&body).unwrap_or(reason);
             if status == StatusCode::UNAUTHORIZED {

@@ -114,7 +114,9 @@ async fn accept_loop(
         };
         let app = app.clone();
         let acceptor = acceptor.clone();
-        tokio::spawn(async move {
+        let mut conn_stop = stop.clone();
+        // A stopped simulator drops its open connections too, like a dead host.
+        let conn = async move {
             let service = TowerToHyperService::new(app);
             let http = hyper::server::conn::http1::Builder::new();
             let result = match acceptor {
@@ -129,6 +131,12 @@ async fn accept_loop(
             };
             if let Err(e) = result {
                 tracing::debug!(error = %e, "connection ended with an error");
+            }
+        };
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = conn => {}
+                _ = conn_stop.wait_for(|s| *s) => {}
             }
         });
     }

@@ -1,0 +1,14 @@
+# The two entry points. Each installs the Debian packages it needs.
+.PHONY: demo test build
+
+demo:
+	scripts/deps.sh test
+	cargo build --workspace --locked --bins
+	cargo run --quiet --locked -p demo
+
+test:
+	scripts/test.sh
+
+build:
+	scripts/deps.sh build
+	cargo build --workspace --locked

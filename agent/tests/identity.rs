@@ -1,0 +1,117 @@
+//! The node plugin answers Identity, and its Probe follows hostd's health.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
+use tonic::transport::{Channel, Endpoint};
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(bin: &str, args: &[&str], log: &Path) -> Proc {
+    Proc(
+        Command::new(bin)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+async fn wait_for(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn connect(socket: PathBuf) -> IdentityClient<Channel> {
+    wait_for(&socket).await;
+    let channel = Endpoint::from_static("http://csi.invalid")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let s = socket.clone();
+            async move { tokio::net::UnixStream::connect(s).await.map(TokioIo::new) }
+        }))
+        .await
+        .unwrap();
+    IdentityClient::new(channel)
+}
+
+#[tokio::test]
+async fn probe_is_ready_only_while_hostd_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let hostd_sock = dir.path().join("hostd.sock");
+    let csi_sock = dir.path().join("csi.sock");
+    let health = dir.path().join("health.json");
+    let hostd_sock_s = hostd_sock.to_str().unwrap().to_string();
+    let hostd_args = [
+        "--socket",
+        hostd_sock_s.as_str(),
+        "--health-file",
+        health.to_str().unwrap(),
+    ];
+    let hostd_bin = env!("CARGO_BIN_EXE_proxmox-csi-node").replace("proxmox-csi-node", "proxmox-csi-hostd");
+    assert!(Path::new(&hostd_bin).exists(), "build hostd first: {hostd_bin}");
+    let hostd = spawn(&hostd_bin, &hostd_args, &dir.path().join("hostd.log"));
+    wait_for(&hostd_sock).await;
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&hostd_sock).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o660);
+
+    let _agent = spawn(
+        env!("CARGO_BIN_EXE_proxmox-csi-node"),
+        &[
+            "--csi-address",
+            &format!("unix://{}", csi_sock.display()),
+            "--hostd-socket",
+            &hostd_sock_s,
+        ],
+        &dir.path().join("agent.log"),
+    );
+    let mut client = connect(csi_sock).await;
+    let info = client
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "csi.proxmox.sinextra.dev");
+    assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
+    let probe = client.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(true));
+
+    // hostd writes its health file for `talosctl read`.
+    wait_for(&health).await;
+    let h: serde_json::Value = serde_json::from_slice(&std::fs::read(&health).unwrap()).unwrap();
+    assert_eq!(h["version"], env!("CARGO_PKG_VERSION"));
+
+    drop(hostd);
+    let probe = client.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(false));
+    let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap();
+    assert!(log.contains("probe: hostd did not answer Health"), "{log}");
+}
+
+#[test]
+fn every_binary_reports_its_version() {
+    let node = env!("CARGO_BIN_EXE_proxmox-csi-node");
+    for bin in ["proxmox-csi-node", "proxmox-csi-hostd"] {
+        let path = node.replace("proxmox-csi-node", bin);
+        let out = Command::new(&path).arg("--version").output().unwrap();
+        assert!(out.status.success(), "{bin}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            format!("{bin} {}", env!("CARGO_PKG_VERSION"))
+        );
+    }
+}

@@ -1,0 +1,215 @@
+//! The controller binary, started with a cloud config and a unix socket,
+//! answers Identity over gRPC; Probe reflects whether Proxmox answers.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
+use pvesim::{Sim, State};
+use tonic::transport::{Channel, Endpoint};
+
+const TOKEN_SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
+
+fn state() -> State {
+    State::from_yaml(&format!(
+        "users:\n  - userid: kubernetes-csi@pve\n    tokens:\n      - name: csi\n        secret: {TOKEN_SECRET}\n"
+    ))
+    .unwrap()
+}
+
+struct Controller {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_controller(dir: &Path, config: &str, extra: &[&str]) -> Controller {
+    let cfg = dir.join("cloud-config.yaml");
+    std::fs::write(&cfg, config).unwrap();
+    let socket = dir.join("csi.sock");
+    let log = dir.join("controller.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_proxmox-csi-controller"))
+        .arg("--csi-address")
+        .arg(format!("unix://{}", socket.display()))
+        .arg("--cloud-config")
+        .arg(&cfg)
+        .args(["--log-level", "debug"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Controller { child, socket, log }
+}
+
+async fn connect(socket: &Path) -> IdentityClient<Channel> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "{} never appeared", socket.display());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let socket = socket.to_path_buf();
+    let channel = Endpoint::from_static("http://csi.invalid")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let s = socket.clone();
+            async move { tokio::net::UnixStream::connect(s).await.map(TokioIo::new) }
+        }))
+        .await
+        .unwrap();
+    IdentityClient::new(channel)
+}
+
+fn cluster_config(url: &str, ca: Option<&Path>, secret: &str) -> String {
+    let ca = ca
+        .map(|p| format!("    ca_file: {}\n", p.display()))
+        .unwrap_or_default();
+    format!(
+        "clusters:\n  - url: {url}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {secret}\n    region: region-1\n{ca}"
+    )
+}
+
+#[tokio::test]
+async fn answers_plugin_info_and_a_real_probe_over_tls() {
+    let sim = Sim::new(state()).start("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, sim.ca_pem.as_ref().unwrap()).unwrap();
+    let ctl = start_controller(
+        dir.path(),
+        &cluster_config(&sim.api_url(), Some(&ca), TOKEN_SECRET),
+        &["--driver-name", "csi.example.test"],
+    );
+    let mut client = connect(&ctl.socket).await;
+
+    let info = client
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "csi.example.test");
+    assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
+
+    let caps = client
+        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!caps.capabilities.is_empty());
+
+    let probe = client.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(true));
+
+    // Proxmox goes away: Probe must say so.
+    drop(sim);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let probe = client.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(false));
+    let log = std::fs::read_to_string(&ctl.log).unwrap();
+    assert!(log.contains("Proxmox cluster region-1"), "{log}");
+    assert!(!log.contains(TOKEN_SECRET), "the token secret reached the log:\n{log}");
+}
+
+#[tokio::test]
+async fn probe_is_not_ready_when_the_token_is_wrong_or_tls_is_untrusted() {
+    let sim = Sim::new(state()).start("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, sim.ca_pem.as_ref().unwrap()).unwrap();
+
+    let wrong = tempfile::tempdir().unwrap();
+    let ctl = start_controller(
+        wrong.path(),
+        &cluster_config(&sim.api_url(), Some(&ca), "not-the-secret"),
+        &[],
+    );
+    let mut client = connect(&ctl.socket).await;
+    let probe = client.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(false));
+    let log = std::fs::read_to_string(&ctl.log).unwrap();
+    assert!(log.contains("HTTP 401 Unauthorized: Authentication failed!"), "{log}");
+
+    // No CA given: the system roots do not trust pvesim's CA.
+    let untrusted = tempfile::tempdir().unwrap();
+    let ctl = start_controller(
+        untrusted.path(),
+        &cluster_config(&sim.api_url(), None, TOKEN_SECRET),
+        &[],
+    );
+    let mut client = connect(&ctl.socket).await;
+    let probe = client.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(false));
+}
+
+#[tokio::test]
+async fn serves_metrics_and_stops_on_sigterm() {
+    let sim = Sim::new(state()).plain_http().start("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut ctl = start_controller(
+        dir.path(),
+        &cluster_config(&sim.api_url(), None, TOKEN_SECRET),
+        &["--metrics-address", &format!("127.0.0.1:{port}")],
+    );
+    let mut client = connect(&ctl.socket).await;
+    assert_eq!(
+        client.probe(csi::ProbeRequest {}).await.unwrap().into_inner().ready,
+        Some(true)
+    );
+    let body = http_get(port, "/metrics").await;
+    assert!(body.contains("proxmox_csi_build_info{component=\"controller\""), "{body}");
+    assert!(body.contains("proxmox_csi_grpc_requests_total{method=\"Probe\",code=\"Ok\"} 1"), "{body}");
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(ctl.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = ctl.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "controller ignored SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(!ctl.socket.exists(), "socket left behind after shutdown");
+}
+
+async fn http_get(port: u16, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[test]
+fn a_bad_cluster_entry_stops_startup_naming_the_entry_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = "clusters:\n  - url: https://pve1:8006/api2/json\n    token_id: a@pve!b\n    token_secret: c\n    region: r1\n  - url: https://pve2:8006/api2/json\n    token_id: a@pve!b\n    token_secret: c\n";
+    let mut ctl = start_controller(dir.path(), config, &[]);
+    let status = ctl.child.wait().unwrap();
+    assert!(!status.success());
+    let log = std::fs::read_to_string(&ctl.log).unwrap();
+    assert!(
+        log.contains("cluster #1: region: missing PVE region in cloud config"),
+        "{log}"
+    );
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The whole test suite: build with zero warnings, then every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/deps.sh test
+
+echo "==> building (warnings are errors)"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo build --workspace --all-targets --locked 2>&1 | tee "$log"
+if grep -qE '^(warning|error)(\[|:)' "$log"; then
+  echo "build produced warnings or errors: see above" >&2
+  exit 1
+fi
+
+echo "==> tests"
+cargo test --workspace --locked
