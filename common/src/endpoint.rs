@@ -245,6 +245,17 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn binds_tcp() {
+        let l = "tcp://127.0.0.1:0"
+            .parse::<Endpoint>()
+            .unwrap()
+            .bind(SocketAccess::default())
+            .await
+            .unwrap();
+        assert!(l.local_addr().unwrap().port() > 0);
+    }
+
+    #[tokio::test]
     async fn replaces_a_stale_socket_but_not_a_live_one_or_a_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("csi.sock");

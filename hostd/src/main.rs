@@ -29,6 +29,9 @@ struct Args {
     /// Where SMBIOS identity is read from.
     #[arg(long, default_value = "/sys/class/dmi/id")]
     dmi_dir: PathBuf,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9810).
+    #[arg(long)]
+    metrics_address: Option<std::net::SocketAddr>,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: LogFormat,
@@ -60,6 +63,7 @@ async fn main() -> ExitCode {
         health_file: Some(args.health_file),
         health_interval: Duration::from_secs(args.health_interval.max(1)),
         dmi_dir: args.dmi_dir,
+        metrics_address: args.metrics_address,
     };
     match server::run(opts, proxmox_csi_common::shutdown::signal_received()).await {
         Ok(()) => ExitCode::SUCCESS,

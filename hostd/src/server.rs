@@ -4,7 +4,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::net::SocketAddr;
+
 use proxmox_csi_common::endpoint::SocketAccess;
+use proxmox_csi_common::metrics::{self, Metrics};
 use proxmox_csi_common::{Endpoint, EndpointError};
 use proxmox_csi_proto::hostd::v1::hostd_server::HostdServer;
 use tokio::sync::watch;
@@ -22,6 +25,7 @@ pub struct Options {
     pub health_file: Option<PathBuf>,
     pub health_interval: Duration,
     pub dmi_dir: PathBuf,
+    pub metrics_address: Option<SocketAddr>,
 }
 
 pub async fn run(
@@ -52,11 +56,28 @@ pub async fn run(
         });
     }
 
+    let metrics = Arc::new(Metrics::new("hostd", env!("CARGO_PKG_VERSION")));
+    if let Some(addr) = opts.metrics_address {
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| {
+            EndpointError::Io {
+                endpoint: format!("metrics {addr}"),
+                action: "binding",
+                source,
+            }
+        })?;
+        let mut stop = stop_rx.clone();
+        tokio::spawn(metrics::serve_on(listener, metrics.clone(), async move {
+            let _ = stop.wait_for(|s| *s).await;
+        }));
+    }
+
     let endpoint = Endpoint::Unix(opts.socket.clone());
     let listener = endpoint.bind(opts.socket_access).await?;
     tracing::info!(socket = %opts.socket.display(), mode = format!("{:o}", opts.socket_access.mode), "serving hostd");
     let service = HostdService::new(health, opts.dmi_dir.clone());
-    let router = tonic::transport::Server::builder().add_service(
+    let router = tonic::transport::Server::builder()
+        .layer(metrics::GrpcMetricsLayer(metrics))
+        .add_service(
         HostdServer::new(service)
             .max_decoding_message_size(MAX_REQUEST_BYTES),
     );
