@@ -1,7 +1,14 @@
 //! proxmox-csi-hostd: the privileged half of the node plugin. It alone
 //! touches block devices, behind the narrow API of `hostd.proto`.
 
+pub mod device;
+pub mod error;
 pub mod health;
 pub mod identity;
+pub mod mkfs;
+pub mod mounts;
+pub mod paths;
+pub mod probe;
 pub mod server;
 pub mod service;
+pub mod volume;

@@ -5,6 +5,7 @@ use std::time::Duration;
 use clap::Parser;
 use proxmox_csi_common::endpoint::SocketAccess;
 use proxmox_csi_common::logging::{self, LogFormat};
+use proxmox_csi_hostd::device::Resolver;
 use proxmox_csi_hostd::server::{self, Options};
 
 /// Privileged host daemon of the Proxmox CSI driver.
@@ -32,6 +33,13 @@ struct Args {
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9810).
     #[arg(long)]
     metrics_address: Option<std::net::SocketAddr>,
+    /// kubelet's root directory; target paths must lie in its CSI directories.
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    kubelet_root: PathBuf,
+    /// Test builds only: find volumes as loop devices backed by <DIR>/<wwn>.raw.
+    #[cfg(feature = "loop-resolver")]
+    #[arg(long)]
+    loop_dir: Option<PathBuf>,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: LogFormat,
@@ -47,6 +55,19 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("socket mode {s:?} is not an octal mode such as 660"))
 }
 
+#[cfg(feature = "loop-resolver")]
+fn resolver(args: &Args) -> Resolver {
+    match &args.loop_dir {
+        Some(dir) => Resolver::Loop { dir: dir.clone() },
+        None => Resolver::default(),
+    }
+}
+
+#[cfg(not(feature = "loop-resolver"))]
+fn resolver(_: &Args) -> Resolver {
+    Resolver::default()
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
@@ -54,6 +75,7 @@ async fn main() -> ExitCode {
         eprintln!("proxmox-csi-hostd: {e}");
         return ExitCode::FAILURE;
     }
+    let resolver = resolver(&args);
     let opts = Options {
         socket: args.socket,
         socket_access: SocketAccess {
@@ -64,6 +86,8 @@ async fn main() -> ExitCode {
         health_interval: Duration::from_secs(args.health_interval.max(1)),
         dmi_dir: args.dmi_dir,
         metrics_address: args.metrics_address,
+        kubelet_root: args.kubelet_root,
+        resolver,
     };
     match server::run(opts, proxmox_csi_common::shutdown::signal_received()).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -12,7 +12,10 @@ use proxmox_csi_common::{Endpoint, EndpointError};
 use proxmox_csi_proto::hostd::v1::hostd_server::HostdServer;
 use tokio::sync::watch;
 
+use crate::device::Resolver;
 use crate::health::Health;
+use crate::paths::KubeletPaths;
+use crate::volume::Volumes;
 use crate::service::HostdService;
 
 /// Largest request hostd accepts; its requests are a few paths and flags.
@@ -26,12 +29,33 @@ pub struct Options {
     pub health_interval: Duration,
     pub dmi_dir: PathBuf,
     pub metrics_address: Option<SocketAddr>,
+    pub kubelet_root: PathBuf,
+    pub resolver: Resolver,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    #[error("kubelet root {path}: {source}")]
+    KubeletRoot {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 pub async fn run(
     opts: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), EndpointError> {
+) -> Result<(), StartError> {
+    let paths = KubeletPaths::new(&opts.kubelet_root).map_err(|source| StartError::KubeletRoot {
+        path: opts.kubelet_root.clone(),
+        source,
+    })?;
+    let volumes = Volumes {
+        paths,
+        resolver: opts.resolver.clone(),
+    };
     let health = Arc::new(Health::default());
     let (stop_tx, mut stop_rx) = watch::channel(false);
     tokio::spawn(async move {
@@ -74,7 +98,7 @@ pub async fn run(
     let endpoint = Endpoint::Unix(opts.socket.clone());
     let listener = endpoint.bind(opts.socket_access).await?;
     tracing::info!(socket = %opts.socket.display(), mode = format!("{:o}", opts.socket_access.mode), "serving hostd");
-    let service = HostdService::new(health, opts.dmi_dir.clone());
+    let service = HostdService::new(health, opts.dmi_dir.clone(), volumes);
     let router = tonic::transport::Server::builder()
         .layer(metrics::GrpcMetricsLayer(metrics))
         .add_service(

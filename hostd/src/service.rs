@@ -1,24 +1,77 @@
 //! The hostd gRPC service. Handlers stay thin: validate, then delegate.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use proxmox_csi_proto::hostd::v1 as pb;
+use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
+use crate::error::HostdError;
 use crate::health::Health;
 use crate::identity;
+use crate::volume::Volumes;
+
+/// One async lock per volume id: calls on a volume run one at a time, calls
+/// on different volumes run concurrently.
+#[derive(Debug, Default)]
+struct VolumeLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl VolumeLocks {
+    async fn lock(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let m = {
+            let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            // Drop locks nobody holds, so the map does not grow without bound.
+            map.retain(|_, l| Arc::strong_count(l) > 1);
+            map.entry(id.to_string()).or_default().clone()
+        };
+        m.lock_owned().await
+    }
+}
 
 #[derive(Debug)]
 pub struct HostdService {
     health: Arc<Health>,
     dmi_dir: PathBuf,
+    volumes: Arc<Volumes>,
+    locks: VolumeLocks,
 }
 
 impl HostdService {
-    pub fn new(health: Arc<Health>, dmi_dir: PathBuf) -> Self {
-        Self { health, dmi_dir }
+    pub fn new(health: Arc<Health>, dmi_dir: PathBuf, volumes: Volumes) -> Self {
+        Self {
+            health,
+            dmi_dir,
+            volumes: Arc::new(volumes),
+            locks: VolumeLocks::default(),
+        }
     }
+
+    /// Writes the one audit line of a mutating call and records failures.
+    fn audit<T>(
+        &self,
+        call: &'static str,
+        peer: Option<u32>,
+        volume_id: &str,
+        path: &str,
+        result: &Result<T, HostdError>,
+    ) {
+        match result {
+            Ok(_) => tracing::info!(target: "audit", call, volume_id, path, peer_uid = peer, outcome = "ok"),
+            Err(e) => {
+                self.health.record_error(&format!("{call} {volume_id}: {e}"));
+                tracing::warn!(target: "audit", call, volume_id, path, peer_uid = peer, outcome = "error", code = ?e.code(), error = %e)
+            }
+        }
+    }
+}
+
+fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
+    req.extensions()
+        .get::<UdsConnectInfo>()
+        .and_then(|i| i.peer_cred)
+        .map(|c| c.uid())
 }
 
 fn not_yet(call: &str) -> Status {
@@ -27,29 +80,52 @@ fn not_yet(call: &str) -> Status {
 
 #[tonic::async_trait]
 impl pb::hostd_server::Hostd for HostdService {
-    async fn stage(&self, _: Request<pb::StageRequest>) -> Result<Response<pb::StageResponse>, Status> {
-        Err(not_yet("Stage"))
+    async fn stage(&self, req: Request<pb::StageRequest>) -> Result<Response<pb::StageResponse>, Status> {
+        let peer = peer_uid(&req);
+        let req = req.into_inner();
+        let _guard = self.locks.lock(&req.volume_id).await;
+        let result = self.volumes.stage(&req).await;
+        self.audit("Stage", peer, &req.volume_id, &req.staging_path, &result);
+        Ok(Response::new(result?))
     }
 
     async fn unstage(
         &self,
-        _: Request<pb::UnstageRequest>,
+        req: Request<pb::UnstageRequest>,
     ) -> Result<Response<pb::UnstageResponse>, Status> {
-        Err(not_yet("Unstage"))
+        let peer = peer_uid(&req);
+        let req = req.into_inner();
+        let _guard = self.locks.lock(&req.volume_id).await;
+        let result = self.volumes.unstage(&req);
+        self.audit("Unstage", peer, &req.volume_id, &req.staging_path, &result);
+        result?;
+        Ok(Response::new(pb::UnstageResponse {}))
     }
 
     async fn publish(
         &self,
-        _: Request<pb::PublishRequest>,
+        req: Request<pb::PublishRequest>,
     ) -> Result<Response<pb::PublishResponse>, Status> {
-        Err(not_yet("Publish"))
+        let peer = peer_uid(&req);
+        let req = req.into_inner();
+        let _guard = self.locks.lock(&req.volume_id).await;
+        let result = self.volumes.publish(&req);
+        self.audit("Publish", peer, &req.volume_id, &req.target_path, &result);
+        result?;
+        Ok(Response::new(pb::PublishResponse {}))
     }
 
     async fn unpublish(
         &self,
-        _: Request<pb::UnpublishRequest>,
+        req: Request<pb::UnpublishRequest>,
     ) -> Result<Response<pb::UnpublishResponse>, Status> {
-        Err(not_yet("Unpublish"))
+        let peer = peer_uid(&req);
+        let req = req.into_inner();
+        let _guard = self.locks.lock(&req.volume_id).await;
+        let result = self.volumes.unpublish(&req);
+        self.audit("Unpublish", peer, &req.volume_id, &req.target_path, &result);
+        result?;
+        Ok(Response::new(pb::UnpublishResponse {}))
     }
 
     async fn expand(

@@ -1,0 +1,76 @@
+//! hostd's errors, each naming the operation that failed, and the one place
+//! that maps them to gRPC codes.
+
+use std::path::PathBuf;
+
+use tonic::{Code, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostdError {
+    #[error("{field}: {reason}")]
+    InvalidArgument { field: &'static str, reason: String },
+    #[error("{field}: {path} is outside kubelet's CSI directories under {root}")]
+    PathOutsideKubelet {
+        field: &'static str,
+        path: PathBuf,
+        root: PathBuf,
+    },
+    #[error("device with WWN {wwn} did not appear: {reason}")]
+    DeviceNotFound { wwn: String, reason: String },
+    #[error("device {device} refused: {reason}")]
+    DeviceRefused { device: PathBuf, reason: String },
+    #[error("device {device} already holds {found}; refusing to format it")]
+    HoldsData { device: PathBuf, found: String },
+    #[error("{path} is already {what}, which differs from this request: {detail}")]
+    StagedDifferently {
+        path: PathBuf,
+        what: &'static str,
+        detail: String,
+    },
+    #[error("volume {0} is not staged")]
+    NotStaged(String),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("{action} {target}: {reason}")]
+    Failed {
+        action: &'static str,
+        target: String,
+        reason: String,
+    },
+}
+
+impl HostdError {
+    pub fn failed(action: &'static str, target: impl std::fmt::Display, reason: impl std::fmt::Display) -> Self {
+        Self::Failed {
+            action,
+            target: target.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
+    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    pub fn code(&self) -> Code {
+        match self {
+            Self::InvalidArgument { .. } | Self::PathOutsideKubelet { .. } => Code::InvalidArgument,
+            // Retryable: the attach may still be on its way.
+            Self::DeviceNotFound { .. } => Code::Unavailable,
+            Self::DeviceRefused { .. } | Self::HoldsData { .. } => Code::FailedPrecondition,
+            Self::StagedDifferently { .. } => Code::AlreadyExists,
+            Self::NotStaged(_) => Code::FailedPrecondition,
+            Self::Unsupported(_) => Code::Unimplemented,
+            Self::Failed { .. } => Code::Internal,
+        }
+    }
+}
+
+impl From<HostdError> for Status {
+    fn from(e: HostdError) -> Self {
+        Status::new(e.code(), e.to_string())
+    }
+}

@@ -1,0 +1,491 @@
+//! hostd against real loop devices, mkfs and mount (needs root; CI is root).
+//!
+//! The hostd binary runs with `--loop-dir`, so a volume's "WWN" names the
+//! loop device backed by `<dir>/<wwn>.raw`.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use proxmox_csi_proto::hostd::v1 as pb;
+use proxmox_csi_proto::hostd::v1::hostd_client::HostdClient;
+use sha2::{Digest, Sha256};
+use tonic::Code;
+use tonic::transport::Channel;
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Returns false (test skipped) when not root outside CI; fails in CI.
+fn require_root() -> bool {
+    if is_root() {
+        return true;
+    }
+    assert!(std::env::var_os("CI").is_none(), "hostd loop tests need root, and CI is set");
+    eprintln!("SKIPPED: hostd loop-device tests need root");
+    false
+}
+
+struct Loop {
+    dev: PathBuf,
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
+    }
+}
+
+struct Env {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    images: PathBuf,
+    hostd: Child,
+    client: HostdClient<Channel>,
+    log: PathBuf,
+    loops: Vec<Loop>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = self.hostd.kill();
+        let _ = self.hostd.wait();
+        // Leave no mounts behind under the temporary kubelet root.
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut points: Vec<&str> = table
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|p| p.starts_with(self.root.to_str().unwrap_or("-")))
+            .collect();
+        points.reverse();
+        for p in points {
+            let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+        }
+        self.loops.clear();
+    }
+}
+
+impl Env {
+    async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("kubelet");
+        let images = dir.path().join("images");
+        std::fs::create_dir_all(&images).unwrap();
+        std::fs::create_dir_all(root.join("plugins/kubernetes.io/csi/drv")).unwrap();
+        let socket = dir.path().join("hostd.sock");
+        let log = dir.path().join("hostd.log");
+        let hostd = Command::new(env!("CARGO_BIN_EXE_proxmox-csi-hostd"))
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--kubelet-root")
+            .arg(&root)
+            .arg("--loop-dir")
+            .arg(&images)
+            .arg("--health-file")
+            .arg(dir.path().join("health.json"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            assert!(Instant::now() < deadline, "hostd socket never appeared");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let channel = tonic::transport::Endpoint::from_static("http://hostd.invalid")
+            .connect_with_connector(tower::service_fn(move |_| {
+                let s = socket.clone();
+                async move { tokio::net::UnixStream::connect(s).await.map(TokioIo::new) }
+            }))
+            .await
+            .unwrap();
+        Self {
+            root: root.canonicalize().unwrap(),
+            images,
+            hostd,
+            client: HostdClient::new(channel),
+            log,
+            _dir: dir,
+            loops: Vec::new(),
+        }
+    }
+
+    /// A 320 MiB sparse image (mkfs.xfs needs 300 MB) attached as a loop device; returns its WWN.
+    fn disk(&mut self, n: u32) -> String {
+        let wwn = format!("5000c500{n:08x}");
+        let img = self.images.join(format!("{wwn}.raw"));
+        let f = std::fs::File::create(&img).unwrap();
+        f.set_len(320 << 20).unwrap();
+        drop(f);
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&img)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
+        let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        self.loops.push(Loop { dev });
+        wwn
+    }
+
+    fn image(&self, wwn: &str) -> PathBuf {
+        self.images.join(format!("{wwn}.raw"))
+    }
+
+    fn staging(&self, vol: &str) -> PathBuf {
+        let p = self.root.join("plugins/kubernetes.io/csi/drv").join(vol);
+        std::fs::create_dir_all(&p).unwrap();
+        p.join("globalmount")
+    }
+
+    fn target(&self, pod: &str, kind: &str, pv: &str) -> PathBuf {
+        let p = self.root.join("pods").join(pod).join(kind).join("kubernetes.io~csi");
+        std::fs::create_dir_all(&p).unwrap();
+        p.join(pv)
+    }
+}
+
+fn stage_req(vol: &str, wwn: &str, staging: &Path, fs: &str) -> pb::StageRequest {
+    pb::StageRequest {
+        volume_id: vol.into(),
+        device: Some(pb::Device {
+            wwn: format!("0x{wwn}"),
+            serial: String::new(),
+        }),
+        staging_path: staging.display().to_string(),
+        access: Some(pb::stage_request::Access::Filesystem(pb::Filesystem {
+            fs_type: fs.into(),
+            block_size: 0,
+            inode_size: 0,
+            mount_flags: vec![],
+        })),
+        encryption: None,
+        read_only: false,
+    }
+}
+
+fn mount_at(p: &Path) -> Option<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    table.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let sep = f.iter().position(|x| *x == "-")?;
+        (Path::new(f[4]) == p).then(|| f[sep + 1].to_string())
+    })
+}
+
+fn sha_of(path: &Path) -> String {
+    let mut f = std::fs::File::open(path).unwrap();
+    let mut buf = vec![0u8; 4 << 20];
+    f.read_exact(&mut buf).unwrap();
+    format!("{:x}", Sha256::digest(&buf))
+}
+
+#[tokio::test]
+async fn filesystem_volume_lifecycle_is_idempotent_and_keeps_data() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let wwn = env.disk(1);
+    let staging = env.staging("vol1");
+    let req = stage_req("vol-1", &wwn, &staging, "ext4");
+
+    let r = env.client.stage(req.clone()).await.unwrap().into_inner();
+    assert!(r.actions.iter().any(|a| a == "mkfs ext4"), "{:?}", r.actions);
+    assert_eq!(r.size_bytes, 320 << 20);
+    assert_eq!(mount_at(&staging).as_deref(), Some("ext4"));
+    let again = env.client.stage(req.clone()).await.unwrap().into_inner();
+    assert_eq!(again.actions, ["already staged"]);
+
+    // The same staging path with another filesystem type: refused, not remounted.
+    let e = env
+        .client
+        .stage(stage_req("vol-1", &wwn, &staging, "xfs"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+
+    let target = env.target("pod1", "volumes", "pv1").join("mount");
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    let publish = pb::PublishRequest {
+        volume_id: "vol-1".into(),
+        staging_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        read_only: false,
+        block: false,
+        mount_flags: vec![],
+    };
+    env.client.publish(publish.clone()).await.unwrap();
+    env.client.publish(publish.clone()).await.unwrap();
+    std::fs::write(target.join("hello.txt"), b"kept across restage").unwrap();
+    assert_eq!(std::fs::read(staging.join("hello.txt")).unwrap(), b"kept across restage");
+    let e = env
+        .client
+        .publish(pb::PublishRequest { read_only: true, ..publish.clone() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+
+    let unpublish = pb::UnpublishRequest {
+        volume_id: "vol-1".into(),
+        target_path: target.display().to_string(),
+    };
+    env.client.unpublish(unpublish.clone()).await.unwrap();
+    env.client.unpublish(unpublish).await.unwrap();
+    assert!(!target.exists());
+    let unstage = pb::UnstageRequest {
+        volume_id: "vol-1".into(),
+        staging_path: staging.display().to_string(),
+    };
+    env.client.unstage(unstage.clone()).await.unwrap();
+    env.client.unstage(unstage).await.unwrap();
+    assert_eq!(mount_at(&staging), None);
+
+    // Stage again: the filesystem is reused, not recreated.
+    let r = env.client.stage(req).await.unwrap().into_inner();
+    assert!(!r.actions.iter().any(|a| a.starts_with("mkfs")), "{:?}", r.actions);
+    assert_eq!(std::fs::read(staging.join("hello.txt")).unwrap(), b"kept across restage");
+
+    // Read-only publish of an xfs volume, with nouuid applied.
+    let wwn2 = env.disk(2);
+    let staging2 = env.staging("vol2");
+    env.client.stage(stage_req("vol-2", &wwn2, &staging2, "xfs")).await.unwrap();
+    assert_eq!(mount_at(&staging2).as_deref(), Some("xfs"));
+    let target2 = env.target("pod2", "volumes", "pv2");
+    std::fs::create_dir_all(&target2).unwrap();
+    let target2 = target2.join("mount");
+    env.client
+        .publish(pb::PublishRequest {
+            volume_id: "vol-2".into(),
+            staging_path: staging2.display().to_string(),
+            target_path: target2.display().to_string(),
+            read_only: true,
+            block: false,
+            mount_flags: vec![],
+        })
+        .await
+        .unwrap();
+    let err = std::fs::write(target2.join("x"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc_erofs()), "{err}");
+
+    let log = std::fs::read_to_string(&env.log).unwrap();
+    let audits = log.lines().filter(|l| l.contains("audit") && l.contains("call=\"Stage\"")).count();
+    assert!(audits >= 4, "one audit line per Stage call expected:\n{log}");
+}
+
+fn libc_erofs() -> i32 {
+    nix::errno::Errno::EROFS as i32
+}
+
+/// Writes a signature onto the image with the given tool, then checks that
+/// staging refuses the device and leaves every byte as it was.
+#[tokio::test]
+async fn never_formats_a_device_that_holds_data() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    type Prep = fn(&Path);
+    let cases: Vec<(&str, Prep, &str)> = vec![
+        ("xfs", |p| run("mkfs.xfs", &["-q", "-f"], p), "a xfs signature"),
+        ("btrfs", |p| run("mkfs.btrfs", &["-q", "-f"], p), "a btrfs signature"),
+        ("gpt", |p| sfdisk(p, "label: gpt\n,16M\n"), "a gpt partition table"),
+        ("mbr", |p| sfdisk(p, "label: dos\n,16M\n"), "a dos partition table"),
+        ("luks", |p| luks(p), "a crypto_LUKS signature"),
+    ];
+    for (i, (name, prep, found)) in cases.into_iter().enumerate() {
+        let wwn = env.disk(10 + i as u32);
+        let img = env.image(&wwn);
+        prep(&img);
+        let before = sha_of(&img);
+        let staging = env.staging(&format!("data-{name}"));
+        let e = env
+            .client
+            .stage(stage_req(&format!("vol-{name}"), &wwn, &staging, "ext4"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{name}: {e:?}");
+        assert!(e.message().contains(found), "{name}: {}", e.message());
+        assert!(e.message().contains("refusing to format"), "{name}: {}", e.message());
+        assert_eq!(sha_of(&img), before, "{name}: bytes changed");
+        assert_eq!(mount_at(&staging), None, "{name}: mounted anyway");
+    }
+    // A pre-written ext4 with data is mounted as it is.
+    let wwn = env.disk(20);
+    let img = env.image(&wwn);
+    run("mkfs.ext4", &["-q", "-F"], &img);
+    let staging = env.staging("ext4-data");
+    let r = env
+        .client
+        .stage(stage_req("vol-ext4", &wwn, &staging, "ext4"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!r.actions.iter().any(|a| a.starts_with("mkfs")), "{:?}", r.actions);
+    assert!(staging.join("lost+found").is_dir());
+}
+
+fn run(tool: &str, args: &[&str], img: &Path) {
+    let st = Command::new(tool).args(args).arg(img).output().unwrap();
+    assert!(st.status.success(), "{tool}: {}", String::from_utf8_lossy(&st.stderr));
+}
+
+fn sfdisk(img: &Path, script: &str) {
+    let mut c = Command::new("sfdisk")
+        .arg("-q")
+        .arg(img)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    assert!(c.wait().unwrap().success());
+}
+
+fn luks(img: &Path) {
+    let mut c = Command::new("cryptsetup")
+        .args(["luksFormat", "--batch-mode", "--type", "luks2", "--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000", "--key-file", "-"])
+        .arg(img)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(b"passphrase").unwrap();
+    assert!(c.wait().unwrap().success(), "cryptsetup luksFormat");
+}
+
+#[tokio::test]
+async fn raw_block_volume_is_bound_through_to_the_pod() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let wwn = env.disk(30);
+    let staging = env.staging("blk");
+    let mut req = stage_req("vol-blk", &wwn, &staging, "");
+    req.access = Some(pb::stage_request::Access::Block(pb::RawBlock {}));
+    env.client.stage(req.clone()).await.unwrap();
+    env.client.stage(req).await.unwrap();
+    let target = env.target("pod3", "volumeDevices", "pv-blk");
+    let publish = pb::PublishRequest {
+        volume_id: "vol-blk".into(),
+        staging_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        read_only: false,
+        block: true,
+        mount_flags: vec![],
+    };
+    env.client.publish(publish.clone()).await.unwrap();
+    env.client.publish(publish).await.unwrap();
+    {
+        let mut f = std::fs::OpenOptions::new().write(true).open(&target).unwrap();
+        f.seek(SeekFrom::Start(1 << 20)).unwrap();
+        f.write_all(b"raw block bytes").unwrap();
+        f.sync_all().unwrap();
+    }
+    env.client
+        .unpublish(pb::UnpublishRequest {
+            volume_id: "vol-blk".into(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .unwrap();
+    env.client
+        .unstage(pb::UnstageRequest {
+            volume_id: "vol-blk".into(),
+            staging_path: staging.display().to_string(),
+        })
+        .await
+        .unwrap();
+    assert!(!target.exists());
+    let mut f = std::fs::File::open(env.image(&wwn)).unwrap();
+    f.seek(SeekFrom::Start(1 << 20)).unwrap();
+    let mut buf = [0u8; 15];
+    f.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"raw block bytes");
+}
+
+#[tokio::test]
+async fn bad_requests_get_the_right_codes() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let wwn = env.disk(40);
+    let staging = env.staging("bad");
+
+    // Device that does not exist (yet): retryable.
+    let e = env
+        .client
+        .stage(stage_req("vol-x", "5000c500deadbeef", &staging, "ext4"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+
+    let mut outside = stage_req("vol-x", &wwn, Path::new("/tmp/escape"), "ext4");
+    let e = env.client.stage(outside.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().starts_with("staging_path: "), "{}", e.message());
+    outside.staging_path = format!("{}/../../../../etc", staging.display());
+    let e = env.client.stage(outside).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("'..'"), "{}", e.message());
+
+    let mut bad_wwn = stage_req("vol-x", &wwn, &staging, "ext4");
+    bad_wwn.device.as_mut().unwrap().wwn = "/dev/sda".into();
+    let e = env.client.stage(bad_wwn).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().starts_with("device.wwn: "), "{}", e.message());
+
+    let e = env
+        .client
+        .stage(stage_req("vol-x", &wwn, &staging, "btrfs"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert_eq!(e.message(), "filesystem.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs");
+
+    let e = env
+        .client
+        .publish(pb::PublishRequest {
+            volume_id: "vol-x".into(),
+            staging_path: staging.display().to_string(),
+            target_path: env.target("p", "volumes", "pv").display().to_string(),
+            read_only: false,
+            block: false,
+            mount_flags: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+
+    // Nothing was formatted by any of that.
+    assert_eq!(sha_of(&env.image(&wwn)), format!("{:x}", Sha256::digest(vec![0u8; 4 << 20])));
+}
+
+#[tokio::test]
+async fn twenty_volumes_stage_concurrently() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let mut reqs = Vec::new();
+    for i in 0..20 {
+        let wwn = env.disk(100 + i);
+        let staging = env.staging(&format!("c{i}"));
+        reqs.push(stage_req(&format!("vol-c{i}"), &wwn, &staging, "ext4"));
+    }
+    let calls = reqs.iter().cloned().map(|r| {
+        let mut c = env.client.clone();
+        async move { c.stage(r).await }
+    });
+    let results = futures::future::join_all(calls).await;
+    for (r, req) in results.into_iter().zip(&reqs) {
+        r.unwrap_or_else(|e| panic!("{}: {e:?}", req.volume_id));
+        assert_eq!(mount_at(Path::new(&req.staging_path)).as_deref(), Some("ext4"));
+    }
+}
