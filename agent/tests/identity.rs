@@ -61,6 +61,8 @@ async fn probe_is_ready_only_while_hostd_answers() {
         hostd_sock_s.as_str(),
         "--health-file",
         health.to_str().unwrap(),
+        "--kubelet-root",
+        dir.path().to_str().unwrap(),
     ];
     let hostd_bin = env!("CARGO_BIN_EXE_proxmox-csi-node").replace("proxmox-csi-node", "proxmox-csi-hostd");
     assert!(Path::new(&hostd_bin).exists(), "build hostd first: {hostd_bin}");

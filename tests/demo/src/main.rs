@@ -152,6 +152,8 @@ async fn main() -> Result<()> {
             hostd_sock.display().to_string(),
             "--health-file".into(),
             health_file.display().to_string(),
+            "--kubelet-root".into(),
+            d.display().to_string(),
         ],
         &d.join("hostd.log"),
     )?;
