@@ -17,11 +17,6 @@ use crate::csi::identity::Identity;
 pub enum StartError {
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
-    #[error("hostd socket {socket}: {source}")]
-    Hostd {
-        socket: PathBuf,
-        source: tonic::transport::Error,
-    },
     #[error("metrics endpoint {addr}: {source}")]
     Metrics {
         addr: SocketAddr,
@@ -41,11 +36,7 @@ pub async fn run(
     opts: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
-    let hostd = crate::hostd::connect(opts.hostd_socket.clone(), Duration::from_secs(30))
-        .map_err(|source| StartError::Hostd {
-            socket: opts.hostd_socket.clone(),
-            source,
-        })?;
+    let hostd = crate::hostd::connect(opts.hostd_socket.clone(), Duration::from_secs(30));
     let metrics = Arc::new(Metrics::new("node", env!("CARGO_PKG_VERSION")));
     let identity = Identity::new(opts.driver_name.clone(), hostd, Duration::from_secs(5));
 

@@ -4,10 +4,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 struct Proc(Child);
 
@@ -39,11 +38,7 @@ async fn wait_for(path: &Path) {
 
 async fn connect(socket: PathBuf) -> IdentityClient<Channel> {
     wait_for(&socket).await;
-    let channel = Endpoint::from_static("http://csi.invalid")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let s = socket.clone();
-            async move { tokio::net::UnixStream::connect(s).await.map(TokioIo::new) }
-        }))
+    let channel = proxmox_csi_common::client::unix_channel(socket.clone())
         .await
         .unwrap();
     IdentityClient::new(channel)

@@ -2,6 +2,7 @@
 //! `proxmox-csi-hostd`: where they listen, how they log, how they expose
 //! metrics, how they stop, and how secrets are kept out of logs.
 
+pub mod client;
 pub mod endpoint;
 pub mod logging;
 pub mod metrics;

@@ -5,11 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
 use pvesim::{Sim, State};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 const TOKEN_SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
 
@@ -59,11 +58,7 @@ async fn connect(socket: &Path) -> IdentityClient<Channel> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let socket = socket.to_path_buf();
-    let channel = Endpoint::from_static("http://csi.invalid")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let s = socket.clone();
-            async move { tokio::net::UnixStream::connect(s).await.map(TokioIo::new) }
-        }))
+    let channel = proxmox_csi_common::client::unix_channel(socket.clone())
         .await
         .unwrap();
     IdentityClient::new(channel)

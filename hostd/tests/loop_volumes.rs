@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
 use proxmox_csi_proto::hostd::v1 as pb;
 use proxmox_csi_proto::hostd::v1::hostd_client::HostdClient;
 use sha2::{Digest, Sha256};
@@ -95,12 +94,8 @@ impl Env {
             assert!(Instant::now() < deadline, "hostd socket never appeared");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let channel = tonic::transport::Endpoint::from_static("http://hostd.invalid")
-            .connect_with_connector(tower::service_fn(move |_| {
-                let s = socket.clone();
-                async move { tokio::net::UnixStream::connect(s).await.map(TokioIo::new) }
-            }))
-            .await
+        let channel = proxmox_csi_common::client::unix_channel(socket.clone())
+        .await
             .unwrap();
         Self {
             root: root.canonicalize().unwrap(),

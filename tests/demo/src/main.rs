@@ -7,13 +7,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use hyper_util::rt::TokioIo;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
 use proxmox_csi_proto::hostd::v1 as hostd;
 use proxmox_csi_proto::hostd::v1::hostd_client::HostdClient;
 use pvesim::{Sim, State};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 const STEPS: usize = 7;
 const TOKEN: &str = "kubernetes-csi@pve!csi";
@@ -86,13 +85,7 @@ async fn channel(socket: &Path) -> Result<Channel> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let socket = socket.to_path_buf();
-    Ok(Endpoint::from_static("http://demo.invalid")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let s = socket.clone();
-            async move { tokio::net::UnixStream::connect(s).await.map(TokioIo::new) }
-        }))
-        .await?)
+    Ok(proxmox_csi_common::client::unix_channel(socket.to_path_buf()).await?)
 }
 
 #[tokio::main]
