@@ -1,12 +1,14 @@
 //! From a WWN to a verified whole-disk device node.
 //!
-//! Resolution reads sysfs (`/sys/block/*/device/wwid` is `naa.<wwn>` for a
-//! Proxmox SCSI disk). Verification refuses partitions, devices mounted
-//! anywhere else, devices with holders (device-mapper), and the disk that
-//! holds the root filesystem.
+//! The device index (see `discovery`) finds a disk by its key; before the
+//! disk is used its identity is checked again against sysfs (`wwid` is
+//! `naa.<wwn>` for a Proxmox SCSI disk, and the serial when one was given),
+//! and it is refused if it is a partition, mounted anywhere else, held by
+//! device-mapper, or the disk of the root filesystem.
 
 use std::path::{Path, PathBuf};
 
+use crate::discovery::Key;
 use crate::error::HostdError;
 use crate::mounts::MountEntry;
 
@@ -43,7 +45,7 @@ impl std::fmt::Display for Wwn {
 #[derive(Debug, Clone)]
 pub enum Resolver {
     /// Real SCSI disks, by sysfs `wwid`.
-    Sysfs { sys_block: PathBuf, dev: PathBuf },
+    Sysfs { sys_block: PathBuf },
     /// Test hosts without SCSI: the loop device backed by `<dir>/<wwn>.raw`.
     #[cfg(feature = "loop-resolver")]
     Loop { dir: PathBuf },
@@ -53,7 +55,6 @@ impl Default for Resolver {
     fn default() -> Self {
         Self::Sysfs {
             sys_block: "/sys/block".into(),
-            dev: "/dev".into(),
         }
     }
 }
@@ -63,38 +64,72 @@ fn read_trim(p: &Path) -> Option<String> {
 }
 
 impl Resolver {
-    pub fn resolve(&self, wwn: &Wwn) -> Result<PathBuf, HostdError> {
-        let not_found = |reason: String| HostdError::DeviceNotFound {
-            wwn: wwn.to_string(),
+    /// The device index key under which `wwn`'s device is found.
+    pub fn key(&self, wwn: &Wwn) -> Key {
+        match self {
+            Self::Sysfs { .. } => format!("naa.{}", wwn.hex()),
+            #[cfg(feature = "loop-resolver")]
+            Self::Loop { dir } => format!("file:{}", dir.join(format!("{}.raw", wwn.hex())).display()),
+        }
+    }
+
+    /// Checks, right before the device is used, that it still is the disk
+    /// that was asked for: sysfs `wwid` is `naa.<wwn>` and, when the request
+    /// names one, the SCSI serial (VPD page 0x80) matches.
+    pub fn verify_identity(&self, device: &Path, wwn: &Wwn, serial: &str) -> Result<(), HostdError> {
+        let refuse = |reason: String| HostdError::DeviceRefused {
+            device: device.to_path_buf(),
             reason,
         };
         match self {
-            Self::Sysfs { sys_block, dev } => {
+            Self::Sysfs { sys_block, .. } => {
+                let name = device
+                    .file_name()
+                    .ok_or_else(|| refuse("has no device name".into()))?;
+                let sys = sys_block.join(name);
                 let want = format!("naa.{}", wwn.hex());
-                let entries = std::fs::read_dir(sys_block)
-                    .map_err(|e| not_found(format!("listing {}: {e}", sys_block.display())))?;
-                for entry in entries.flatten() {
-                    if read_trim(&entry.path().join("device/wwid")).as_deref() == Some(&want) {
-                        return Ok(dev.join(entry.file_name()));
+                let wwid = read_trim(&sys.join("device/wwid")).map(|w| w.to_ascii_lowercase());
+                if wwid.as_deref() != Some(want.as_str()) {
+                    return Err(refuse(format!(
+                        "its wwid is {}, expected {want}",
+                        wwid.as_deref().unwrap_or("unknown")
+                    )));
+                }
+                if !serial.is_empty() {
+                    let found = read_vpd_serial(&sys.join("device/vpd_pg80"));
+                    if found.as_deref() != Some(serial) {
+                        return Err(refuse(format!(
+                            "its serial is {:?}, expected {serial:?}",
+                            found.as_deref().unwrap_or("unknown")
+                        )));
                     }
                 }
-                Err(not_found(format!("no disk in {} has wwid {want}", sys_block.display())))
+                Ok(())
             }
+            // Loop devices have neither a WWN nor a serial; the backing file is the identity.
             #[cfg(feature = "loop-resolver")]
             Self::Loop { dir } => {
+                let name = device
+                    .file_name()
+                    .ok_or_else(|| refuse("has no device name".into()))?;
+                let backing = read_trim(&Path::new("/sys/block").join(name).join("loop/backing_file"));
                 let want = dir.join(format!("{}.raw", wwn.hex()));
-                let entries = std::fs::read_dir("/sys/block")
-                    .map_err(|e| not_found(format!("listing /sys/block: {e}")))?;
-                for entry in entries.flatten() {
-                    let backing = read_trim(&entry.path().join("loop/backing_file"));
-                    if backing.as_deref().map(Path::new) == Some(want.as_path()) {
-                        return Ok(Path::new("/dev").join(entry.file_name()));
-                    }
+                if backing.as_deref().map(Path::new) != Some(want.as_path()) {
+                    return Err(refuse(format!("it is not backed by {}", want.display())));
                 }
-                Err(not_found(format!("no loop device is backed by {}", want.display())))
+                Ok(())
             }
         }
     }
+}
+
+/// The unit serial number from a raw VPD page 0x80: a 4-byte header, the
+/// length in byte 3, then the serial (space-padded).
+fn read_vpd_serial(path: &Path) -> Option<String> {
+    let page = std::fs::read(path).ok()?;
+    let len = usize::from(*page.get(3)?);
+    let body = page.get(4..4 + len)?;
+    Some(String::from_utf8_lossy(body).trim().to_string())
 }
 
 /// `major:minor` of a block device node.
@@ -175,20 +210,27 @@ mod tests {
     }
 
     #[test]
-    fn resolves_by_sysfs_wwid() {
+    fn verifies_wwid_and_serial_from_sysfs() {
         let dir = tempfile::tempdir().unwrap();
-        for (name, wwid) in [("sda", "naa.1111111111111111"), ("sdb", "naa.5000c500a1b2c3d4")] {
-            std::fs::create_dir_all(dir.path().join(name).join("device")).unwrap();
-            std::fs::write(dir.path().join(name).join("device/wwid"), format!("{wwid}\n")).unwrap();
-        }
+        std::fs::create_dir_all(dir.path().join("sdb/device")).unwrap();
+        std::fs::write(dir.path().join("sdb/device/wwid"), "naa.5000C500A1B2C3D4\n").unwrap();
+        let mut page = vec![0u8, 0x80, 0, 8];
+        page.extend_from_slice(b"pvc-1234");
+        std::fs::write(dir.path().join("sdb/device/vpd_pg80"), &page).unwrap();
         let r = Resolver::Sysfs {
             sys_block: dir.path().to_path_buf(),
-            dev: "/dev".into(),
         };
         let wwn = Wwn::parse("0x5000C500A1B2C3D4").unwrap();
-        assert_eq!(r.resolve(&wwn).unwrap(), Path::new("/dev/sdb"));
-        let e = r.resolve(&Wwn::parse("0x2222222222222222").unwrap()).unwrap_err();
-        assert_eq!(e.code(), tonic::Code::Unavailable);
+        assert_eq!(r.key(&wwn), "naa.5000c500a1b2c3d4");
+        let dev = Path::new("/dev/sdb");
+        r.verify_identity(dev, &wwn, "").unwrap();
+        r.verify_identity(dev, &wwn, "pvc-1234").unwrap();
+        let e = r.verify_identity(dev, &wwn, "pvc-9999").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        assert!(e.to_string().contains("its serial is \"pvc-1234\", expected \"pvc-9999\""), "{e}");
+        let other = Wwn::parse("0x1111111111111111").unwrap();
+        let e = r.verify_identity(dev, &other, "").unwrap_err().to_string();
+        assert!(e.contains("its wwid is naa.5000c500a1b2c3d4, expected naa.1111111111111111"), "{e}");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! touches block devices, behind the narrow API of `hostd.proto`.
 
 pub mod device;
+pub mod discovery;
 pub mod error;
 pub mod health;
 pub mod identity;

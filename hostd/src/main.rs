@@ -6,6 +6,7 @@ use clap::Parser;
 use proxmox_csi_common::endpoint::SocketAccess;
 use proxmox_csi_common::logging::{self, LogFormat};
 use proxmox_csi_hostd::device::Resolver;
+use proxmox_csi_hostd::discovery::EventSource;
 use proxmox_csi_hostd::server::{self, Options};
 
 /// Privileged host daemon of the Proxmox CSI driver.
@@ -40,12 +41,27 @@ struct Args {
     #[cfg(feature = "loop-resolver")]
     #[arg(long)]
     loop_dir: Option<PathBuf>,
+    /// Device events from udevd (`udev`), or straight from the kernel
+    /// (`kernel`) on hosts without udevd.
+    #[arg(long, default_value = "udev", value_parser = parse_source)]
+    device_events: EventSource,
+    /// Seconds Stage waits for a hot-plugged disk to appear.
+    #[arg(long, default_value_t = 60)]
+    device_wait: u64,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: LogFormat,
     /// Log level or filter (overrides RUST_LOG), e.g. debug.
     #[arg(long)]
     log_level: Option<String>,
+}
+
+fn parse_source(s: &str) -> Result<EventSource, String> {
+    match s {
+        "udev" => Ok(EventSource::Udev),
+        "kernel" => Ok(EventSource::Kernel),
+        other => Err(format!("{other:?} is not one of: udev, kernel")),
+    }
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {
@@ -88,6 +104,8 @@ async fn main() -> ExitCode {
         metrics_address: args.metrics_address,
         kubelet_root: args.kubelet_root,
         resolver,
+        event_source: args.device_events,
+        device_wait: Duration::from_secs(args.device_wait),
     };
     match server::run(opts, proxmox_csi_common::shutdown::signal_received()).await {
         Ok(()) => ExitCode::SUCCESS,

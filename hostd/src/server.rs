@@ -13,6 +13,8 @@ use proxmox_csi_proto::hostd::v1::hostd_server::HostdServer;
 use tokio::sync::watch;
 
 use crate::device::Resolver;
+use crate::discovery::{self, DeviceIndex, EventSource};
+use crate::error::HostdError;
 use crate::health::Health;
 use crate::paths::KubeletPaths;
 use crate::volume::Volumes;
@@ -31,12 +33,18 @@ pub struct Options {
     pub metrics_address: Option<SocketAddr>,
     pub kubelet_root: PathBuf,
     pub resolver: Resolver,
+    pub event_source: EventSource,
+    pub device_wait: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
+    #[error(transparent)]
+    Device(#[from] HostdError),
+    #[error("{0}; exiting so that the service manager restarts hostd")]
+    MonitorDied(String),
     #[error("kubelet root {path}: {source}")]
     KubeletRoot {
         path: PathBuf,
@@ -52,23 +60,44 @@ pub async fn run(
         path: opts.kubelet_root.clone(),
         source,
     })?;
-    let volumes = Volumes {
+    let health = Arc::new(Health::default());
+    let index = Arc::new(DeviceIndex::default());
+    let monitor_died = discovery::start_monitor(index.clone(), opts.event_source)?;
+    health.set_udev_monitor_alive(true);
+    let volumes = Arc::new(Volumes {
         paths,
         resolver: opts.resolver.clone(),
-    };
-    let health = Arc::new(Health::default());
-    let (stop_tx, mut stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
+        index,
+        device_wait: opts.device_wait,
     });
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let died = Arc::new(std::sync::Mutex::new(None::<String>));
+    {
+        let died = died.clone();
+        let health = health.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown => {}
+                reason = monitor_died => {
+                    let reason = reason.unwrap_or_else(|_| "udev monitor thread vanished".into());
+                    tracing::error!(%reason, "udev monitor died");
+                    health.set_udev_monitor_alive(false);
+                    health.record_error(&reason);
+                    *died.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+                }
+            }
+            let _ = stop_tx.send(true);
+        });
+    }
 
     if let Some(path) = opts.health_file.clone() {
         let health = health.clone();
+        let volumes = volumes.clone();
         let mut stop = stop_rx.clone();
         let every = opts.health_interval;
         tokio::spawn(async move {
             loop {
+                volumes.refresh_health(&health);
                 if let Err(e) = health.write_file(&path) {
                     tracing::warn!(path = %path.display(), error = %e, "writing the health file");
                 }
@@ -110,6 +139,9 @@ pub async fn run(
             let _ = stop_rx.wait_for(|s| *s).await;
         })
         .await?;
+    if let Some(reason) = died.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(StartError::MonitorDied(reason));
+    }
     tracing::info!("stopped");
     Ok(())
 }

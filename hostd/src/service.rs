@@ -39,11 +39,11 @@ pub struct HostdService {
 }
 
 impl HostdService {
-    pub fn new(health: Arc<Health>, dmi_dir: PathBuf, volumes: Volumes) -> Self {
+    pub fn new(health: Arc<Health>, dmi_dir: PathBuf, volumes: Arc<Volumes>) -> Self {
         Self {
             health,
             dmi_dir,
-            volumes: Arc::new(volumes),
+            volumes,
             locks: VolumeLocks::default(),
         }
     }
@@ -157,6 +157,7 @@ impl pb::hostd_server::Hostd for HostdService {
         &self,
         _: Request<pb::HealthRequest>,
     ) -> Result<Response<pb::HealthResponse>, Status> {
+        self.volumes.refresh_health(&self.health);
         let s = self.health.snapshot();
         Ok(Response::new(pb::HealthResponse {
             version: s.version,

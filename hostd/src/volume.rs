@@ -5,10 +5,13 @@
 //! difference.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
 use proxmox_csi_proto::hostd::v1 as pb;
 
 use crate::device::{self, Resolver, Wwn};
+use crate::discovery::{self, DeviceIndex};
 use crate::error::HostdError;
 use crate::mkfs::{self, FsType, MkfsOptions};
 use crate::mounts;
@@ -19,10 +22,16 @@ use crate::probe::{self, Contents};
 /// node is bound, so publish can bind it again without naming a device.
 const BLOCK_FILE: &str = "device";
 
+/// How long a request waits for its device before a SCSI rescan is asked for.
+const RESCAN_GRACE: Duration = Duration::from_secs(3);
+
 #[derive(Debug)]
 pub struct Volumes {
     pub paths: KubeletPaths,
     pub resolver: Resolver,
+    pub index: Arc<DeviceIndex>,
+    /// How long Stage waits for the device to appear.
+    pub device_wait: Duration,
 }
 
 pub fn check_volume_id(id: &str) -> Result<(), HostdError> {
@@ -48,6 +57,24 @@ fn device_size(device: &Path) -> u64 {
 }
 
 impl Volumes {
+    /// Volumes mounted or bound under kubelet's staging directories.
+    pub fn staged_count(&self) -> usize {
+        let base = self.paths.root().join("plugins/kubernetes.io/csi");
+        mounts::table()
+            .map(|t| {
+                t.iter()
+                    .filter(|m| m.mount_point.starts_with(&base))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Brings the health facts that derive from the index and the mount table up to date.
+    pub fn refresh_health(&self, health: &crate::health::Health) {
+        health.set_devices_indexed(u32::try_from(self.index.len()).unwrap_or(u32::MAX));
+        health.set_volumes_staged(u32::try_from(self.staged_count()).unwrap_or(u32::MAX));
+    }
+
     pub async fn stage(&self, req: &pb::StageRequest) -> Result<pb::StageResponse, HostdError> {
         check_volume_id(&req.volume_id)?;
         let staging = self.paths.check("staging_path", &req.staging_path)?;
@@ -65,7 +92,16 @@ impl Volumes {
             .access
             .as_ref()
             .ok_or_else(|| HostdError::invalid("access", "filesystem or block is required"))?;
-        let device = self.resolver.resolve(&wwn)?;
+        let key = self.resolver.key(&wwn);
+        let index = &self.index;
+        let device = index
+            .wait_for(&key, self.device_wait, RESCAN_GRACE, || discovery::rescan_scsi(index))
+            .await
+            .ok_or_else(|| HostdError::DeviceNotFound {
+                wwn: wwn.to_string(),
+                reason: format!("no block device with {key} within {:?}", self.device_wait),
+            })?;
+        self.resolver.verify_identity(&device, &wwn, &dev.serial)?;
         match access {
             pb::stage_request::Access::Filesystem(fs) => {
                 self.stage_filesystem(&device, &staging, fs, req.read_only).await

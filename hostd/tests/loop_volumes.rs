@@ -85,6 +85,8 @@ impl Env {
             .arg(&images)
             .arg("--health-file")
             .arg(dir.path().join("health.json"))
+            // This host runs no udevd: take device events from the kernel.
+            .args(["--device-events", "kernel", "--device-wait", "5"])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -110,11 +112,22 @@ impl Env {
 
     /// A 320 MiB sparse image (mkfs.xfs needs 300 MB) attached as a loop device; returns its WWN.
     fn disk(&mut self, n: u32) -> String {
+        let wwn = self.image_only(n);
+        self.attach(&wwn);
+        wwn
+    }
+
+    /// Creates the image without attaching it.
+    fn image_only(&self, n: u32) -> String {
         let wwn = format!("5000c500{n:08x}");
         let img = self.images.join(format!("{wwn}.raw"));
         let f = std::fs::File::create(&img).unwrap();
         f.set_len(320 << 20).unwrap();
-        drop(f);
+        wwn
+    }
+
+    fn attach(&mut self, wwn: &str) {
+        let img = self.image(wwn);
         let out = Command::new("losetup")
             .args(["--find", "--show"])
             .arg(&img)
@@ -123,7 +136,6 @@ impl Env {
         assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
         let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         self.loops.push(Loop { dev });
-        wwn
     }
 
     fn image(&self, wwn: &str) -> PathBuf {
@@ -483,4 +495,32 @@ async fn twenty_volumes_stage_concurrently() {
         r.unwrap_or_else(|e| panic!("{}: {e:?}", req.volume_id));
         assert_eq!(mount_at(Path::new(&req.staging_path)).as_deref(), Some("ext4"));
     }
+}
+
+#[tokio::test]
+async fn stage_waits_for_a_device_that_appears_later() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let wwn = env.image_only(50);
+    let staging = env.staging("late");
+    let mut client = env.client.clone();
+    let req = stage_req("vol-late", &wwn, &staging, "ext4");
+    let started = Instant::now();
+    let call = tokio::spawn(async move { client.stage(req).await });
+    // The disk is "hot-plugged" while Stage is already waiting for it.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!call.is_finished(), "Stage returned before the device existed");
+    env.attach(&wwn);
+    let r = call.await.unwrap().unwrap().into_inner();
+    assert!(r.actions.iter().any(|a| a == "mkfs ext4"), "{:?}", r.actions);
+    assert!(started.elapsed() < Duration::from_secs(5), "waited {:?}", started.elapsed());
+    assert_eq!(mount_at(&staging).as_deref(), Some("ext4"));
+
+    // Health reports the indexed devices and the staged volume.
+    let h = env.client.health(pb::HealthRequest {}).await.unwrap().into_inner();
+    assert!(h.udev_monitor_alive);
+    assert!(h.devices_indexed >= 1, "{h:?}");
+    assert_eq!(h.volumes_staged, 1, "{h:?}");
 }
