@@ -147,12 +147,12 @@ pub fn majmin(device: &Path) -> Result<String, HostdError> {
     Ok(format!("{}:{}", nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev)))
 }
 
-/// Checks that `device` is a whole disk that nothing else uses. Mounts at
-/// `allowed` (the volume's own staging path) do not count as use.
+/// Checks that `device` is a whole disk that nothing else uses. The volume's
+/// own dm-crypt mapping (`own_mapping`) does not count as use.
 pub fn verify_unused(
     device: &Path,
     mounts: &[MountEntry],
-    allowed: &[&Path],
+    own_mapping: Option<&str>,
 ) -> Result<String, HostdError> {
     let refuse = |reason: String| HostdError::DeviceRefused {
         device: device.to_path_buf(),
@@ -182,12 +182,18 @@ pub fn verify_unused(
         if m.mount_point == Path::new("/") {
             return Err(refuse("holds the root filesystem".into()));
         }
-        if !allowed.contains(&m.mount_point.as_path()) {
-            return Err(refuse(format!("is mounted at {}", m.mount_point.display())));
-        }
+        return Err(refuse(format!("is mounted at {}", m.mount_point.display())));
     }
     let holders = std::fs::read_dir(sys.join("holders"))
-        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect::<Vec<_>>())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|h| {
+                    let dm_name = read_trim(&Path::new("/sys/class/block").join(h).join("dm/name"));
+                    own_mapping.is_none() || dm_name.as_deref() != own_mapping
+                })
+                .collect::<Vec<_>>()
+        })
         .unwrap_or_default();
     if !holders.is_empty() {
         return Err(refuse(format!("is in use by {}", holders.join(", "))));
@@ -240,10 +246,10 @@ mod tests {
         // Find the block device of the root filesystem, if it is one.
         let dev = Path::new("/dev/block").join(&root.majmin);
         if let Ok(real) = dev.canonicalize() {
-            let e = verify_unused(&real, &mounts, &[]).unwrap_err().to_string();
+            let e = verify_unused(&real, &mounts, None).unwrap_err().to_string();
             assert!(e.contains("root filesystem") || e.contains("partition") || e.contains("in use"), "{e}");
         }
-        let e = verify_unused(Path::new("/etc/hostname"), &mounts, &[]).unwrap_err();
+        let e = verify_unused(Path::new("/etc/hostname"), &mounts, None).unwrap_err();
         assert!(e.to_string().contains("not a block device"), "{e}");
     }
 }

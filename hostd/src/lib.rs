@@ -1,11 +1,13 @@
 //! proxmox-csi-hostd: the privileged half of the node plugin. It alone
 //! touches block devices, behind the narrow API of `hostd.proto`.
 
+pub mod blockdev;
 pub mod device;
 pub mod discovery;
 pub mod error;
 pub mod health;
 pub mod identity;
+pub mod luks;
 pub mod mkfs;
 pub mod mounts;
 pub mod paths;

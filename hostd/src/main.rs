@@ -48,6 +48,9 @@ struct Args {
     /// Seconds Stage waits for a hot-plugged disk to appear.
     #[arg(long, default_value_t = 60)]
     device_wait: u64,
+    /// Key derivation for new LUKS key slots: argon2id, argon2id:<ms>:<KiB>, pbkdf2:<iterations>.
+    #[arg(long, default_value = "argon2id")]
+    luks_pbkdf: proxmox_csi_hostd::luks::Pbkdf,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: LogFormat,
@@ -106,6 +109,7 @@ async fn main() -> ExitCode {
         resolver,
         event_source: args.device_events,
         device_wait: Duration::from_secs(args.device_wait),
+        pbkdf: args.luks_pbkdf,
     };
     match server::run(opts, proxmox_csi_common::shutdown::signal_received()).await {
         Ok(()) => ExitCode::SUCCESS,

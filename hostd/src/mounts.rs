@@ -17,6 +17,8 @@ pub struct MountEntry {
     pub fs_type: String,
     pub source: String,
     pub read_only: bool,
+    /// The filesystem (superblock) is read-only, whatever this mount says.
+    pub super_read_only: bool,
 }
 
 pub fn table() -> Result<Vec<MountEntry>, HostdError> {
@@ -27,6 +29,7 @@ pub fn table() -> Result<Vec<MountEntry>, HostdError> {
         .into_iter()
         .map(|m| MountEntry {
             read_only: m.mount_options.contains_key("ro"),
+            super_read_only: m.super_options.contains_key("ro"),
             mount_point: m.mount_point,
             majmin: m.majmin,
             root: m.root,

@@ -35,6 +35,7 @@ pub struct Options {
     pub resolver: Resolver,
     pub event_source: EventSource,
     pub device_wait: Duration,
+    pub pbkdf: crate::luks::Pbkdf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +70,7 @@ pub async fn run(
         resolver: opts.resolver.clone(),
         index,
         device_wait: opts.device_wait,
+        pbkdf: opts.pbkdf,
     });
     let (stop_tx, mut stop_rx) = watch::channel(false);
     let died = Arc::new(std::sync::Mutex::new(None::<String>));

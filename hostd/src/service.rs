@@ -74,10 +74,6 @@ fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
         .map(|c| c.uid())
 }
 
-fn not_yet(call: &str) -> Status {
-    Status::unimplemented(format!("hostd {call}: not available in this build"))
-}
-
 #[tonic::async_trait]
 impl pb::hostd_server::Hostd for HostdService {
     async fn stage(&self, req: Request<pb::StageRequest>) -> Result<Response<pb::StageResponse>, Status> {
@@ -130,13 +126,19 @@ impl pb::hostd_server::Hostd for HostdService {
 
     async fn expand(
         &self,
-        _: Request<pb::ExpandRequest>,
+        req: Request<pb::ExpandRequest>,
     ) -> Result<Response<pb::ExpandResponse>, Status> {
-        Err(not_yet("Expand"))
+        let peer = peer_uid(&req);
+        let req = req.into_inner();
+        let _guard = self.locks.lock(&req.volume_id).await;
+        let result = self.volumes.expand(&req).await;
+        self.audit("Expand", peer, &req.volume_id, &req.volume_path, &result);
+        Ok(Response::new(result?))
     }
 
-    async fn stats(&self, _: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
-        Err(not_yet("Stats"))
+    async fn stats(&self, req: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
+        let req = req.into_inner();
+        Ok(Response::new(self.volumes.stats(&req)?))
     }
 
     async fn node_identity(

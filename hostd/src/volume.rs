@@ -10,7 +10,11 @@ use std::time::Duration;
 
 use proxmox_csi_proto::hostd::v1 as pb;
 
+use proxmox_csi_common::Secret;
+
+use crate::blockdev;
 use crate::device::{self, Resolver, Wwn};
+use crate::luks;
 use crate::discovery::{self, DeviceIndex};
 use crate::error::HostdError;
 use crate::mkfs::{self, FsType, MkfsOptions};
@@ -32,6 +36,8 @@ pub struct Volumes {
     pub index: Arc<DeviceIndex>,
     /// How long Stage waits for the device to appear.
     pub device_wait: Duration,
+    /// Key derivation for new LUKS key slots.
+    pub pbkdf: luks::Pbkdf,
 }
 
 pub fn check_volume_id(id: &str) -> Result<(), HostdError> {
@@ -45,15 +51,6 @@ pub fn check_volume_id(id: &str) -> Result<(), HostdError> {
         ));
     }
     Ok(())
-}
-
-fn device_size(device: &Path) -> u64 {
-    let Some(name) = device.file_name() else { return 0 };
-    std::fs::read_to_string(Path::new("/sys/class/block").join(name).join("size"))
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .map(|sectors| sectors * 512)
-        .unwrap_or(0)
 }
 
 impl Volumes {
@@ -83,11 +80,13 @@ impl Volumes {
             .as_ref()
             .ok_or_else(|| HostdError::invalid("device", "is required"))?;
         let wwn = Wwn::parse(&dev.wwn)?;
-        if req.encryption.is_some() {
-            return Err(HostdError::Unsupported(
-                "encryption: LUKS staging is not available in this build of hostd".into(),
-            ));
-        }
+        let passphrase = match &req.encryption {
+            Some(e) if e.passphrase.is_empty() => {
+                return Err(HostdError::invalid("encryption.passphrase", "is empty"));
+            }
+            Some(e) => Some(Secret::new(e.passphrase.clone())),
+            None => None,
+        };
         let access = req
             .access
             .as_ref()
@@ -104,13 +103,29 @@ impl Volumes {
         self.resolver.verify_identity(&device, &wwn, &dev.serial)?;
         match access {
             pb::stage_request::Access::Filesystem(fs) => {
-                self.stage_filesystem(&device, &staging, fs, req.read_only).await
+                let crypt = passphrase.as_ref().map(|p| (luks::mapping_name(&req.volume_id), p));
+                self.stage_filesystem(&device, &staging, fs, req.read_only, crypt).await
             }
+            pb::stage_request::Access::Block(_) if passphrase.is_some() => Err(HostdError::invalid(
+                "encryption",
+                "is supported for filesystem volumes only, not raw block",
+            )),
             pb::stage_request::Access::Block(_) => self.stage_block(&device, &staging),
         }
-        .map(|actions| pb::StageResponse {
-            actions,
-            size_bytes: device_size(&device),
+        .map(|actions| {
+            // The filesystem sees the mapping, which is smaller by the LUKS header.
+            let sized = match (&passphrase, access) {
+                (Some(_), pb::stage_request::Access::Filesystem(_)) => {
+                    luks::mapper_path(&luks::mapping_name(&req.volume_id))
+                }
+                _ => device.clone(),
+            };
+            pb::StageResponse {
+                actions,
+                size_bytes: blockdev::kernel_name(&sized)
+                    .and_then(|n| blockdev::size_of(&n))
+                    .unwrap_or(0),
+            }
         })
     }
 
@@ -120,6 +135,7 @@ impl Volumes {
         staging: &Path,
         fs: &pb::Filesystem,
         read_only: bool,
+        crypt: Option<(String, &Secret<Vec<u8>>)>,
     ) -> Result<Vec<String>, HostdError> {
         let fs_type = FsType::parse(&fs.fs_type)?;
         let opts = MkfsOptions {
@@ -128,9 +144,12 @@ impl Volumes {
         };
         mkfs::validate(opts)?;
         let table = mounts::table()?;
+        // What gets the filesystem: the disk, or its LUKS mapping.
+        let mapping = crypt.as_ref().map(|(name, _)| luks::mapper_path(name));
+        let fs_device = mapping.as_deref().unwrap_or(device);
         if let Some(m) = table.iter().rev().find(|m| m.mount_point == staging) {
-            let mm = device::majmin(device)?;
-            if m.majmin == mm && m.fs_type == fs_type.name() {
+            let mm = device::majmin(fs_device).ok();
+            if mm.as_deref() == Some(m.majmin.as_str()) && m.fs_type == fs_type.name() {
                 return Ok(vec!["already staged".into()]);
             }
             return Err(HostdError::StagedDifferently {
@@ -140,22 +159,41 @@ impl Volumes {
                     "{} ({}) is mounted there, the request is {} ({})",
                     m.source,
                     m.fs_type,
-                    device.display(),
+                    fs_device.display(),
                     fs_type.name()
                 ),
             });
         }
-        device::verify_unused(device, &table, &[])?;
+        device::verify_unused(device, &table, crypt.as_ref().map(|(n, _)| n.as_str()))?;
         let mut actions = Vec::new();
-        match probe::probe(device)? {
+        if let Some((name, pass)) = &crypt {
+            if !luks::is_open(name) {
+                match probe::probe(device)? {
+                    Contents::Blank => {
+                        luks::format(device, pass, self.pbkdf)?;
+                        actions.push("luksFormat".to_string());
+                    }
+                    Contents::Filesystem(t) if t == "crypto_LUKS" => {}
+                    found => {
+                        return Err(HostdError::HoldsData {
+                            device: device.to_path_buf(),
+                            found: format!("{found} and encryption was asked for"),
+                        });
+                    }
+                }
+                luks::open(device, name, pass)?;
+                actions.push(format!("luksOpen {name}"));
+            }
+        }
+        match probe::probe(fs_device)? {
             Contents::Blank => {
-                mkfs::run(fs_type, device, opts).await?;
+                mkfs::run(fs_type, fs_device, opts).await?;
                 actions.push(format!("mkfs {}", fs_type.name()));
             }
             Contents::Filesystem(t) if t == fs_type.name() => {}
             found => {
                 return Err(HostdError::HoldsData {
-                    device: device.to_path_buf(),
+                    device: fs_device.to_path_buf(),
                     found: found.to_string(),
                 });
             }
@@ -166,8 +204,8 @@ impl Volumes {
             // Clones and snapshots share the XFS UUID; the Go driver mounts with nouuid too.
             flags.push("nouuid".into());
         }
-        mounts::mount_fs(device, staging, fs_type.name(), &flags, read_only)?;
-        actions.push(format!("mounted {} at {}", device.display(), staging.display()));
+        mounts::mount_fs(fs_device, staging, fs_type.name(), &flags, read_only)?;
+        actions.push(format!("mounted {} at {}", fs_device.display(), staging.display()));
         Ok(actions)
     }
 
@@ -187,7 +225,7 @@ impl Volumes {
                 detail: format!("device {bound} is bound there, the request is {} ({mm})", device.display()),
             });
         }
-        device::verify_unused(device, &table, &[])?;
+        device::verify_unused(device, &table, None)?;
         ensure_dir(staging)?;
         ensure_file(&file)?;
         mounts::bind(device, &file, false, &[])?;
@@ -203,7 +241,20 @@ impl Volumes {
             std::fs::remove_file(&file)
                 .map_err(|e| HostdError::failed("removing", file.display(), e))?;
         }
-        unmount_all(&staging)
+        let source = mounts::at(&staging)?.map(|m| m.majmin);
+        unmount_all(&staging)?;
+        if let Some(mm) = source {
+            blockdev::flush(&mm);
+        }
+        // Close the volume's mapping even if nothing was mounted (a crash
+        // between unmount and close, or a surprise unplug).
+        let name = luks::mapping_name(&req.volume_id);
+        if luks::is_open(&name) {
+            // A vanished disk leaves a mapping that only a forced close removes.
+            let gone = !blockdev::backing_present(&name);
+            luks::close(&name, gone)?;
+        }
+        Ok(())
     }
 
     pub fn publish(&self, req: &pb::PublishRequest) -> Result<(), HostdError> {
@@ -288,4 +339,136 @@ fn ensure_file(p: &Path) -> Result<(), HostdError> {
         .open(p)
         .map(drop)
         .map_err(|e| HostdError::failed("creating file", p.display(), e))
+}
+
+/// What is mounted or bound at a volume path, resolved to block devices.
+#[derive(Debug)]
+struct Staged {
+    entry: mounts::MountEntry,
+    /// Kernel name of the device the filesystem (or bind) sits on.
+    name: String,
+    /// For a dm-crypt mapping, its name and the disk underneath.
+    mapping: Option<(String, String)>,
+}
+
+fn staged_at(path: &Path, block: bool) -> Result<Option<Staged>, HostdError> {
+    let Some(entry) = mounts::at(path)? else { return Ok(None) };
+    let majmin = if block { device::majmin(path)? } else { entry.majmin.clone() };
+    let Some(name) = blockdev::name_of(&majmin) else {
+        return Ok(Some(Staged { entry, name: String::new(), mapping: None }));
+    };
+    let mapping = std::fs::read_to_string(Path::new("/sys/class/block").join(&name).join("dm/name"))
+        .ok()
+        .map(|n| n.trim().to_string())
+        .and_then(|dm| blockdev::slaves(&name).into_iter().next().map(|disk| (dm, disk)));
+    Ok(Some(Staged { entry, name, mapping }))
+}
+
+impl Volumes {
+    /// Grows the volume to its disk's size: rescans the disk if it is still
+    /// smaller than asked, resizes the LUKS mapping, then the filesystem.
+    pub async fn expand(&self, req: &pb::ExpandRequest) -> Result<pb::ExpandResponse, HostdError> {
+        check_volume_id(&req.volume_id)?;
+        let path = self.paths.check("volume_path", &req.volume_path)?;
+        let block = path.is_file();
+        let staged = staged_at(&path, block)?
+            .ok_or_else(|| HostdError::NotStaged(format!("{} (nothing mounted at {})", req.volume_id, path.display())))?;
+        let disk = staged.mapping.as_ref().map(|(_, d)| d.clone()).unwrap_or_else(|| staged.name.clone());
+        if blockdev::size_of(&disk).unwrap_or(0) < req.required_bytes {
+            blockdev::rescan(&disk);
+        }
+        let disk_size = blockdev::size_of(&disk).unwrap_or(0);
+        if disk_size < req.required_bytes {
+            return Err(HostdError::DeviceNotFound {
+                wwn: disk.clone(),
+                reason: format!(
+                    "disk is {disk_size} bytes after a rescan, {} were asked for; the controller's resize may still be on its way",
+                    req.required_bytes
+                ),
+            });
+        }
+        if let Some((mapping, _)) = &staged.mapping {
+            let pass = req
+                .encryption
+                .as_ref()
+                .filter(|e| !e.passphrase.is_empty())
+                .map(|e| Secret::new(e.passphrase.clone()));
+            luks::resize(mapping, pass.as_ref())?;
+        }
+        if !block {
+            grow_filesystem(&staged.entry).await?;
+        }
+        Ok(pb::ExpandResponse {
+            size_bytes: blockdev::size_of(&staged.name).unwrap_or(disk_size),
+        })
+    }
+
+    pub fn stats(&self, req: &pb::StatsRequest) -> Result<pb::StatsResponse, HostdError> {
+        check_volume_id(&req.volume_id)?;
+        let path = self.paths.check("volume_path", &req.volume_path)?;
+        let block = path.is_file();
+        let Some(staged) = staged_at(&path, block)? else {
+            return Err(HostdError::NotStaged(format!("{} (nothing mounted at {})", req.volume_id, path.display())));
+        };
+        let mut resp = pb::StatsResponse {
+            block,
+            ..Default::default()
+        };
+        let mut problems = Vec::new();
+        if staged.name.is_empty() || !Path::new("/sys/class/block").join(&staged.name).exists() {
+            problems.push("the device is gone".to_string());
+        }
+        if let Some((mapping, disk)) = &staged.mapping
+            && !Path::new("/sys/class/block").join(disk).exists()
+        {
+            problems.push(format!("the disk under mapping {mapping} is gone"));
+        }
+        if block {
+            resp.total_bytes = blockdev::size_of(&staged.name).unwrap_or(0);
+        } else {
+            match nix::sys::statvfs::statvfs(&path) {
+                Ok(v) => {
+                    let frag = v.fragment_size();
+                    resp.total_bytes = v.blocks() * frag;
+                    resp.available_bytes = v.blocks_available() * frag;
+                    resp.used_bytes = (v.blocks() - v.blocks_free()) * frag;
+                    resp.total_inodes = v.files();
+                    resp.available_inodes = v.files_available();
+                    resp.used_inodes = v.files() - v.files_free();
+                }
+                Err(e) => problems.push(format!("the filesystem does not answer ({e}); it may have shut down")),
+            }
+            if staged.entry.super_read_only && !staged.entry.read_only {
+                problems.push("the filesystem was remounted read-only after errors".into());
+            }
+        }
+        resp.condition = Some(pb::VolumeCondition {
+            abnormal: !problems.is_empty(),
+            message: if problems.is_empty() { "volume is healthy".into() } else { problems.join("; ") },
+        });
+        Ok(resp)
+    }
+}
+
+async fn grow_filesystem(m: &mounts::MountEntry) -> Result<(), HostdError> {
+    let (tool, arg) = match m.fs_type.as_str() {
+        "ext4" | "ext3" | "ext2" => ("resize2fs", m.source.clone()),
+        "xfs" => ("xfs_growfs", m.mount_point.display().to_string()),
+        other => {
+            return Err(HostdError::Unsupported(format!("growing a {other} filesystem is not supported")));
+        }
+    };
+    let out = tokio::process::Command::new(tool)
+        .arg(&arg)
+        .output()
+        .await
+        .map_err(|e| HostdError::failed("running", tool, e))?;
+    if !out.status.success() {
+        return Err(HostdError::failed(
+            "growing the filesystem on",
+            &arg,
+            format!("{tool}: {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()),
+        ));
+    }
+    Ok(())
 }

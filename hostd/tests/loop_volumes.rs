@@ -86,7 +86,7 @@ impl Env {
             .arg("--health-file")
             .arg(dir.path().join("health.json"))
             // This host runs no udevd: take device events from the kernel.
-            .args(["--device-events", "kernel", "--device-wait", "5"])
+            .args(["--device-events", "kernel", "--device-wait", "5", "--luks-pbkdf", "pbkdf2:1000"])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -523,4 +523,151 @@ async fn stage_waits_for_a_device_that_appears_later() {
     assert!(h.udev_monitor_alive);
     assert!(h.devices_indexed >= 1, "{h:?}");
     assert_eq!(h.volumes_staged, 1, "{h:?}");
+}
+
+fn grow(img: &Path, dev_of: &Path, new_len: u64) {
+    std::fs::OpenOptions::new().write(true).open(img).unwrap().set_len(new_len).unwrap();
+    // What a Proxmox resize looks like to the guest: the disk's capacity changes.
+    let st = Command::new("losetup").arg("-c").arg(dev_of).status().unwrap();
+    assert!(st.success());
+}
+
+fn loop_of(img: &Path) -> PathBuf {
+    let out = Command::new("losetup").args(["-j"]).arg(img).output().unwrap();
+    let line = String::from_utf8_lossy(&out.stdout).to_string();
+    PathBuf::from(line.split(':').next().unwrap().trim())
+}
+
+#[tokio::test]
+async fn expands_ext4_and_xfs_online_and_reports_stats() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    for (i, fs) in ["ext4", "xfs"].into_iter().enumerate() {
+        let wwn = env.disk(60 + i as u32);
+        let staging = env.staging(&format!("grow-{fs}"));
+        let vol = format!("vol-grow-{fs}");
+        env.client.stage(stage_req(&vol, &wwn, &staging, fs)).await.unwrap();
+        std::fs::write(staging.join("data"), vec![7u8; 1 << 20]).unwrap();
+
+        let stats = |env: &Env| {
+            let mut c = env.client.clone();
+            let req = pb::StatsRequest { volume_id: vol.clone(), volume_path: staging.display().to_string() };
+            async move { c.stats(req).await.unwrap().into_inner() }
+        };
+        let before = stats(&env).await;
+        assert!(!before.block);
+        assert!(before.total_bytes > 200 << 20 && before.total_bytes <= 320 << 20, "{fs}: {before:?}");
+        assert!(before.used_bytes >= 1 << 20, "{fs}: {before:?}");
+        assert!(before.total_inodes > 0 && before.used_inodes > 0, "{fs}: {before:?}");
+        let cond = before.condition.clone().unwrap();
+        assert!(!cond.abnormal, "{fs}: {cond:?}");
+
+        // Asking for more than the disk has: retryable, nothing changed.
+        let e = env
+            .client
+            .expand(pb::ExpandRequest {
+                volume_id: vol.clone(),
+                volume_path: staging.display().to_string(),
+                required_bytes: 512 << 20,
+                encryption: None,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{fs}: {e:?}");
+
+        grow(&env.image(&wwn), &loop_of(&env.image(&wwn)), 512 << 20);
+        let result = env
+            .client
+            .expand(pb::ExpandRequest {
+                volume_id: vol.clone(),
+                volume_path: staging.display().to_string(),
+                required_bytes: 512 << 20,
+                encryption: None,
+            })
+            .await;
+        if fs == "ext4" && !has_cap_sys_resource() {
+            // ext4 grows online only with CAP_SYS_RESOURCE, which some
+            // sandboxes withhold even from root; the guest VM test covers it.
+            let e = result.unwrap_err();
+            assert!(e.message().contains("resize2fs") && e.message().contains("Permission denied"), "{e:?}");
+            eprintln!("NOTE: ext4 online grow not checked here: CAP_SYS_RESOURCE is missing");
+            continue;
+        }
+        let r = result.unwrap().into_inner();
+        assert_eq!(r.size_bytes, 512 << 20, "{fs}");
+        let after = stats(&env).await;
+        assert!(after.total_bytes > before.total_bytes + (150 << 20), "{fs}: {before:?} -> {after:?}");
+        assert_eq!(std::fs::read(staging.join("data")).unwrap(), vec![7u8; 1 << 20], "{fs}");
+    }
+}
+
+#[tokio::test]
+async fn encryption_writes_a_go_compatible_luks2_header_and_never_reformats_it() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let wwn = env.disk(70);
+    let staging = env.staging("luks");
+    let mut req = stage_req("vol-luks", &wwn, &staging, "ext4");
+    req.encryption = Some(pb::Encryption { passphrase: b"correct horse".to_vec() });
+    let first = env.client.stage(req.clone()).await;
+    let dump = Command::new("cryptsetup").arg("luksDump").arg(env.image(&wwn)).output().unwrap();
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    assert!(dump.contains("Version:       \t2") || dump.contains("Version:"), "{dump}");
+    assert!(dump.contains("aes-xts-plain64"), "{dump}");
+    assert!(dump.contains("Cipher key:\t512 bits") || dump.contains("512 bits"), "{dump}");
+    assert!(dump.contains("pbkdf2"), "{dump}");
+    // The passphrase opens key slot 0 (checked without device-mapper).
+    let mut c = Command::new("cryptsetup")
+        .args(["open", "--test-passphrase", "--key-file", "-"])
+        .arg(env.image(&wwn))
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(b"correct horse").unwrap();
+    assert!(c.wait().unwrap().success(), "passphrase does not open the header");
+
+    let dm_available = Path::new("/sys/module/dm_crypt").exists();
+    if dm_available {
+        first.unwrap();
+        assert_eq!(mount_at(&staging).as_deref(), Some("ext4"));
+    } else {
+        // No device-mapper on this host: open fails with the cause named,
+        // and a retry finds the header and does not format again.
+        let e = first.unwrap_err();
+        assert!(e.message().contains("activating dm-crypt"), "{e:?}");
+        let header = sha_of(&env.image(&wwn));
+        let e = env.client.stage(req).await.unwrap_err();
+        assert!(e.message().contains("activating dm-crypt"), "{e:?}");
+        assert_eq!(sha_of(&env.image(&wwn)), header, "the LUKS header was rewritten");
+    }
+
+    // A plain ext4 disk is never encrypted over.
+    let wwn = env.disk(71);
+    run("mkfs.ext4", &["-q", "-F"], &env.image(&wwn));
+    let before = sha_of(&env.image(&wwn));
+    let staging = env.staging("luks-on-ext4");
+    let mut req = stage_req("vol-luks2", &wwn, &staging, "ext4");
+    req.encryption = Some(pb::Encryption { passphrase: b"pw".to_vec() });
+    let e = env.client.stage(req).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("a ext4 signature and encryption was asked for"), "{}", e.message());
+    assert_eq!(sha_of(&env.image(&wwn)), before);
+
+    // The passphrase never reaches the log.
+    let log = std::fs::read_to_string(&env.log).unwrap();
+    assert!(!log.contains("correct horse"), "{log}");
+}
+
+fn has_cap_sys_resource() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    eff & (1 << 24) != 0
 }

@@ -1,0 +1,205 @@
+//! LUKS2 through libcryptsetup, in the Go driver's format (`aes-xts-plain64`,
+//! 512-bit key) so its volumes keep opening.
+//!
+//! The volume key is never loaded into the kernel keyring: Talos' seccomp
+//! profile for extension services blocks the keyring syscalls, and the key
+//! then lives in the dm-crypt table as with `cryptsetup --disable-keyring`.
+
+use std::path::{Path, PathBuf};
+
+use libcryptsetup_rs::consts::flags::{CryptActivate, CryptDeactivate, CryptPbkdf, CryptVolumeKey};
+use libcryptsetup_rs::consts::vals::{CryptKdf, EncryptionFormat};
+use libcryptsetup_rs::{CryptInit, CryptPbkdfType, Either, LibcryptErr};
+use proxmox_csi_common::Secret;
+
+use crate::error::HostdError;
+
+pub const CIPHER: (&str, &str) = ("aes", "xts-plain64");
+pub const KEY_BYTES: usize = 512 / 8;
+
+/// Key derivation for new key slots. Argon2id is cryptsetup's default;
+/// pbkdf2 with a fixed iteration count makes tests fast.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pbkdf {
+    Argon2id { time_ms: u32, memory_kb: u32 },
+    Pbkdf2 { iterations: u32 },
+}
+
+impl Default for Pbkdf {
+    fn default() -> Self {
+        Self::Argon2id {
+            time_ms: 2000,
+            memory_kb: 1 << 20,
+        }
+    }
+}
+
+impl std::str::FromStr for Pbkdf {
+    type Err = String;
+    /// `argon2id`, `argon2id:<ms>:<KiB>`, `pbkdf2:<iterations>`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split(':').collect();
+        let num = |v: &str| v.parse::<u32>().map_err(|_| format!("{v:?} is not a number in {s:?}"));
+        match parts.as_slice() {
+            ["argon2id"] => Ok(Self::default()),
+            ["argon2id", t, m] => Ok(Self::Argon2id { time_ms: num(t)?, memory_kb: num(m)? }),
+            ["pbkdf2", i] if num(i)? >= 1000 => Ok(Self::Pbkdf2 { iterations: num(i)? }),
+            _ => Err(format!(
+                "{s:?} is not a PBKDF setting: use argon2id, argon2id:<ms>:<KiB> or pbkdf2:<iterations ≥ 1000>"
+            )),
+        }
+    }
+}
+
+/// The device-mapper name of a volume's mapping: stable, short, and made
+/// only of characters device-mapper allows, whatever the volume id holds.
+pub fn mapping_name(volume_id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(volume_id.as_bytes());
+    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    format!("pvecsi-{hex}")
+}
+
+pub fn mapper_path(name: &str) -> PathBuf {
+    Path::new("/dev/mapper").join(name)
+}
+
+fn err(action: &'static str, target: &Path, e: LibcryptErr) -> HostdError {
+    HostdError::failed(action, target.display(), e)
+}
+
+/// Writes a LUKS2 header with one key slot for `passphrase`. The caller has
+/// checked that the device holds no signature.
+pub fn format(device: &Path, passphrase: &Secret<Vec<u8>>, pbkdf: Pbkdf) -> Result<(), HostdError> {
+    let mut cd = CryptInit::init(device).map_err(|e| err("opening for luksFormat", device, e))?;
+    let kdf = match pbkdf {
+        Pbkdf::Argon2id { time_ms, memory_kb } => CryptPbkdfType {
+            type_: CryptKdf::Argon2Id,
+            hash: Some("sha256".into()),
+            time_ms,
+            iterations: 0,
+            max_memory_kb: memory_kb,
+            parallel_threads: 4,
+            flags: CryptPbkdf::empty(),
+        },
+        Pbkdf::Pbkdf2 { iterations } => CryptPbkdfType {
+            type_: CryptKdf::Pbkdf2,
+            hash: Some("sha256".into()),
+            time_ms: 0,
+            iterations,
+            max_memory_kb: 0,
+            parallel_threads: 0,
+            flags: CryptPbkdf::NO_BENCHMARK,
+        },
+    };
+    cd.settings_handle()
+        .set_pbkdf_type(&kdf)
+        .map_err(|e| err("setting the PBKDF for", device, e))?;
+    cd.context_handle()
+        .format::<libcryptsetup_rs::CryptParamsLuks2Ref<'_>>(
+            EncryptionFormat::Luks2,
+            CIPHER,
+            None,
+            Either::Right(KEY_BYTES),
+            None,
+        )
+        .map_err(|e| err("luksFormat", device, e))?;
+    cd.keyslot_handle()
+        .add_by_key(None, None, passphrase.expose(), CryptVolumeKey::empty())
+        .map_err(|e| err("adding a key slot to", device, e))?;
+    Ok(())
+}
+
+/// Opens `device` as `/dev/mapper/<name>`. A wrong passphrase is a
+/// FailedPrecondition naming the volume, not an internal error.
+pub fn open(device: &Path, name: &str, passphrase: &Secret<Vec<u8>>) -> Result<PathBuf, HostdError> {
+    let mut cd = CryptInit::init(device).map_err(|e| err("opening", device, e))?;
+    cd.context_handle()
+        .load::<libcryptsetup_rs::CryptParamsLuks2Ref<'_>>(Some(EncryptionFormat::Luks2), None)
+        .map_err(|e| err("reading the LUKS2 header of", device, e))?;
+    cd.context_handle()
+        .volume_key_keyring(false)
+        .map_err(|e| err("disabling the kernel keyring for", device, e))?;
+    match cd
+        .activate_handle()
+        .activate_by_passphrase(Some(name), None, passphrase.expose(), CryptActivate::empty())
+    {
+        Ok(_) => Ok(mapper_path(name)),
+        Err(LibcryptErr::IOError(e)) if e.raw_os_error() == Some(libc_eperm()) => {
+            Err(HostdError::DeviceRefused {
+                device: device.to_path_buf(),
+                reason: "the encryption passphrase does not open its LUKS volume".into(),
+            })
+        }
+        Err(e) => Err(err("activating dm-crypt for", device, e)),
+    }
+}
+
+fn libc_eperm() -> i32 {
+    nix::errno::Errno::EPERM as i32
+}
+
+pub fn is_open(name: &str) -> bool {
+    mapper_path(name).exists()
+}
+
+/// Closes the mapping; with `force`, also one whose device has vanished
+/// (surprise unplug), which would otherwise stay behind.
+pub fn close(name: &str, force: bool) -> Result<(), HostdError> {
+    let path = mapper_path(name);
+    let mut cd = CryptInit::init_by_name_and_header(name, None)
+        .map_err(|e| err("looking up mapping", &path, e))?;
+    let flags = if force { CryptDeactivate::FORCE } else { CryptDeactivate::empty() };
+    cd.activate_handle()
+        .deactivate(name, flags)
+        .map_err(|e| err("closing mapping", &path, e))
+}
+
+/// Grows the mapping to the size of its device.
+pub fn resize(name: &str, passphrase: Option<&Secret<Vec<u8>>>) -> Result<(), HostdError> {
+    let path = mapper_path(name);
+    let mut cd = CryptInit::init_by_name_and_header(name, None)
+        .map_err(|e| err("looking up mapping", &path, e))?;
+    cd.context_handle()
+        .volume_key_keyring(false)
+        .map_err(|e| err("disabling the kernel keyring for", &path, e))?;
+    if let Err(first) = cd.context_handle().resize(name, 0) {
+        // Without the key in the keyring, unlock a key slot to give
+        // libcryptsetup the volume key, then try again.
+        let Some(pass) = passphrase else {
+            return Err(err("resizing", &path, first));
+        };
+        cd.activate_handle()
+            .activate_by_passphrase(None, None, pass.expose(), CryptActivate::empty())
+            .map_err(|e| err("unlocking for resize", &path, e))?;
+        cd.context_handle()
+            .resize(name, 0)
+            .map_err(|e| err("resizing", &path, e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapping_names_are_stable_short_and_safe() {
+        let a = mapping_name("region-1/pve2/local-lvm/vm-9999-pvc-0c6e8a");
+        assert_eq!(a, mapping_name("region-1/pve2/local-lvm/vm-9999-pvc-0c6e8a"));
+        assert_ne!(a, mapping_name("region-1/pve2/local-lvm/vm-9999-pvc-0c6e8b"));
+        assert_eq!(a.len(), "pvecsi-".len() + 32);
+        assert!(a.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    }
+
+    #[test]
+    fn parses_pbkdf_settings() {
+        assert_eq!("pbkdf2:1000".parse::<Pbkdf>().unwrap(), Pbkdf::Pbkdf2 { iterations: 1000 });
+        assert_eq!(
+            "argon2id:500:65536".parse::<Pbkdf>().unwrap(),
+            Pbkdf::Argon2id { time_ms: 500, memory_kb: 65536 }
+        );
+        assert!("pbkdf2:10".parse::<Pbkdf>().is_err());
+        assert!("scrypt".parse::<Pbkdf>().unwrap_err().contains("argon2id"));
+    }
+}
