@@ -112,3 +112,61 @@ fn every_binary_reports_its_version() {
         );
     }
 }
+
+/// hostd refuses callers outside its allow-list (SO_PEERCRED), and the
+/// unprivileged agent (uid 65534) is let in once its uid is allowed.
+#[tokio::test]
+async fn hostd_checks_the_callers_credentials() {
+    if !nix::unistd::geteuid().is_root() {
+        assert!(std::env::var_os("CI").is_none(), "this test needs root, and CI is set");
+        eprintln!("SKIPPED: needs root to run the agent as another user");
+        return;
+    }
+    for (allowed, want_ready) in [("12345", false), ("65534", true)] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        let hostd_sock = dir.path().join("hostd.sock");
+        let csi_sock = dir.path().join("csi.sock");
+        let hostd_bin = env!("CARGO_BIN_EXE_proxmox-csi-node").replace("proxmox-csi-node", "proxmox-csi-hostd");
+        let _hostd = spawn(
+            &hostd_bin,
+            &[
+                "--socket",
+                hostd_sock.to_str().unwrap(),
+                "--socket-mode",
+                "666",
+                "--allow-uid",
+                allowed,
+                "--kubelet-root",
+                dir.path().to_str().unwrap(),
+                "--health-file",
+                dir.path().join("health.json").to_str().unwrap(),
+            ],
+            &dir.path().join("hostd.log"),
+        );
+        wait_for(&hostd_sock).await;
+        let _agent = spawn(
+            "setpriv",
+            &[
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                env!("CARGO_BIN_EXE_proxmox-csi-node"),
+                "--csi-address",
+                &format!("unix://{}", csi_sock.display()),
+                "--hostd-socket",
+                hostd_sock.to_str().unwrap(),
+            ],
+            &dir.path().join("agent.log"),
+        );
+        let mut client = connect(csi_sock).await;
+        let probe = client.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+        assert_eq!(probe.ready, Some(want_ready), "allowed uid {allowed}");
+        if !want_ready {
+            let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap();
+            assert!(log.contains("caller uid 65534 gid 65534 is not allowed"), "{log}");
+        }
+    }
+}

@@ -222,11 +222,22 @@ fn run(socket: &udev::MonitorSocket, index: &DeviceIndex) -> String {
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return format!("udev monitor poll failed: {e}"),
         }
-        if fds[0]
-            .revents()
-            .is_some_and(|r| r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP | PollFlags::POLLNVAL))
-        {
+        let revents = fds[0].revents().unwrap_or(PollFlags::empty());
+        if revents.intersects(PollFlags::POLLHUP | PollFlags::POLLNVAL) {
             return "udev monitor socket closed".into();
+        }
+        if revents.contains(PollFlags::POLLERR) {
+            // A burst of events overflowed the socket (ENOBUFS): events were
+            // lost, so re-read the whole device list instead of dying.
+            match nix::sys::socket::getsockopt(&socket.as_fd(), nix::sys::socket::sockopt::SocketError) {
+                Ok(e) if e == nix::errno::Errno::ENOBUFS as i32 || e == 0 => {
+                    tracing::warn!("udev monitor overflowed; re-reading block devices");
+                    enumerate(index);
+                    continue;
+                }
+                Ok(e) => return format!("udev monitor socket error: {}", nix::errno::Errno::from_raw(e)),
+                Err(e) => return format!("udev monitor socket error: {e}"),
+            }
         }
         for event in socket.iter() {
             let d = event.device();

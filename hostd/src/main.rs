@@ -51,6 +51,12 @@ struct Args {
     /// Key derivation for new LUKS key slots: argon2id, argon2id:<ms>:<KiB>, pbkdf2:<iterations>.
     #[arg(long, default_value = "argon2id")]
     luks_pbkdf: proxmox_csi_hostd::luks::Pbkdf,
+    /// Caller uids allowed besides root (the node plugin's), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    allow_uid: Vec<u32>,
+    /// Caller gids allowed, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    allow_gid: Vec<u32>,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: LogFormat,
@@ -110,6 +116,10 @@ async fn main() -> ExitCode {
         event_source: args.device_events,
         device_wait: Duration::from_secs(args.device_wait),
         pbkdf: args.luks_pbkdf,
+        peers: proxmox_csi_hostd::peer::PeerPolicy {
+            uids: args.allow_uid,
+            gids: args.allow_gid,
+        },
     };
     match server::run(opts, proxmox_csi_common::shutdown::signal_received()).await {
         Ok(()) => ExitCode::SUCCESS,

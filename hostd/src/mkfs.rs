@@ -37,6 +37,10 @@ impl FsType {
 pub struct MkfsOptions {
     pub block_size: u32,
     pub inode_size: u32,
+    /// Overwrite an unfinished xfs (see `probe::Contents::Unfinished`).
+    /// Otherwise mkfs.xfs keeps its own refusal of existing signatures as a
+    /// second safety net behind ours.
+    pub replace_unfinished: bool,
 }
 
 pub fn command(fs: FsType, device: &Path, opts: MkfsOptions) -> Command {
@@ -55,6 +59,9 @@ pub fn command(fs: FsType, device: &Path, opts: MkfsOptions) -> Command {
         FsType::Xfs => {
             c = Command::new("mkfs.xfs");
             c.arg("-q");
+            if opts.replace_unfinished {
+                c.arg("-f");
+            }
             if opts.block_size > 0 {
                 c.arg("-b").arg(format!("size={}", opts.block_size));
             }
@@ -85,11 +92,7 @@ pub fn validate(opts: MkfsOptions) -> Result<(), HostdError> {
 }
 
 pub async fn run(fs: FsType, device: &Path, opts: MkfsOptions) -> Result<(), HostdError> {
-    let mut cmd = tokio::process::Command::from(command(fs, device, opts));
-    let out = cmd
-        .output()
-        .await
-        .map_err(|e| HostdError::failed("running", format!("mkfs.{}", fs.name()), e))?;
+    let out = crate::tool::run(command(fs, device, opts), &format!("mkfs.{}", fs.name())).await?;
     if !out.status.success() {
         return Err(HostdError::failed(
             "formatting",
@@ -119,23 +122,23 @@ mod tests {
             ["mkfs.ext4", "-F", "-q", "-m0", "/dev/sdb"]
         );
         assert_eq!(
-            args(&command(FsType::Ext4, d, MkfsOptions { block_size: 4096, inode_size: 256 })),
+            args(&command(FsType::Ext4, d, MkfsOptions { block_size: 4096, inode_size: 256, ..Default::default() })),
             ["mkfs.ext4", "-F", "-q", "-m0", "-b", "4096", "-I", "256", "/dev/sdb"]
         );
         assert_eq!(
-            args(&command(FsType::Xfs, d, MkfsOptions { block_size: 4096, inode_size: 512 })),
+            args(&command(FsType::Xfs, d, MkfsOptions { block_size: 4096, inode_size: 512, ..Default::default() })),
             ["mkfs.xfs", "-q", "-b", "size=4096", "-i", "size=512", "/dev/sdb"]
         );
     }
 
     #[test]
     fn refuses_odd_sizes_and_unknown_filesystems() {
-        assert!(validate(MkfsOptions { block_size: 3000, inode_size: 0 })
+        assert!(validate(MkfsOptions { block_size: 3000, ..Default::default() })
             .unwrap_err()
             .to_string()
             .starts_with("filesystem.block_size: 3000"));
-        assert!(validate(MkfsOptions { block_size: 0, inode_size: 64 }).is_err());
-        assert!(validate(MkfsOptions { block_size: 1024, inode_size: 256 }).is_ok());
+        assert!(validate(MkfsOptions { inode_size: 64, ..Default::default() }).is_err());
+        assert!(validate(MkfsOptions { block_size: 1024, inode_size: 256, ..Default::default() }).is_ok());
         let e = FsType::parse("btrfs").unwrap_err().to_string();
         assert_eq!(e, "filesystem.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs");
     }

@@ -15,6 +15,9 @@ pub enum Contents {
     PartitionTable(String),
     /// Several signatures at once: certainly not blank.
     Ambiguous,
+    /// A filesystem whose mkfs never finished (xfs `sb_inprogress`): the
+    /// kernel refuses to mount it, so it holds nothing to lose.
+    Unfinished(String),
 }
 
 impl std::fmt::Display for Contents {
@@ -24,6 +27,7 @@ impl std::fmt::Display for Contents {
             Self::Filesystem(t) => write!(f, "a {t} signature"),
             Self::PartitionTable(t) => write!(f, "a {t} partition table"),
             Self::Ambiguous => f.write_str("several conflicting signatures"),
+            Self::Unfinished(t) => write!(f, "an unfinished {t} (mkfs was interrupted)"),
         }
     }
 }
@@ -38,6 +42,10 @@ pub fn probe(device: &Path) -> Result<Contents, HostdError> {
         BlkidSafeprobeRet::Ambiguous => Ok(Contents::Ambiguous),
         BlkidSafeprobeRet::Success => {
             if let Ok(t) = p.lookup_value("TYPE") {
+                drop(p);
+                if t == "xfs" && xfs_in_progress(device)? {
+                    return Ok(Contents::Unfinished(t));
+                }
                 Ok(Contents::Filesystem(t))
             } else if let Ok(t) = p.lookup_value("PTTYPE") {
                 Ok(Contents::PartitionTable(t))
@@ -46,4 +54,15 @@ pub fn probe(device: &Path) -> Result<Contents, HostdError> {
             }
         }
     }
+}
+
+/// Reads the primary XFS superblock's `sb_inprogress` byte (offset 126),
+/// which mkfs.xfs sets first and clears last.
+fn xfs_in_progress(device: &Path) -> Result<bool, HostdError> {
+    use std::io::Read;
+    let mut sb = [0u8; 128];
+    std::fs::File::open(device)
+        .and_then(|mut f| f.read_exact(&mut sb))
+        .map_err(|e| HostdError::failed("reading the XFS superblock of", device.display(), e))?;
+    Ok(&sb[0..4] == b"XFSB" && sb[126] != 0)
 }

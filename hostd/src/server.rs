@@ -11,11 +11,13 @@ use proxmox_csi_common::metrics::{self, Metrics};
 use proxmox_csi_common::{Endpoint, EndpointError};
 use proxmox_csi_proto::hostd::v1::hostd_server::HostdServer;
 use tokio::sync::watch;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::device::Resolver;
 use crate::discovery::{self, DeviceIndex, EventSource};
 use crate::error::HostdError;
 use crate::health::Health;
+use crate::peer::PeerPolicy;
 use crate::paths::KubeletPaths;
 use crate::volume::Volumes;
 use crate::service::HostdService;
@@ -36,6 +38,7 @@ pub struct Options {
     pub event_source: EventSource,
     pub device_wait: Duration,
     pub pbkdf: crate::luks::Pbkdf,
+    pub peers: PeerPolicy,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -129,13 +132,14 @@ pub async fn run(
     let endpoint = Endpoint::Unix(opts.socket.clone());
     let listener = endpoint.bind(opts.socket_access).await?;
     tracing::info!(socket = %opts.socket.display(), mode = format!("{:o}", opts.socket_access.mode), "serving hostd");
+    let peers = opts.peers.clone();
     let service = HostdService::new(health, opts.dmi_dir.clone(), volumes);
     let router = tonic::transport::Server::builder()
         .layer(metrics::GrpcMetricsLayer(metrics))
-        .add_service(
-        HostdServer::new(service)
-            .max_decoding_message_size(MAX_REQUEST_BYTES),
-    );
+        .add_service(InterceptedService::new(
+            HostdServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES),
+            move |req: tonic::Request<()>| peers.check(&req).map(|()| req),
+        ));
     listener
         .serve(router, async move {
             let _ = stop_rx.wait_for(|s| *s).await;

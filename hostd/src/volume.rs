@@ -141,6 +141,7 @@ impl Volumes {
         let opts = MkfsOptions {
             block_size: fs.block_size,
             inode_size: fs.inode_size,
+            replace_unfinished: false,
         };
         mkfs::validate(opts)?;
         let table = mounts::table()?;
@@ -189,6 +190,11 @@ impl Volumes {
             Contents::Blank => {
                 mkfs::run(fs_type, fs_device, opts).await?;
                 actions.push(format!("mkfs {}", fs_type.name()));
+            }
+            Contents::Unfinished(t) if t == fs_type.name() => {
+                let opts = MkfsOptions { replace_unfinished: true, ..opts };
+                mkfs::run(fs_type, fs_device, opts).await?;
+                actions.push(format!("mkfs {} (an earlier mkfs was interrupted)", fs_type.name()));
             }
             Contents::Filesystem(t) if t == fs_type.name() => {}
             found => {
@@ -458,11 +464,9 @@ async fn grow_filesystem(m: &mounts::MountEntry) -> Result<(), HostdError> {
             return Err(HostdError::Unsupported(format!("growing a {other} filesystem is not supported")));
         }
     };
-    let out = tokio::process::Command::new(tool)
-        .arg(&arg)
-        .output()
-        .await
-        .map_err(|e| HostdError::failed("running", tool, e))?;
+    let mut cmd = std::process::Command::new(tool);
+    cmd.arg(&arg);
+    let out = crate::tool::run(cmd, tool).await?;
     if !out.status.success() {
         return Err(HostdError::failed(
             "growing the filesystem on",

@@ -67,6 +67,36 @@ impl Drop for Env {
     }
 }
 
+fn spawn_hostd(dir: &Path, root: &Path, images: &Path, log: &Path) -> Child {
+    let socket = dir.join("hostd.sock");
+    Command::new(env!("CARGO_BIN_EXE_proxmox-csi-hostd"))
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--kubelet-root")
+            .arg(root)
+            .arg("--loop-dir")
+            .arg(images)
+            .arg("--health-file")
+            .arg(dir.join("health.json"))
+            // This host runs no udevd: take device events from the kernel.
+            .args(["--device-events", "kernel", "--device-wait", "5", "--luks-pbkdf", "pbkdf2:1000"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap())
+            .spawn()
+            .unwrap()
+}
+
+async fn connect(socket: PathBuf) -> HostdClient<Channel> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(ch) = proxmox_csi_common::client::unix_channel(socket.clone()).await {
+            return HostdClient::new(ch);
+        }
+        assert!(Instant::now() < deadline, "hostd socket never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 impl Env {
     async fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
@@ -74,36 +104,14 @@ impl Env {
         let images = dir.path().join("images");
         std::fs::create_dir_all(&images).unwrap();
         std::fs::create_dir_all(root.join("plugins/kubernetes.io/csi/drv")).unwrap();
-        let socket = dir.path().join("hostd.sock");
         let log = dir.path().join("hostd.log");
-        let hostd = Command::new(env!("CARGO_BIN_EXE_proxmox-csi-hostd"))
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--kubelet-root")
-            .arg(&root)
-            .arg("--loop-dir")
-            .arg(&images)
-            .arg("--health-file")
-            .arg(dir.path().join("health.json"))
-            // This host runs no udevd: take device events from the kernel.
-            .args(["--device-events", "kernel", "--device-wait", "5", "--luks-pbkdf", "pbkdf2:1000"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !socket.exists() {
-            assert!(Instant::now() < deadline, "hostd socket never appeared");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let channel = proxmox_csi_common::client::unix_channel(socket.clone())
-        .await
-            .unwrap();
+        let hostd = spawn_hostd(dir.path(), &root, &images, &log);
+        let client = connect(dir.path().join("hostd.sock")).await;
         Self {
             root: root.canonicalize().unwrap(),
             images,
             hostd,
-            client: HostdClient::new(channel),
+            client,
             log,
             _dir: dir,
             loops: Vec::new(),
@@ -136,6 +144,15 @@ impl Env {
         assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
         let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         self.loops.push(Loop { dev });
+    }
+
+    /// SIGKILLs hostd and starts a new one on the same socket.
+    async fn restart_hostd(&mut self) {
+        let _ = self.hostd.kill();
+        let _ = self.hostd.wait();
+        let dir = self._dir.path().to_path_buf();
+        self.hostd = spawn_hostd(&dir, &self.root, &self.images, &self.log);
+        self.client = connect(dir.join("hostd.sock")).await;
     }
 
     fn image(&self, wwn: &str) -> PathBuf {
@@ -320,6 +337,32 @@ async fn never_formats_a_device_that_holds_data() {
         assert_eq!(sha_of(&img), before, "{name}: bytes changed");
         assert_eq!(mount_at(&staging), None, "{name}: mounted anyway");
     }
+    // An xfs whose mkfs never finished (sb_inprogress set) holds nothing:
+    // it is made again; asked for ext4, it is still refused.
+    let wwn = env.disk(21);
+    let img = env.image(&wwn);
+    run("mkfs.xfs", &["-q", "-f"], &img);
+    {
+        let mut f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+        f.seek(SeekFrom::Start(126)).unwrap();
+        f.write_all(&[1]).unwrap();
+    }
+    let staging = env.staging("xfs-unfinished");
+    let e = env
+        .client
+        .stage(stage_req("vol-unf", &wwn, &staging, "ext4"))
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("an unfinished xfs (mkfs was interrupted)"), "{}", e.message());
+    let r = env
+        .client
+        .stage(stage_req("vol-unf", &wwn, &staging, "xfs"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.actions.iter().any(|a| a == "mkfs xfs (an earlier mkfs was interrupted)"), "{:?}", r.actions);
+    assert_eq!(mount_at(&staging).as_deref(), Some("xfs"));
+
     // A pre-written ext4 with data is mounted as it is.
     let wwn = env.disk(20);
     let img = env.image(&wwn);
@@ -670,4 +713,46 @@ fn has_cap_sys_resource() -> bool {
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .unwrap_or(0);
     eff & (1 << 24) != 0
+}
+
+/// hostd dies at a random point of Stage (during mkfs, mount…); a new hostd
+/// and the kubelet's retry converge on a mounted, consistent filesystem.
+#[tokio::test]
+async fn killed_mid_stage_the_retry_converges() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let mut n = 200;
+    for fs in ["ext4", "xfs"] {
+        for delay_ms in [0u64, 5, 15, 30, 60, 120] {
+            n += 1;
+            let wwn = env.disk(n);
+            let staging = env.staging(&format!("kill-{n}"));
+            let req = stage_req(&format!("vol-kill-{n}"), &wwn, &staging, fs);
+            let mut c = env.client.clone();
+            let r = req.clone();
+            let call = tokio::spawn(async move { c.stage(r).await });
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            env.restart_hostd().await;
+            let _ = call.await;
+            let done = env.client.stage(req.clone()).await;
+            let done = done.unwrap_or_else(|e| {
+                let log = std::fs::read_to_string(&env.log).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(8).collect();
+                panic!("{fs} killed after {delay_ms} ms: retry failed: {e:?}\nhostd log (newest first):\n{}", tail.join("\n"))
+            });
+            assert_eq!(mount_at(&staging).as_deref(), Some(fs), "{fs} {delay_ms} ms: {:?}", done.get_ref());
+            // The filesystem is whole: fsck finds nothing to fix after unstage.
+            env.client
+                .unstage(pb::UnstageRequest { volume_id: req.volume_id.clone(), staging_path: req.staging_path.clone() })
+                .await
+                .unwrap();
+            let check = match fs {
+                "ext4" => Command::new("e2fsck").args(["-fn"]).arg(env.image(&wwn)).output().unwrap(),
+                _ => Command::new("xfs_repair").args(["-n", "-f"]).arg(env.image(&wwn)).output().unwrap(),
+            };
+            assert!(check.status.success(), "{fs} {delay_ms} ms: {}", String::from_utf8_lossy(&check.stdout));
+        }
+    }
 }

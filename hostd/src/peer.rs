@@ -1,0 +1,36 @@
+//! Who may call hostd: the socket's mode and group are the first gate; this
+//! is the second, by the caller's credentials from `SO_PEERCRED`.
+
+use tonic::transport::server::UdsConnectInfo;
+use tonic::{Request, Status};
+
+/// Allowed callers. Root is always allowed; with both lists empty, any
+/// process that can open the socket is.
+#[derive(Debug, Clone, Default)]
+pub struct PeerPolicy {
+    pub uids: Vec<u32>,
+    pub gids: Vec<u32>,
+}
+
+impl PeerPolicy {
+    pub fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        if self.uids.is_empty() && self.gids.is_empty() {
+            return Ok(());
+        }
+        let cred = req
+            .extensions()
+            .get::<UdsConnectInfo>()
+            .and_then(|i| i.peer_cred)
+            .ok_or_else(|| Status::permission_denied("caller credentials unavailable (SO_PEERCRED)"))?;
+        let (uid, gid) = (cred.uid(), cred.gid());
+        if uid == 0 || self.uids.contains(&uid) || self.gids.contains(&gid) {
+            Ok(())
+        } else {
+            tracing::warn!(target: "audit", uid, gid, pid = ?cred.pid(), "caller refused");
+            Err(Status::permission_denied(format!(
+                "caller uid {uid} gid {gid} is not allowed; allowed uids {:?}, gids {:?}",
+                self.uids, self.gids
+            )))
+        }
+    }
+}
