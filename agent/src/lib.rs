@@ -2,5 +2,8 @@
 //! kubelet, validates every request, and asks hostd to act.
 
 pub mod csi;
+pub mod error;
 pub mod hostd;
+pub mod request;
 pub mod server;
+pub mod topology;

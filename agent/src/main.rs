@@ -1,11 +1,13 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use proxmox_csi_common::Endpoint;
 use proxmox_csi_common::logging::{self, LogFormat};
 use proxmox_csi_node::server::{self, Options};
+use proxmox_csi_node::topology::Topology;
 
 /// Unprivileged CSI node plugin for Proxmox VE.
 #[derive(Debug, Parser)]
@@ -23,6 +25,27 @@ struct Args {
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:8081).
     #[arg(long)]
     metrics_address: Option<SocketAddr>,
+    /// Kubernetes node name (node id without the VM id).
+    #[arg(long, env = "NODE_NAME")]
+    node_id: String,
+    /// Proxmox VM id of this node; read from SMBIOS (serial `i=<vmid>`) when absent.
+    #[arg(long)]
+    vmid: Option<u32>,
+    /// kubelet's root directory.
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    kubelet_root: PathBuf,
+    /// Volumes per node when the Node has no csi.proxmox.sinextra.dev/max-volume-attachments label.
+    #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(i64).range(1..=30))]
+    max_volumes: i64,
+    /// Region, instead of reading the Node's labels (needs --zone).
+    #[arg(long, requires = "zone")]
+    region: Option<String>,
+    /// Zone (Proxmox node), instead of reading the Node's labels (needs --region).
+    #[arg(long, requires = "region")]
+    zone: Option<String>,
+    /// Seconds a hostd call may take (waiting for the disk, mkfs).
+    #[arg(long, default_value_t = 150)]
+    hostd_timeout: u64,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: LogFormat,
@@ -38,11 +61,33 @@ async fn main() -> ExitCode {
         eprintln!("proxmox-csi-node: {e}");
         return ExitCode::FAILURE;
     }
+    // The node name is the part before a '/vmid', as the Go driver accepts it.
+    let node = match proxmox_csi_common::NodeId::parse(&args.node_id) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("proxmox-csi-node: --node-id: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let fixed_topology = match (args.region, args.zone) {
+        (Some(region), Some(zone)) => Some(Topology {
+            region,
+            zone,
+            max_volumes: None,
+        }),
+        _ => None,
+    };
     let opts = Options {
         driver_name: args.driver_name,
         csi_address: args.csi_address,
         hostd_socket: args.hostd_socket,
         metrics_address: args.metrics_address,
+        node_name: node.name,
+        vmid: args.vmid.or(node.vmid),
+        kubelet_root: args.kubelet_root,
+        max_volumes: args.max_volumes,
+        fixed_topology,
+        hostd_timeout: Duration::from_secs(args.hostd_timeout),
     };
     match server::run(opts, proxmox_csi_common::shutdown::signal_received()).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -9,14 +9,20 @@ use proxmox_csi_common::endpoint::SocketAccess;
 use proxmox_csi_common::metrics::{self, Metrics};
 use proxmox_csi_common::{Endpoint, EndpointError};
 use proxmox_csi_proto::csi::v1::identity_server::IdentityServer;
+use proxmox_csi_proto::csi::v1::node_server::NodeServer;
 use tokio::sync::watch;
 
 use crate::csi::identity::Identity;
+use crate::csi::node::{Node, TopologySource};
+use crate::request::Rules;
+use crate::topology::Topology;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
+    #[error("Kubernetes client: {0}")]
+    Kubernetes(String),
     #[error("metrics endpoint {addr}: {source}")]
     Metrics {
         addr: SocketAddr,
@@ -30,13 +36,39 @@ pub struct Options {
     pub csi_address: Endpoint,
     pub hostd_socket: PathBuf,
     pub metrics_address: Option<SocketAddr>,
+    pub node_name: String,
+    pub vmid: Option<u32>,
+    pub kubelet_root: PathBuf,
+    pub max_volumes: i64,
+    /// Region and zone given on the command line instead of Node labels.
+    pub fixed_topology: Option<Topology>,
+    /// hostd calls may wait for a hot-plugged disk and run mkfs.
+    pub hostd_timeout: Duration,
 }
 
 pub async fn run(
     opts: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
-    let hostd = crate::hostd::connect(opts.hostd_socket.clone(), Duration::from_secs(30));
+    let hostd = crate::hostd::connect(opts.hostd_socket.clone(), opts.hostd_timeout);
+    let topology = match opts.fixed_topology.clone() {
+        Some(t) => TopologySource::Fixed(t),
+        None => TopologySource::Kubernetes(
+            kube::Client::try_default()
+                .await
+                .map_err(|e| StartError::Kubernetes(e.to_string()))?,
+        ),
+    };
+    let node = Node {
+        rules: Rules {
+            kubelet_root: opts.kubelet_root.clone(),
+        },
+        hostd: hostd.clone(),
+        node_name: opts.node_name.clone(),
+        vmid: opts.vmid,
+        topology,
+        max_volumes: opts.max_volumes,
+    };
     let metrics = Arc::new(Metrics::new("node", env!("CARGO_PKG_VERSION")));
     let identity = Identity::new(opts.driver_name.clone(), hostd, Duration::from_secs(5));
 
@@ -58,7 +90,8 @@ pub async fn run(
     tracing::info!(endpoint = %opts.csi_address, hostd = %opts.hostd_socket.display(), "serving CSI");
     let router = tonic::transport::Server::builder()
         .layer(metrics::GrpcMetricsLayer(metrics.clone()))
-        .add_service(IdentityServer::new(identity));
+        .add_service(IdentityServer::new(identity))
+        .add_service(NodeServer::new(node));
     listener.serve(router, stopped(stop_rx)).await?;
     tracing::info!("stopped");
     Ok(())

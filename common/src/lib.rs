@@ -3,6 +3,7 @@
 //! metrics, how they stop, and how secrets are kept out of logs.
 
 pub mod client;
+pub mod ids;
 pub mod endpoint;
 pub mod logging;
 pub mod metrics;
@@ -10,4 +11,5 @@ pub mod secret;
 pub mod shutdown;
 
 pub use endpoint::{Endpoint, EndpointError, Listener};
+pub use ids::NodeId;
 pub use secret::Secret;

@@ -152,6 +152,7 @@ impl pb::hostd_server::Hostd for HostdService {
             system_serial: id.system_serial,
             vmid: id.vmid.unwrap_or_default(),
             product_name: id.product_name,
+            other_scsi_disks: u32::try_from(self.volumes.other_scsi_disks()).unwrap_or(u32::MAX),
         }))
     }
 

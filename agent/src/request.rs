@@ -1,0 +1,284 @@
+//! Validation of CSI node requests, turning each into the narrow hostd
+//! request it stands for. Every refusal names the field and what is allowed.
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
+use proxmox_csi_proto::csi::v1::volume_capability::AccessType;
+use proxmox_csi_proto::hostd::v1 as hostd;
+
+use crate::error::AgentError;
+
+/// Secret key holding the LUKS passphrase, as in the Go driver.
+pub const PASSPHRASE_KEY: &str = "encryption-passphrase";
+
+/// Mount options that would change what is mounted rather than how.
+const FORBIDDEN_FLAGS: &[&str] = &[
+    "bind", "rbind", "remount", "move", "shared", "rshared", "slave", "rslave", "private",
+    "rprivate", "unbindable", "runbindable", "loop", "x-mount.mkdir",
+];
+
+#[derive(Debug, Clone)]
+pub struct Rules {
+    /// kubelet's root directory; paths must lie under it.
+    pub kubelet_root: PathBuf,
+}
+
+fn required<'a>(field: &str, v: &'a str) -> Result<&'a str, AgentError> {
+    if v.is_empty() {
+        Err(AgentError::invalid(field, "is required"))
+    } else {
+        Ok(v)
+    }
+}
+
+pub fn volume_id(v: &str) -> Result<&str, AgentError> {
+    required("volume_id", v)?;
+    if v.len() > 512 || v.chars().any(char::is_control) {
+        return Err(AgentError::invalid(
+            "volume_id",
+            "must be at most 512 characters without control characters",
+        ));
+    }
+    Ok(v)
+}
+
+impl Rules {
+    /// A path kubelet gave us: absolute, no `..`, under kubelet's root.
+    /// hostd repeats the check after resolving symlinks on the host.
+    pub fn path(&self, field: &str, v: &str) -> Result<String, AgentError> {
+        required(field, v)?;
+        let p = Path::new(v);
+        if !p.is_absolute() {
+            return Err(AgentError::invalid(field, format!("{v:?} is not an absolute path")));
+        }
+        if p.components().any(|c| matches!(c, Component::ParentDir)) {
+            return Err(AgentError::invalid(field, format!("{v:?} contains '..'")));
+        }
+        if !p.starts_with(&self.kubelet_root) {
+            return Err(AgentError::invalid(
+                field,
+                format!("{v:?} is not under kubelet's directory {}", self.kubelet_root.display()),
+            ));
+        }
+        Ok(v.to_string())
+    }
+}
+
+/// The access type and mode, checked: single-node modes only.
+fn capability<'a>(
+    field: &str,
+    cap: Option<&'a csi::VolumeCapability>,
+) -> Result<(&'a AccessType, Mode), AgentError> {
+    let cap = cap.ok_or_else(|| AgentError::invalid(field, "is required"))?;
+    let access = cap
+        .access_type
+        .as_ref()
+        .ok_or_else(|| AgentError::invalid(format!("{field}.access_type"), "must be mount or block"))?;
+    let mode = cap
+        .access_mode
+        .as_ref()
+        .map(|m| m.mode())
+        .ok_or_else(|| AgentError::invalid(format!("{field}.access_mode"), "is required"))?;
+    match mode {
+        Mode::SingleNodeWriter | Mode::SingleNodeReaderOnly | Mode::SingleNodeSingleWriter | Mode::SingleNodeMultiWriter => {
+            Ok((access, mode))
+        }
+        other => Err(AgentError::invalid(
+            format!("{field}.access_mode"),
+            format!(
+                "{} is not supported: a Proxmox disk is attached to one VM at a time; \
+                 allowed: SINGLE_NODE_WRITER, SINGLE_NODE_READER_ONLY, SINGLE_NODE_SINGLE_WRITER, SINGLE_NODE_MULTI_WRITER",
+                other.as_str_name()
+            ),
+        )),
+    }
+}
+
+fn fs_type(field: &str, v: &str) -> Result<String, AgentError> {
+    match v {
+        "" | "ext4" => Ok("ext4".into()),
+        "xfs" => Ok("xfs".into()),
+        other => Err(AgentError::invalid(
+            field,
+            format!("{other:?} is not supported; allowed: ext4, xfs"),
+        )),
+    }
+}
+
+fn mount_flags(field: &str, flags: &[String]) -> Result<Vec<String>, AgentError> {
+    for f in flags {
+        let name = f.split('=').next().unwrap_or_default();
+        if f.is_empty() || f.contains([',', ' ', '\n', '\t']) || f.chars().any(char::is_control) {
+            return Err(AgentError::invalid(
+                field,
+                format!("{f:?} is not a single mount option (one option per entry, no commas or spaces)"),
+            ));
+        }
+        if FORBIDDEN_FLAGS.contains(&name) {
+            return Err(AgentError::invalid(
+                field,
+                format!("{f:?} is not allowed: it changes what is mounted, not how"),
+            ));
+        }
+    }
+    Ok(flags.to_vec())
+}
+
+/// Go's strconv.ParseBool, which StorageClass values follow.
+fn parse_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+fn context_u32(ctx: &HashMap<String, String>, key: &str) -> Result<u32, AgentError> {
+    match ctx.get(key).map(String::as_str) {
+        None | Some("") => Ok(0),
+        Some(v) => v.parse::<u32>().map_err(|_| {
+            AgentError::invalid(format!("volume_context.{key}"), format!("{v:?} is not a number"))
+        }),
+    }
+}
+
+fn passphrase(field: &str, secrets: &HashMap<String, String>) -> Result<Option<hostd::Encryption>, AgentError> {
+    match secrets.get(PASSPHRASE_KEY) {
+        None => Ok(None),
+        Some(p) if p.is_empty() => Err(AgentError::invalid(format!("{field}.{PASSPHRASE_KEY}"), "is empty")),
+        Some(p) => Ok(Some(hostd::Encryption {
+            passphrase: p.as_bytes().to_vec(),
+        })),
+    }
+}
+
+/// The disk's identity from the publish context: ours (`wwn`, `serial`) or
+/// the Go driver's (`DevicePath` = `/dev/disk/by-id/wwn-0x…`), so volumes
+/// attached before a switch of drivers keep staging.
+fn device(ctx: &HashMap<String, String>) -> Result<hostd::Device, AgentError> {
+    let wwn = match (ctx.get("wwn"), ctx.get("DevicePath")) {
+        (Some(w), _) if !w.is_empty() => w.clone(),
+        (_, Some(p)) => p
+            .strip_prefix("/dev/disk/by-id/wwn-")
+            .map(str::to_string)
+            .ok_or_else(|| {
+                AgentError::invalid(
+                    "publish_context.DevicePath",
+                    format!("{p:?} does not name a disk by WWN (/dev/disk/by-id/wwn-0x…)"),
+                )
+            })?,
+        _ => {
+            return Err(AgentError::invalid(
+                "publish_context.wwn",
+                "is required: ControllerPublishVolume sets it when it attaches the disk",
+            ));
+        }
+    };
+    Ok(hostd::Device {
+        wwn,
+        serial: ctx.get("serial").cloned().unwrap_or_default(),
+    })
+}
+
+impl Rules {
+    pub fn stage(&self, r: &csi::NodeStageVolumeRequest) -> Result<hostd::StageRequest, AgentError> {
+        let volume_id = volume_id(&r.volume_id)?.to_string();
+        let staging_path = self.path("staging_target_path", &r.staging_target_path)?;
+        let (access, mode) = capability("volume_capability", r.volume_capability.as_ref())?;
+        let device = device(&r.publish_context)?;
+        let encryption = passphrase("secrets", &r.secrets)?;
+        let access = match access {
+            AccessType::Block(_) => hostd::stage_request::Access::Block(hostd::RawBlock {}),
+            AccessType::Mount(m) => {
+                let mut flags = mount_flags("volume_capability.mount.mount_flags", &m.mount_flags)?;
+                let ssd = r.volume_context.get("ssd").map(String::as_str);
+                if ssd.and_then(parse_bool) == Some(true) && !flags.iter().any(|f| f == "noatime") {
+                    flags.push("noatime".into());
+                }
+                hostd::stage_request::Access::Filesystem(hostd::Filesystem {
+                    fs_type: fs_type("volume_capability.mount.fs_type", &m.fs_type)?,
+                    block_size: context_u32(&r.volume_context, "blockSize")?,
+                    inode_size: context_u32(&r.volume_context, "inodeSize")?,
+                    mount_flags: flags,
+                })
+            }
+        };
+        Ok(hostd::StageRequest {
+            volume_id,
+            device: Some(device),
+            staging_path,
+            access: Some(access),
+            encryption,
+            read_only: mode == Mode::SingleNodeReaderOnly,
+        })
+    }
+
+    pub fn unstage(&self, r: &csi::NodeUnstageVolumeRequest) -> Result<hostd::UnstageRequest, AgentError> {
+        Ok(hostd::UnstageRequest {
+            volume_id: volume_id(&r.volume_id)?.to_string(),
+            staging_path: self.path("staging_target_path", &r.staging_target_path)?,
+        })
+    }
+
+    pub fn publish(&self, r: &csi::NodePublishVolumeRequest) -> Result<hostd::PublishRequest, AgentError> {
+        let volume_id = volume_id(&r.volume_id)?.to_string();
+        let staging_path = self.path("staging_target_path", &r.staging_target_path)?;
+        let target_path = self.path("target_path", &r.target_path)?;
+        let (access, mode) = capability("volume_capability", r.volume_capability.as_ref())?;
+        let (block, mount_flags) = match access {
+            AccessType::Block(_) => (true, Vec::new()),
+            AccessType::Mount(m) => {
+                fs_type("volume_capability.mount.fs_type", &m.fs_type)?;
+                (false, mount_flags("volume_capability.mount.mount_flags", &m.mount_flags)?)
+            }
+        };
+        Ok(hostd::PublishRequest {
+            volume_id,
+            staging_path,
+            target_path,
+            read_only: r.readonly || mode == Mode::SingleNodeReaderOnly,
+            block,
+            mount_flags,
+        })
+    }
+
+    pub fn unpublish(&self, r: &csi::NodeUnpublishVolumeRequest) -> Result<hostd::UnpublishRequest, AgentError> {
+        Ok(hostd::UnpublishRequest {
+            volume_id: volume_id(&r.volume_id)?.to_string(),
+            target_path: self.path("target_path", &r.target_path)?,
+        })
+    }
+
+    pub fn expand(&self, r: &csi::NodeExpandVolumeRequest) -> Result<hostd::ExpandRequest, AgentError> {
+        if let Some(cap) = r.volume_capability.as_ref() {
+            capability("volume_capability", Some(cap))?;
+        }
+        let required_bytes = r
+            .capacity_range
+            .as_ref()
+            .map(|c| c.required_bytes)
+            .unwrap_or(0);
+        let required_bytes = u64::try_from(required_bytes).map_err(|_| {
+            AgentError::invalid("capacity_range.required_bytes", "must not be negative")
+        })?;
+        Ok(hostd::ExpandRequest {
+            volume_id: volume_id(&r.volume_id)?.to_string(),
+            volume_path: self.path("volume_path", &r.volume_path)?,
+            required_bytes,
+            encryption: passphrase("secrets", &r.secrets)?,
+        })
+    }
+
+    pub fn stats(&self, r: &csi::NodeGetVolumeStatsRequest) -> Result<hostd::StatsRequest, AgentError> {
+        Ok(hostd::StatsRequest {
+            volume_id: volume_id(&r.volume_id)?.to_string(),
+            volume_path: self.path("volume_path", &r.volume_path)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,126 @@
+use super::*;
+use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, BlockVolume, MountVolume};
+
+fn rules() -> Rules {
+    Rules {
+        kubelet_root: "/var/lib/kubelet".into(),
+    }
+}
+
+fn mount_cap(fs: &str, mode: Mode) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs.into(),
+            mount_flags: vec![],
+            volume_mount_group: String::new(),
+        })),
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+    }
+}
+
+fn stage_req() -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_id: "region-1/pve2/local-lvm/vm-9999-pvc-1".into(),
+        publish_context: HashMap::from([
+            ("wwn".into(), "0x5000c500a1b2c3d4".into()),
+            ("serial".into(), "pvc-1".into()),
+        ]),
+        staging_target_path: "/var/lib/kubelet/plugins/kubernetes.io/csi/drv/abc/globalmount".into(),
+        volume_capability: Some(mount_cap("xfs", Mode::SingleNodeWriter)),
+        secrets: HashMap::new(),
+        volume_context: HashMap::from([
+            ("ssd".into(), "1".into()),
+            ("blockSize".into(), "4096".into()),
+        ]),
+    }
+}
+
+#[test]
+fn stage_becomes_the_hostd_request_it_stands_for() {
+    let mut r = stage_req();
+    r.secrets.insert(PASSPHRASE_KEY.into(), "pw".into());
+    let h = rules().stage(&r).unwrap();
+    assert_eq!(h.device.as_ref().unwrap().wwn, "0x5000c500a1b2c3d4");
+    assert_eq!(h.device.as_ref().unwrap().serial, "pvc-1");
+    assert_eq!(h.encryption.as_ref().unwrap().passphrase, b"pw");
+    assert!(!h.read_only);
+    let Some(hostd::stage_request::Access::Filesystem(fs)) = h.access else {
+        panic!("filesystem expected")
+    };
+    assert_eq!(fs.fs_type, "xfs");
+    assert_eq!(fs.block_size, 4096);
+    assert_eq!(fs.mount_flags, ["noatime"]);
+}
+
+#[test]
+fn go_driver_publish_context_still_stages() {
+    let mut r = stage_req();
+    r.publish_context = HashMap::from([
+        ("DevicePath".into(), "/dev/disk/by-id/wwn-0x5056432d49443031".into()),
+        ("lun".into(), "1".into()),
+    ]);
+    let h = rules().stage(&r).unwrap();
+    assert_eq!(h.device.unwrap().wwn, "0x5056432d49443031");
+}
+
+#[test]
+fn every_bad_stage_input_names_its_field() {
+    type Mutate = fn(&mut csi::NodeStageVolumeRequest);
+    let cases: Vec<(Mutate, &str)> = vec![
+        (|r| r.volume_id.clear(), "volume_id: is required"),
+        (|r| r.staging_target_path.clear(), "staging_target_path: is required"),
+        (|r| r.staging_target_path = "relative/path".into(), "staging_target_path: \"relative/path\" is not an absolute path"),
+        (|r| r.staging_target_path = "/etc/kubernetes".into(), "staging_target_path: \"/etc/kubernetes\" is not under kubelet's directory /var/lib/kubelet"),
+        (|r| r.staging_target_path = "/var/lib/kubelet/../../etc".into(), "staging_target_path: \"/var/lib/kubelet/../../etc\" contains '..'"),
+        (|r| r.volume_capability = None, "volume_capability: is required"),
+        (|r| r.volume_capability = Some(mount_cap("ext4", Mode::MultiNodeMultiWriter)), "volume_capability.access_mode: MULTI_NODE_MULTI_WRITER is not supported"),
+        (|r| r.volume_capability = Some(mount_cap("btrfs", Mode::SingleNodeWriter)), "volume_capability.mount.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs"),
+        (|r| r.publish_context.clear(), "publish_context.wwn: is required"),
+        (|r| { r.publish_context = HashMap::from([("DevicePath".into(), "/dev/sdb".into())]) }, "publish_context.DevicePath: \"/dev/sdb\" does not name a disk by WWN"),
+        (|r| { r.volume_context.insert("inodeSize".into(), "big".into()); }, "volume_context.inodeSize: \"big\" is not a number"),
+        (|r| { r.secrets.insert(PASSPHRASE_KEY.into(), String::new()); }, "secrets.encryption-passphrase: is empty"),
+        (|r| {
+            if let Some(AccessType::Mount(m)) = r.volume_capability.as_mut().and_then(|c| c.access_type.as_mut()) {
+                m.mount_flags = vec!["noatime,bind".into()];
+            }
+        }, "volume_capability.mount.mount_flags: \"noatime,bind\" is not a single mount option"),
+        (|r| {
+            if let Some(AccessType::Mount(m)) = r.volume_capability.as_mut().and_then(|c| c.access_type.as_mut()) {
+                m.mount_flags = vec!["rbind".into()];
+            }
+        }, "volume_capability.mount.mount_flags: \"rbind\" is not allowed"),
+    ];
+    for (mutate, want) in cases {
+        let mut r = stage_req();
+        mutate(&mut r);
+        let e = rules().stage(&r).unwrap_err();
+        let status: tonic::Status = e.into();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{want}");
+        assert!(status.message().starts_with(want), "want {want:?}\n got {:?}", status.message());
+    }
+}
+
+#[test]
+fn reader_only_and_readonly_publish_mount_read_only() {
+    let p = csi::NodePublishVolumeRequest {
+        volume_id: "v".into(),
+        publish_context: HashMap::new(),
+        staging_target_path: "/var/lib/kubelet/plugins/kubernetes.io/csi/d/x/globalmount".into(),
+        target_path: "/var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/pv/mount".into(),
+        volume_capability: Some(mount_cap("ext4", Mode::SingleNodeReaderOnly)),
+        readonly: false,
+        secrets: HashMap::new(),
+        volume_context: HashMap::new(),
+    };
+    assert!(rules().publish(&p).unwrap().read_only);
+    let mut w = p.clone();
+    w.volume_capability = Some(mount_cap("ext4", Mode::SingleNodeWriter));
+    assert!(!rules().publish(&w).unwrap().read_only);
+    w.readonly = true;
+    assert!(rules().publish(&w).unwrap().read_only);
+    w.volume_capability = Some(csi::VolumeCapability {
+        access_type: Some(AccessType::Block(BlockVolume {})),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    });
+    assert!(rules().publish(&w).unwrap().block);
+}

@@ -1,0 +1,110 @@
+//! Where this node sits: region and zone from its Kubernetes Node labels,
+//! and how many volumes it may take.
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+
+use crate::error::AgentError;
+
+pub const REGION: &str = "topology.kubernetes.io/region";
+pub const ZONE: &str = "topology.kubernetes.io/zone";
+const REGION_FALLBACK: &str = "topology.proxmox.sinextra.dev/region";
+const ZONE_FALLBACK: &str = "topology.proxmox.sinextra.dev/node";
+pub const MAX_VOLUMES_LABEL: &str = "csi.proxmox.sinextra.dev/max-volume-attachments";
+/// scsi1–scsi30: the slots a CSI disk can take (scsi0 is the boot disk).
+pub const SCSI_SLOTS: i64 = 30;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    pub region: String,
+    pub zone: String,
+    /// From the node label, when set and valid.
+    pub max_volumes: Option<i64>,
+}
+
+pub async fn lookup(client: kube::Client, node: &str) -> Result<Topology, AgentError> {
+    let nodes: Api<Node> = Api::all(client);
+    let n = nodes
+        .get(node)
+        .await
+        .map_err(|e| AgentError::Kubernetes(format!("reading Node {node}: {e}")))?;
+    from_labels(node, n.metadata.labels.unwrap_or_default())
+}
+
+pub fn from_labels(
+    node: &str,
+    labels: std::collections::BTreeMap<String, String>,
+) -> Result<Topology, AgentError> {
+    let get = |primary: &str, fallback: &str, what: &str, how: &str| {
+        labels
+            .get(primary)
+            .or_else(|| labels.get(fallback))
+            .filter(|v| !v.is_empty())
+            .cloned()
+            .ok_or_else(|| {
+                AgentError::Topology(format!(
+                    "Node {node} has no label {primary} (nor {fallback}), which names its Proxmox {what}. \
+                     The Proxmox cloud controller manager or Talos' nodeLabels set it; by hand: \
+                     kubectl label node {node} {primary}={how}"
+                ))
+            })
+    };
+    let region = get(REGION, REGION_FALLBACK, "cluster", "<region of the cluster in the cloud config>")?;
+    let zone = get(ZONE, ZONE_FALLBACK, "node", "<Proxmox node the VM runs on>")?;
+    let max_volumes = labels
+        .get(MAX_VOLUMES_LABEL)
+        .and_then(|v| v.parse::<i64>().ok())
+        .filter(|v| (1..=SCSI_SLOTS).contains(v));
+    Ok(Topology {
+        region,
+        zone,
+        max_volumes,
+    })
+}
+
+/// The volume limit: the label, else the flag, never above the SCSI slots
+/// left free by the node's other disks.
+pub fn max_volumes(label: Option<i64>, flag: i64, other_scsi_disks: u32) -> i64 {
+    // The boot disk sits on scsi0, outside the CSI slots.
+    let taken = i64::from(other_scsi_disks.saturating_sub(1));
+    label.unwrap_or(flag).clamp(1, SCSI_SLOTS).min((SCSI_SLOTS - taken).max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn standard_labels_win_over_the_fallbacks() {
+        let t = from_labels(
+            "w2",
+            labels(&[(REGION, "r1"), (ZONE, "pve2"), (REGION_FALLBACK, "x"), (ZONE_FALLBACK, "y")]),
+        )
+        .unwrap();
+        assert_eq!((t.region.as_str(), t.zone.as_str()), ("r1", "pve2"));
+        let t = from_labels("w2", labels(&[(REGION_FALLBACK, "r9"), (ZONE_FALLBACK, "pve9")])).unwrap();
+        assert_eq!((t.region.as_str(), t.zone.as_str()), ("r9", "pve9"));
+    }
+
+    #[test]
+    fn a_missing_label_says_which_and_how_to_set_it() {
+        let e = from_labels("w2", labels(&[(REGION, "r1")])).unwrap_err().to_string();
+        assert!(e.contains("Node w2 has no label topology.kubernetes.io/zone"), "{e}");
+        assert!(e.contains("kubectl label node w2 topology.kubernetes.io/zone="), "{e}");
+    }
+
+    #[test]
+    fn volume_limit_follows_label_flag_and_free_slots() {
+        assert_eq!(max_volumes(None, 24, 1), 24);
+        assert_eq!(max_volumes(Some(10), 24, 1), 10);
+        assert_eq!(max_volumes(None, 24, 10), 21);
+        assert_eq!(max_volumes(None, 99, 0), 30);
+        let t = from_labels("w", labels(&[(REGION, "r"), (ZONE, "z"), (MAX_VOLUMES_LABEL, "31")])).unwrap();
+        assert_eq!(t.max_volumes, None);
+    }
+}

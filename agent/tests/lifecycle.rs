@@ -1,0 +1,417 @@
+//! The whole node lifecycle through the CSI API: kubelet → the agent running
+//! as uid 65534 with no capabilities → hostd (root) → loop devices.
+
+use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::node_client::NodeClient;
+use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
+use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+use tonic::Code;
+use tonic::transport::Channel;
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    images: PathBuf,
+    node: NodeClient<Channel>,
+    loops: Vec<PathBuf>,
+    _procs: Vec<Proc>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self._procs.clear();
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut points: Vec<&str> = table
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|p| p.starts_with(self.root.to_str().unwrap_or("-")))
+            .collect();
+        points.reverse();
+        for p in points {
+            let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+        }
+        for l in &self.loops {
+            let _ = Command::new("losetup").arg("-d").arg(l).status();
+        }
+    }
+}
+
+fn require_root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(std::env::var_os("CI").is_none(), "the node lifecycle test needs root, and CI is set");
+    eprintln!("SKIPPED: the node lifecycle test needs root");
+    false
+}
+
+fn bin(name: &str) -> String {
+    env!("CARGO_BIN_EXE_proxmox-csi-node").replace("proxmox-csi-node", name)
+}
+
+fn spawn(cmd: &str, args: &[&str], log: &Path) -> Proc {
+    Proc(
+        Command::new(cmd)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+async fn wait_for(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+impl Env {
+    async fn start() -> Self {
+        let help = Command::new(bin("proxmox-csi-hostd")).arg("--help").output().unwrap();
+        assert!(
+            String::from_utf8_lossy(&help.stdout).contains("--loop-dir"),
+            "hostd was built without the loop-resolver test feature: run `cargo test --workspace`"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let root = dir.path().join("kubelet");
+        let images = dir.path().join("images");
+        let sockets = dir.path().join("sockets");
+        for d in [&root, &images, &sockets] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        // The agent (uid 65534) creates its CSI socket here.
+        std::fs::set_permissions(&sockets, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        let hostd_sock = sockets.join("hostd.sock");
+        let csi_sock = sockets.join("csi.sock");
+        let hostd = spawn(
+            &bin("proxmox-csi-hostd"),
+            &[
+                "--socket", hostd_sock.to_str().unwrap(),
+                "--socket-mode", "666",
+                "--allow-uid", "65534",
+                "--kubelet-root", root.to_str().unwrap(),
+                "--loop-dir", images.to_str().unwrap(),
+                "--device-events", "kernel",
+                "--device-wait", "5",
+                "--health-file", dir.path().join("health.json").to_str().unwrap(),
+            ],
+            &dir.path().join("hostd.log"),
+        );
+        wait_for(&hostd_sock).await;
+        let agent = spawn(
+            "setpriv",
+            &[
+                "--reuid=65534", "--regid=65534", "--clear-groups",
+                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs",
+                &bin("proxmox-csi-node"),
+                "--csi-address", &format!("unix://{}", csi_sock.display()),
+                "--hostd-socket", hostd_sock.to_str().unwrap(),
+                "--node-id", "worker-2",
+                "--vmid", "112",
+                "--region", "region-1",
+                "--zone", "pve2",
+                "--kubelet-root", root.to_str().unwrap(),
+            ],
+            &dir.path().join("agent.log"),
+        );
+        wait_for(&csi_sock).await;
+        let ch = proxmox_csi_common::client::unix_channel(csi_sock).await.unwrap();
+        Self {
+            root,
+            images,
+            node: NodeClient::new(ch),
+            loops: Vec::new(),
+            _procs: vec![agent, hostd],
+            dir,
+        }
+    }
+
+    fn disk(&mut self, n: u32) -> String {
+        let wwn = format!("5000c500{n:08x}");
+        let img = self.images.join(format!("{wwn}.raw"));
+        std::fs::File::create(&img).unwrap().set_len(320 << 20).unwrap();
+        let out = Command::new("losetup").args(["--find", "--show"]).arg(&img).output().unwrap();
+        assert!(out.status.success());
+        self.loops.push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
+        wwn
+    }
+
+    fn staging(&self, vol: &str) -> String {
+        let p = self.root.join("plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev").join(vol);
+        std::fs::create_dir_all(&p).unwrap();
+        p.join("globalmount").display().to_string()
+    }
+
+    fn target(&self, pod: &str, kind: &str, pv: &str) -> String {
+        let p = self.root.join("pods").join(pod).join(kind).join("kubernetes.io~csi");
+        std::fs::create_dir_all(&p).unwrap();
+        let t = p.join(pv);
+        if kind == "volumes" {
+            std::fs::create_dir_all(&t).unwrap();
+            return t.join("mount").display().to_string();
+        }
+        t.display().to_string()
+    }
+
+    fn agent_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap()
+    }
+}
+
+fn mount_cap(fs: &str) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs.into(),
+            mount_flags: vec![],
+            volume_mount_group: String::new(),
+        })),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    }
+}
+
+fn block_cap() -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Block(BlockVolume {})),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    }
+}
+
+fn stage(vol: &str, wwn: &str, staging: &str, cap: csi::VolumeCapability) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_id: vol.into(),
+        publish_context: HashMap::from([("wwn".into(), format!("0x{wwn}"))]),
+        staging_target_path: staging.into(),
+        volume_capability: Some(cap),
+        secrets: HashMap::new(),
+        volume_context: HashMap::from([("ssd".into(), "1".into())]),
+    }
+}
+
+fn publish(vol: &str, staging: &str, target: &str, cap: csi::VolumeCapability) -> csi::NodePublishVolumeRequest {
+    csi::NodePublishVolumeRequest {
+        volume_id: vol.into(),
+        publish_context: HashMap::new(),
+        staging_target_path: staging.into(),
+        target_path: target.into(),
+        volume_capability: Some(cap),
+        readonly: false,
+        secrets: HashMap::new(),
+        volume_context: HashMap::new(),
+    }
+}
+
+fn mounted(p: &str) -> Option<(String, String)> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    table.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let sep = f.iter().position(|x| *x == "-")?;
+        (f[4] == p).then(|| (f[sep + 1].to_string(), f[5].to_string()))
+    })
+}
+
+#[tokio::test]
+async fn mount_and_block_volumes_through_an_unprivileged_agent() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+
+    // Mount volume, xfs so that it can also grow online on this host.
+    let wwn = env.disk(1);
+    let vol = "region-1/pve2/local-lvm/vm-9999-pvc-a";
+    let staging = env.staging("pv-a");
+    let target = env.target("pod-a", "volumes", "pv-a");
+    for _ in 0..2 {
+        env.node.node_stage_volume(stage(vol, &wwn, &staging, mount_cap("xfs"))).await.unwrap();
+    }
+    let (fs, opts) = mounted(&staging).unwrap();
+    assert_eq!(fs, "xfs");
+    assert!(opts.contains("noatime"), "ssd=1 must mount with noatime: {opts}");
+    for _ in 0..2 {
+        env.node.node_publish_volume(publish(vol, &staging, &target, mount_cap("xfs"))).await.unwrap();
+    }
+    std::fs::write(Path::new(&target).join("payload"), b"written through the pod's mount").unwrap();
+    assert_eq!(
+        std::fs::read(Path::new(&staging).join("payload")).unwrap(),
+        b"written through the pod's mount"
+    );
+
+    let stats = env
+        .node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: vol.into(),
+            volume_path: target.clone(),
+            staging_target_path: staging.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.usage.len(), 2, "bytes and inodes");
+    assert!(stats.usage[0].total > 200 << 20 && stats.usage[0].used > 0, "{stats:?}");
+    assert!(!stats.volume_condition.unwrap().abnormal);
+
+    // Grow the disk as Proxmox would, then NodeExpandVolume.
+    let img = env.images.join(format!("{wwn}.raw"));
+    std::fs::OpenOptions::new().write(true).open(&img).unwrap().set_len(640 << 20).unwrap();
+    assert!(Command::new("losetup").arg("-c").arg(&env.loops[0]).status().unwrap().success());
+    let grown = env
+        .node
+        .node_expand_volume(csi::NodeExpandVolumeRequest {
+            volume_id: vol.into(),
+            volume_path: target.clone(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: 640 << 20, limit_bytes: 0 }),
+            staging_target_path: staging.clone(),
+            volume_capability: Some(mount_cap("xfs")),
+            secrets: HashMap::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grown.capacity_bytes, 640 << 20);
+
+    for _ in 0..2 {
+        env.node
+            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: vol.into(), target_path: target.clone() })
+            .await
+            .unwrap();
+        env.node
+            .node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.into(), staging_target_path: staging.clone() })
+            .await
+            .unwrap();
+    }
+    assert_eq!(mounted(&staging), None);
+    assert!(!Path::new(&target).exists());
+    let e = env
+        .node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: vol.into(),
+            volume_path: target.clone(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+
+    // Raw block volume.
+    let wwn = env.disk(2);
+    let vol = "region-1/pve2/local-lvm/vm-9999-pvc-b";
+    let staging = env.staging("pv-b");
+    let target = env.target("pod-b", "volumeDevices", "pv-b");
+    for _ in 0..2 {
+        env.node.node_stage_volume(stage(vol, &wwn, &staging, block_cap())).await.unwrap();
+        env.node.node_publish_volume(publish(vol, &staging, &target, block_cap())).await.unwrap();
+    }
+    {
+        let mut f = std::fs::OpenOptions::new().write(true).open(&target).unwrap();
+        f.seek(SeekFrom::Start(4096)).unwrap();
+        f.write_all(b"block bytes").unwrap();
+        f.sync_all().unwrap();
+    }
+    for _ in 0..2 {
+        env.node
+            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: vol.into(), target_path: target.clone() })
+            .await
+            .unwrap();
+        env.node
+            .node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.into(), staging_target_path: staging.clone() })
+            .await
+            .unwrap();
+    }
+    let mut buf = [0u8; 11];
+    let mut f = std::fs::File::open(env.images.join(format!("{wwn}.raw"))).unwrap();
+    f.seek(SeekFrom::Start(4096)).unwrap();
+    f.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"block bytes");
+
+    // The agent really ran unprivileged: uid 65534, no capabilities.
+    let pid = env._procs[0].0.id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    };
+    assert_eq!(field("Uid:"), "65534 65534 65534 65534", "{status}");
+    assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
+    assert_eq!(field("CapPrm:"), "0000000000000000", "{status}");
+    let log = env.agent_log();
+    assert!(log.contains("volume staged"), "{log}");
+}
+
+#[tokio::test]
+async fn node_info_and_bad_requests() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let info = env.node.node_get_info(csi::NodeGetInfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.node_id, "worker-2/112");
+    assert!((1..=24).contains(&info.max_volumes_per_node), "{info:?}");
+    let segs = info.accessible_topology.unwrap().segments;
+    assert_eq!(segs.get("topology.kubernetes.io/region").map(String::as_str), Some("region-1"));
+    assert_eq!(segs.get("topology.kubernetes.io/zone").map(String::as_str), Some("pve2"));
+
+    let caps = env.node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await.unwrap().into_inner();
+    assert_eq!(caps.capabilities.len(), 5);
+
+    let wwn = env.disk(3);
+    let staging = env.staging("pv-c");
+    let good = stage("vol-c", &wwn, &staging, mount_cap("ext4"));
+    let mut cases: Vec<(csi::NodeStageVolumeRequest, &str)> = Vec::new();
+    let mut r = good.clone();
+    r.volume_id.clear();
+    cases.push((r, "volume_id: is required"));
+    let mut r = good.clone();
+    r.staging_target_path = "/etc/kubernetes/x".into();
+    cases.push((r, "staging_target_path: \"/etc/kubernetes/x\" is not under kubelet's directory"));
+    let mut r = good.clone();
+    r.volume_capability.as_mut().unwrap().access_mode = Some(AccessMode { mode: Mode::MultiNodeMultiWriter as i32 });
+    cases.push((r, "volume_capability.access_mode: MULTI_NODE_MULTI_WRITER is not supported"));
+    let r = stage("vol-c", &wwn, &staging, mount_cap("ntfs"));
+    cases.push((r, "volume_capability.mount.fs_type: \"ntfs\" is not supported; allowed: ext4, xfs"));
+    let mut r = good.clone();
+    r.publish_context.clear();
+    cases.push((r, "publish_context.wwn: is required"));
+    for (req, want) in cases {
+        let e = env.node.node_stage_volume(req).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{want}: {e:?}");
+        assert!(e.message().starts_with(want), "want {want:?}, got {:?}", e.message());
+    }
+    // Nothing was formatted by any of those.
+    let mut head = vec![0u8; 1 << 20];
+    std::fs::File::open(env.images.join(format!("{wwn}.raw"))).unwrap().read_exact(&mut head).unwrap();
+    assert!(head.iter().all(|b| *b == 0));
+
+    // Publish before stage: FailedPrecondition, per the spec.
+    let target = env.target("pod-c", "volumes", "pv-c");
+    let e = env.node.node_publish_volume(publish("vol-c", &staging, &target, mount_cap("ext4"))).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+
+    // A secret never reaches the agent's log.
+    let mut r = good.clone();
+    r.secrets.insert("encryption-passphrase".into(), "hunter2-secret".into());
+    r.volume_capability = Some(mount_cap("btrfs"));
+    let _ = env.node.node_stage_volume(r).await;
+    assert!(!env.agent_log().contains("hunter2-secret"));
+}

@@ -1,0 +1,66 @@
+//! Identifiers shared by the controller and the node plugin, parsed once at
+//! the edge and trusted after.
+
+use std::fmt;
+
+/// A CSI node id: `<node>` or `<node>/<vmid>`, as the Go driver writes it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NodeId {
+    pub name: String,
+    pub vmid: Option<u32>,
+}
+
+impl NodeId {
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let (name, vmid) = match raw.split_once('/') {
+            Some((n, v)) => {
+                let vmid = v
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|v| *v >= 100)
+                    .ok_or_else(|| format!("node id {raw:?}: {v:?} after '/' is not a VM id (100 or more)"))?;
+                (n, Some(vmid))
+            }
+            None => (raw, None),
+        };
+        let valid = !name.is_empty()
+            && name.len() <= 253
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+        if !valid {
+            return Err(format!(
+                "node id {raw:?}: {name:?} is not a Kubernetes node name (lower-case letters, digits, '-' and '.')"
+            ));
+        }
+        Ok(Self {
+            name: name.to_string(),
+            vmid,
+        })
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.vmid {
+            Some(v) => write!(f, "{}/{v}", self.name),
+            None => f.write_str(&self.name),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_both_forms_and_prints_them_back() {
+        for raw in ["worker-2", "worker-2/112", "node.example.com/100"] {
+            assert_eq!(NodeId::parse(raw).unwrap().to_string(), raw);
+        }
+        assert_eq!(NodeId::parse("w/112").unwrap().vmid, Some(112));
+        for bad in ["", "/112", "Worker", "w/abc", "w/99", "w/112/3", "w x"] {
+            assert!(NodeId::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
