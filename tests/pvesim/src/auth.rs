@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use axum::http::{HeaderMap, Method};
 
 use crate::reply::ApiError;
-use crate::state::State;
+use crate::state::Cluster;
 
 /// The authenticated identity: `user@realm` or `user@realm!token`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,7 +41,7 @@ fn unauthorized(msg: &str) -> ApiError {
 }
 
 pub fn authenticate(
-    state: &State,
+    state: &Cluster,
     tickets: &Tickets,
     method: &Method,
     headers: &HeaderMap,

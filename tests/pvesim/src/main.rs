@@ -17,6 +17,10 @@ struct Args {
     /// Serve plain HTTP instead of HTTPS.
     #[arg(long)]
     http: bool,
+    /// Proxmox API schema to validate requests against (default: the copy
+    /// beside the repository, `../shared/pve-api/schema-subset.json`).
+    #[arg(long)]
+    schema: Option<PathBuf>,
     /// Where to write the CA certificate that signs the HTTPS certificate.
     #[arg(long, default_value = "pvesim-ca.pem")]
     ca_out: PathBuf,
@@ -39,6 +43,12 @@ async fn main() -> anyhow::Result<()> {
         None => State::default(),
     };
     let mut sim = Sim::new(state);
+    let schema_path = args.schema.clone().unwrap_or_else(pvesim::schema::default_path);
+    match pvesim::Schema::load(&schema_path) {
+        Ok(schema) => sim = sim.with_schema(schema),
+        Err(e) if args.schema.is_some() => return Err(e),
+        Err(e) => tracing::warn!(error = %e, "requests are not validated against the Proxmox schema"),
+    }
     if args.http {
         sim = sim.plain_http();
     }

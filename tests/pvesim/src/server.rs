@@ -1,29 +1,39 @@
-//! The HTTP(S) front: HTTP/1.1 only, like pveproxy; every request goes
-//! through one dispatcher that authenticates and routes it.
+//! The HTTP(S) front: HTTP/1.1 only, like pveproxy. Every request goes
+//! through one dispatcher that applies the fault knobs, authenticates,
+//! validates against the schema, checks privileges and routes.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State as AxState;
-use axum::http::{HeaderMap, Method, Uri};
-use axum::response::Response;
+use axum::body::Body;
+use axum::http::{Request, Response};
+use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::api::{self, Params};
+use crate::api;
 use crate::auth::Tickets;
-use crate::reply::{self, ApiError};
-use crate::state::State;
+use crate::locks::Locks;
+use crate::reply;
+use crate::schema::Schema;
+use crate::state::{Cluster, State};
 
-/// Shared by every request.
+/// Shared by every request and task.
 #[derive(Debug)]
 pub struct Ctx {
-    pub state: Mutex<State>,
+    pub cluster: Mutex<Cluster>,
     pub tickets: Mutex<Tickets>,
+    pub schema: Option<Schema>,
+    pub locks: Arc<Locks>,
+}
+
+impl Ctx {
+    /// The cluster, for a short critical section (never held across an await).
+    pub fn cluster(&self) -> std::sync::MutexGuard<'_, Cluster> {
+        self.cluster.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// A simulator, configured and not yet listening.
@@ -31,9 +41,10 @@ pub struct Ctx {
 pub struct Sim {
     state: State,
     tls: bool,
+    schema: Option<Schema>,
 }
 
-/// A listening simulator. Dropping it stops it.
+/// A listening simulator. Dropping it stops it and closes its connections.
 #[derive(Debug)]
 pub struct Running {
     pub addr: SocketAddr,
@@ -59,12 +70,22 @@ impl Drop for Running {
 
 impl Sim {
     pub fn new(state: State) -> Self {
-        Self { state, tls: true }
+        Self {
+            state,
+            tls: true,
+            schema: None,
+        }
     }
 
     /// Serve plain HTTP instead of HTTPS.
     pub fn plain_http(mut self) -> Self {
         self.tls = false;
+        self
+    }
+
+    /// Validate requests against Proxmox's API schema.
+    pub fn with_schema(mut self, schema: Schema) -> Self {
+        self.schema = Some(schema);
         self
     }
 
@@ -77,15 +98,16 @@ impl Sim {
             None
         };
         let ctx = Arc::new(Ctx {
-            state: Mutex::new(self.state),
+            cluster: Mutex::new(Cluster::from_state(self.state)?),
             tickets: Mutex::new(Tickets::default()),
+            schema: self.schema,
+            locks: Arc::new(Locks::default()),
         });
-        let app = Router::new().fallback(dispatch).with_state(ctx.clone());
         let (stop, stop_rx) = watch::channel(false);
         let acceptor = certs
             .as_ref()
             .map(|c| tokio_rustls::TlsAcceptor::from(c.server.clone()));
-        tokio::spawn(accept_loop(listener, app, acceptor, stop_rx));
+        tokio::spawn(accept_loop(listener, ctx.clone(), acceptor, stop_rx));
         Ok(Running {
             addr,
             ca_pem: certs.map(|c| c.ca_pem),
@@ -95,9 +117,21 @@ impl Sim {
     }
 }
 
+/// Returned by the service to make hyper drop the connection unanswered.
+#[derive(Debug)]
+struct Dropped;
+
+impl std::fmt::Display for Dropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection dropped by fault injection")
+    }
+}
+
+impl std::error::Error for Dropped {}
+
 async fn accept_loop(
     listener: TcpListener,
-    app: Router,
+    ctx: Arc<Ctx>,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -112,12 +146,15 @@ async fn accept_loop(
             },
             _ = stop.wait_for(|s| *s) => return,
         };
-        let app = app.clone();
+        let ctx = ctx.clone();
         let acceptor = acceptor.clone();
         let mut conn_stop = stop.clone();
+        let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+            let ctx = ctx.clone();
+            async move { handle(ctx, req).await }
+        });
         // A stopped simulator drops its open connections too, like a dead host.
         let conn = async move {
-            let service = TowerToHyperService::new(app);
             let http = hyper::server::conn::http1::Builder::new();
             let result = match acceptor {
                 Some(a) => match a.accept(stream).await {
@@ -142,49 +179,40 @@ async fn accept_loop(
     }
 }
 
-async fn dispatch(
-    AxState(ctx): AxState<Arc<Ctx>>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    match handle(&ctx, &method, &uri, &headers, &body) {
+async fn handle(ctx: Arc<Ctx>, req: Request<hyper::body::Incoming>) -> Result<Response<Body>, Dropped> {
+    let (parts, body) = req.into_parts();
+    let body = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return Err(Dropped),
+    };
+    // Fault knobs apply to the Proxmox API, not to the admin API.
+    if !parts.uri.path().starts_with("/pvesim/") {
+        let (latency, drop, fail) = {
+            let mut c = ctx.cluster();
+            let drop = crate::knobs::take(&mut c.knobs.drop_connections);
+            let rate = c.knobs.error_5xx_rate;
+            (c.knobs.api_latency_ms, drop, rate > 0.0 && rand::random::<f64>() < rate)
+        };
+        if latency > 0 {
+            tokio::time::sleep(Duration::from_millis(latency)).await;
+        }
+        if drop {
+            return Err(Dropped);
+        }
+        if fail {
+            return Ok(reply::error(&crate::reply::ApiError::new(
+                500,
+                "Internal Server Error (injected by pvesim)",
+            )));
+        }
+    }
+    let result = api::dispatch(&ctx, &parts.method, &parts.uri, &parts.headers, &body).await;
+    Ok(match result {
         Ok(data) => reply::ok(data),
         Err(e) => {
-            tracing::debug!(%method, path = uri.path(), status = %e.status, message = %e.message, "request failed");
+            tracing::debug!(method = %parts.method, path = parts.uri.path(), status = %e.status, message = %e.message, "request failed");
             reply::error(&e)
         }
-    }
+    })
 }
 
-fn handle(
-    ctx: &Ctx,
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<serde_json::Value, ApiError> {
-    let path = percent_decode(uri.path());
-    let Some(rest) = path.strip_prefix("/api2/") else {
-        return Err(ApiError::not_implemented("no such uri"));
-    };
-    let (format, api_path) = rest.split_once('/').unwrap_or((rest, ""));
-    if format != "json" {
-        if api_path.is_empty() && !format.is_empty() {
-            return Err(ApiError::not_implemented("no such uri"));
-        }
-        return Err(ApiError::not_implemented(format!(
-            "no formatter for uri /{api_path}, {format}"
-        )));
-    }
-    let params = Params::from_request(method, uri.query(), headers, body)?;
-    api::route(ctx, method, &format!("/{api_path}"), headers, params)
-}
-
-fn percent_decode(s: &str) -> String {
-    url::form_urlencoded::parse(format!("p={}", s.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_else(|| s.to_string())
-}

@@ -1,8 +1,16 @@
-//! The simulated cluster, loaded from a YAML state file.
+//! The simulated cluster: nodes, storages, volumes, VMs, users and ACLs,
+//! loaded from a YAML state file and changed by the API.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+use crate::knobs::Knobs;
+use crate::perms::{AclEntry, User};
+use crate::tasks::Task;
+
+/// The state file.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct State {
     #[serde(default = "default_cluster")]
@@ -11,27 +19,148 @@ pub struct State {
     #[serde(default = "default_version")]
     pub version: String,
     #[serde(default)]
+    pub nodes: Vec<NodeSpec>,
+    #[serde(default)]
+    pub storages: Vec<StorageSpec>,
+    #[serde(default)]
+    pub vms: Vec<VmSpec>,
+    /// Volumes that exist before the simulation starts.
+    #[serde(default)]
+    pub volumes: Vec<VolumeSpec>,
+    #[serde(default)]
     pub users: Vec<User>,
+    /// Custom roles: name → privileges. Built in: Administrator, PVEAuditor, NoAccess.
+    #[serde(default)]
+    pub roles: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    pub acl: Vec<AclEntry>,
+    #[serde(default)]
+    pub knobs: Knobs,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct User {
-    /// `name@realm`.
-    pub userid: String,
-    /// Password for ticket login; absent means the user cannot log in.
-    #[serde(default)]
-    pub password: Option<String>,
-    #[serde(default)]
-    pub tokens: Vec<Token>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Token {
-    /// The part after `!`.
+pub struct NodeSpec {
     pub name: String,
-    pub secret: String,
+    #[serde(default = "yes")]
+    pub online: bool,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageType {
+    Lvmthin,
+    Lvm,
+    Zfspool,
+    Dir,
+    Nfs,
+    Rbd,
+}
+
+impl StorageType {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Lvmthin => "lvmthin",
+            Self::Lvm => "lvm",
+            Self::Zfspool => "zfspool",
+            Self::Dir => "dir",
+            Self::Nfs => "nfs",
+            Self::Rbd => "rbd",
+        }
+    }
+
+    /// Types Proxmox always treats as shared.
+    pub fn always_shared(self) -> bool {
+        matches!(self, Self::Nfs | Self::Rbd)
+    }
+
+    pub fn file_based(self) -> bool {
+        matches!(self, Self::Dir | Self::Nfs)
+    }
+
+    /// Allocation granularity in bytes.
+    pub fn round(self, bytes: u64) -> u64 {
+        let unit = match self {
+            Self::Lvmthin | Self::Lvm => 4 << 20,
+            Self::Zfspool => 1 << 20,
+            Self::Rbd => 4 << 20,
+            Self::Dir | Self::Nfs => 1,
+        };
+        bytes.div_ceil(unit) * unit
+    }
+
+    /// Whether VM snapshots cover volumes of this type (raw on dir/nfs do not).
+    pub fn snapshots(self, format: &str) -> bool {
+        match self {
+            Self::Lvmthin | Self::Zfspool | Self::Rbd => true,
+            Self::Dir | Self::Nfs => format == "qcow2",
+            Self::Lvm => false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageSpec {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: StorageType,
+    #[serde(default = "default_content")]
+    pub content: Vec<String>,
+    #[serde(default)]
+    pub shared: bool,
+    /// Nodes the storage is enabled on; absent means all.
+    #[serde(default)]
+    pub nodes: Option<Vec<String>>,
+    #[serde(default)]
+    pub disable: bool,
+    /// Capacity in bytes (per node for local storage).
+    #[serde(default = "default_total")]
+    pub total: u64,
+    /// Default image format for file storages.
+    #[serde(default)]
+    pub format: Option<String>,
+}
+
+impl StorageSpec {
+    pub fn is_shared(&self) -> bool {
+        self.shared || self.kind.always_shared()
+    }
+
+    pub fn enabled_on(&self, node: &str) -> bool {
+        !self.disable && self.nodes.as_ref().is_none_or(|n| n.iter().any(|x| x == node))
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmSpec {
+    pub vmid: u32,
+    pub node: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default = "yes")]
+    pub running: bool,
+    #[serde(default)]
+    pub lock: Option<String>,
+    /// Config keys (drives, scsihw, hotplug, smbios1, …), as Proxmox stores them.
+    #[serde(default)]
+    pub config: BTreeMap<String, String>,
+    /// Bind this VM to a QEMU QMP socket: disk changes then happen for real.
+    #[serde(default)]
+    pub qmp: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeSpec {
+    pub volid: String,
+    /// Node holding it, for local storage.
+    #[serde(default)]
+    pub node: Option<String>,
+    pub size: u64,
+    #[serde(default)]
+    pub format: Option<String>,
 }
 
 fn default_cluster() -> String {
@@ -42,34 +171,251 @@ fn default_version() -> String {
     "9.0.3".into()
 }
 
-impl Default for State {
-    fn default() -> Self {
-        Self {
-            cluster: default_cluster(),
-            version: default_version(),
-            users: Vec::new(),
-        }
-    }
+fn yes() -> bool {
+    true
+}
+
+fn default_content() -> Vec<String> {
+    vec!["images".into(), "rootdir".into()]
+}
+
+fn default_total() -> u64 {
+    1 << 40
 }
 
 impl State {
     pub fn from_yaml(text: &str) -> Result<Self, serde_norway::Error> {
         serde_norway::from_str(text)
     }
+}
 
-    /// A user's token whose secret matches, as `user@realm!name`.
-    pub fn token_identity(&self, tokenid: &str, secret: &str) -> Option<String> {
-        let (userid, name) = tokenid.split_once('!')?;
-        let user = self.users.iter().find(|u| u.userid == userid)?;
-        user.tokens
-            .iter()
-            .find(|t| t.name == name && t.secret == secret)
-            .map(|_| tokenid.to_string())
+/// A volume on a storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Volume {
+    pub size: u64,
+    pub format: String,
+    pub owner: u32,
+    pub ctime: u64,
+}
+
+/// Where a volume lives: `(storage, node)`, with an empty node for shared storage.
+pub type Place = (String, String);
+
+#[derive(Debug, Clone, Default)]
+pub struct Vm {
+    pub vmid: u32,
+    pub node: String,
+    pub running: bool,
+    pub config: BTreeMap<String, String>,
+    pub pending: BTreeMap<String, String>,
+    /// Keys to delete at the next apply; `true` when forced.
+    pub pending_delete: BTreeMap<String, bool>,
+    pub qmp: Option<String>,
+}
+
+impl Vm {
+    pub fn lock(&self) -> Option<&str> {
+        self.config.get("lock").map(String::as_str)
     }
 
-    pub fn password_ok(&self, userid: &str, password: &str) -> bool {
-        self.users
+    /// The config file as Proxmox writes it; its SHA-1 is the `digest`.
+    pub fn raw(&self) -> String {
+        let mut s = String::new();
+        for (k, v) in &self.config {
+            s.push_str(&format!("{k}: {v}\n"));
+        }
+        if !self.pending.is_empty() || !self.pending_delete.is_empty() {
+            s.push_str("\n[PENDING]\n");
+            if !self.pending_delete.is_empty() {
+                let del: Vec<String> = self
+                    .pending_delete
+                    .iter()
+                    .map(|(k, f)| if *f { format!("!{k}") } else { k.clone() })
+                    .collect();
+                s.push_str(&format!("delete: {}\n", del.join(",")));
+            }
+            for (k, v) in &self.pending {
+                s.push_str(&format!("{k}: {v}\n"));
+            }
+        }
+        s
+    }
+
+    pub fn digest(&self) -> String {
+        use sha1::{Digest, Sha1};
+        Sha1::digest(self.raw().as_bytes())
             .iter()
-            .any(|u| u.userid == userid && u.password.as_deref() == Some(password))
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    pub fn hotplug_disk(&self) -> bool {
+        match self.config.get("hotplug").map(String::as_str) {
+            None | Some("1") => true,
+            Some("0") => false,
+            Some(list) => list.split(',').any(|f| f == "disk"),
+        }
+    }
+
+    pub fn name(&self) -> String {
+        self.config
+            .get("name")
+            .cloned()
+            .unwrap_or_else(|| format!("VM {}", self.vmid))
+    }
+}
+
+/// The live cluster.
+#[derive(Debug, Default)]
+pub struct Cluster {
+    pub name: String,
+    pub version: String,
+    pub nodes: BTreeMap<String, NodeSpec>,
+    pub storages: BTreeMap<String, StorageSpec>,
+    pub volumes: BTreeMap<Place, BTreeMap<String, Volume>>,
+    pub vms: BTreeMap<u32, Vm>,
+    pub users: Vec<User>,
+    pub roles: BTreeMap<String, Vec<String>>,
+    pub acl: Vec<AclEntry>,
+    pub tasks: BTreeMap<String, Task>,
+    pub knobs: Knobs,
+    /// Calls served, by `METHOD template`.
+    pub counters: BTreeMap<String, u64>,
+}
+
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The owner VMID in a volume name: `vm-<vmid>-…`, `base-<vmid>-…`, or the
+/// directory of a file-storage volume (`<vmid>/…`).
+pub fn owner_of(volname: &str) -> Option<u32> {
+    if let Some((dir, _)) = volname.split_once('/')
+        && let Ok(v) = dir.parse()
+    {
+        return Some(v);
+    }
+    let rest = volname
+        .strip_prefix("vm-")
+        .or_else(|| volname.strip_prefix("base-"))?;
+    rest.split('-').next()?.parse().ok()
+}
+
+impl Cluster {
+    pub fn from_state(s: State) -> anyhow::Result<Self> {
+        let mut c = Cluster {
+            name: s.cluster,
+            version: s.version,
+            users: s.users,
+            roles: s.roles,
+            acl: s.acl,
+            knobs: s.knobs,
+            ..Default::default()
+        };
+        for n in s.nodes {
+            c.nodes.insert(n.name.clone(), n);
+        }
+        for st in s.storages {
+            c.storages.insert(st.id.clone(), st);
+        }
+        for v in s.vms {
+            if !c.nodes.contains_key(&v.node) {
+                anyhow::bail!("VM {}: node {} is not in nodes", v.vmid, v.node);
+            }
+            let mut config = v.config;
+            if let Some(name) = v.name {
+                config.insert("name".into(), name);
+            }
+            if let Some(lock) = v.lock {
+                config.insert("lock".into(), lock);
+            }
+            c.vms.insert(
+                v.vmid,
+                Vm {
+                    vmid: v.vmid,
+                    node: v.node,
+                    running: v.running,
+                    config,
+                    qmp: v.qmp,
+                    ..Default::default()
+                },
+            );
+        }
+        for vol in s.volumes {
+            let (storage, volname) = vol
+                .volid
+                .split_once(':')
+                .ok_or_else(|| anyhow::anyhow!("volume {}: not <storage>:<name>", vol.volid))?;
+            let place = c.place(storage, vol.node.as_deref().unwrap_or_default())?;
+            let owner = owner_of(volname).unwrap_or(0);
+            let format = vol.format.unwrap_or_else(|| format_of(volname));
+            c.volumes.entry(place).or_default().insert(
+                volname.to_string(),
+                Volume {
+                    size: vol.size,
+                    format,
+                    owner,
+                    ctime: now(),
+                },
+            );
+        }
+        Ok(c)
+    }
+
+    /// The place of a volume of `storage` seen from `node`.
+    pub fn place(&self, storage: &str, node: &str) -> anyhow::Result<Place> {
+        let st = self
+            .storages
+            .get(storage)
+            .ok_or_else(|| anyhow::anyhow!("storage '{storage}' does not exist"))?;
+        Ok((storage.to_string(), if st.is_shared() { String::new() } else { node.to_string() }))
+    }
+
+    pub fn used(&self, place: &Place) -> u64 {
+        self.volumes
+            .get(place)
+            .map(|m| m.values().map(|v| v.size).sum())
+            .unwrap_or(0)
+    }
+
+    pub fn volume(&self, place: &Place, volname: &str) -> Option<&Volume> {
+        self.volumes.get(place)?.get(volname)
+    }
+
+    pub fn count(&mut self, key: String) {
+        *self.counters.entry(key).or_insert(0) += 1;
+    }
+}
+
+pub fn format_of(volname: &str) -> String {
+    if volname.ends_with(".qcow2") {
+        "qcow2".into()
+    } else if volname.ends_with(".vmdk") {
+        "vmdk".into()
+    } else {
+        "raw".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_come_from_the_volume_name() {
+        assert_eq!(owner_of("vm-9999-pvc-1"), Some(9999));
+        assert_eq!(owner_of("9999/vm-9999-pvc-1.raw"), Some(9999));
+        assert_eq!(owner_of("base-100-disk-0"), Some(100));
+        assert_eq!(owner_of("pvc-1"), None);
+    }
+
+    #[test]
+    fn sizes_round_like_the_storage_plugins() {
+        assert_eq!(StorageType::Lvmthin.round(1), 4 << 20);
+        assert_eq!(StorageType::Zfspool.round((1 << 20) + 1), 2 << 20);
+        assert_eq!(StorageType::Dir.round(12345), 12345);
     }
 }

@@ -2,27 +2,28 @@
 
 use serde_json::{Value, json};
 
-use crate::api::Params;
+use std::collections::BTreeMap;
 use crate::reply::ApiError;
 use crate::server::Ctx;
 
-pub fn ticket(ctx: &Ctx, params: &Params) -> Result<Value, ApiError> {
-    let (Some(user), Some(password)) = (params.get("username"), params.get("password")) else {
+pub fn ticket(ctx: &Ctx, params: &BTreeMap<String, String>) -> Result<Value, ApiError> {
+    let (Some(user), Some(password)) = (params.get("username").map(String::as_str), params.get("password").map(String::as_str)) else {
         return Err(ApiError::param(
             "username",
             "property is missing and it is not optional",
         ));
     };
-    let userid = match params.get("realm") {
+    let userid = match params.get("realm").map(String::as_str) {
         Some(realm) if !user.contains('@') => format!("{user}@{realm}"),
         _ => user.to_string(),
     };
-    let state = ctx.state.lock().map_err(|_| ApiError::die("state poisoned"))?;
-    if !state.password_ok(&userid, password) {
-        return Err(ApiError::new(401, "authentication failure"));
-    }
-    let cluster = state.cluster.clone();
-    drop(state);
+    let cluster = {
+        let c = ctx.cluster();
+        if !c.password_ok(&userid, password) {
+            return Err(ApiError::new(401, "authentication failure"));
+        }
+        c.name.clone()
+    };
     let (ticket, csrf) = ctx
         .tickets
         .lock()

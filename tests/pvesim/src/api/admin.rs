@@ -1,0 +1,116 @@
+//! The admin API under `/pvesim/`, for tests, benchmarks and the demo:
+//! call counters, fault knobs, VM locks, and a view of the state.
+//!
+//! | method | path | effect |
+//! |---|---|---|
+//! | GET / DELETE | `counters` | calls per `METHOD /template`; DELETE resets |
+//! | GET / POST | `knobs` | read; merge a JSON object of knob values |
+//! | POST | `vms/<vmid>/hold-lock?seconds=N` | hold the VM's config lock |
+//! | PUT / DELETE | `vms/<vmid>/lock?value=backup` | set or clear the VM's `lock` |
+//! | PUT | `vms/<vmid>/running?value=0\|1` | stop or start the VM |
+//! | GET | `vms/<vmid>` | config, pending and pending deletes |
+//! | GET | `volumes` | every volume with its place, size and owner |
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::Method;
+use serde_json::{Value, json};
+
+use crate::reply::ApiError;
+use crate::server::Ctx;
+
+fn query(q: Option<&str>) -> BTreeMap<String, String> {
+    url::form_urlencoded::parse(q.unwrap_or_default().as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+pub async fn dispatch(
+    ctx: &Arc<Ctx>,
+    method: &Method,
+    path: &str,
+    q: Option<&str>,
+    body: &[u8],
+) -> Result<Value, ApiError> {
+    let q = query(q);
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let vmid = |s: &str| s.parse::<u32>().map_err(|_| ApiError::new(400, format!("{s:?} is not a VM id")));
+    match (method, segs.as_slice()) {
+        (&Method::GET, ["counters"]) => Ok(json!(ctx.cluster().counters)),
+        (&Method::DELETE, ["counters"]) => {
+            ctx.cluster().counters.clear();
+            Ok(Value::Null)
+        }
+        (&Method::GET, ["knobs"]) => Ok(json!(ctx.cluster().knobs)),
+        (&Method::POST, ["knobs"]) => {
+            let patch: Value = serde_json::from_slice(body).map_err(|e| ApiError::new(400, format!("knobs: {e}")))?;
+            let mut c = ctx.cluster();
+            let mut current = serde_json::to_value(&c.knobs).map_err(|e| ApiError::die(e.to_string()))?;
+            if let (Some(cur), Some(p)) = (current.as_object_mut(), patch.as_object()) {
+                for (k, v) in p {
+                    if !cur.contains_key(k) {
+                        return Err(ApiError::new(400, format!("unknown knob {k:?}")));
+                    }
+                    cur.insert(k.clone(), v.clone());
+                }
+            }
+            c.knobs = serde_json::from_value(current).map_err(|e| ApiError::new(400, format!("knobs: {e}")))?;
+            Ok(json!(c.knobs))
+        }
+        (&Method::POST, ["vms", id, "hold-lock"]) => {
+            let id = vmid(id)?;
+            let secs: f64 = q.get("seconds").and_then(|s| s.parse().ok()).unwrap_or(12.0);
+            ctx.locks.hold_vm(id, Duration::from_secs_f64(secs));
+            // Let the holder take the lock before answering.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok(Value::Null)
+        }
+        (&Method::PUT, ["vms", id, "lock"]) => {
+            let id = vmid(id)?;
+            let value = q.get("value").cloned().unwrap_or_else(|| "backup".into());
+            let mut c = ctx.cluster();
+            let vm = c.vms.get_mut(&id).ok_or_else(|| ApiError::new(404, "no such VM"))?;
+            vm.config.insert("lock".into(), value);
+            Ok(Value::Null)
+        }
+        (&Method::DELETE, ["vms", id, "lock"]) => {
+            let id = vmid(id)?;
+            let mut c = ctx.cluster();
+            let vm = c.vms.get_mut(&id).ok_or_else(|| ApiError::new(404, "no such VM"))?;
+            vm.config.remove("lock");
+            Ok(Value::Null)
+        }
+        (&Method::PUT, ["vms", id, "running"]) => {
+            let id = vmid(id)?;
+            let mut c = ctx.cluster();
+            let vm = c.vms.get_mut(&id).ok_or_else(|| ApiError::new(404, "no such VM"))?;
+            vm.running = q.get("value").map(String::as_str) != Some("0");
+            Ok(Value::Null)
+        }
+        (&Method::GET, ["vms", id]) => {
+            let id = vmid(id)?;
+            let c = ctx.cluster();
+            let vm = c.vms.get(&id).ok_or_else(|| ApiError::new(404, "no such VM"))?;
+            Ok(json!({
+                "node": vm.node, "running": vm.running, "config": vm.config,
+                "pending": vm.pending, "pending_delete": vm.pending_delete, "digest": vm.digest(),
+            }))
+        }
+        (&Method::GET, ["volumes"]) => {
+            let c = ctx.cluster();
+            let mut out = Vec::new();
+            for ((storage, node), vols) in &c.volumes {
+                for (name, v) in vols {
+                    out.push(json!({
+                        "volid": format!("{storage}:{name}"), "node": node, "size": v.size,
+                        "owner": v.owner, "format": v.format,
+                    }));
+                }
+            }
+            Ok(Value::Array(out))
+        }
+        _ => Err(ApiError::not_implemented(format!("pvesim admin: no {method} /pvesim/{path}"))),
+    }
+}

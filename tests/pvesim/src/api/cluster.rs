@@ -1,0 +1,112 @@
+//! Cluster-wide discovery: version, status, nodes, resources, nextid.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::Call;
+use crate::reply::ApiError;
+use crate::server::Ctx;
+
+pub async fn version(ctx: Arc<Ctx>, _: Call) -> Result<Value, ApiError> {
+    let c = ctx.cluster();
+    let release = c
+        .version
+        .rsplit_once('.')
+        .map(|(r, _)| r.to_string())
+        .unwrap_or_else(|| c.version.clone());
+    Ok(json!({ "version": c.version, "release": release, "repoid": "5e7ce3d2" }))
+}
+
+pub async fn status(ctx: Arc<Ctx>, _: Call) -> Result<Value, ApiError> {
+    let c = ctx.cluster();
+    let mut out = vec![json!({
+        "type": "cluster", "id": "cluster", "name": c.name, "nodes": c.nodes.len(), "quorate": 1, "version": 7,
+    })];
+    for (i, (name, n)) in c.nodes.iter().enumerate() {
+        out.push(json!({
+            "type": "node", "id": format!("node/{name}"), "name": name, "nodeid": i + 1,
+            "ip": format!("192.0.2.{}", i + 11), "online": i32::from(n.online), "local": i32::from(i == 0), "level": "",
+        }));
+    }
+    Ok(Value::Array(out))
+}
+
+pub async fn nodes(ctx: Arc<Ctx>, _: Call) -> Result<Value, ApiError> {
+    let c = ctx.cluster();
+    Ok(Value::Array(
+        c.nodes
+            .iter()
+            .map(|(name, n)| {
+                json!({
+                    "node": name, "id": format!("node/{name}"), "type": "node",
+                    "status": if n.online { "online" } else { "offline" }, "level": "",
+                    "maxcpu": 16, "cpu": 0.03, "maxmem": 64u64 << 30, "mem": 8u64 << 30, "uptime": 86400,
+                    "ssl_fingerprint": "AA:BB:CC",
+                })
+            })
+            .collect(),
+    ))
+}
+
+pub async fn resources(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let c = ctx.cluster();
+    let want = call.get("type");
+    let mut out = Vec::new();
+    if want.is_none() || want == Some("vm") {
+        for vm in c.vms.values() {
+            if !c.has_priv(&call.caller, &format!("/vms/{}", vm.vmid), "VM.Audit") {
+                continue;
+            }
+            let mut row = json!({
+                "id": format!("qemu/{}", vm.vmid), "type": "qemu", "vmid": vm.vmid, "node": vm.node,
+                "name": vm.name(), "status": if vm.running { "running" } else { "stopped" }, "template": 0,
+                "maxcpu": 2, "cpu": 0.01, "maxmem": 4u64 << 30, "mem": 1u64 << 30, "maxdisk": 0, "disk": 0,
+                "uptime": if vm.running { 3600 } else { 0 },
+            });
+            if let Some(l) = vm.lock() {
+                row["lock"] = json!(l);
+            }
+            out.push(row);
+        }
+    }
+    if want.is_none() || want == Some("storage") {
+        for (id, st) in &c.storages {
+            if !c.has_priv(&call.caller, &format!("/storage/{id}"), "Datastore.Audit") {
+                continue;
+            }
+            for node in c.nodes.keys().filter(|n| st.enabled_on(n)) {
+                let place = c.place(id, node).map_err(|e| ApiError::die(e.to_string()))?;
+                out.push(json!({
+                    "id": format!("storage/{node}/{id}"), "type": "storage", "storage": id, "node": node,
+                    "plugintype": st.kind.name(), "status": "available", "shared": i32::from(st.is_shared()),
+                    "content": st.content.join(","), "maxdisk": st.total, "disk": c.used(&place),
+                }));
+            }
+        }
+    }
+    if want.is_none() || want == Some("node") {
+        for (name, n) in &c.nodes {
+            out.push(json!({
+                "id": format!("node/{name}"), "type": "node", "node": name,
+                "status": if n.online { "online" } else { "offline" }, "cgroup-mode": 2,
+            }));
+        }
+    }
+    Ok(Value::Array(out))
+}
+
+pub async fn nextid(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let c = ctx.cluster();
+    if let Some(v) = call.get("vmid") {
+        let id: u32 = v.parse().map_err(|_| ApiError::param("vmid", format!("type check ('integer') failed - got '{v}'")))?;
+        if c.vms.contains_key(&id) {
+            return Err(ApiError::param("vmid", format!("VM {id} already exists")));
+        }
+        return Ok(json!(id.to_string()));
+    }
+    let free = (100u32..1_000_000)
+        .find(|id| !c.vms.contains_key(id))
+        .ok_or_else(|| ApiError::die("unable to get any free VMID in range [100, 1000000]"))?;
+    Ok(json!(free.to_string()))
+}

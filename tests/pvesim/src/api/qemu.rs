@@ -1,0 +1,699 @@
+//! qemu-server endpoints: VM config (with pending changes, digest, locks and
+//! disk hot-plug), unlink, resize, status.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::Call;
+use super::common;
+use crate::drive::{self, Drive};
+use crate::reply::ApiError;
+use crate::server::Ctx;
+use crate::state::{Cluster, Volume, Vm, owner_of};
+use crate::tasks::Task;
+
+/// Parameters of a config call that are not VM options.
+const CONTROL: &[&str] = &["node", "vmid", "delete", "revert", "force", "digest", "skiplock", "background_delay"];
+
+fn json_config(config: &BTreeMap<String, String>) -> serde_json::Map<String, Value> {
+    config
+        .iter()
+        .map(|(k, v)| {
+            // Integer and boolean options come out as JSON numbers.
+            let numeric = matches!(k.as_str(), "cores" | "sockets" | "onboot" | "agent" | "template" | "acpi" | "numa" | "vmgenid_dummy")
+                && v.parse::<i64>().is_ok();
+            let value = if numeric { json!(v.parse::<i64>().unwrap_or(0)) } else { json!(v) };
+            (k.clone(), value)
+        })
+        .collect()
+}
+
+pub async fn list(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let c = ctx.cluster();
+    let node = call.req("node")?;
+    common::node(&c, node)?;
+    let rows: Vec<Value> = c
+        .vms
+        .values()
+        .filter(|v| v.node == node && c.has_priv(&call.caller, &format!("/vms/{}", v.vmid), "VM.Audit"))
+        .map(|v| {
+            let mut row = json!({
+                "vmid": v.vmid,
+                "name": v.name(),
+                "status": if v.running { "running" } else { "stopped" },
+            });
+            if let Some(l) = v.lock() {
+                row["lock"] = json!(l);
+            }
+            row
+        })
+        .collect();
+    Ok(Value::Array(rows))
+}
+
+pub async fn config_get(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    if call.get("snapshot").is_some() && call.get("current").is_some() {
+        let msg = "cannot use 'snapshot' parameter with 'current'";
+        return Err(ApiError::params(BTreeMap::from([
+            ("snapshot".to_string(), msg.to_string()),
+            ("current".to_string(), msg.to_string()),
+        ])));
+    }
+    let c = ctx.cluster();
+    let vm = common::vm(&c, call.req("node")?, call.vmid()?)?;
+    let mut config = vm.config.clone();
+    if !call.flag("current") {
+        for k in vm.pending_delete.keys() {
+            config.remove(k);
+        }
+        config.extend(vm.pending.clone());
+    }
+    let mut out = json_config(&config);
+    out.insert("digest".into(), json!(vm.digest()));
+    Ok(Value::Object(out))
+}
+
+pub async fn pending(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let c = ctx.cluster();
+    let vm = common::vm(&c, call.req("node")?, call.vmid()?)?;
+    let mut keys: std::collections::BTreeSet<&String> = vm.config.keys().collect();
+    keys.extend(vm.pending.keys());
+    keys.extend(vm.pending_delete.keys());
+    let mut rows: Vec<Value> = keys
+        .into_iter()
+        .map(|k| {
+            let mut row = json!({ "key": k });
+            if let Some(v) = vm.config.get(k) {
+                row["value"] = json!(v);
+            }
+            if let Some(p) = vm.pending.get(k) {
+                row["pending"] = json!(p);
+            }
+            if let Some(force) = vm.pending_delete.get(k) {
+                row["delete"] = json!(if *force { 2 } else { 1 });
+            }
+            row
+        })
+        .collect();
+    rows.push(json!({ "key": "digest", "value": vm.digest() }));
+    Ok(Value::Array(rows))
+}
+
+pub async fn status_current(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let c = ctx.cluster();
+    let vm = common::vm(&c, call.req("node")?, call.vmid()?)?;
+    let mut v = json!({
+        "vmid": vm.vmid,
+        "status": if vm.running { "running" } else { "stopped" },
+        "qmpstatus": if vm.running { "running" } else { "stopped" },
+        "name": vm.name(),
+        "cpus": 2,
+        "maxmem": 4u64 << 30,
+        "maxdisk": 0,
+        "uptime": if vm.running { 3600 } else { 0 },
+        "ha": { "managed": 0 },
+    });
+    if vm.running {
+        v["pid"] = json!(10000 + vm.vmid);
+    }
+    if let Some(l) = vm.lock() {
+        v["lock"] = json!(l);
+    }
+    Ok(v)
+}
+
+/// Checks that run before any change, synchronously for POST too.
+fn prechecks(vm: &Vm, call: &Call) -> Result<(), ApiError> {
+    if let Some(d) = call.get("digest")
+        && d != vm.digest()
+    {
+        return Err(ApiError::die("checksum mismatch (file change by other user?)"));
+    }
+    if call.flag("skiplock") && call.caller != "root@pam" {
+        return Err(ApiError::param("skiplock", "Only root may use this option."));
+    }
+    if let Some(lock) = vm.lock()
+        && !call.flag("skiplock")
+    {
+        return Err(ApiError::die(format!("VM is locked ({lock})")));
+    }
+    Ok(())
+}
+
+fn delete_list(call: &Call) -> Vec<String> {
+    call.get("delete")
+        .unwrap_or_default()
+        .split([',', ';', ' ', '\t', '\n'])
+        .filter(|k| !k.is_empty())
+        .map(|k| if k == "cdrom" { "ide2".to_string() } else { k.to_string() })
+        .collect()
+}
+
+fn setting_keys(call: &Call) -> Vec<(String, String)> {
+    call.params
+        .iter()
+        .filter(|(k, _)| !CONTROL.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Validation that needs the cluster: parameter conflicts, drive values,
+/// volume access, non-root options.
+fn validate(c: &Cluster, schema: Option<&crate::schema::Schema>, vm: &Vm, call: &Call) -> Result<(), ApiError> {
+    let deletes = delete_list(call);
+    let sets = setting_keys(call);
+    if deletes.is_empty() && sets.is_empty() && call.get("revert").is_none() {
+        return Err(ApiError::die("no options specified"));
+    }
+    if call.get("force").is_some() && call.get("delete").is_none() {
+        return Err(ApiError::param("delete", "missing property required by 'force'"));
+    }
+    let mut errors = BTreeMap::new();
+    for k in &deletes {
+        if sets.iter().any(|(s, _)| s == k) {
+            errors.insert("delete".to_string(), format!("you can't use '-{k}' and -delete {k}' at the same time"));
+        } else if !(drive::is_drive_key(k)
+            || drive::is_unused_key(k)
+            || schema.is_none_or(|s| s.has_param("/nodes/{node}/qemu/{vmid}/config", "POST", k)))
+        {
+            errors.insert("delete".to_string(), format!("unknown option '{k}'"));
+        }
+    }
+    for (k, v) in &sets {
+        if matches!(k.as_str(), "lock" | "args") && call.caller != "root@pam" {
+            return Err(ApiError::die(format!("only root can set '{k}' config")));
+        }
+        if drive::is_drive_key(k) {
+            let d = match Drive::parse(v) {
+                Ok(d) => d,
+                Err(e) => {
+                    errors.insert(k.clone(), e);
+                    continue;
+                }
+            };
+            if d.is_cdrom() {
+                continue;
+            }
+            if let Some((storage, _)) = d.allocation() {
+                let st = common::storage(c, &vm.node, &storage)?;
+                if !st.content.iter().any(|x| x == "images") {
+                    errors.insert("storage".into(), format!("storage '{storage}' does not support vm images"));
+                }
+                c.check(&call.caller, &format!("/storage/{storage}"), &["Datastore.AllocateSpace"], false)?;
+            } else if let Some((storage, volname)) = d.volid() {
+                common::storage(c, &vm.node, storage)?;
+                check_volume_access(c, &call.caller, storage, volname, vm.vmid)?;
+            } else if d.volume.starts_with('/') && call.caller != "root@pam" {
+                errors.insert(k.clone(), "Only root can pass arbitrary filesystem paths.".into());
+            }
+        }
+    }
+    if errors.is_empty() { Ok(()) } else { Err(ApiError::params(errors)) }
+}
+
+/// pve-storage's `check_volume_access` for attaching an existing volume.
+fn check_volume_access(c: &Cluster, caller: &str, storage: &str, volname: &str, vmid: u32) -> Result<(), ApiError> {
+    let sp = format!("/storage/{storage}");
+    if c.has_priv(caller, &sp, "Datastore.Allocate") {
+        return Ok(());
+    }
+    let owner = owner_of(volname);
+    if owner == Some(vmid) {
+        return Ok(());
+    }
+    if let Some(o) = owner
+        && c.has_priv(caller, &sp, "Datastore.Audit")
+        && c.has_priv(caller, &format!("/vms/{o}"), "VM.Config.Disk")
+    {
+        return Ok(());
+    }
+    Err(ApiError::forbidden(&sp, &format!("missing privileges to access {storage}:{volname}")))
+}
+
+/// One disk that must be plugged into or out of a running VM.
+#[derive(Debug, Clone)]
+enum Plug {
+    Add { key: String, drive: Drive },
+    Remove { key: String, drive: Drive },
+}
+
+/// What a config update did, and what it still has to do on a running VM.
+#[derive(Debug, Default)]
+struct Update {
+    log: Vec<String>,
+    plugs: Vec<Plug>,
+}
+
+/// Allocates `vm-<vmid>-disk-<N>` for a `<storage>:<GiB>` drive value.
+fn allocate_for(c: &mut Cluster, vm_node: &str, vmid: u32, storage: &str, gib: f64) -> Result<(String, u64), ApiError> {
+    let st = common::storage(c, vm_node, storage)?.clone();
+    let place = c.place(storage, vm_node).map_err(|e| ApiError::die(e.to_string()))?;
+    let existing = c.volumes.get(&place).cloned().unwrap_or_default();
+    let format = if st.kind.file_based() { st.format.clone().unwrap_or_else(|| "raw".into()) } else { "raw".into() };
+    let name = (0..)
+        .map(|n| {
+            if st.kind.file_based() {
+                format!("{vmid}/vm-{vmid}-disk-{n}.{format}")
+            } else {
+                format!("vm-{vmid}-disk-{n}")
+            }
+        })
+        .find(|n| !existing.contains_key(n))
+        .unwrap_or_default();
+    let size = st.kind.round((gib * (1u64 << 30) as f64) as u64);
+    c.volumes.entry(place).or_default().insert(
+        name.clone(),
+        Volume { size, format, owner: vmid, ctime: crate::state::now() },
+    );
+    Ok((format!("{storage}:{name}"), size))
+}
+
+/// Moves a drive that leaves the config to where Proxmox puts it: an owned
+/// disk becomes `unusedN` (or is freed with `force`), a foreign one is dropped.
+fn release_drive(c: &mut Cluster, vmid: u32, value: &str, force: bool, log: &mut Vec<String>) {
+    let Ok(d) = Drive::parse(value) else { return };
+    let Some((storage, volname)) = d.volid() else { return };
+    if owner_of(volname) != Some(vmid) {
+        return;
+    }
+    let node = c.vms.get(&vmid).map(|v| v.node.clone()).unwrap_or_default();
+    if force {
+        if let Ok(place) = c.place(storage, &node)
+            && let Some(vols) = c.volumes.get_mut(&place)
+        {
+            vols.remove(volname);
+            log.push(format!("Removed volume '{storage}:{volname}'"));
+        }
+        return;
+    }
+    if let Some(vm) = c.vms.get_mut(&vmid) {
+        let slot = (0..=255).find(|n| !vm.config.contains_key(&format!("unused{n}")));
+        if let Some(n) = slot {
+            vm.config.insert(format!("unused{n}"), format!("{storage}:{volname}"));
+        }
+    }
+}
+
+/// Writes the request into `[PENDING]`, then applies what can be applied
+/// now: everything on a stopped VM; hot-changeable options on a running one.
+/// Disks to (un)plug on a running VM are returned for the caller to plug.
+fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call) -> Result<Update, ApiError> {
+    let mut up = Update::default();
+    let force = call.flag("force");
+    let vm_node = common::vm(c, node, vmid)?.node.clone();
+    prechecks(common::vm(c, node, vmid)?, call)?;
+
+    for key in delete_list(call) {
+        let vm = common::vm_mut(c, node, vmid)?;
+        if drive::is_unused_key(&key) {
+            if let Some(v) = vm.config.remove(&key) {
+                let (storage, volname) = common::split_volid(&v)?;
+                if owner_of(volname) == Some(vmid)
+                    && let Ok(place) = c.place(storage, &vm_node)
+                    && let Some(vols) = c.volumes.get_mut(&place)
+                {
+                    vols.remove(volname);
+                    up.log.push(format!("Removed volume '{v}'"));
+                }
+            } else {
+                up.log.push(format!("cannot delete '{key}' - not set in current configuration!"));
+            }
+            continue;
+        }
+        if !vm.config.contains_key(&key) && !vm.pending.contains_key(&key) {
+            up.log.push(format!("cannot delete '{key}' - not set in current configuration!"));
+            continue;
+        }
+        vm.pending.remove(&key);
+        if vm.config.contains_key(&key) {
+            vm.pending_delete.insert(key.clone(), force);
+        }
+    }
+
+    for (key, value) in setting_keys(call) {
+        let mut value = value;
+        if drive::is_drive_key(&key) {
+            let mut d = Drive::parse(&value).map_err(|e| ApiError::param(&key, e))?;
+            if let Some((storage, gib)) = d.allocation() {
+                let (volid, size) = allocate_for(c, &vm_node, vmid, &storage, gib)?;
+                up.log.push(format!("{key}: successfully created disk '{volid},size={}'", drive::format_size(size)));
+                d.volume = volid;
+                d.opts.insert("size".into(), drive::format_size(size));
+            } else if let Some((storage, volname)) = d.volid() {
+                let place = c.place(storage, &vm_node).map_err(|e| ApiError::die(e.to_string()))?;
+                let size = c
+                    .volume(&place, volname)
+                    .map(|v| v.size)
+                    .filter(|s| *s > 0)
+                    .ok_or_else(|| ApiError::die(format!("volume {} does not exist", d.volume)))?;
+                // The server reads the real size and overwrites `size=`.
+                d.opts.insert("size".into(), drive::format_size(size));
+            }
+            value = d.canonical();
+        }
+        let vm = common::vm_mut(c, node, vmid)?;
+        vm.pending_delete.remove(&key);
+        if vm.pending.get(&key) != Some(&value) {
+            vm.pending.insert(key, value);
+        }
+    }
+
+    for key in call.get("revert").unwrap_or_default().split([',', ';', ' ']).filter(|k| !k.is_empty()) {
+        let vm = common::vm_mut(c, node, vmid)?;
+        vm.pending.remove(key);
+        vm.pending_delete.remove(key);
+    }
+
+    apply_pending(c, vmid, &mut up);
+    Ok(up)
+}
+
+/// Applies pending changes that need no hot-plug; collects the plugs.
+fn apply_pending(c: &mut Cluster, vmid: u32, up: &mut Update) {
+    let Some(vm) = c.vms.get(&vmid).cloned() else { return };
+    let mut released: Vec<(String, bool)> = Vec::new();
+    let mut vm2 = vm.clone();
+    for (key, value) in &vm.pending {
+        let old = vm.config.get(key);
+        if !drive::is_drive_key(key) {
+            vm2.config.insert(key.clone(), value.clone());
+            vm2.pending.remove(key);
+            continue;
+        }
+        if old == Some(value) {
+            vm2.pending.remove(key);
+            continue;
+        }
+        if !vm.running {
+            if let Some(o) = old {
+                released.push((o.clone(), false));
+            }
+            vm2.config.insert(key.clone(), value.clone());
+            vm2.pending.remove(key);
+            continue;
+        }
+        // Running VM.
+        let (Ok(new), old_drive) = (Drive::parse(value), old.and_then(|o| Drive::parse(o).ok())) else { continue };
+        match old_drive {
+            Some(o) if o.volume == new.volume => {
+                if o.only_hot_changes(&new) {
+                    vm2.config.insert(key.clone(), value.clone());
+                    vm2.pending.remove(key);
+                }
+                // Other option changes wait for a restart, as in Proxmox.
+            }
+            old_drive => {
+                if drive::hotpluggable(key) && vm.hotplug_disk() {
+                    if let Some(o) = old_drive {
+                        up.plugs.push(Plug::Remove { key: key.clone(), drive: o });
+                    }
+                    up.plugs.push(Plug::Add { key: key.clone(), drive: new });
+                }
+                // ide/sata or disk hotplug off: it stays pending until a restart.
+            }
+        }
+    }
+    for (key, force) in &vm.pending_delete {
+        let Some(old) = vm.config.get(key) else {
+            vm2.pending_delete.remove(key);
+            continue;
+        };
+        if !drive::is_drive_key(key) || !vm.running {
+            released.push((old.clone(), *force));
+            vm2.config.remove(key);
+            vm2.pending_delete.remove(key);
+        } else if drive::hotpluggable(key) && vm.hotplug_disk() {
+            if let Ok(d) = Drive::parse(old) {
+                up.plugs.push(Plug::Remove { key: key.clone(), drive: d });
+            }
+        }
+    }
+    if let Some(v) = c.vms.get_mut(&vmid) {
+        *v = vm2;
+    }
+    for (value, force) in released {
+        release_drive(c, vmid, &value, force, &mut up.log);
+    }
+}
+
+/// Plugs disks in and out of a running VM. Failures leave the key pending
+/// and come back as `hotplug problem - …` per key.
+async fn hotplug(ctx: &Arc<Ctx>, vmid: u32, plugs: Vec<Plug>, force: bool) -> BTreeMap<String, String> {
+    let mut errors = BTreeMap::new();
+    if plugs.is_empty() {
+        return errors;
+    }
+    let latency = ctx.cluster().knobs.hotplug_latency_ms;
+    if latency > 0 {
+        tokio::time::sleep(Duration::from_millis(latency)).await;
+    }
+    for plug in plugs {
+        let key = match &plug {
+            Plug::Add { key, .. } | Plug::Remove { key, .. } => key.clone(),
+        };
+        if errors.contains_key(&key) {
+            continue;
+        }
+        let failed = crate::knobs::take(&mut ctx.cluster().knobs.fail_hotplugs);
+        let result = if failed {
+            Err(match &plug {
+                Plug::Add { .. } => format!("error on hotplug device '{key}'"),
+                Plug::Remove { .. } => format!("error on hot-unplugging device '{key}' - still busy in guest?"),
+            })
+        } else {
+            crate::qmp::plug(ctx, vmid, &plug_action(&plug)).await
+        };
+        let mut c = ctx.cluster();
+        match result {
+            Err(e) => {
+                errors.insert(key, format!("hotplug problem - {e}"));
+            }
+            Ok(()) => {
+                let mut log = Vec::new();
+                let mut release = None;
+                if let Some(vm) = c.vms.get_mut(&vmid) {
+                    match &plug {
+                        Plug::Remove { key, .. } => {
+                            if let Some(old) = vm.config.remove(key) {
+                                let f = vm.pending_delete.remove(key).unwrap_or(force);
+                                release = Some((old, f));
+                            }
+                        }
+                        Plug::Add { key, .. } => {
+                            if let Some(v) = vm.pending.remove(key) {
+                                vm.config.insert(key.clone(), v);
+                            }
+                        }
+                    }
+                }
+                if let Some((old, f)) = release {
+                    release_drive(&mut c, vmid, &old, f, &mut log);
+                }
+            }
+        }
+    }
+    errors
+}
+
+fn plug_action(p: &Plug) -> crate::qmp::Action {
+    match p {
+        Plug::Add { key, drive } => crate::qmp::Action::Add { key: key.clone(), drive: drive.clone() },
+        Plug::Remove { key, drive } => crate::qmp::Action::Remove { key: key.clone(), drive: drive.clone() },
+    }
+}
+
+fn lock_timeout(ctx: &Ctx) -> Duration {
+    Duration::from_millis(ctx.cluster().knobs.lock_timeout_ms)
+}
+
+/// The locked phase of a config write: re-check, stage, plug.
+async fn locked_update(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call) -> Result<Vec<String>, ApiError> {
+    let _guard = ctx
+        .locks
+        .vm(vmid, lock_timeout(ctx))
+        .await
+        .map_err(ApiError::die)?;
+    let up = stage_update(&mut ctx.cluster(), node, vmid, call)?;
+    let errors = hotplug(ctx, vmid, up.plugs, call.flag("force")).await;
+    if !errors.is_empty() {
+        return Err(ApiError::params(errors));
+    }
+    Ok(up.log)
+}
+
+pub async fn config_put(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let node = call.req("node")?.to_string();
+    let vmid = call.vmid()?;
+    {
+        let c = ctx.cluster();
+        let vm = common::vm(&c, &node, vmid)?;
+        validate(&c, ctx.schema.as_ref(), vm, &call)?;
+        prechecks(vm, &call)?;
+    }
+    locked_update(&ctx, &node, vmid, &call).await?;
+    Ok(Value::Null)
+}
+
+pub async fn config_post(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let node = call.req("node")?.to_string();
+    let vmid = call.vmid()?;
+    {
+        let c = ctx.cluster();
+        let vm = common::vm(&c, &node, vmid)?;
+        validate(&c, ctx.schema.as_ref(), vm, &call)?;
+        prechecks(vm, &call)?;
+    }
+    let task = Task::new(&node, "qmconfig", &vmid.to_string(), &call.caller);
+    let upid = task.upid.clone();
+    let delay = call.get("background_delay").and_then(|d| d.parse::<u64>().ok());
+    let done = spawn_task(ctx.clone(), task, move |ctx: Arc<Ctx>| async move {
+        locked_update(&ctx, &node, vmid, &call).await.map_err(|e| {
+            if e.errors.is_empty() {
+                e.message
+            } else {
+                let detail: Vec<String> = e.errors.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+                format!("{} {}", e.status.as_u16(), std::iter::once(e.message.clone()).chain(detail).collect::<Vec<_>>().join("\n"))
+            }
+        })
+    });
+    if let Some(secs) = delay {
+        // background_delay: wait for the worker up to `secs`.
+        if let Ok(result) = tokio::time::timeout(Duration::from_secs(secs), done).await {
+            return match result {
+                Ok(Ok(())) => Ok(Value::Null),
+                Ok(Err(status)) => Err(ApiError::die(format!("failed to update VM {vmid}: {status}"))),
+                Err(_) => Ok(json!(upid)),
+            };
+        }
+    }
+    Ok(json!(upid))
+}
+
+/// Runs `work` as a task after the configured task latency. The returned
+/// receiver yields its outcome (for `background_delay`).
+pub fn spawn_task<F, Fut>(ctx: Arc<Ctx>, task: Task, work: F) -> tokio::sync::oneshot::Receiver<Result<(), String>>
+where
+    F: FnOnce(Arc<Ctx>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Vec<String>, String>> + Send + 'static,
+{
+    let upid = task.upid.clone();
+    ctx.cluster().tasks.insert(upid.clone(), task);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let latency = ctx.cluster().knobs.task_latency_ms;
+        if latency > 0 {
+            tokio::time::sleep(Duration::from_millis(latency)).await;
+        }
+        let injected = crate::knobs::take(&mut ctx.cluster().knobs.fail_tasks);
+        let result = if injected {
+            Err("task failed (injected by pvesim)".to_string())
+        } else {
+            work(ctx.clone()).await
+        };
+        let mut c = ctx.cluster();
+        if let Some(t) = c.tasks.get_mut(&upid) {
+            let outcome = result.map(|log| t.log.extend(log));
+            t.finish(outcome.clone());
+            let _ = tx.send(outcome.map_err(|_| t.exitstatus.clone().unwrap_or_default()));
+        }
+    });
+    rx
+}
+
+pub async fn unlink(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let node = call.req("node")?.to_string();
+    let vmid = call.vmid()?;
+    let mut params = BTreeMap::from([
+        ("node".to_string(), node.clone()),
+        ("vmid".to_string(), vmid.to_string()),
+        ("delete".to_string(), call.req("idlist")?.to_string()),
+    ]);
+    if call.flag("force") {
+        params.insert("force".into(), "1".into());
+    }
+    let as_delete = Call { caller: call.caller.clone(), params };
+    {
+        let c = ctx.cluster();
+        prechecks(common::vm(&c, &node, vmid)?, &as_delete)?;
+    }
+    locked_update(&ctx, &node, vmid, &as_delete).await?;
+    Ok(Value::Null)
+}
+
+pub async fn resize(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let node = call.req("node")?.to_string();
+    let vmid = call.vmid()?;
+    let disk = call.req("disk")?.to_string();
+    let size = call.req("size")?.to_string();
+    {
+        let c = ctx.cluster();
+        let vm = common::vm(&c, &node, vmid)?;
+        if let Some(d) = vm.config.get(&disk).and_then(|v| Drive::parse(v).ok())
+            && let Some((storage, _)) = d.volid()
+        {
+            c.check(&call.caller, &format!("/storage/{storage}"), &["Datastore.AllocateSpace"], false)?;
+        }
+    }
+    let task = Task::new(&node, "resize", &vmid.to_string(), &call.caller);
+    let upid = task.upid.clone();
+    spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
+        let _guard = ctx.locks.vm(vmid, lock_timeout(&ctx)).await?;
+        let (key_drive, new_size, grow) = {
+            let mut c = ctx.cluster();
+            let vm = common::vm(&c, &node, vmid).map_err(|e| e.message)?;
+            if let Some(d) = call.get("digest")
+                && d != vm.digest()
+            {
+                return Err("checksum mismatch (file change by other user?)".into());
+            }
+            if let Some(lock) = vm.lock() {
+                return Err(format!("VM is locked ({lock})"));
+            }
+            let running = vm.running;
+            let value = vm.config.get(&disk).ok_or(format!("disk '{disk}' does not exist"))?;
+            let mut d = Drive::parse(value).map_err(|e| e.to_string())?;
+            if d.is_cdrom() {
+                return Err("you can't resize a cdrom".into());
+            }
+            let (storage, volname) = d
+                .volid()
+                .map(|(s, n)| (s.to_string(), n.to_string()))
+                .ok_or(format!("disk '{disk}' has no associated volume"))?;
+            let place = c.place(&storage, &node).map_err(|e| e.to_string())?;
+            let kind = c.storages.get(&storage).map(|s| s.kind).ok_or("no storage")?;
+            let current = c
+                .volume(&place, &volname)
+                .map(|v| v.size)
+                .ok_or(format!("Could not determine current size of volume '{storage}:{volname}'"))?;
+            let (plus, amount) = match size.strip_prefix('+') {
+                Some(s) => (true, s),
+                None => (false, size.as_str()),
+            };
+            let amount = drive::parse_size(amount).ok_or(format!("invalid size '{size}'"))?;
+            let target = if plus { current + amount } else { amount };
+            if target < current {
+                return Err("shrinking disks is not supported".into());
+            }
+            if target == current {
+                return Ok(vec![]);
+            }
+            let new_size = kind.round(target);
+            if let Some(v) = c.volumes.get_mut(&place).and_then(|m| m.get_mut(&volname)) {
+                v.size = new_size;
+            }
+            d.opts.insert("size".into(), drive::format_size(new_size));
+            if let Some(vm) = c.vms.get_mut(&vmid) {
+                vm.config.insert(disk.clone(), d.canonical());
+            }
+            (d, new_size, running)
+        };
+        if grow {
+            crate::qmp::plug(&ctx, vmid, &crate::qmp::Action::Resize { key: disk.clone(), drive: key_drive, size: new_size }).await?;
+        }
+        Ok(vec![format!("Resized disk {disk} to {}", drive::format_size(new_size))])
+    });
+    Ok(json!(upid))
+}

@@ -1,0 +1,50 @@
+//! Fault and latency knobs: set in the state file and changed at run time
+//! through the admin API (`/pvesim/knobs`).
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Knobs {
+    /// Added to every API call.
+    pub api_latency_ms: u64,
+    /// How long a task runs before it does its work.
+    pub task_latency_ms: u64,
+    /// Extra time of a config write that hot-plugs or unplugs a disk.
+    pub hotplug_latency_ms: u64,
+    /// How long a caller waits for a VM's config lock (Proxmox: 10 s).
+    pub lock_timeout_ms: u64,
+    /// The next N disk hot-plugs fail with `hotplug problem - …`.
+    pub fail_hotplugs: u32,
+    /// The next N tasks fail after their UPID was returned.
+    pub fail_tasks: u32,
+    /// The next N requests have their connection dropped without an answer.
+    pub drop_connections: u32,
+    /// Share of requests (0.0–1.0) answered with a 500 before any work.
+    pub error_5xx_rate: f64,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        Self {
+            api_latency_ms: 0,
+            task_latency_ms: 0,
+            hotplug_latency_ms: 0,
+            lock_timeout_ms: 10_000,
+            fail_hotplugs: 0,
+            fail_tasks: 0,
+            drop_connections: 0,
+            error_5xx_rate: 0.0,
+        }
+    }
+}
+
+/// Takes one from a "next N" counter; true if it was positive.
+pub fn take(counter: &mut u32) -> bool {
+    if *counter > 0 {
+        *counter -= 1;
+        true
+    } else {
+        false
+    }
+}

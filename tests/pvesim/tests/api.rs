@@ -1,0 +1,401 @@
+//! One test per Proxmox semantic pvesim promises (see proxmox-api.md §12).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Client, NARROW, TOKEN, start};
+use serde_json::json;
+
+#[tokio::test]
+async fn envelope_reason_phrase_auth_and_unknown_routes() {
+    let sim = start().await;
+    let c = Client::new(&sim, TOKEN);
+    let v = c.get("/version", &[]).await.ok();
+    assert_eq!(v["version"], "9.0.3");
+    assert_eq!(v["release"], "9.0");
+
+    let anon = Client::anonymous(&sim).get("/version", &[]).await;
+    assert_eq!((anon.status, anon.reason.as_str()), (401, "No ticket"));
+    let mut bad = Client::new(&sim, "kubernetes-csi@pve!nope");
+    let r = bad.get("/version", &[]).await;
+    assert_eq!((r.status, r.reason.as_str()), (401, "Authentication failed!"));
+    bad = Client::new(&sim, "kubernetes-csi@pve!csi");
+    assert_eq!(bad.get("/version", &[]).await.status, 200);
+
+    let r = c.get("/nodes/pve1/frobnicate", &[]).await;
+    assert_eq!(r.status, 501);
+    assert_eq!(r.reason, "Method 'GET /nodes/pve1/frobnicate' not implemented");
+    // Errors carry the message in the reason phrase and in the body.
+    let r = c.get("/nodes/pve2/qemu/999/config", &[]).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(r.reason, "Configuration file 'nodes/pve2/qemu-server/999.conf' does not exist");
+    assert_eq!(r.body["message"], "Configuration file 'nodes/pve2/qemu-server/999.conf' does not exist\n");
+    assert_eq!(r.body["data"], serde_json::Value::Null);
+    // nextid is a string; booleans are 0/1.
+    assert_eq!(c.get("/cluster/nextid", &[]).await.ok(), json!("100"));
+    let nodes = c.get("/nodes/pve2/storage", &[]).await.ok();
+    assert!(nodes.as_array().unwrap().iter().all(|s| s["shared"] == 0 || s["shared"] == 1));
+    let r = c.get("/cluster/nextid", &[("vmid", "112")]).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.body["errors"]["vmid"], "VM 112 already exists");
+}
+
+#[tokio::test]
+async fn parameters_are_checked_against_the_schema() {
+    let sim = start().await;
+    if sim.ctx.schema.is_none() {
+        return;
+    }
+    let c = Client::new(&sim, TOKEN);
+    let r = c
+        .call("POST", "/nodes/pve2/storage/local-lvm/content", &[("filename", "vm-9999-pvc-a"), ("vmid", "9999"), ("size", "1G"), ("bogus", "1")])
+        .await;
+    assert_eq!((r.status, r.reason.as_str()), (400, "Parameter verification failed."));
+    assert_eq!(
+        r.body["errors"]["bogus"],
+        "property is not defined in schema and the schema does not allow additional properties"
+    );
+    let r = c.call("POST", "/nodes/pve2/storage/local-lvm/content", &[("vmid", "abc"), ("size", "1G")]).await;
+    assert_eq!(r.body["errors"]["filename"], "property is missing and it is not optional");
+    assert_eq!(r.body["errors"]["vmid"], "type check ('integer') failed - got 'abc'");
+    let r = c.get("/nodes/pve2/qemu/112/config", &[("current", "true")]).await;
+    assert_eq!(r.body["errors"]["current"], "type check ('boolean') failed - got 'true'");
+    let r = c.call("POST", "/nodes/pve2/qemu/112/config", &[("scsi31", "local-lvm:1")]).await;
+    assert_eq!(r.status, 400, "{r:?}");
+    let r = c.call("POST", "/nodes/pve2/qemu/112/config", &[("scsi1", "local-lvm:vm-112-disk-1,wwn=0x123")]).await;
+    assert!(r.body["errors"]["scsi1"].as_str().unwrap().contains("scsi1.wwn: value does not match the regex pattern"), "{r:?}");
+    let r = c.call("POST", "/nodes/pve2/qemu/112/config", &[("scsi1", "local-lvm:vm-112-disk-1,colour=red")]).await;
+    assert_eq!(r.body["errors"]["scsi1"], "invalid format - invalid key in comma-separated list property: colour\n");
+    // A path parameter repeated in the body with another value.
+    let r = c.call("PUT", "/nodes/pve2/qemu/112/config", &[("node", "pve1"), ("name", "x")]).await;
+    assert_eq!(r.body["errors"]["node"], "duplicate parameter (already defined in URI) with conflicting values!");
+    // A GET with a body.
+    let raw = reqwest::Client::new()
+        .get(format!("http://{}/api2/json/version", sim.addr))
+        .header("Authorization", format!("PVEAPIToken={TOKEN}={}", common::SECRET))
+        .body("x=1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status().as_u16(), 501);
+}
+
+#[tokio::test]
+async fn privileges_come_from_acls() {
+    let sim = start().await;
+    if sim.ctx.schema.is_none() {
+        return;
+    }
+    let narrow = Client::new(&sim, NARROW);
+    let r = narrow.call("POST", "/nodes/pve2/storage/local-lvm/content", &[("filename", "vm-9999-pvc-a"), ("vmid", "9999"), ("size", "1G")]).await;
+    assert_eq!((r.status, r.reason.as_str()), (403, "Permission check failed (/storage/local-lvm, Datastore.AllocateSpace)"));
+    let r = narrow.call("POST", "/nodes/pve2/qemu/112/config", &[("name", "x")]).await;
+    assert_eq!(r.status, 403);
+    assert!(r.reason.starts_with("Permission check failed (/vms/112, VM.Config.Disk|VM.Config.CDROM"), "{}", r.reason);
+    // Reading is allowed with the Reader role.
+    assert_eq!(narrow.get("/nodes/pve2/qemu/112/config", &[]).await.status, 200);
+    // The copy endpoint is root@pam only, whatever the token may do.
+    let c = Client::new(&sim, TOKEN);
+    let r = c.call("POST", "/nodes/pve2/storage/local-lvm/content/vm-112-disk-1", &[("target", "vm-9999-copy")]).await;
+    assert_eq!((r.status, r.reason.as_str()), (403, "Permission check failed (user != root@pam)"));
+}
+
+#[tokio::test]
+async fn allocation_follows_the_storage_plugins() {
+    let sim = start().await;
+    let c = Client::new(&sim, TOKEN);
+    let alloc = |storage: &'static str, name: &'static str, size: &'static str| {
+        let c = c.clone();
+        async move {
+            c.call("POST", &format!("/nodes/pve2/storage/{storage}/content"), &[("filename", name), ("vmid", "9999"), ("size", size)])
+                .await
+        }
+    };
+    assert_eq!(alloc("local-lvm", "vm-9999-pvc-a", "1G").await.ok(), json!("local-lvm:vm-9999-pvc-a"));
+    // Plain digits are KiB; lvm-thin rounds up to 4 MiB.
+    assert_eq!(alloc("local-lvm", "vm-9999-pvc-b", "1025").await.ok(), json!("local-lvm:vm-9999-pvc-b"));
+    let v = c.get("/nodes/pve2/storage/local-lvm/content/local-lvm:vm-9999-pvc-b", &[]).await.ok();
+    assert_eq!(v["size"], 4 << 20);
+    let r = alloc("local-lvm", "pvc-c", "1G").await;
+    assert_eq!(r.reason, "illegal name 'pvc-c' - should be 'vm-9999-*'");
+    let r = alloc("local-lvm", "vm-9999-pvc-a", "1G").await;
+    assert!(r.reason.contains("Logical Volume \"vm-9999-pvc-a\" already exists"), "{r:?}");
+    assert_eq!(alloc("nfs", "vm-9999-pvc-d.raw", "2G").await.ok(), json!("nfs:9999/vm-9999-pvc-d.raw"));
+    assert_eq!(alloc("nfs", "vm-9999-pvc-e", "2G").await.reason, "unable to parse volume filename 'vm-9999-pvc-e'");
+    let r = alloc("local-zfs", "vm-9999-pvc-f", "1G").await;
+    assert_eq!(r.status, 200);
+    let r = c.call("POST", "/nodes/pve3/storage/local-zfs/content", &[("filename", "vm-9999-x"), ("vmid", "9999"), ("size", "1G")]).await;
+    assert_eq!(r.reason, "storage 'local-zfs' is not available on node 'pve3'");
+    // Existence check of one volume, without listing the storage.
+    let r = c.get("/nodes/pve2/storage/local-lvm/content/vm-9999-nope", &[]).await;
+    assert_eq!((r.status, r.reason.as_str()), (500, "no such logical volume pve/vm-9999-nope"));
+    let r = c.get("/nodes/pve2/storage/local-lvm/content/nfs:vm-9999-pvc-a", &[]).await;
+    assert_eq!(r.body["errors"]["volume"], "storage ID mismatch (nfs != local-lvm)\n");
+    // Shared storage holds one volume for every node.
+    let v = c.get("/nodes/pve1/storage/nfs/content", &[("vmid", "9999")]).await.ok();
+    assert_eq!(v[0]["volid"], "nfs:9999/vm-9999-pvc-d.raw");
+    // Delete is a task; a missing lvm-thin volume still ends OK.
+    for _ in 0..2 {
+        let upid = c.call("DELETE", "/nodes/pve2/storage/local-lvm/content/local-lvm:vm-9999-pvc-a", &[]).await.ok();
+        let upid = upid.as_str().unwrap().to_string();
+        assert!(upid.contains(":imgdel:9999@local-lvm:"), "{upid}");
+        assert_eq!(c.wait_task(&upid).await["exitstatus"], "OK");
+    }
+}
+
+async fn attach(c: &Client, key: &str, value: &str) -> serde_json::Value {
+    let upid = c.call("POST", "/nodes/pve2/qemu/112/config", &[(key, value)]).await.ok();
+    c.wait_task(upid.as_str().unwrap()).await
+}
+
+#[tokio::test]
+async fn hotplug_attach_and_detach_on_a_running_vm() {
+    let sim = start().await;
+    let c = Client::new(&sim, TOKEN);
+    c.call("POST", "/nodes/pve2/storage/local-lvm/content", &[("filename", "vm-9999-pvc-a"), ("vmid", "9999"), ("size", "1G")])
+        .await
+        .ok();
+    let before = c.config("pve2", 112, false).await["digest"].clone();
+    let st = attach(&c, "scsi1", "local-lvm:vm-9999-pvc-a,wwn=0x5000C500A1B2C3D4,serial=pvc-a,ssd=on,discard=on,backup=0,iothread=1").await;
+    assert_eq!(st["exitstatus"], "OK", "{st}");
+    assert!(st["upid"].as_str().unwrap().ends_with(":qmconfig:112:kubernetes-csi@pve!csi:"));
+    assert_eq!(st["user"], "kubernetes-csi@pve");
+    assert_eq!(st["tokenid"], "csi");
+    let cfg = c.config("pve2", 112, true).await;
+    // Canonical: volume first, keys sorted, booleans 1/0, size from the volume.
+    assert_eq!(
+        cfg["scsi1"],
+        "local-lvm:vm-9999-pvc-a,backup=0,discard=on,iothread=1,serial=pvc-a,size=1G,ssd=1,wwn=0x5000C500A1B2C3D4"
+    );
+    assert_ne!(cfg["digest"], before);
+    let pending = c.get("/nodes/pve2/qemu/112/pending", &[]).await.ok();
+    assert!(pending.as_array().unwrap().iter().all(|p| p.get("pending").is_none()), "{pending}");
+
+    // Detach a disk owned by another VMID: it leaves the config, no unusedN.
+    let upid = c.call("POST", "/nodes/pve2/qemu/112/config", &[("delete", "scsi1")]).await.ok();
+    assert_eq!(c.wait_task(upid.as_str().unwrap()).await["exitstatus"], "OK");
+    let cfg = c.config("pve2", 112, true).await;
+    assert!(cfg.get("scsi1").is_none() && cfg.get("unused0").is_none(), "{cfg}");
+    assert!(c.get("/nodes/pve2/storage/local-lvm/content/vm-9999-pvc-a", &[]).await.status == 200);
+
+    // A disk the VM owns becomes unused0; with force it is freed.
+    assert_eq!(attach(&c, "scsi2", "local-lvm:vm-112-disk-1").await["exitstatus"], "OK");
+    let upid = c.call("POST", "/nodes/pve2/qemu/112/config", &[("delete", "scsi2")]).await.ok();
+    c.wait_task(upid.as_str().unwrap()).await;
+    assert_eq!(c.config("pve2", 112, true).await["unused0"], "local-lvm:vm-112-disk-1");
+    c.call("PUT", "/nodes/pve2/qemu/112/unlink", &[("idlist", "unused0"), ("force", "1")]).await.ok();
+    assert_eq!(c.get("/nodes/pve2/storage/local-lvm/content/vm-112-disk-1", &[]).await.status, 500);
+
+    // Deleting a key that is not set only logs a line; the task ends OK.
+    let upid = c.call("POST", "/nodes/pve2/qemu/112/config", &[("delete", "scsi9")]).await.ok();
+    let upid = upid.as_str().unwrap().to_string();
+    assert_eq!(c.wait_task(&upid).await["exitstatus"], "OK");
+    let log = c.get(&format!("/nodes/pve2/tasks/{upid}/log"), &[]).await.ok();
+    assert_eq!(log[0]["t"], "cannot delete 'scsi9' - not set in current configuration!");
+    assert_eq!(log[1]["t"], "TASK OK");
+
+    // Attaching a volume that does not exist fails inside the task.
+    let st = attach(&c, "scsi3", "local-lvm:vm-9999-nothere").await;
+    assert_eq!(st["exitstatus"], "volume local-lvm:vm-9999-nothere does not exist");
+}
+
+#[tokio::test]
+async fn a_failed_hotplug_stays_pending() {
+    let sim = start().await;
+    let c = Client::new(&sim, TOKEN);
+    c.call("POST", "/nodes/pve2/storage/local-lvm/content", &[("filename", "vm-9999-pvc-a"), ("vmid", "9999"), ("size", "1G")])
+        .await
+        .ok();
+    c.knobs(r#"{"fail_hotplugs": 1}"#).await;
+    let st = attach(&c, "scsi1", "local-lvm:vm-9999-pvc-a").await;
+    assert_eq!(
+        st["exitstatus"],
+        "400 Parameter verification failed. scsi1: hotplug problem - error on hotplug device 'scsi1'"
+    );
+    assert!(c.config("pve2", 112, true).await.get("scsi1").is_none());
+    // Without current=1 the pending value already shows.
+    assert!(c.config("pve2", 112, false).await["scsi1"].as_str().unwrap().starts_with("local-lvm:vm-9999-pvc-a"));
+    let pending = c.get("/nodes/pve2/qemu/112/pending", &[]).await.ok();
+    assert!(pending.as_array().unwrap().iter().any(|p| p["key"] == "scsi1" && p.get("pending").is_some()));
+    // Revert drops the pending change.
+    c.call("PUT", "/nodes/pve2/qemu/112/config", &[("revert", "scsi1")]).await.ok();
+    // The synchronous PUT answers 400 with the per-key error.
+    c.knobs(r#"{"fail_hotplugs": 1}"#).await;
+    let r = c.call("PUT", "/nodes/pve2/qemu/112/config", &[("scsi2", "local-lvm:vm-9999-pvc-a")]).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.body["errors"]["scsi2"], "hotplug problem - error on hotplug device 'scsi2'");
+    c.call("PUT", "/nodes/pve2/qemu/112/config", &[("revert", "scsi2")]).await.ok();
+    let pending = c.get("/nodes/pve2/qemu/112/pending", &[]).await.ok();
+    assert!(pending.as_array().unwrap().iter().all(|p| p.get("pending").is_none()), "{pending}");
+}
+
+#[tokio::test]
+async fn digest_lock_and_lock_timeout() {
+    let sim = start().await;
+    let c = Client::new(&sim, TOKEN);
+    let r = c.call("POST", "/nodes/pve2/qemu/112/config", &[("name", "w"), ("digest", "0000")]).await;
+    assert_eq!((r.status, r.reason.as_str()), (500, "checksum mismatch (file change by other user?)"));
+
+    c.call("PUT", "/pvesim/vms/112/lock", &[("value", "backup")]).await;
+    let r = c.call("POST", "/nodes/pve2/qemu/112/config", &[("name", "w")]).await;
+    assert_eq!((r.status, r.reason.as_str()), (500, "VM is locked (backup)"));
+    let r = c.call("POST", "/nodes/pve2/qemu/112/config", &[("name", "w"), ("skiplock", "1")]).await;
+    assert_eq!(r.body["errors"]["skiplock"], "Only root may use this option.");
+    c.call("DELETE", "/pvesim/vms/112/lock", &[]).await;
+
+    // Another writer holds the config lock longer than we wait.
+    assert_eq!(sim.ctx.cluster().knobs.lock_timeout_ms, 10_000, "Proxmox waits 10 s");
+    c.knobs(r#"{"lock_timeout_ms": 300}"#).await;
+    c.call("POST", "/pvesim/vms/112/hold-lock", &[("seconds", "1")]).await;
+    let started = Instant::now();
+    let r = c.call("PUT", "/nodes/pve2/qemu/112/config", &[("name", "w")]).await;
+    assert_eq!((r.status, r.reason.as_str()), (500, "can't lock file '/var/lock/qemu-server/lock-112.conf' - got timeout"));
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    // POST returns a UPID; the task fails with the same text.
+    c.call("POST", "/pvesim/vms/112/hold-lock", &[("seconds", "1")]).await;
+    let upid = c.call("POST", "/nodes/pve2/qemu/112/config", &[("name", "w")]).await.ok();
+    let st = c.wait_task(upid.as_str().unwrap()).await;
+    assert_eq!(st["exitstatus"], "can't lock file '/var/lock/qemu-server/lock-112.conf' - got timeout");
+}
+
+#[tokio::test]
+async fn tasks_can_fail_after_their_upid() {
+    let sim = start().await;
+    let c = Client::new(&sim, TOKEN);
+    c.knobs(r#"{"fail_tasks": 1}"#).await;
+    let st = attach(&c, "name", "renamed").await;
+    assert_eq!(st["status"], "stopped");
+    assert_eq!(st["exitstatus"], "task failed (injected by pvesim)");
+    assert_eq!(attach(&c, "name", "renamed").await["exitstatus"], "OK");
+    let r = c.get("/nodes/pve2/tasks/UPID:bad/status", &[]).await;
+    assert_eq!(r.body["errors"]["upid"], "unable to parse worker upid");
+}
+
+#[tokio::test]
+async fn a_stopped_vm_takes_changes_at_once() {
+    let sim = start().await;
+    let c = Client::new(&sim, TOKEN);
+    c.call("POST", "/nodes/pve1/storage/local-lvm/content", &[("filename", "vm-9999-pvc-s"), ("vmid", "9999"), ("size", "2G")])
+        .await
+        .ok();
+    let upid = c.call("POST", "/nodes/pve1/qemu/111/config", &[("scsi1", "local-lvm:vm-9999-pvc-s,backup=0")]).await.ok();
+    assert_eq!(c.wait_task(upid.as_str().unwrap()).await["exitstatus"], "OK");
+    assert_eq!(c.config("pve1", 111, true).await["scsi1"], "local-lvm:vm-9999-pvc-s,backup=0,size=2G");
+    // The VM is on pve1, not pve2.
+    let r = c.get("/nodes/pve2/qemu/111/config", &[]).await;
+    assert_eq!(r.reason, "Configuration file 'nodes/pve2/qemu-server/111.conf' does not exist");
+}
+
+#[tokio::test]
+async fn resize_grows_and_never_shrinks() {
+    let sim = start().await;
+    let c = Client::new(&sim, TOKEN);
+    c.call("POST", "/nodes/pve2/storage/local-lvm/content", &[("filename", "vm-9999-pvc-r"), ("vmid", "9999"), ("size", "1G")])
+        .await
+        .ok();
+    attach(&c, "scsi1", "local-lvm:vm-9999-pvc-r").await;
+    let upid = c.call("PUT", "/nodes/pve2/qemu/112/resize", &[("disk", "scsi1"), ("size", "+1G")]).await.ok();
+    assert_eq!(c.wait_task(upid.as_str().unwrap()).await["exitstatus"], "OK");
+    assert!(c.config("pve2", 112, true).await["scsi1"].as_str().unwrap().contains("size=2G"));
+    let v = c.get("/nodes/pve2/storage/local-lvm/content/vm-9999-pvc-r", &[]).await.ok();
+    assert_eq!(v["size"], 2u64 << 30);
+    let upid = c.call("PUT", "/nodes/pve2/qemu/112/resize", &[("disk", "scsi1"), ("size", "1G")]).await.ok();
+    assert_eq!(c.wait_task(upid.as_str().unwrap()).await["exitstatus"], "shrinking disks is not supported");
+    let upid = c.call("PUT", "/nodes/pve2/qemu/112/resize", &[("disk", "scsi7"), ("size", "3G")]).await.ok();
+    assert_eq!(c.wait_task(upid.as_str().unwrap()).await["exitstatus"], "disk 'scsi7' does not exist");
+}
+
+#[tokio::test]
+async fn ticket_login_with_csrf() {
+    let sim = start().await;
+    let http = reqwest::Client::new();
+    let base = format!("http://{}/api2/json", sim.addr);
+    let t: serde_json::Value = http
+        .post(format!("{base}/access/ticket"))
+        .form(&[("username", "root@pam"), ("password", "rootpw")])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ticket = t["data"]["ticket"].as_str().unwrap();
+    let csrf = t["data"]["CSRFPreventionToken"].as_str().unwrap();
+    let cookie = format!("PVEAuthCookie={ticket}");
+    let r = http.get(format!("{base}/version")).header("Cookie", &cookie).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let r = http
+        .put(format!("{base}/nodes/pve2/qemu/112/config"))
+        .header("Cookie", &cookie)
+        .form(&[("name", "x")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401, "writes need the CSRF token");
+    let r = http
+        .put(format!("{base}/nodes/pve2/qemu/112/config"))
+        .header("Cookie", &cookie)
+        .header("CSRFPreventionToken", csrf)
+        .form(&[("name", "x")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    // root@pam may copy a volume.
+    let r = http
+        .post(format!("{base}/nodes/pve2/storage/local-lvm/content/vm-112-disk-1"))
+        .header("Cookie", &cookie)
+        .header("CSRFPreventionToken", csrf)
+        .form(&[("target", "vm-9999-copy")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let bad = http
+        .post(format!("{base}/access/ticket"))
+        .form(&[("username", "root@pam"), ("password", "wrong")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status().as_u16(), 401);
+}
+
+#[tokio::test]
+async fn knobs_counters_and_faults() {
+    let sim = start().await;
+    let c = Client::new(&sim, TOKEN);
+    c.call("DELETE", "/pvesim/counters", &[]).await;
+    c.get("/version", &[]).await.ok();
+    c.get("/version", &[]).await.ok();
+    c.get("/nodes/pve2/qemu/112/config", &[]).await.ok();
+    let n = c.get("/pvesim/counters", &[]).await.ok();
+    assert_eq!(n["GET /version"], 2);
+    assert_eq!(n["GET /nodes/{node}/qemu/{vmid}/config"], 1);
+    c.call("DELETE", "/pvesim/counters", &[]).await;
+    assert_eq!(c.get("/pvesim/counters", &[]).await.ok(), json!({}));
+
+    c.knobs(r#"{"error_5xx_rate": 1.0}"#).await;
+    let r = c.get("/version", &[]).await;
+    assert_eq!(r.status, 500);
+    c.knobs(r#"{"error_5xx_rate": 0.0, "drop_connections": 1}"#).await;
+    let raw = reqwest::Client::new()
+        .get(format!("http://{}/api2/json/version", sim.addr))
+        .header("Authorization", format!("PVEAPIToken={TOKEN}={}", common::SECRET))
+        .send()
+        .await;
+    assert!(raw.is_err(), "the connection should have been dropped");
+    assert_eq!(c.get("/version", &[]).await.status, 200);
+
+    c.knobs(r#"{"api_latency_ms": 100}"#).await;
+    let started = Instant::now();
+    c.get("/version", &[]).await.ok();
+    assert!(started.elapsed() >= Duration::from_millis(100));
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/pvesim/knobs", sim.addr))
+        .body(r#"{"no_such_knob": 1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+}
