@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a target needs, only those missing.
 #   scripts/deps.sh build   toolchain libraries for the -sys crates
-#   scripts/deps.sh test    build + filesystem tools for the host tests
-#   scripts/deps.sh guest   test + QEMU (from bookworm-backports) and the guest's packages
+#   scripts/deps.sh test    build + filesystem tools + QEMU (from bookworm-backports on
+#                           Debian 12) for the host tests
+#   scripts/deps.sh guest   test + the packages the guest VM's initramfs is built from
 set -euo pipefail
 
 want=${1:-test}
@@ -26,7 +27,7 @@ sudo=()
 [ "$(id -u)" -eq 0 ] || sudo=(sudo)
 
 need_qemu=false
-if [ "$want" = guest ] && ! command -v qemu-system-x86_64 >/dev/null; then
+if [ "$want" != build ] && ! command -v qemu-system-x86_64 >/dev/null; then
   need_qemu=true
 fi
 

@@ -21,6 +21,9 @@ struct Args {
     /// beside the repository, `../shared/pve-api/schema-subset.json`).
     #[arg(long)]
     schema: Option<PathBuf>,
+    /// Directory for the sparse files backing disks of QMP-bound VMs.
+    #[arg(long)]
+    volume_dir: Option<PathBuf>,
     /// Where to write the CA certificate that signs the HTTPS certificate.
     #[arg(long, default_value = "pvesim-ca.pem")]
     ca_out: PathBuf,
@@ -48,6 +51,10 @@ async fn main() -> anyhow::Result<()> {
         Ok(schema) => sim = sim.with_schema(schema),
         Err(e) if args.schema.is_some() => return Err(e),
         Err(e) => tracing::warn!(error = %e, "requests are not validated against the Proxmox schema"),
+    }
+    if let Some(dir) = &args.volume_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        sim = sim.volume_dir(dir.clone());
     }
     if args.http {
         sim = sim.plain_http();

@@ -1,8 +1,17 @@
 //! The QMP backend: a VM bound to a QEMU QMP socket gets its disks
 //! hot-plugged, resized and unplugged for real, with the command sequence
-//! Proxmox VE 9 uses. VMs without a binding are simulated only.
+//! Proxmox VE 9 uses (throttle group, `blockdev-add`, `device_add scsi-hd`
+//! with `wwn` and `serial`, `block_resize`, `device_del`, `blockdev-del`).
+//! Each volume is backed by one sparse raw file. VMs without a binding are
+//! simulated only.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
 
 use crate::drive::Drive;
 use crate::server::Ctx;
@@ -15,12 +24,189 @@ pub enum Action {
     Resize { key: String, drive: Drive, size: u64 },
 }
 
+/// One QMP session.
+struct Session {
+    reader: BufReader<tokio::net::unix::OwnedReadHalf>,
+    writer: tokio::net::unix::OwnedWriteHalf,
+    events: Vec<Value>,
+}
+
+impl Session {
+    async fn open(socket: &str) -> Result<Self, String> {
+        let stream = UnixStream::connect(socket)
+            .await
+            .map_err(|e| format!("QMP socket {socket}: {e}"))?;
+        let (r, w) = stream.into_split();
+        let mut s = Self {
+            reader: BufReader::new(r),
+            writer: w,
+            events: Vec::new(),
+        };
+        s.read_message().await?; // greeting
+        s.execute("qmp_capabilities", json!({})).await?;
+        Ok(s)
+    }
+
+    async fn read_message(&mut self) -> Result<Value, String> {
+        let mut line = String::new();
+        let n = tokio::time::timeout(Duration::from_secs(10), self.reader.read_line(&mut line))
+            .await
+            .map_err(|_| "QMP: no answer within 10 s".to_string())?
+            .map_err(|e| format!("QMP read: {e}"))?;
+        if n == 0 {
+            return Err("QMP: connection closed".into());
+        }
+        serde_json::from_str(&line).map_err(|e| format!("QMP: bad message {line:?}: {e}"))
+    }
+
+    async fn execute(&mut self, command: &str, arguments: Value) -> Result<Value, String> {
+        let msg = json!({ "execute": command, "arguments": arguments });
+        self.writer
+            .write_all(format!("{msg}\n").as_bytes())
+            .await
+            .map_err(|e| format!("QMP write: {e}"))?;
+        loop {
+            let m = self.read_message().await?;
+            if m.get("event").is_some() {
+                self.events.push(m);
+                continue;
+            }
+            if let Some(r) = m.get("return") {
+                return Ok(r.clone());
+            }
+            if let Some(e) = m.get("error") {
+                let desc = e.get("desc").and_then(Value::as_str).unwrap_or("unknown error");
+                return Err(desc.to_string());
+            }
+        }
+    }
+
+    /// Waits for `DEVICE_DELETED` of `id` (Proxmox waits about 5 s).
+    async fn wait_deleted(&mut self, id: &str) -> Result<(), String> {
+        let seen = |events: &[Value]| {
+            events
+                .iter()
+                .any(|e| e["event"] == "DEVICE_DELETED" && e["data"]["device"] == id)
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !seen(&self.events) {
+            if tokio::time::Instant::now() > deadline {
+                return Err(format!("error on hot-unplugging device '{id}' - still busy in guest?"));
+            }
+            let m = tokio::time::timeout_at(deadline, self.read_message())
+                .await
+                .map_err(|_| format!("error on hot-unplugging device '{id}' - still busy in guest?"))??;
+            if m.get("event").is_some() {
+                self.events.push(m);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where the file backing `volid` lives.
+pub fn backing_path(dir: &Path, volid: &str) -> PathBuf {
+    let name: String = volid.chars().map(|c| if c == '/' || c == ':' { '_' } else { c }).collect();
+    dir.join(format!("{name}.img"))
+}
+
+/// The file backing a volume, created sparse and at least `size` long.
+pub fn backing_file(dir: &Path, volid: &str, size: u64) -> Result<PathBuf, String> {
+    let path = backing_path(dir, volid);
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("backing file {}: {e}", path.display()))?;
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    if len < size {
+        f.set_len(size).map_err(|e| format!("growing {}: {e}", path.display()))?;
+    }
+    Ok(path)
+}
+
+fn lun(key: &str) -> Result<u64, String> {
+    key.strip_prefix("scsi")
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("only scsi disks can be hot-plugged over QMP, not {key}"))
+}
+
+fn wwn(d: &Drive) -> Option<u64> {
+    d.opts
+        .get("wwn")
+        .and_then(|w| u64::from_str_radix(w.trim_start_matches("0x"), 16).ok())
+}
+
+fn volume_size(ctx: &Ctx, vmid: u32, d: &Drive) -> u64 {
+    let c = ctx.cluster();
+    let node = c.vms.get(&vmid).map(|v| v.node.clone()).unwrap_or_default();
+    d.volid()
+        .and_then(|(s, n)| c.place(s, &node).ok().and_then(|p| c.volume(&p, n).map(|v| v.size)))
+        .unwrap_or(0)
+}
+
 /// Carries out `action` on VM `vmid`'s QEMU, if it is bound to one.
 pub async fn plug(ctx: &Arc<Ctx>, vmid: u32, action: &Action) -> Result<(), String> {
     let socket = ctx.cluster().vms.get(&vmid).and_then(|v| v.qmp.clone());
-    let Some(_socket) = socket else {
-        return Ok(());
-    };
-    let _ = action;
-    Err("QMP backend not available in this build".into())
+    let Some(socket) = socket else { return Ok(()) };
+    let dir = ctx
+        .volume_dir
+        .clone()
+        .ok_or("VM is bound to QMP but pvesim has no --volume-dir for backing files")?;
+    let mut s = Session::open(&socket).await?;
+    match action {
+        Action::Add { key, drive } => {
+            let size = volume_size(ctx, vmid, drive);
+            let file = backing_file(&dir, &drive.volume, size)?;
+            let node = format!("drive-{key}");
+            s.execute("object-add", json!({"qom-type": "throttle-group", "id": format!("throttle-{node}"), "limits": {}}))
+                .await?;
+            let cache = json!({"direct": false, "no-flush": false});
+            s.execute(
+                "blockdev-add",
+                json!({
+                    "driver": "throttle", "node-name": node, "throttle-group": format!("throttle-{node}"),
+                    "discard": if drive.opts.get("discard").map(String::as_str) == Some("on") { "unmap" } else { "ignore" },
+                    "detect-zeroes": "on", "read-only": drive.opts.get("ro").map(String::as_str) == Some("1"),
+                    "file": {
+                        "driver": "raw", "node-name": format!("f{node}"), "cache": cache,
+                        "file": {"driver": "file", "filename": file, "node-name": format!("e{node}"), "cache": cache, "aio": "threads"},
+                    },
+                }),
+            )
+            .await?;
+            let mut dev = json!({
+                "driver": "scsi-hd", "bus": "scsihw0.0", "channel": 0, "scsi-id": 0, "lun": lun(key)?,
+                "drive": node, "id": key, "device_id": node, "write-cache": "on",
+            });
+            if let Some(w) = wwn(drive) {
+                dev["wwn"] = json!(w);
+            }
+            if let Some(serial) = drive.opts.get("serial") {
+                dev["serial"] = json!(serial);
+            }
+            if let Err(e) = s.execute("device_add", dev).await {
+                // Undo the block node, as qemu-server does on a failed add.
+                let _ = s.execute("blockdev-del", json!({"node-name": node})).await;
+                let _ = s.execute("object-del", json!({"id": format!("throttle-{node}")})).await;
+                return Err(e);
+            }
+            Ok(())
+        }
+        Action::Remove { key, .. } => {
+            let node = format!("drive-{key}");
+            s.execute("device_del", json!({"id": key})).await?;
+            s.wait_deleted(key).await?;
+            s.execute("blockdev-del", json!({"node-name": node})).await?;
+            s.execute("object-del", json!({"id": format!("throttle-{node}")})).await?;
+            Ok(())
+        }
+        Action::Resize { key, drive, size } => {
+            backing_file(&dir, &drive.volume, *size)?;
+            s.execute("block_resize", json!({"node-name": format!("drive-{key}"), "size": size}))
+                .await?;
+            Ok(())
+        }
+    }
 }

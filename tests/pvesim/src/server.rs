@@ -27,6 +27,8 @@ pub struct Ctx {
     pub tickets: Mutex<Tickets>,
     pub schema: Option<Schema>,
     pub locks: Arc<Locks>,
+    /// Where the QMP backend keeps one sparse file per attached volume.
+    pub volume_dir: Option<std::path::PathBuf>,
 }
 
 impl Ctx {
@@ -42,6 +44,7 @@ pub struct Sim {
     state: State,
     tls: bool,
     schema: Option<Schema>,
+    volume_dir: Option<std::path::PathBuf>,
 }
 
 /// A listening simulator. Dropping it stops it and closes its connections.
@@ -74,6 +77,7 @@ impl Sim {
             state,
             tls: true,
             schema: None,
+            volume_dir: None,
         }
     }
 
@@ -86,6 +90,12 @@ impl Sim {
     /// Validate requests against Proxmox's API schema.
     pub fn with_schema(mut self, schema: Schema) -> Self {
         self.schema = Some(schema);
+        self
+    }
+
+    /// Directory for the files backing volumes of QMP-bound VMs.
+    pub fn volume_dir(mut self, dir: std::path::PathBuf) -> Self {
+        self.volume_dir = Some(dir);
         self
     }
 
@@ -102,6 +112,7 @@ impl Sim {
             tickets: Mutex::new(Tickets::default()),
             schema: self.schema,
             locks: Arc::new(Locks::default()),
+            volume_dir: self.volume_dir,
         });
         let (stop, stop_rx) = watch::channel(false);
         let acceptor = certs

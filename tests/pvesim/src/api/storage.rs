@@ -374,6 +374,11 @@ pub async fn volume_delete(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError>
         let mut c = ctx.cluster();
         let place = c.place(&storage, &node).map_err(|e| e.to_string())?;
         let removed = c.volumes.get_mut(&place).and_then(|m| m.remove(&volname));
+        if removed.is_some()
+            && let Some(dir) = &ctx.volume_dir
+        {
+            let _ = std::fs::remove_file(crate::qmp::backing_path(dir, &format!("{storage}:{volname}")));
+        }
         match (removed, kind) {
             (Some(_), _) => Ok(vec![format!("Removed volume '{storage}:{volname}'")]),
             // Missing volumes: lvmthin and dir finish OK, others fail in their tool.

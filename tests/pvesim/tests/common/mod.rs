@@ -11,6 +11,7 @@ use serde_json::Value;
 pub const TOKEN: &str = "kubernetes-csi@pve!csi";
 pub const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
 pub const NARROW: &str = "narrow@pve!csi";
+pub const ADMIN: &str = "admin@pve!ops";
 
 /// Three nodes; a worker VM on pve2 (running) and one on pve1 (stopped);
 /// local-lvm everywhere, a ZFS pool on pve1/pve2, an NFS share; the
@@ -48,12 +49,15 @@ users:
     tokens: [{ name: csi, secret: 5f0c6e8a-1234-4b5c-9d7e-0123456789ab }]
   - userid: narrow@pve
     tokens: [{ name: csi, secret: 5f0c6e8a-1234-4b5c-9d7e-0123456789ab }]
+  - userid: admin@pve
+    tokens: [{ name: ops, secret: 5f0c6e8a-1234-4b5c-9d7e-0123456789ab, privsep: false }]
 roles:
   CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
   Reader: [VM.Audit, Datastore.Audit]
 acl:
   - { path: /, roles: [CSI], users: [kubernetes-csi@pve], tokens: ["kubernetes-csi@pve!csi"] }
   - { path: /, roles: [Reader], users: [narrow@pve], tokens: ["narrow@pve!csi"] }
+  - { path: /, roles: [Administrator], users: [admin@pve] }
 "#;
 
 pub fn schema() -> Option<Schema> {

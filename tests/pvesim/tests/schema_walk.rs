@@ -1,0 +1,82 @@
+//! Every endpoint pvesim serves exists in Proxmox's schema, and every answer
+//! it gives has the documented shape.
+
+mod common;
+
+use common::{ADMIN, Client, start};
+
+#[tokio::test]
+async fn every_served_endpoint_answers_in_the_documented_shape() {
+    let sim = start().await;
+    let Some(schema) = sim.ctx.schema.as_ref() else { return };
+    for (method, template, _) in pvesim::api::routes() {
+        assert!(
+            schema.info(template, method.as_str()).is_some(),
+            "{method} {template} is served but not in the Proxmox schema"
+        );
+    }
+
+    let c = Client::new(&sim, ADMIN);
+    let upid = c
+        .call("POST", "/nodes/pve2/storage/local-lvm/content", &[("filename", "vm-9999-pvc-w"), ("vmid", "9999"), ("size", "1G")])
+        .await
+        .ok();
+    assert_eq!(upid, "local-lvm:vm-9999-pvc-w");
+    let attach = c.call("POST", "/nodes/pve2/qemu/112/config", &[("scsi1", "local-lvm:vm-9999-pvc-w,wwn=0x5000c500a1b2c3d4")]).await.ok();
+    let attach = attach.as_str().unwrap().to_string();
+    c.wait_task(&attach).await;
+    let resize = c.call("PUT", "/nodes/pve2/qemu/112/resize", &[("disk", "scsi1"), ("size", "+1G")]).await.ok();
+    c.wait_task(resize.as_str().unwrap()).await;
+
+    // (method, template, concrete path, params)
+    let calls: Vec<(&str, &str, String, Vec<(&str, &str)>)> = vec![
+        ("GET", "/version", "/version".into(), vec![]),
+        ("GET", "/cluster/status", "/cluster/status".into(), vec![]),
+        ("GET", "/cluster/resources", "/cluster/resources".into(), vec![]),
+        ("GET", "/cluster/resources", "/cluster/resources".into(), vec![("type", "storage")]),
+        ("GET", "/cluster/nextid", "/cluster/nextid".into(), vec![]),
+        ("GET", "/nodes", "/nodes".into(), vec![]),
+        ("GET", "/storage", "/storage".into(), vec![]),
+        ("GET", "/storage/{storage}", "/storage/local-lvm".into(), vec![]),
+        ("GET", "/nodes/{node}/storage", "/nodes/pve2/storage".into(), vec![("content", "images")]),
+        ("GET", "/nodes/{node}/storage/{storage}/status", "/nodes/pve2/storage/local-lvm/status".into(), vec![]),
+        ("GET", "/nodes/{node}/storage/{storage}/content", "/nodes/pve2/storage/local-lvm/content".into(), vec![("vmid", "9999")]),
+        ("GET", "/nodes/{node}/storage/{storage}/content/{volume}", "/nodes/pve2/storage/local-lvm/content/local-lvm:vm-9999-pvc-w".into(), vec![]),
+        ("GET", "/nodes/{node}/qemu", "/nodes/pve2/qemu".into(), vec![]),
+        ("GET", "/nodes/{node}/qemu/{vmid}/config", "/nodes/pve2/qemu/112/config".into(), vec![]),
+        ("GET", "/nodes/{node}/qemu/{vmid}/pending", "/nodes/pve2/qemu/112/pending".into(), vec![]),
+        ("GET", "/nodes/{node}/qemu/{vmid}/status/current", "/nodes/pve2/qemu/112/status/current".into(), vec![]),
+        ("GET", "/nodes/{node}/tasks/{upid}/status", format!("/nodes/pve2/tasks/{attach}/status"), vec![]),
+        ("GET", "/nodes/{node}/tasks/{upid}/log", format!("/nodes/pve2/tasks/{attach}/log"), vec![]),
+        ("PUT", "/nodes/{node}/qemu/{vmid}/config", "/nodes/pve2/qemu/112/config".into(), vec![("description", "walked")]),
+        ("POST", "/nodes/{node}/qemu/{vmid}/config", "/nodes/pve2/qemu/112/config".into(), vec![("description", "walked again")]),
+        ("PUT", "/nodes/{node}/qemu/{vmid}/resize", "/nodes/pve2/qemu/112/resize".into(), vec![("disk", "scsi1"), ("size", "+1G")]),
+        ("PUT", "/nodes/{node}/qemu/{vmid}/unlink", "/nodes/pve2/qemu/112/unlink".into(), vec![("idlist", "scsi1")]),
+        ("DELETE", "/nodes/{node}/storage/{storage}/content/{volume}", "/nodes/pve2/storage/local-lvm/content/vm-9999-pvc-w".into(), vec![]),
+        ("POST", "/nodes/{node}/storage/{storage}/content", "/nodes/pve2/storage/local-lvm/content".into(), vec![("filename", "vm-9999-pvc-x"), ("vmid", "9999"), ("size", "1G")]),
+    ];
+    let mut walked = std::collections::BTreeSet::new();
+    for (method, template, path, params) in calls {
+        let answer = c.call(method, &path, &params).await;
+        assert_eq!(answer.status, 200, "{method} {path}: {answer:?}");
+        if template == "/cluster/nextid" {
+            // The schema says integer, but Proxmox answers a string ("101"),
+            // and clients depend on that.
+            assert!(answer.data().as_str().is_some_and(|s| s.parse::<u32>().is_ok()), "{answer:?}");
+            walked.insert(format!("{method} {template}"));
+            continue;
+        }
+        if let Err(e) = schema.check_return(template, method, answer.data()) {
+            panic!("{method} {template}: {e}\n{}", answer.data());
+        }
+        walked.insert(format!("{method} {template}"));
+    }
+    // Every served endpoint was walked, except the root-only copy (tested
+    // with a ticket elsewhere) and the notes update, which always fails for
+    // disk images as in Proxmox.
+    for (method, template, _) in pvesim::api::routes() {
+        let key = format!("{method} {template}");
+        let exempt = template == "/nodes/{node}/storage/{storage}/content/{volume}" && (method == "POST" || method == "PUT");
+        assert!(exempt || walked.contains(&key), "{key} was not walked");
+    }
+}
