@@ -281,6 +281,21 @@ pub struct Cluster {
     pub knobs: Knobs,
     /// Calls served, by `METHOD template`.
     pub counters: BTreeMap<String, u64>,
+    pub replication: BTreeMap<String, ReplicationJob>,
+}
+
+/// A storage replication job (`/cluster/replication`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReplicationJob {
+    pub guest: u32,
+    pub jobnum: u32,
+    pub target: String,
+    pub source: Option<String>,
+    pub schedule: Option<String>,
+    pub rate: Option<f64>,
+    pub comment: Option<String>,
+    pub disable: bool,
+    pub remove_job: Option<String>,
 }
 
 pub fn now() -> u64 {

@@ -399,3 +399,89 @@ async fn knobs_counters_and_faults() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 400);
 }
+
+#[tokio::test]
+async fn replication_jobs_for_local_zfs() {
+    let sim = start().await;
+    let admin = Client::new(&sim, common::ADMIN);
+    // A ZFS disk owned by the guest makes it replicatable.
+    admin.call("POST", "/nodes/pve2/storage/local-zfs/content", &[("filename", "vm-112-disk-5"), ("vmid", "112"), ("size", "1G")]).await.ok();
+    let r = admin.call("POST", "/cluster/replication", &[("id", "112-0"), ("type", "local"), ("target", "pve1")]).await;
+    assert_eq!(r.reason, "missing replicate feature on volume 'local-lvm:vm-112-disk-0'", "lvm-thin root disk");
+    let upid = admin.call("POST", "/nodes/pve2/qemu/112/config", &[("scsi0", "local-zfs:vm-112-disk-5")]).await.ok();
+    admin.wait_task(upid.as_str().unwrap()).await;
+    // The running VM keeps the old root disk until a restart; stop it to apply.
+    admin.call("PUT", "/pvesim/vms/112/running", &[("value", "0")]).await;
+    admin.call("PUT", "/nodes/pve2/qemu/112/config", &[("description", "apply")]).await.ok();
+    assert!(admin.config("pve2", 112, true).await["scsi0"].as_str().unwrap().starts_with("local-zfs:"));
+    let r = admin.call("POST", "/cluster/replication", &[("id", "112-0"), ("type", "local"), ("target", "pve2")]).await;
+    assert_eq!(r.reason, "Source and target must not be identical");
+    admin.call("POST", "/cluster/replication", &[("id", "112-0"), ("type", "local"), ("target", "pve1"), ("schedule", "*/15")]).await.ok();
+    let r = admin.call("POST", "/cluster/replication", &[("id", "112-0"), ("type", "local"), ("target", "pve1")]).await;
+    assert_eq!(r.reason, "replication job '112-0' already exists");
+    let jobs = admin.get("/nodes/pve2/replication", &[("guest", "112")]).await.ok();
+    assert_eq!(jobs[0]["target"], "pve1");
+    let r = admin.call("DELETE", "/nodes/pve2/qemu/112", &[]).await;
+    assert_eq!(r.reason, "There is a replication job '112-0' for guest '112' - Please remove that first.");
+    let job = admin.get("/cluster/replication/112-0", &[]).await.ok();
+    let r = admin.call("PUT", "/cluster/replication/112-0", &[("rate", "10"), ("digest", "00")]).await;
+    assert_eq!(r.reason, "detected modified configuration - file changed by other user? Try again.");
+    admin.call("PUT", "/cluster/replication/112-0", &[("rate", "10"), ("digest", job["digest"].as_str().unwrap())]).await.ok();
+    admin.call("DELETE", "/cluster/replication/112-0", &[]).await.ok();
+    // Marked first, removed by the scheduler a little later.
+    assert_eq!(admin.get("/cluster/replication/112-0", &[]).await.ok()["remove_job"], "full");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(admin.get("/cluster/replication/112-0", &[]).await.reason, "no such job '112-0'");
+}
+
+#[tokio::test]
+async fn vms_are_created_moved_and_destroyed() {
+    let sim = start().await;
+    let admin = Client::new(&sim, common::ADMIN);
+    let upid = admin.call("POST", "/nodes/pve1/qemu", &[("vmid", "9999"), ("name", "csi-holder")]).await.ok();
+    assert_eq!(admin.wait_task(upid.as_str().unwrap()).await["exitstatus"], "OK");
+    let r = admin.call("POST", "/nodes/pve2/qemu", &[("vmid", "9999")]).await;
+    assert_eq!(r.reason, "VM 9999 already exists on node 'pve1'");
+    // Storage move: the source stays as unused0.
+    admin.call("POST", "/nodes/pve1/storage/local-lvm/content", &[("filename", "vm-9999-pvc-m"), ("vmid", "9999"), ("size", "1G")]).await.ok();
+    let upid = admin.call("POST", "/nodes/pve1/qemu/9999/config", &[("scsi1", "local-lvm:vm-9999-pvc-m")]).await.ok();
+    admin.wait_task(upid.as_str().unwrap()).await;
+    let upid = admin.call("POST", "/nodes/pve1/qemu/9999/move_disk", &[("disk", "scsi1"), ("storage", "nfs")]).await.ok();
+    assert_eq!(admin.wait_task(upid.as_str().unwrap()).await["exitstatus"], "OK");
+    let cfg = admin.config("pve1", 9999, true).await;
+    assert!(cfg["scsi1"].as_str().unwrap().starts_with("nfs:9999/vm-9999-pvc-m.raw"), "{cfg}");
+    assert_eq!(cfg["unused0"], "local-lvm:vm-9999-pvc-m");
+    let r = admin.call("POST", "/nodes/pve1/qemu/9999/move_disk", &[("disk", "scsi1")]).await;
+    assert_eq!(r.body["errors"]["storage"], "both 'storage' and 'target-vmid' missing, either needs to be set");
+    // Reassign to another VM on the same node renames the volume.
+    let upid = admin.call("POST", "/nodes/pve1/qemu/9999/move_disk", &[("disk", "scsi1"), ("target-vmid", "111"), ("target-disk", "scsi5")]).await.ok();
+    let st = admin.wait_task(upid.as_str().unwrap()).await;
+    assert_eq!(st["exitstatus"], "OK", "{st}");
+    assert!(st["upid"].as_str().unwrap().contains(":qmmove:9999-scsi1>111-scsi5:"));
+    assert!(admin.config("pve1", 111, true).await["scsi5"].as_str().unwrap().starts_with("nfs:111/vm-111-disk-0.raw"));
+    // Offline migration carries local disks along.
+    let upid = admin.call("POST", "/nodes/pve1/qemu/111/migrate", &[("target", "pve3")]).await.ok();
+    assert_eq!(admin.wait_task(upid.as_str().unwrap()).await["exitstatus"], "OK");
+    assert_eq!(admin.get("/nodes/pve3/storage/local-lvm/content/vm-111-disk-0", &[]).await.status, 200);
+    assert_eq!(admin.get("/nodes/pve3/qemu/111/config", &[]).await.status, 200);
+    // Destroy frees every owned volume, unused ones included.
+    let upid = admin.call("DELETE", "/nodes/pve1/qemu/9999", &[]).await.ok();
+    assert_eq!(admin.wait_task(upid.as_str().unwrap()).await["exitstatus"], "OK");
+    assert_eq!(admin.get("/nodes/pve1/storage/local-lvm/content/vm-9999-pvc-m", &[]).await.status, 500);
+    let r = admin.call("DELETE", "/nodes/pve2/qemu/112", &[]).await;
+    assert_eq!(r.reason, "VM 112 is running - destroy failed");
+}
+
+#[tokio::test]
+async fn a_token_can_read_its_own_privileges() {
+    let sim = start().await;
+    let c = Client::new(&sim, TOKEN);
+    let p = c.get("/access/permissions", &[]).await.ok();
+    let root = p["/"].as_object().unwrap();
+    for privilege in ["VM.Audit", "VM.Config.Disk", "Datastore.Allocate", "Datastore.AllocateSpace", "Datastore.Audit"] {
+        assert_eq!(root[privilege], 1, "{privilege}: {p}");
+    }
+    assert!(root.get("VM.Allocate").is_none());
+    let narrow = Client::new(&sim, NARROW).get("/access/permissions", &[]).await.ok();
+    assert!(narrow["/"].get("VM.Config.Disk").is_none());
+}

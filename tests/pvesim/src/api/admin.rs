@@ -34,7 +34,13 @@ pub async fn dispatch(
     q: Option<&str>,
     body: &[u8],
 ) -> Result<Value, ApiError> {
-    let q = query(q);
+    // Parameters from the query string, or a form body (not for `knobs`, whose body is JSON).
+    let mut q = query(q);
+    if !path.starts_with("knobs") {
+        for (k, v) in url::form_urlencoded::parse(body) {
+            q.insert(k.into_owned(), v.into_owned());
+        }
+    }
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let vmid = |s: &str| s.parse::<u32>().map_err(|_| ApiError::new(400, format!("{s:?} is not a VM id")));
     match (method, segs.as_slice()) {

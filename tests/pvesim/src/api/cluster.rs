@@ -110,3 +110,50 @@ pub async fn nextid(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         .ok_or_else(|| ApiError::die("unable to get any free VMID in range [100, 1000000]"))?;
     Ok(json!(free.to_string()))
 }
+
+pub async fn node_status(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let c = ctx.cluster();
+    super::common::node(&c, call.req("node")?)?;
+    Ok(json!({
+        "uptime": 86400, "cpu": 0.03, "wait": 0.0, "loadavg": ["0.10", "0.12", "0.09"], "idle": 0,
+        "kversion": "Linux 6.14.8-2-pve #1 SMP PREEMPT_DYNAMIC PMX 6.14.8-2", "pveversion": format!("pve-manager/{}/5e7ce3d2", c.version),
+        "cpuinfo": { "cores": 8, "cpus": 16, "model": "pvesim CPU", "sockets": 1, "mhz": "2400.000", "hvm": "1", "flags": "", "user_hz": 100 },
+        "memory": { "total": 68719476736u64, "used": 8589934592u64, "free": 60129542144u64, "available": 60129542144u64 },
+        "swap": { "total": 0, "used": 0, "free": 0 },
+        "rootfs": { "total": 107374182400u64, "used": 10737418240u64, "free": 96636764160u64, "avail": 96636764160u64 },
+        "ksm": { "shared": 0 },
+        "boot-info": { "mode": "efi", "secureboot": 0 },
+        "current-kernel": { "sysname": "Linux", "release": "6.14.8-2-pve", "version": "#1 SMP", "machine": "x86_64" },
+    }))
+}
+
+/// Privileges of the caller (or of `userid`), by ACL path: what an operator
+/// tool reads to check a token before it acts.
+pub async fn permissions(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let c = ctx.cluster();
+    let who = call.get("userid").unwrap_or(&call.caller).to_string();
+    if who != call.caller && !who.starts_with(&format!("{}!", call.caller)) && !c.has_priv(&call.caller, "/access", "Sys.Audit") {
+        return Err(ApiError::forbidden("/access", "Sys.Audit"));
+    }
+    let mut paths: Vec<String> = vec!["/".into()];
+    paths.extend(c.acl.iter().map(|a| a.path.clone()));
+    if let Some(p) = call.get("path") {
+        paths = vec![p.to_string()];
+    }
+    let mut out = serde_json::Map::new();
+    for p in paths {
+        let privs: serde_json::Map<String, Value> = crate::perms::ALL_PRIVS
+            .iter()
+            .filter(|priv_| c.has_priv(&who, &p, priv_))
+            .map(|priv_| (priv_.to_string(), json!(1)))
+            .collect();
+        if !privs.is_empty() {
+            out.insert(p, Value::Object(privs));
+        }
+    }
+    Ok(Value::Object(out))
+}
+
+pub async fn ha_resources(_: Arc<Ctx>, _: Call) -> Result<Value, ApiError> {
+    Ok(json!([]))
+}

@@ -5,8 +5,10 @@ mod admin;
 mod cluster;
 mod common;
 mod qemu;
+mod replication;
 mod storage;
 mod tasks;
+mod vm_ops;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -67,6 +69,15 @@ pub fn routes() -> Vec<(Method, &'static str, Handler)> {
         (Method::GET, "/cluster/resources", h!(cluster::resources)),
         (Method::GET, "/cluster/nextid", h!(cluster::nextid)),
         (Method::GET, "/nodes", h!(cluster::nodes)),
+        (Method::GET, "/nodes/{node}/status", h!(cluster::node_status)),
+        (Method::GET, "/access/permissions", h!(cluster::permissions)),
+        (Method::GET, "/cluster/ha/resources", h!(cluster::ha_resources)),
+        (Method::GET, "/cluster/replication", h!(replication::list)),
+        (Method::POST, "/cluster/replication", h!(replication::create)),
+        (Method::GET, "/cluster/replication/{id}", h!(replication::get)),
+        (Method::PUT, "/cluster/replication/{id}", h!(replication::update)),
+        (Method::DELETE, "/cluster/replication/{id}", h!(replication::delete)),
+        (Method::GET, "/nodes/{node}/replication", h!(replication::node_list)),
         (Method::GET, "/storage", h!(storage::config_list)),
         (Method::GET, "/storage/{storage}", h!(storage::config_get)),
         (Method::GET, "/nodes/{node}/storage", h!(storage::node_list)),
@@ -78,6 +89,12 @@ pub fn routes() -> Vec<(Method, &'static str, Handler)> {
         (Method::POST, "/nodes/{node}/storage/{storage}/content/{volume}", h!(storage::volume_copy)),
         (Method::DELETE, "/nodes/{node}/storage/{storage}/content/{volume}", h!(storage::volume_delete)),
         (Method::GET, "/nodes/{node}/qemu", h!(qemu::list)),
+        (Method::POST, "/nodes/{node}/qemu", h!(vm_ops::create)),
+        (Method::GET, "/nodes/{node}/qemu/{vmid}", h!(vm_ops::index)),
+        (Method::DELETE, "/nodes/{node}/qemu/{vmid}", h!(vm_ops::destroy)),
+        (Method::GET, "/nodes/{node}/qemu/{vmid}/migrate", h!(vm_ops::migrate_check)),
+        (Method::POST, "/nodes/{node}/qemu/{vmid}/migrate", h!(vm_ops::migrate)),
+        (Method::POST, "/nodes/{node}/qemu/{vmid}/move_disk", h!(vm_ops::move_disk)),
         (Method::GET, "/nodes/{node}/qemu/{vmid}/config", h!(qemu::config_get)),
         (Method::POST, "/nodes/{node}/qemu/{vmid}/config", h!(qemu::config_post)),
         (Method::PUT, "/nodes/{node}/qemu/{vmid}/config", h!(qemu::config_put)),

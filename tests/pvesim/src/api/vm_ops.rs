@@ -1,0 +1,340 @@
+//! Whole-VM operations: create, destroy, migrate, and moving a disk to
+//! another storage or VM.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::Call;
+use super::common;
+use super::qemu::spawn_task;
+use crate::drive::{self, Drive};
+use crate::reply::ApiError;
+use crate::server::Ctx;
+use crate::state::{Cluster, Vm, Volume, owner_of};
+use crate::tasks::Task;
+
+fn lock_timeout(ctx: &Ctx) -> Duration {
+    Duration::from_millis(ctx.cluster().knobs.lock_timeout_ms)
+}
+
+pub async fn index(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let c = ctx.cluster();
+    common::vm(&c, call.req("node")?, call.vmid()?)?;
+    Ok(json!(["config", "pending", "status", "unlink", "resize", "move_disk", "migrate"]
+        .iter()
+        .map(|s| json!({ "subdir": s }))
+        .collect::<Vec<_>>()))
+}
+
+pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let node = call.req("node")?.to_string();
+    let vmid = call.vmid()?;
+    {
+        let c = ctx.cluster();
+        common::node(&c, &node)?;
+        c.check(&call.caller, &format!("/vms/{vmid}"), &["VM.Allocate"], false)?;
+        if let Some(vm) = c.vms.get(&vmid) {
+            return Err(ApiError::die(format!("VM {vmid} already exists on node '{}'", vm.node)));
+        }
+    }
+    let config: BTreeMap<String, String> = call
+        .params
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "node" | "vmid" | "start"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if config.keys().any(|k| drive::is_drive_key(k)) {
+        return Err(ApiError::die("pvesim creates VMs without disks; attach them with a config update"));
+    }
+    let task = Task::new(&node, "qmcreate", &vmid.to_string(), &call.caller);
+    let upid = task.upid.clone();
+    spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
+        let mut c = ctx.cluster();
+        if c.vms.contains_key(&vmid) {
+            return Err(format!("VM {vmid} already exists on node '{node}'"));
+        }
+        c.vms.insert(vmid, Vm { vmid, node, running: call.flag("start"), config, ..Default::default() });
+        Ok(vec![])
+    });
+    Ok(json!(upid))
+}
+
+pub async fn destroy(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let node = call.req("node")?.to_string();
+    let vmid = call.vmid()?;
+    {
+        let c = ctx.cluster();
+        let vm = common::vm(&c, &node, vmid)?;
+        if vm.running {
+            return Err(ApiError::die(format!("VM {vmid} is running - destroy failed")));
+        }
+        if let Some(id) = c.replication.iter().find(|(_, j)| j.guest == vmid).map(|(id, _)| id)
+            && !call.flag("purge")
+        {
+            return Err(ApiError::die(format!(
+                "There is a replication job '{id}' for guest '{vmid}' - Please remove that first."
+            )));
+        }
+        if let Some(l) = vm.lock()
+            && !call.flag("skiplock")
+        {
+            return Err(ApiError::die(format!("VM is locked ({l})")));
+        }
+    }
+    let task = Task::new(&node, "qmdestroy", &vmid.to_string(), &call.caller);
+    let upid = task.upid.clone();
+    spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
+        let _g = ctx.locks.vm(vmid, lock_timeout(&ctx)).await?;
+        let mut c = ctx.cluster();
+        let vm = c.vms.remove(&vmid).ok_or(format!("VM {vmid} does not exist"))?;
+        let mut log = Vec::new();
+        // Every owned volume referenced anywhere in the config is freed.
+        let values = vm.config.values().chain(vm.pending.values()).cloned().collect::<Vec<_>>();
+        for value in values {
+            let Ok(d) = Drive::parse(&value) else { continue };
+            let Some((storage, volname)) = d.volid() else { continue };
+            if owner_of(volname) != Some(vmid) {
+                continue;
+            }
+            if let Ok(place) = c.place(storage, &vm.node)
+                && c.volumes.get_mut(&place).and_then(|m| m.remove(volname)).is_some()
+            {
+                log.push(format!("Removed volume '{storage}:{volname}'"));
+            }
+        }
+        c.replication.retain(|_, j| j.guest != vmid);
+        Ok(log)
+    });
+    Ok(json!(upid))
+}
+
+fn local_disks(c: &Cluster, vm: &Vm) -> Vec<(String, String)> {
+    vm.config
+        .iter()
+        .filter(|(k, _)| drive::is_drive_key(k) || drive::is_unused_key(k))
+        .filter_map(|(k, v)| {
+            let d = Drive::parse(v).ok()?;
+            let (storage, _) = d.volid()?;
+            let st = c.storages.get(storage)?;
+            (!st.is_shared()).then(|| (k.clone(), d.volume.clone()))
+        })
+        .collect()
+}
+
+pub async fn migrate_check(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let c = ctx.cluster();
+    let node = call.req("node")?;
+    let vm = common::vm(&c, node, call.vmid()?)?;
+    let locals = local_disks(&c, vm);
+    let allowed: Vec<&String> = c.nodes.keys().filter(|n| *n != node).collect();
+    Ok(json!({
+        "running": i32::from(vm.running),
+        "allowed_nodes": allowed,
+        "not_allowed_nodes": {},
+        "local_disks": locals.iter().map(|(k, v)| json!({"volid": v, "drivename": k, "size": 0, "cdrom": 0, "is_unused": i32::from(drive::is_unused_key(k))})).collect::<Vec<_>>(),
+        "local_resources": [],
+        "mapped-resources": [],
+        "mapped-resource-info": {},
+        "has-dbus-vmstate": 0,
+    }))
+}
+
+pub async fn migrate(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let node = call.req("node")?.to_string();
+    let vmid = call.vmid()?;
+    let target = call.req("target")?.to_string();
+    {
+        let c = ctx.cluster();
+        let vm = common::vm(&c, &node, vmid)?;
+        common::node(&c, &target)?;
+        if target == node {
+            return Err(ApiError::param("target", "target is local node."));
+        }
+        if vm.running && !call.flag("online") {
+            return Err(ApiError::die("can't migrate running VM without --online"));
+        }
+        if let Some(l) = vm.lock() {
+            return Err(ApiError::die(format!("VM is locked ({l})")));
+        }
+    }
+    let task = Task::new(&node, "qmigrate", &vmid.to_string(), &call.caller);
+    let upid = task.upid.clone();
+    spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
+        let _g = ctx.locks.vm(vmid, lock_timeout(&ctx)).await?;
+        let mut c = ctx.cluster();
+        let vm = c.vms.get(&vmid).cloned().ok_or("VM vanished")?;
+        let locals = local_disks(&c, &vm);
+        if vm.running && !locals.is_empty() && !call.flag("with-local-disks") {
+            return Err(format!(
+                "can't migrate local disk '{}': can't live migrate attached local disks without with-local-disks option",
+                locals[0].1
+            ));
+        }
+        // Local volumes travel with the VM (copied, then removed at the source).
+        for (_, volid) in &locals {
+            let (storage, volname) = volid.split_once(':').ok_or("bad volid")?;
+            if !c.storages.get(storage).is_some_and(|s| s.enabled_on(&target)) {
+                return Err(format!("storage '{storage}' is not available on node '{target}'"));
+            }
+            let from = (storage.to_string(), node.clone());
+            let to = (storage.to_string(), target.clone());
+            if let Some(v) = c.volumes.get_mut(&from).and_then(|m| m.remove(volname)) {
+                c.volumes.entry(to).or_default().insert(volname.to_string(), v);
+            }
+        }
+        if let Some(v) = c.vms.get_mut(&vmid) {
+            v.node = target.clone();
+        }
+        Ok(vec![format!("migration finished successfully (duration 00:00:01)")])
+    });
+    Ok(json!(upid))
+}
+
+pub async fn move_disk(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let node = call.req("node")?.to_string();
+    let vmid = call.vmid()?;
+    let disk = call.req("disk")?.to_string();
+    let storage = call.get("storage").map(String::from);
+    let target_vmid: Option<u32> = call.get("target-vmid").and_then(|v| v.parse().ok());
+    match (&storage, target_vmid) {
+        (None, None) => {
+            let msg = "both 'storage' and 'target-vmid' missing, either needs to be set";
+            return Err(ApiError::params(BTreeMap::from([
+                ("storage".to_string(), msg.to_string()),
+                ("target-vmid".to_string(), msg.to_string()),
+            ])));
+        }
+        (Some(_), Some(_)) => {
+            let msg = "either set 'storage' or 'target-vmid', but not both";
+            return Err(ApiError::params(BTreeMap::from([
+                ("storage".to_string(), msg.to_string()),
+                ("target-vmid".to_string(), msg.to_string()),
+            ])));
+        }
+        (None, Some(t)) if t == vmid => {
+            return Err(ApiError::param("target-vmid", "must be different than source VMID to reassign disk"));
+        }
+        _ => {}
+    }
+    // Early, synchronous checks.
+    {
+        let c = ctx.cluster();
+        let vm = common::vm(&c, &node, vmid)?;
+        if let Some(l) = vm.lock() {
+            return Err(ApiError::die(format!("VM is locked ({l})")));
+        }
+        if let Some(d) = call.get("digest")
+            && d != vm.digest()
+        {
+            return Err(ApiError::die("detected modified configuration - file changed by other user? Try again."));
+        }
+        let value = vm.config.get(&disk).ok_or_else(|| ApiError::die(format!("disk '{disk}' does not exist")))?;
+        let d = Drive::parse(value).map_err(|e| ApiError::param("disk", e))?;
+        if d.is_cdrom() {
+            return Err(ApiError::die("you can't move a cdrom"));
+        }
+        if let Some(s) = &storage {
+            let st = common::storage(&c, &node, s)?;
+            if !st.content.iter().any(|x| x == "images") {
+                return Err(ApiError::param("storage", format!("storage '{s}' does not support vm images")));
+            }
+            if d.volid().map(|(src, _)| src) == Some(s.as_str()) {
+                return Err(ApiError::die("you can't move to the same storage with same format"));
+            }
+            c.check(&call.caller, &format!("/storage/{s}"), &["Datastore.AllocateSpace"], false)?;
+        }
+        if let Some(t) = target_vmid {
+            let tvm = c.vms.get(&t).ok_or_else(|| common::no_config(&node, t))?;
+            if tvm.node != node {
+                return Err(ApiError::die(format!("Both VMs need to be on the same node ({node} != {})", tvm.node)));
+            }
+            if vm.running && !drive::is_unused_key(&disk) {
+                return Err(ApiError::die("Cannot move disk to another VM while the source VM is running - detach first"));
+            }
+            let tkey = call.get("target-disk").unwrap_or(&disk);
+            if tvm.config.contains_key(tkey) {
+                return Err(ApiError::die(format!("Target disk key '{tkey}' is already in use for VM '{t}'")));
+            }
+            c.check(&call.caller, &format!("/vms/{t}"), &["VM.Config.Disk"], false)?;
+        }
+    }
+    let task_id = match target_vmid {
+        Some(t) => format!("{vmid}-{disk}>{t}-{}", call.get("target-disk").unwrap_or(&disk)),
+        None => vmid.to_string(),
+    };
+    let task = Task::new(&node, "qmmove", &task_id, &call.caller);
+    let upid = task.upid.clone();
+    spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
+        let _g = ctx.locks.vm(vmid, lock_timeout(&ctx)).await?;
+        let mut c = ctx.cluster();
+        let value = c.vms.get(&vmid).and_then(|v| v.config.get(&disk).cloned()).ok_or(format!("disk '{disk}' does not exist"))?;
+        let mut d = Drive::parse(&value).map_err(|e| e.to_string())?;
+        let (src_storage, src_name) = d.volid().map(|(s, n)| (s.to_string(), n.to_string())).ok_or("no volume")?;
+        let src_place = c.place(&src_storage, &node).map_err(|e| e.to_string())?;
+        let vol = c.volume(&src_place, &src_name).cloned().ok_or(format!("volume {} does not exist", d.volume))?;
+        match (storage, target_vmid) {
+            (Some(dst), _) => {
+                let new = copy_to(&mut c, &node, &dst, vmid, &src_name, &vol)?;
+                d.volume = new.clone();
+                if let Some(vm) = c.vms.get_mut(&vmid) {
+                    vm.config.insert(disk.clone(), d.canonical());
+                }
+                if call.flag("delete") {
+                    if let Some(m) = c.volumes.get_mut(&src_place) {
+                        m.remove(&src_name);
+                    }
+                } else if let Some(vm) = c.vms.get_mut(&vmid) {
+                    let n = (0..=255).find(|n| !vm.config.contains_key(&format!("unused{n}"))).unwrap_or(0);
+                    vm.config.insert(format!("unused{n}"), format!("{src_storage}:{src_name}"));
+                }
+                Ok(vec![format!("moved disk {disk} to {new}")])
+            }
+            (None, Some(t)) => {
+                // Reassign: the volume is renamed to the target's next free name.
+                let st = c.storages.get(&src_storage).cloned().ok_or("no storage")?;
+                let existing = c.volumes.get(&src_place).cloned().unwrap_or_default();
+                let new_name = (0..)
+                    .map(|n| if st.kind.file_based() { format!("{t}/vm-{t}-disk-{n}.{}", vol.format) } else { format!("vm-{t}-disk-{n}") })
+                    .find(|n| !existing.contains_key(n))
+                    .unwrap_or_default();
+                if let Some(m) = c.volumes.get_mut(&src_place) {
+                    m.remove(&src_name);
+                    m.insert(new_name.clone(), Volume { owner: t, ..vol });
+                }
+                let tkey = call.get("target-disk").unwrap_or(&disk).to_string();
+                d.volume = format!("{src_storage}:{new_name}");
+                if let Some(vm) = c.vms.get_mut(&vmid) {
+                    vm.config.remove(&disk);
+                }
+                if let Some(tvm) = c.vms.get_mut(&t) {
+                    tvm.config.insert(tkey, d.canonical());
+                }
+                Ok(vec![format!("reassigned disk to VM {t} as {}", d.volume)])
+            }
+            (None, None) => Err("nothing to do".into()),
+        }
+    });
+    Ok(json!(upid))
+}
+
+/// Copies a volume to another storage, keeping its name when it is free there.
+fn copy_to(c: &mut Cluster, node: &str, dst: &str, vmid: u32, name: &str, vol: &Volume) -> Result<String, String> {
+    let st = c.storages.get(dst).cloned().ok_or(format!("storage '{dst}' does not exist"))?;
+    let place = c.place(dst, node).map_err(|e| e.to_string())?;
+    let existing = c.volumes.get(&place).cloned().unwrap_or_default();
+    let base = name.rsplit('/').next().unwrap_or(name).trim_end_matches(".raw").trim_end_matches(".qcow2");
+    let candidate = if st.kind.file_based() { format!("{vmid}/{base}.raw") } else { base.to_string() };
+    let new_name = if existing.contains_key(&candidate) {
+        (0..).map(|n| format!("vm-{vmid}-disk-{n}")).find(|n| !existing.contains_key(n)).unwrap_or_default()
+    } else {
+        candidate
+    };
+    c.volumes.entry(place).or_default().insert(
+        new_name.clone(),
+        Volume { size: st.kind.round(vol.size), format: "raw".into(), owner: owner_of(&new_name).unwrap_or(vmid), ctime: crate::state::now() },
+    );
+    Ok(format!("{dst}:{new_name}"))
+}
