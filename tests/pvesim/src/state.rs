@@ -211,6 +211,16 @@ pub struct Vm {
     /// Keys to delete at the next apply; `true` when forced.
     pub pending_delete: BTreeMap<String, bool>,
     pub qmp: Option<String>,
+    pub snapshots: BTreeMap<String, Snapshot>,
+}
+
+/// A VM snapshot: the drives it covers, as they were.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub snaptime: u64,
+    pub description: String,
+    pub parent: Option<String>,
+    pub disks: BTreeMap<String, String>,
 }
 
 impl Vm {

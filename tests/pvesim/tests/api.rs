@@ -485,3 +485,32 @@ async fn a_token_can_read_its_own_privileges() {
     let narrow = Client::new(&sim, NARROW).get("/access/permissions", &[]).await.ok();
     assert!(narrow["/"].get("VM.Config.Disk").is_none());
 }
+
+#[tokio::test]
+async fn snapshots_and_imports() {
+    let sim = start().await;
+    let admin = Client::new(&sim, common::ADMIN);
+    // lvm-thin can snapshot: VM 112's root disk is there.
+    let upid = admin.call("POST", "/nodes/pve2/qemu/112/snapshot", &[("snapname", "s1")]).await.ok();
+    assert_eq!(admin.wait_task(upid.as_str().unwrap()).await["exitstatus"], "OK");
+    let list = admin.get("/nodes/pve2/qemu/112/snapshot", &[]).await.ok();
+    assert_eq!(list[0]["name"], "s1");
+    assert_eq!(admin.config("pve2", 112, true).await["parent"], "s1");
+    // A raw file on NFS cannot.
+    admin.call("POST", "/nodes/pve2/storage/nfs/content", &[("filename", "vm-112-disk-9.raw"), ("vmid", "112"), ("size", "1G")]).await.ok();
+    admin.call("PUT", "/nodes/pve2/qemu/112/config", &[("scsi3", "nfs:112/vm-112-disk-9.raw")]).await.ok();
+    let r = admin.call("POST", "/nodes/pve2/qemu/112/snapshot", &[("snapname", "s2")]).await;
+    assert_eq!(r.reason, "snapshot feature for 'scsi3' is not available");
+    let upid = admin.call("DELETE", "/nodes/pve2/qemu/112/snapshot/s1", &[]).await.ok();
+    assert_eq!(admin.wait_task(upid.as_str().unwrap()).await["exitstatus"], "OK");
+    assert!(admin.config("pve2", 112, true).await.get("parent").is_none());
+    // import-from copies a volume into a new disk of the VM.
+    let upid = admin
+        .call("POST", "/nodes/pve2/qemu/112/config", &[("scsi4", "local-lvm:0,import-from=nfs:112/vm-112-disk-9.raw")])
+        .await
+        .ok();
+    assert_eq!(admin.wait_task(upid.as_str().unwrap()).await["exitstatus"], "OK");
+    let cfg = admin.config("pve2", 112, true).await;
+    // vm-112-disk-1 exists already: the next free name is taken.
+    assert_eq!(cfg["scsi4"], "local-lvm:vm-112-disk-2,size=1G", "{cfg}");
+}

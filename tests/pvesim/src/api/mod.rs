@@ -6,6 +6,7 @@ mod cluster;
 mod common;
 mod qemu;
 mod replication;
+mod snapshot;
 mod storage;
 mod tasks;
 mod vm_ops;
@@ -95,6 +96,9 @@ pub fn routes() -> Vec<(Method, &'static str, Handler)> {
         (Method::GET, "/nodes/{node}/qemu/{vmid}/migrate", h!(vm_ops::migrate_check)),
         (Method::POST, "/nodes/{node}/qemu/{vmid}/migrate", h!(vm_ops::migrate)),
         (Method::POST, "/nodes/{node}/qemu/{vmid}/move_disk", h!(vm_ops::move_disk)),
+        (Method::GET, "/nodes/{node}/qemu/{vmid}/snapshot", h!(snapshot::list)),
+        (Method::POST, "/nodes/{node}/qemu/{vmid}/snapshot", h!(snapshot::create)),
+        (Method::DELETE, "/nodes/{node}/qemu/{vmid}/snapshot/{snapname}", h!(snapshot::delete)),
         (Method::GET, "/nodes/{node}/qemu/{vmid}/config", h!(qemu::config_get)),
         (Method::POST, "/nodes/{node}/qemu/{vmid}/config", h!(qemu::config_post)),
         (Method::PUT, "/nodes/{node}/qemu/{vmid}/config", h!(qemu::config_put)),

@@ -338,6 +338,20 @@ fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call) -> Result<U
         if drive::is_drive_key(&key) {
             let mut d = Drive::parse(&value).map_err(|e| ApiError::param(&key, e))?;
             if let Some((storage, gib)) = d.allocation() {
+                // `<storage>:0,import-from=<volid>` copies an existing volume.
+                let gib = match d.opts.remove("import-from") {
+                    Some(src) => {
+                        let (s, n) = common::split_volid(&src)?;
+                        let place = c.place(s, &vm_node).map_err(|e| ApiError::die(e.to_string()))?;
+                        let size = c
+                            .volume(&place, n)
+                            .map(|v| v.size)
+                            .ok_or_else(|| ApiError::die(format!("volume {src} does not exist")))?;
+                        up.log.push(format!("importing disk '{src}' to VM {vmid} ..."));
+                        size as f64 / (1u64 << 30) as f64
+                    }
+                    None => gib,
+                };
                 let (volid, size) = allocate_for(c, &vm_node, vmid, &storage, gib)?;
                 up.log.push(format!("{key}: successfully created disk '{volid},size={}'", drive::format_size(size)));
                 d.volume = volid;
