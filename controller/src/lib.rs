@@ -1,6 +1,13 @@
 //! The CSI controller for Proxmox VE. It alone holds the Proxmox API token.
 
+pub mod attach;
 pub mod config;
+pub mod ctl;
+pub mod drive;
+pub mod params;
+pub mod volume;
+pub mod vms;
+pub mod error;
 pub mod csi;
 pub mod pve;
 pub mod server;

@@ -8,11 +8,14 @@ use std::time::Duration;
 use proxmox_csi_common::endpoint::SocketAccess;
 use proxmox_csi_common::metrics::{self, Metrics};
 use proxmox_csi_common::{Endpoint, EndpointError};
+use proxmox_csi_proto::csi::v1::controller_server::ControllerServer;
 use proxmox_csi_proto::csi::v1::identity_server::IdentityServer;
 use tokio::sync::watch;
 
 use crate::config::{CloudConfig, ConfigError};
+use crate::csi::controller::ControllerService;
 use crate::csi::identity::Identity;
+use crate::ctl::Controller;
 use crate::pve;
 
 #[derive(Debug, thiserror::Error)]
@@ -48,21 +51,22 @@ pub async fn run(
     for key in &config.ignored_keys {
         tracing::warn!(key = %key, "cloud config: key not recognised, ignored");
     }
+    let api_metrics = pve::metrics::ApiMetrics::default();
     let clients = config
         .clusters
         .iter()
         .cloned()
-        .map(|c| pve::Client::new(c, opts.api_timeout))
+        .map(|c| pve::Client::new(c, opts.api_timeout, api_metrics.clone()))
         .collect::<Result<Vec<_>, _>>()?;
     let regions: Vec<&str> = clients.iter().map(|c| c.region()).collect();
     tracing::info!(?regions, controller_vmid = config.controller_vmid, "cloud config loaded");
 
-    let metrics = Arc::new(Metrics::new("controller", env!("CARGO_PKG_VERSION")));
-    let identity = Identity::new(
-        opts.driver_name.clone(),
-        Arc::new(clients),
-        Duration::from_secs(5),
-    );
+    let mut metrics = Metrics::new("controller", env!("CARGO_PKG_VERSION"));
+    api_metrics.register(metrics.registry_mut());
+    let metrics = Arc::new(metrics);
+    let clients: Vec<Arc<pve::Client>> = clients.into_iter().map(Arc::new).collect();
+    let identity = Identity::new(opts.driver_name.clone(), clients.clone(), Duration::from_secs(5));
+    let controller = Arc::new(Controller::new(clients, config.controller_vmid, Duration::from_secs(60)));
 
     // One shutdown signal fanned out to the gRPC and metrics servers.
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -86,7 +90,8 @@ pub async fn run(
     tracing::info!(endpoint = %opts.csi_address, driver = %opts.driver_name, "serving CSI");
     let router = tonic::transport::Server::builder()
         .layer(metrics::GrpcMetricsLayer(metrics.clone()))
-        .add_service(IdentityServer::new(identity));
+        .add_service(IdentityServer::new(identity))
+        .add_service(ControllerServer::new(ControllerService(controller)));
     listener.serve(router, stopped(stop_rx)).await?;
     tracing::info!("stopped");
     Ok(())

@@ -131,7 +131,7 @@ async fn probe_is_not_ready_when_the_token_is_wrong_or_tls_is_untrusted() {
     let probe = client.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
     assert_eq!(probe.ready, Some(false));
     let log = std::fs::read_to_string(&ctl.log).unwrap();
-    assert!(log.contains("HTTP 401 Unauthorized: Authentication failed!"), "{log}");
+    assert!(log.contains("GET /version: Authentication failed!"), "{log}");
 
     // No CA given: the system roots do not trust pvesim's CA.
     let untrusted = tempfile::tempdir().unwrap();

@@ -14,14 +14,14 @@ use crate::pve;
 #[derive(Debug)]
 pub struct Identity {
     driver_name: String,
-    clusters: Arc<Vec<pve::Client>>,
+    clusters: Vec<Arc<pve::Client>>,
     probe_timeout: Duration,
 }
 
 impl Identity {
     pub fn new(
         driver_name: String,
-        clusters: Arc<Vec<pve::Client>>,
+        clusters: Vec<Arc<pve::Client>>,
         probe_timeout: Duration,
     ) -> Self {
         Self {

@@ -1,7 +1,9 @@
 //! HTTP access to one Proxmox VE cluster: authentication, the `{"data": …}`
-//! envelope, and Proxmox's error reporting (message in the reason phrase).
+//! envelope, Proxmox's error reporting (message in the reason phrase), and
+//! retries of what is worth retrying (lock timeouts, locked VMs, 5xx,
+//! dropped connections) within the caller's deadline.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use proxmox_csi_common::Secret;
 use reqwest::{Method, StatusCode};
@@ -9,6 +11,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
 
+use super::metrics::ApiMetrics;
 use crate::config::{Cluster, Credentials};
 
 #[derive(Debug, thiserror::Error)]
@@ -22,7 +25,7 @@ pub enum PveError {
         path: String,
         source: reqwest::Error,
     },
-    #[error("Proxmox cluster {region}: {method} {path}: HTTP {status}: {message}")]
+    #[error("Proxmox cluster {region}: {method} {path}: {message}")]
     Api {
         region: String,
         method: Method,
@@ -37,6 +40,68 @@ pub enum PveError {
         path: String,
         reason: String,
     },
+    #[error("Proxmox cluster {region}: task {upid} failed: {exitstatus}")]
+    Task {
+        region: String,
+        upid: String,
+        exitstatus: String,
+    },
+    #[error("Proxmox cluster {region}: {what}: gave up at the deadline; last error: {last}")]
+    Deadline {
+        region: String,
+        what: String,
+        last: String,
+    },
+}
+
+impl PveError {
+    /// The Proxmox message, for matching known texts.
+    pub fn message(&self) -> String {
+        match self {
+            Self::Api { message, .. } => message.clone(),
+            Self::Task { exitstatus, .. } => exitstatus.clone(),
+            other => other.to_string(),
+        }
+    }
+
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            Self::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// Worth trying again: the cause is transient on Proxmox's side.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Transport { .. } | Self::Deadline { .. } => true,
+            Self::Api { status, message, .. } => {
+                let m = message.as_str();
+                m.contains("can't lock file")
+                    || m.contains("got lock request timeout")
+                    || m.starts_with("VM is locked")
+                    || (status.is_server_error()
+                        && !m.contains("does not exist")
+                        && !m.contains("checksum mismatch")
+                        && !m.contains("already exists"))
+            }
+            Self::Task { exitstatus, .. } => {
+                exitstatus.contains("can't lock file") || exitstatus.starts_with("VM is locked")
+            }
+            Self::Tls { .. } | Self::Decode { .. } => false,
+        }
+    }
+
+    /// Proxmox said the object is not there.
+    pub fn is_not_found(&self) -> bool {
+        let m = self.message();
+        m.contains("does not exist")
+            || m.contains("No such storage")
+            || m.contains("no such logical volume")
+            || m.contains("no format")
+            || m.contains("dataset does not exist")
+            || m.contains("No such file or directory")
+    }
 }
 
 /// `GET /version`.
@@ -71,10 +136,36 @@ pub struct Client {
     cluster: Cluster,
     http: reqwest::Client,
     session: Mutex<Option<Session>>,
+    metrics: ApiMetrics,
+}
+
+/// How long a call may keep retrying.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline(pub Instant);
+
+impl Deadline {
+    pub fn after(d: Duration) -> Self {
+        Self(Instant::now() + d)
+    }
+
+    pub fn remaining(&self) -> Duration {
+        self.0.saturating_duration_since(Instant::now())
+    }
+
+    pub fn passed(&self) -> bool {
+        self.remaining().is_zero()
+    }
+}
+
+/// Jittered exponential backoff: 50 ms doubling to 2 s.
+pub fn backoff(attempt: u32) -> Duration {
+    let base = 50u64.saturating_mul(1 << attempt.min(6)).min(2000);
+    let jitter = rand::random::<u64>() % (base / 2 + 1);
+    Duration::from_millis(base / 2 + jitter)
 }
 
 impl Client {
-    pub fn new(cluster: Cluster, timeout: Duration) -> Result<Self, PveError> {
+    pub fn new(cluster: Cluster, timeout: Duration, metrics: ApiMetrics) -> Result<Self, PveError> {
         let tls = super::tls::client_config(&cluster).map_err(|reason| PveError::Tls {
             region: cluster.region.clone(),
             reason,
@@ -92,6 +183,7 @@ impl Client {
             cluster,
             http,
             session: Mutex::new(None),
+            metrics,
         })
     }
 
@@ -104,16 +196,59 @@ impl Client {
     }
 
     pub async fn version(&self) -> Result<Version, PveError> {
-        self.get("/version").await
+        self.once(Method::GET, "/version", &[]).await
     }
 
-    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, PveError> {
-        self.call(Method::GET, path, &[]).await
+    /// A call retried while its error is transient and the deadline allows.
+    pub async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        form: &[(&str, String)],
+        deadline: Deadline,
+    ) -> Result<T, PveError> {
+        let mut attempt = 0;
+        loop {
+            match self.once(method.clone(), path, form).await {
+                Ok(v) => return Ok(v),
+                Err(e) if e.is_transient() => {
+                    let wait = backoff(attempt);
+                    if deadline.remaining() <= wait {
+                        return Err(PveError::Deadline {
+                            region: self.cluster.region.clone(),
+                            what: format!("{method} {path}"),
+                            last: e.message(),
+                        });
+                    }
+                    tracing::debug!(%method, path, attempt, error = %e, "transient Proxmox error, retrying");
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// One API call. `form` goes in the body for POST/PUT and in the query
     /// string otherwise, as the Proxmox API expects.
-    pub async fn call<T: DeserializeOwned>(
+    pub async fn once<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        form: &[(&str, String)],
+    ) -> Result<T, PveError> {
+        let started = Instant::now();
+        let result = self.send(method.clone(), path, form).await;
+        let code = match &result {
+            Ok(_) => "200".to_string(),
+            Err(PveError::Api { status, .. }) => status.as_u16().to_string(),
+            Err(_) => "error".to_string(),
+        };
+        self.metrics.observe(&self.cluster.region, &method, path, &code, started);
+        result
+    }
+
+    async fn send<T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
@@ -127,12 +262,13 @@ impl Client {
             req.query(form)
         };
         req = self.authorize(req, &method).await?;
-        let resp = req.send().await.map_err(|source| PveError::Transport {
+        let transport = |source| PveError::Transport {
             region: self.cluster.region.clone(),
             method: method.clone(),
             path: path.to_string(),
             source,
-        })?;
+        };
+        let resp = req.send().await.map_err(transport)?;
         let status = resp.status();
         if !status.is_success() {
             // Proxmox puts the message in the status line (before PVE 8.4 only
@@ -144,7 +280,7 @@ impl Client {
                 .or_else(|| status.canonical_reason().map(str::to_string))
                 .unwrap_or_default();
             let body = resp.text().await.unwrap_or_default();
-            let message = api_message(&body).unwrap_or(reason);
+            let message = api_message(&body, &reason);
             if status == StatusCode::UNAUTHORIZED {
                 *self.session.lock().await = None;
             }
@@ -156,12 +292,7 @@ impl Client {
                 message,
             });
         }
-        let bytes = resp.bytes().await.map_err(|source| PveError::Transport {
-            region: self.cluster.region.clone(),
-            method: method.clone(),
-            path: path.to_string(),
-            source,
-        })?;
+        let bytes = resp.bytes().await.map_err(transport)?;
         serde_json::from_slice::<Envelope<T>>(&bytes)
             .map(|e| e.data)
             .map_err(|e| PveError::Decode {
@@ -229,10 +360,17 @@ impl Client {
     }
 }
 
-/// Extracts `message` (and per-parameter `errors`) from an error body.
-fn api_message(body: &str) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_str(body).ok()?;
-    let mut msg = v.get("message")?.as_str()?.trim().to_string();
+/// The error text: the body's `message` with per-parameter `errors`, or the
+/// reason phrase.
+fn api_message(body: &str, reason: &str) -> String {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
+        return reason.to_string();
+    };
+    let mut msg = v
+        .get("message")
+        .and_then(|m| m.as_str())
+        .map(|m| m.trim().to_string())
+        .unwrap_or_else(|| reason.to_string());
     if let Some(errors) = v.get("errors").and_then(|e| e.as_object()) {
         let detail: Vec<String> = errors
             .iter()
@@ -242,5 +380,5 @@ fn api_message(body: &str) -> Option<String> {
             msg = format!("{msg} ({})", detail.join("; "));
         }
     }
-    Some(msg)
+    msg
 }

@@ -1,6 +1,9 @@
 //! The Proxmox VE API client.
 
+pub mod api;
 pub mod client;
+pub mod metrics;
+pub mod tasks;
 mod tls;
 
-pub use client::{Client, PveError, Version};
+pub use client::{Client, Deadline, PveError, Version};

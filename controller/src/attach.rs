@@ -1,0 +1,362 @@
+//! Attaching and detaching disks, one queue per VM.
+//!
+//! Concurrent publishes and unpublishes for the same VM are coalesced: a
+//! worker takes everything queued for its VM and writes it in one config
+//! update guarded by the config's `digest`. After the task, the committed
+//! config is read again: a change Proxmox left pending (a failed hot-plug)
+//! is reverted and reported as retryable, so nothing stays behind.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+use crate::drive::{self, DriveLine, SLOTS};
+use crate::error::CtlError;
+use crate::pve::client::backoff;
+use crate::pve::{Client, Deadline, PveError};
+
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Attach `volid` with these drive options (wwn and serial are added).
+    Attach {
+        volid: String,
+        handle: String,
+        opts: BTreeMap<String, String>,
+    },
+    Detach { volid: String },
+}
+
+impl Op {
+    fn volid(&self) -> &str {
+        match self {
+            Op::Attach { volid, .. } | Op::Detach { volid } => volid,
+        }
+    }
+}
+
+/// Where a volume ended up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attached {
+    pub slot: String,
+    pub wwn: String,
+    pub serial: String,
+}
+
+struct Job {
+    op: Op,
+    deadline: Deadline,
+    reply: oneshot::Sender<Result<Option<Attached>, CtlError>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct VmKey {
+    region: String,
+    vmid: u32,
+}
+
+/// Volume → VM, for the whole region, so that "attached elsewhere?" needs
+/// no scan per call. Built once from the VM configs, then kept current by
+/// our own attaches and detaches.
+#[derive(Debug, Default)]
+pub struct Attachments {
+    map: Mutex<HashMap<String, HashMap<String, u32>>>,
+}
+
+impl Attachments {
+    pub async fn vm_of(&self, client: &Client, index: &crate::vms::VmIndex, volid: &str, d: Deadline) -> Result<Option<u32>, PveError> {
+        let mut map = self.map.lock().await;
+        if !map.contains_key(client.region()) {
+            let mut found = HashMap::new();
+            for vm in index.all(client, d).await? {
+                let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
+                for (k, v) in &cfg.values {
+                    if drive::is_disk_key(k) {
+                        found.insert(DriveLine::parse(v).volume, vm.vmid);
+                    }
+                }
+            }
+            map.insert(client.region().to_string(), found);
+        }
+        Ok(map.get(client.region()).and_then(|m| m.get(volid)).copied())
+    }
+
+    async fn record(&self, region: &str, volid: &str, vmid: Option<u32>) {
+        let mut map = self.map.lock().await;
+        if let Some(m) = map.get_mut(region) {
+            match vmid {
+                Some(v) => m.insert(volid.to_string(), v),
+                None => m.remove(volid),
+            };
+        }
+    }
+
+    /// Every known attachment of a region.
+    pub async fn snapshot(&self, region: &str) -> HashMap<String, u32> {
+        self.map.lock().await.get(region).cloned().unwrap_or_default()
+    }
+}
+
+#[derive(Default)]
+pub struct Attacher {
+    queues: Mutex<HashMap<VmKey, mpsc::UnboundedSender<Job>>>,
+    pub attachments: Arc<Attachments>,
+    /// Config writes made, for benchmarks and tests.
+    pub writes: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for Attacher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attacher").finish_non_exhaustive()
+    }
+}
+
+impl Attacher {
+    /// Queues `op` for VM `vmid` on `node` and waits for its outcome.
+    pub async fn submit(
+        self: &Arc<Self>,
+        client: Arc<Client>,
+        node: &str,
+        vmid: u32,
+        op: Op,
+        deadline: Deadline,
+    ) -> Result<Option<Attached>, CtlError> {
+        let key = VmKey {
+            region: client.region().to_string(),
+            vmid,
+        };
+        let (tx, rx) = oneshot::channel();
+        let job = Job { op, deadline, reply: tx };
+        {
+            let mut queues = self.queues.lock().await;
+            let sender = queues.entry(key.clone()).or_insert_with(|| {
+                let (s, r) = mpsc::unbounded_channel();
+                tokio::spawn(worker(self.clone(), client.clone(), node.to_string(), vmid, r));
+                s
+            });
+            if let Err(mpsc::error::SendError(job)) = sender.send(job) {
+                // The worker ended (its VM's node changed); start a new one.
+                let (s, r) = mpsc::unbounded_channel();
+                tokio::spawn(worker(self.clone(), client.clone(), node.to_string(), vmid, r));
+                let _ = s.send(job);
+                queues.insert(key, s);
+            }
+        }
+        rx.await
+            .map_err(|_| CtlError::Unavailable(format!("attach queue of VM {vmid} stopped; retry")))?
+    }
+}
+
+async fn worker(att: Arc<Attacher>, client: Arc<Client>, node: String, vmid: u32, mut rx: mpsc::UnboundedReceiver<Job>) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while let Ok(j) = rx.try_recv() {
+            batch.push(j);
+        }
+        run_batch(&att, &client, &node, vmid, batch).await;
+    }
+}
+
+/// The slot for one attach of a batch.
+struct Planned {
+    slot: String,
+    wwn: String,
+    serial: String,
+}
+
+async fn run_batch(att: &Attacher, client: &Client, node: &str, vmid: u32, mut jobs: Vec<Job>) {
+    let deadline = jobs.iter().map(|j| j.deadline).max_by_key(|d| d.0).unwrap_or(Deadline::after(std::time::Duration::from_secs(30)));
+    let mut attempt = 0;
+    loop {
+        let outcome = write_once(att, client, node, vmid, &mut jobs, deadline).await;
+        match outcome {
+            Ok(()) => return,
+            Err(e) => {
+                let retry = matches!(&e, PveError::Api { message, .. } if message.contains("checksum mismatch"))
+                    || matches!(&e, PveError::Task { exitstatus, .. } if exitstatus.contains("checksum mismatch"))
+                    || e.is_transient();
+                let wait = backoff(attempt);
+                if retry && deadline.remaining() > wait {
+                    tracing::debug!(vmid, error = %e, "config write raced or Proxmox busy; retrying");
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                    continue;
+                }
+                let err = CtlError::from(e);
+                for j in jobs.drain(..) {
+                    let _ = j.reply.send(Err(clone_err(&err)));
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn clone_err(e: &CtlError) -> CtlError {
+    match e {
+        CtlError::Unavailable(m) => CtlError::Unavailable(m.clone()),
+        other => CtlError::FailedPrecondition(other.to_string()),
+    }
+}
+
+/// One read-plan-write-verify round. Jobs answered are removed from `jobs`;
+/// an `Err` leaves the rest for the caller to retry or fail.
+async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs: &mut Vec<Job>, d: Deadline) -> Result<(), PveError> {
+    let cfg = client.vm_config(node, vmid, d).await?;
+    let pending = client.vm_pending(node, vmid, d).await?;
+    let pending_keys: BTreeSet<String> = pending
+        .iter()
+        .filter(|p| p.pending.is_some() || p.delete.is_some())
+        .map(|p| p.key.clone())
+        .collect();
+    let mut taken: BTreeSet<String> = cfg.values.keys().cloned().chain(pending_keys.iter().cloned()).collect();
+    let wwns: BTreeSet<String> = cfg
+        .values
+        .values()
+        .filter_map(|v| DriveLine::parse(v).opts.get("wwn").map(|w| w.to_lowercase()))
+        .collect();
+
+    let mut sets: Vec<(String, String)> = Vec::new();
+    let mut deletes: Vec<String> = Vec::new();
+    // Keyed by volume: a publish retried while the first is queued shares its plan.
+    let mut planned: HashMap<String, Planned> = HashMap::new();
+    let mut done: Vec<(usize, Result<Option<Attached>, CtlError>)> = Vec::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let slots = drive::slots_with(&cfg.values, job.op.volid());
+        match &job.op {
+            Op::Attach { volid, handle, opts } => {
+                if let Some(slot) = slots.first() {
+                    done.push((i, Ok(Some(read_back(&cfg.values, slot)))));
+                    continue;
+                }
+                if planned.contains_key(volid) {
+                    continue;
+                }
+                let Some(slot) = SLOTS.map(|n| format!("scsi{n}")).find(|s| !taken.contains(s)) else {
+                    done.push((i, Err(CtlError::ResourceExhausted(format!(
+                        "VM {vmid} has no free SCSI slot (scsi1–scsi30 are taken); detach a volume first"
+                    )))));
+                    continue;
+                };
+                taken.insert(slot.clone());
+                let wwn = (0..)
+                    .map(|salt| drive::wwn_for(handle, salt))
+                    .find(|w| !wwns.contains(w))
+                    .unwrap_or_default();
+                let serial = drive::serial_for(handle);
+                let mut line = DriveLine {
+                    volume: volid.clone(),
+                    opts: opts.clone(),
+                };
+                line.opts.insert("wwn".into(), wwn.clone());
+                line.opts.insert("serial".into(), serial.clone());
+                sets.push((slot.clone(), line.render()));
+                planned.insert(volid.clone(), Planned { slot, wwn, serial });
+            }
+            Op::Detach { .. } => {
+                if slots.is_empty() {
+                    done.push((i, Ok(None)));
+                } else {
+                    for s in slots {
+                        if !deletes.contains(&s) {
+                            deletes.push(s);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Answer what needed no write.
+    answer(jobs, done);
+    if sets.is_empty() && deletes.is_empty() {
+        return Ok(());
+    }
+
+    let mut form: Vec<(&str, String)> = sets.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    if !deletes.is_empty() {
+        form.push(("delete", deletes.join(",")));
+    }
+    form.push(("digest", cfg.digest.clone()));
+    att.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let result = client.update_config(node, vmid, &form, d).await;
+    let hotplug_failure = match &result {
+        Ok(()) => None,
+        Err(PveError::Task { exitstatus, .. }) if exitstatus.contains("hotplug problem") => Some(exitstatus.clone()),
+        Err(PveError::Api { message, .. }) if message.contains("hotplug problem") => Some(message.clone()),
+        Err(_) => return result,
+    };
+
+    // Verify against the committed config; revert what stayed pending.
+    let after = client.vm_config(node, vmid, d).await?;
+    let still_pending: BTreeSet<String> = client
+        .vm_pending(node, vmid, d)
+        .await?
+        .into_iter()
+        .filter(|p| p.pending.is_some() || p.delete.is_some())
+        .map(|p| p.key)
+        .collect();
+    let ours: Vec<String> = sets
+        .iter()
+        .map(|(k, _)| k.clone())
+        .chain(deletes.iter().cloned())
+        .filter(|k| still_pending.contains(k))
+        .collect();
+    if !ours.is_empty() {
+        let revert = [("revert", ours.join(","))];
+        if let Err(e) = client.update_config(node, vmid, &revert, d).await {
+            tracing::error!(vmid, keys = %ours.join(","), error = %e, "reverting a change Proxmox left pending failed");
+        }
+    }
+    let why = hotplug_failure.unwrap_or_else(|| "Proxmox left the change pending".to_string());
+    let mut done = Vec::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let volid = job.op.volid().to_string();
+        match &job.op {
+            Op::Attach { .. } => {
+                let Some(p) = planned.get(&volid) else { continue };
+                if after.values.get(&p.slot).is_some_and(|v| DriveLine::parse(v).volume == volid) {
+                    att.attachments.record(client.region(), &volid, Some(vmid)).await;
+                    done.push((i, Ok(Some(Attached { slot: p.slot.clone(), wwn: p.wwn.clone(), serial: p.serial.clone() }))));
+                } else {
+                    done.push((i, Err(CtlError::Unavailable(format!(
+                        "attaching {volid} to VM {vmid} as {} failed and was reverted: {why}", p.slot
+                    )))));
+                }
+            }
+            Op::Detach { .. } => {
+                if drive::slots_with(&after.values, &volid).is_empty() {
+                    att.attachments.record(client.region(), &volid, None).await;
+                    if after.values.iter().any(|(k, v)| k.starts_with("unused") && DriveLine::parse(v).volume == volid) {
+                        tracing::warn!(vmid, volid, "Proxmox kept the detached disk as unusedN: the VM owns it (a static volume)");
+                    }
+                    done.push((i, Ok(None)));
+                } else {
+                    done.push((i, Err(CtlError::Unavailable(format!(
+                        "detaching {volid} from VM {vmid} failed and was reverted: {why}"
+                    )))));
+                }
+            }
+        }
+    }
+    answer(jobs, done);
+    Ok(())
+}
+
+fn answer(jobs: &mut Vec<Job>, mut done: Vec<(usize, Result<Option<Attached>, CtlError>)>) {
+    done.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
+    for (i, r) in done {
+        let job = jobs.remove(i);
+        let _ = job.reply.send(r);
+    }
+}
+
+/// The identity of an attached disk, as the config has it: a disk the Go
+/// driver attached keeps its LUN-derived WWN.
+pub fn read_back(cfg: &BTreeMap<String, String>, slot: &str) -> Attached {
+    let line = DriveLine::parse(cfg.get(slot).map(String::as_str).unwrap_or_default());
+    Attached {
+        slot: slot.to_string(),
+        wwn: line.opts.get("wwn").cloned().unwrap_or_default(),
+        serial: line.opts.get("serial").cloned().unwrap_or_default(),
+    }
+}

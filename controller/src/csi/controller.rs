@@ -1,0 +1,155 @@
+//! CSI Controller service: thin handlers over `ctl::Controller`.
+
+use std::sync::Arc;
+
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::controller_service_capability::{self, rpc};
+use tonic::{Request, Response, Status};
+
+use crate::ctl::{Controller, deadline};
+
+#[derive(Debug, Clone)]
+pub struct ControllerService(pub Arc<Controller>);
+
+impl ControllerService {
+    fn deadline<T>(&self, r: &Request<T>) -> crate::pve::Deadline {
+        deadline(r, self.0.default_timeout)
+    }
+}
+
+fn capability(t: rpc::Type) -> csi::ControllerServiceCapability {
+    csi::ControllerServiceCapability {
+        r#type: Some(controller_service_capability::Type::Rpc(controller_service_capability::Rpc { r#type: t as i32 })),
+    }
+}
+
+/// What this controller implements, and nothing more.
+pub const CAPABILITIES: &[rpc::Type] = &[
+    rpc::Type::CreateDeleteVolume,
+    rpc::Type::PublishUnpublishVolume,
+    rpc::Type::ListVolumes,
+    rpc::Type::ListVolumesPublishedNodes,
+    rpc::Type::GetCapacity,
+    rpc::Type::ExpandVolume,
+    rpc::Type::GetVolume,
+    rpc::Type::VolumeCondition,
+    rpc::Type::PublishReadonly,
+    rpc::Type::SingleNodeMultiWriter,
+];
+
+fn unimplemented(what: &str) -> Status {
+    Status::unimplemented(format!("{what} is not supported by this controller build (not advertised)"))
+}
+
+#[tonic::async_trait]
+impl csi::controller_server::Controller for ControllerService {
+    async fn create_volume(&self, req: Request<csi::CreateVolumeRequest>) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        let d = self.deadline(&req);
+        let volume = self.0.create_volume(req.get_ref(), d).await?;
+        tracing::info!(name = req.get_ref().name, volume_id = volume.volume_id, bytes = volume.capacity_bytes, "volume created");
+        Ok(Response::new(csi::CreateVolumeResponse { volume: Some(volume) }))
+    }
+
+    async fn delete_volume(&self, req: Request<csi::DeleteVolumeRequest>) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        let d = self.deadline(&req);
+        self.0.delete_volume(&req.get_ref().volume_id, d).await?;
+        tracing::info!(volume_id = req.get_ref().volume_id, "volume deleted");
+        Ok(Response::new(csi::DeleteVolumeResponse {}))
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        req: Request<csi::ControllerPublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
+        let d = self.deadline(&req);
+        let publish_context = self.0.publish(req.get_ref(), d).await?;
+        tracing::info!(volume_id = req.get_ref().volume_id, node_id = req.get_ref().node_id, ?publish_context, "volume published");
+        Ok(Response::new(csi::ControllerPublishVolumeResponse { publish_context }))
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        req: Request<csi::ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
+        let d = self.deadline(&req);
+        self.0.unpublish(req.get_ref(), d).await?;
+        tracing::info!(volume_id = req.get_ref().volume_id, node_id = req.get_ref().node_id, "volume unpublished");
+        Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}))
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        req: Request<csi::ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
+        let d = self.deadline(&req);
+        Ok(Response::new(self.0.validate(req.get_ref(), d).await?))
+    }
+
+    async fn list_volumes(&self, req: Request<csi::ListVolumesRequest>) -> Result<Response<csi::ListVolumesResponse>, Status> {
+        let d = self.deadline(&req);
+        Ok(Response::new(self.0.list(req.get_ref(), d).await?))
+    }
+
+    async fn get_capacity(&self, req: Request<csi::GetCapacityRequest>) -> Result<Response<csi::GetCapacityResponse>, Status> {
+        let d = self.deadline(&req);
+        let (available, max) = self.0.capacity(req.get_ref(), d).await?;
+        Ok(Response::new(csi::GetCapacityResponse {
+            available_capacity: available as i64,
+            maximum_volume_size: Some(max as i64),
+            minimum_volume_size: None,
+        }))
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
+            capabilities: CAPABILITIES.iter().map(|t| capability(*t)).collect(),
+        }))
+    }
+
+    async fn create_snapshot(&self, _: Request<csi::CreateSnapshotRequest>) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        Err(unimplemented("CreateSnapshot"))
+    }
+
+    async fn delete_snapshot(&self, _: Request<csi::DeleteSnapshotRequest>) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+        Err(unimplemented("DeleteSnapshot"))
+    }
+
+    async fn list_snapshots(&self, _: Request<csi::ListSnapshotsRequest>) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        Err(unimplemented("ListSnapshots"))
+    }
+
+    async fn get_snapshot(&self, _: Request<csi::GetSnapshotRequest>) -> Result<Response<csi::GetSnapshotResponse>, Status> {
+        Err(unimplemented("GetSnapshot"))
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        req: Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
+        let d = self.deadline(&req);
+        let (bytes, node_expansion_required) = self.0.expand(req.get_ref(), d).await?;
+        tracing::info!(volume_id = req.get_ref().volume_id, bytes, "volume expanded");
+        Ok(Response::new(csi::ControllerExpandVolumeResponse {
+            capacity_bytes: bytes as i64,
+            node_expansion_required,
+        }))
+    }
+
+    async fn controller_get_volume(
+        &self,
+        req: Request<csi::ControllerGetVolumeRequest>,
+    ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
+        let d = self.deadline(&req);
+        Ok(Response::new(self.0.get_volume(&req.get_ref().volume_id, d).await?))
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        _: Request<csi::ControllerModifyVolumeRequest>,
+    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
+        Err(unimplemented("ControllerModifyVolume"))
+    }
+}

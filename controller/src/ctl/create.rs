@@ -1,0 +1,191 @@
+//! CreateVolume: a Proxmox disk owned by the placeholder VMID, on the node
+//! with the most free space (or the one the topology asks for).
+
+use std::collections::HashMap;
+
+use proxmox_csi_proto::csi::v1 as csi;
+
+use super::{CHUNK, Controller, DEFAULT_SIZE, check_capabilities};
+use crate::error::CtlError;
+use crate::params::StorageParams;
+use crate::pve::{Client, Deadline};
+use crate::volume::{VolumeId, disk_filename};
+
+pub const REGION: &str = "topology.kubernetes.io/region";
+pub const ZONE: &str = "topology.kubernetes.io/zone";
+
+/// The size to allocate, in the Go driver's 512 MiB steps.
+pub fn size_for(range: Option<&csi::CapacityRange>) -> Result<u64, CtlError> {
+    let Some(r) = range else { return Ok(DEFAULT_SIZE) };
+    let (req, lim) = (r.required_bytes, r.limit_bytes);
+    if req < 0 || lim < 0 {
+        return Err(CtlError::invalid("capacity_range", "sizes must not be negative"));
+    }
+    let (req, lim) = (req as u64, lim as u64);
+    if lim > 0 && req > lim {
+        return Err(CtlError::invalid("capacity_range", format!("required_bytes {req} exceeds limit_bytes {lim}")));
+    }
+    let size = req.max(1).div_ceil(CHUNK) * CHUNK;
+    if lim > 0 && size > lim {
+        // Round down to the limit when that still satisfies the request.
+        let down = lim / CHUNK * CHUNK;
+        if down >= req && down > 0 {
+            return Ok(down);
+        }
+        return Err(CtlError::OutOfRange(format!(
+            "capacity_range: {req}..{lim} bytes holds no multiple of 512 MiB, the allocation step"
+        )));
+    }
+    Ok(size)
+}
+
+/// Region and zone wanted: preferred topologies first, then requisite.
+fn wanted(req: Option<&csi::TopologyRequirement>) -> (Option<String>, Vec<String>) {
+    let Some(t) = req else { return (None, Vec::new()) };
+    let all: Vec<&csi::Topology> = t.preferred.iter().chain(t.requisite.iter()).collect();
+    let region = all.iter().find_map(|s| s.segments.get(REGION).cloned());
+    let zones = all
+        .iter()
+        .filter(|s| region.as_ref().is_none_or(|r| s.segments.get(REGION) == Some(r)))
+        .filter_map(|s| s.segments.get(ZONE).cloned())
+        .collect();
+    (region, zones)
+}
+
+impl Controller {
+    pub async fn create_volume(&self, r: &csi::CreateVolumeRequest, d: Deadline) -> Result<csi::Volume, CtlError> {
+        if r.name.is_empty() {
+            return Err(CtlError::invalid("name", "is required"));
+        }
+        check_capabilities("volume_capabilities", &r.volume_capabilities).map_err(|e| CtlError::invalid("volume_capabilities", e))?;
+        let mut params = StorageParams::parse(&r.parameters)?;
+        params.apply_mutable(&r.mutable_parameters)?;
+        if r.volume_content_source.is_some() {
+            return Err(CtlError::Unimplemented(
+                "volume_content_source: clones and restores from snapshots are not supported by this controller build".into(),
+            ));
+        }
+        if params.replicate {
+            return Err(CtlError::Unimplemented(
+                "parameters.replicate: ZFS replication is not supported by this controller build".into(),
+            ));
+        }
+        let size = size_for(r.capacity_range.as_ref())?;
+        let (region, zones) = wanted(r.accessibility_requirements.as_ref());
+        let region = match region {
+            Some(r) => r,
+            None if self.clients.len() == 1 => self.clients.keys().next().cloned().unwrap_or_default(),
+            None => {
+                return Err(CtlError::invalid(
+                    "accessibility_requirements",
+                    format!("no {REGION} segment, and the cloud config has several clusters"),
+                ));
+            }
+        };
+        let client = self.client(&region)?;
+        let rows = self.storage_rows(&client, &params.storage, d).await?;
+        let available: Vec<_> = rows.iter().filter(|r| r.status == "available").collect();
+        if available.is_empty() {
+            return Err(CtlError::invalid(
+                "parameters.storage",
+                format!("storage {:?} is not available on any node of region {region}", params.storage),
+            ));
+        }
+        let shared = available.iter().any(|r| r.shared == 1);
+        let file_storage = matches!(available[0].plugintype.as_str(), "dir" | "nfs" | "cifs" | "cephfs" | "btrfs");
+        // Local storage: the requested zone, else the node with most free space.
+        let node = if zones.is_empty() {
+            available
+                .iter()
+                .max_by_key(|r| r.maxdisk.saturating_sub(r.disk))
+                .map(|r| r.node.clone())
+        } else {
+            zones.iter().find(|z| available.iter().any(|r| &r.node == *z)).cloned()
+        }
+        .ok_or_else(|| {
+            CtlError::ResourceExhausted(format!(
+                "storage {:?} is on none of the requested zones {zones:?} of region {region}",
+                params.storage
+            ))
+        })?;
+
+        let format = params.format.clone().unwrap_or_else(|| "raw".into());
+        let filename = disk_filename(self.controller_vmid, &r.name, file_storage, &format);
+        let volname = if file_storage { format!("{}/{filename}", self.controller_vmid) } else { filename.clone() };
+        // Idempotent by name: the same disk is the same answer.
+        let (disk, capacity) = match client.volume_info(&node, &params.storage, &volname, d).await? {
+            Some(existing) => {
+                let (req, lim) = r
+                    .capacity_range
+                    .as_ref()
+                    .map(|c| (c.required_bytes.max(0) as u64, c.limit_bytes.max(0) as u64))
+                    .unwrap_or((DEFAULT_SIZE, 0));
+                if existing.size < req || (lim > 0 && existing.size > lim) {
+                    return Err(CtlError::AlreadyExists(format!(
+                        "volume {} already exists with {} bytes, outside the requested range {req}..{}",
+                        r.name,
+                        existing.size,
+                        if lim > 0 { lim.to_string() } else { "∞".into() }
+                    )));
+                }
+                (volname, existing.size)
+            }
+            None => {
+                let volid = client.allocate(&node, &params.storage, &filename, self.controller_vmid, size, d).await?;
+                (volid.split_once(':').map(|(_, n)| n.to_string()).unwrap_or(volname), size)
+            }
+        };
+        let id = VolumeId {
+            region: region.clone(),
+            zone: (!shared).then(|| node.clone()),
+            storage: params.storage.clone(),
+            disk,
+        };
+        let topology = self.topology_of(&client, &id, shared, d).await?;
+        Ok(csi::Volume {
+            capacity_bytes: capacity as i64,
+            volume_id: id.to_string(),
+            volume_context: params.context().into_iter().collect::<HashMap<_, _>>(),
+            content_source: None,
+            accessible_topology: topology,
+        })
+    }
+
+    /// Local storage: the node. Shared: the storage's `nodes`, or the region.
+    async fn topology_of(&self, client: &Client, id: &VolumeId, shared: bool, d: Deadline) -> Result<Vec<csi::Topology>, CtlError> {
+        let seg = |zone: Option<&str>| {
+            let mut m = HashMap::from([(REGION.to_string(), id.region.clone())]);
+            if let Some(z) = zone {
+                m.insert(ZONE.to_string(), z.to_string());
+            }
+            csi::Topology { segments: m }
+        };
+        if !shared {
+            return Ok(vec![seg(id.zone.as_deref())]);
+        }
+        let cfg = client.storage_config(&id.storage, d).await?;
+        Ok(match cfg.nodes.filter(|n| !n.is_empty()) {
+            Some(nodes) => nodes.split(',').map(|n| seg(Some(n.trim()))).collect(),
+            None => vec![seg(None)],
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(req: i64, lim: i64) -> Option<csi::CapacityRange> {
+        Some(csi::CapacityRange { required_bytes: req, limit_bytes: lim })
+    }
+
+    #[test]
+    fn sizes_follow_the_go_driver() {
+        assert_eq!(size_for(None).unwrap(), 10 << 30);
+        assert_eq!(size_for(range(1, 0).as_ref()).unwrap(), 512 << 20);
+        assert_eq!(size_for(range((1 << 30) + 1, 0).as_ref()).unwrap(), 1536 << 20);
+        assert_eq!(size_for(range(1 << 30, 1 << 30).as_ref()).unwrap(), 1 << 30);
+        assert_eq!(size_for(range(600 << 20, 1000 << 20).as_ref()).unwrap_err().to_string().contains("512 MiB"), true);
+        assert!(matches!(size_for(range(2, 1).as_ref()), Err(CtlError::Invalid { .. })));
+    }
+}

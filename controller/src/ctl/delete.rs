@@ -1,0 +1,43 @@
+//! DeleteVolume: idempotent, and never for a disk still attached to a VM.
+
+use super::Controller;
+use crate::error::CtlError;
+use crate::pve::{Client, Deadline};
+use crate::volume::VolumeId;
+
+impl Controller {
+    /// The node to reach a volume through: its zone, or for shared storage
+    /// any node where the storage is available.
+    pub async fn node_for(&self, client: &Client, id: &VolumeId, d: Deadline) -> Result<Option<String>, CtlError> {
+        if let Some(z) = &id.zone {
+            return Ok(Some(z.clone()));
+        }
+        Ok(self
+            .storage_rows(client, &id.storage, d)
+            .await?
+            .into_iter()
+            .find(|r| r.status == "available")
+            .map(|r| r.node))
+    }
+
+    pub async fn delete_volume(&self, volume_id: &str, d: Deadline) -> Result<(), CtlError> {
+        if volume_id.is_empty() {
+            return Err(CtlError::invalid("volume_id", "is required"));
+        }
+        let id = VolumeId::parse(volume_id).map_err(|e| CtlError::invalid("volume_id", e))?;
+        let client = self.client(&id.region)?;
+        let Some(node) = self.node_for(&client, &id, d).await? else {
+            return Ok(());
+        };
+        if client.volume_info(&node, &id.storage, &id.disk, d).await?.is_none() {
+            return Ok(());
+        }
+        if let Some(vmid) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), d).await? {
+            return Err(CtlError::FailedPrecondition(format!(
+                "volume {volume_id} is still attached to VM {vmid}; unpublish it first"
+            )));
+        }
+        client.delete_volume(&node, &id.storage, &id.disk, d).await?;
+        Ok(())
+    }
+}

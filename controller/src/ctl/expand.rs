@@ -1,0 +1,67 @@
+//! ControllerExpandVolume: through the resize task of the VM the disk is
+//! attached to, skipped when the disk is already large enough.
+
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::volume_capability::AccessType;
+
+use super::Controller;
+use super::create::size_for;
+use crate::drive;
+use crate::error::CtlError;
+use crate::pve::Deadline;
+use crate::volume::VolumeId;
+
+impl Controller {
+    pub async fn expand(&self, r: &csi::ControllerExpandVolumeRequest, d: Deadline) -> Result<(u64, bool), CtlError> {
+        if r.volume_id.is_empty() {
+            return Err(CtlError::invalid("volume_id", "is required"));
+        }
+        let range = r
+            .capacity_range
+            .as_ref()
+            .ok_or_else(|| CtlError::invalid("capacity_range", "is required"))?;
+        let size = size_for(Some(range))?;
+        let id = VolumeId::parse(&r.volume_id).map_err(|e| CtlError::invalid("volume_id", e))?;
+        let client = self.client(&id.region)?;
+        let node = self
+            .node_for(&client, &id, d)
+            .await?
+            .ok_or_else(|| CtlError::NotFound(format!("volume {}: storage {} is on no node", r.volume_id, id.storage)))?;
+        let info = client
+            .volume_info(&node, &id.storage, &id.disk, d)
+            .await?
+            .ok_or_else(|| CtlError::NotFound(format!("volume {} does not exist", r.volume_id)))?;
+        // A filesystem must grow on the node; a raw block volume needs nothing more.
+        let fs = !matches!(
+            r.volume_capability.as_ref().and_then(|c| c.access_type.as_ref()),
+            Some(AccessType::Block(_))
+        );
+        if info.size >= size {
+            return Ok((info.size, fs));
+        }
+        let vmid = self
+            .attacher
+            .attachments
+            .vm_of(&client, &self.vms, &id.volid(), d)
+            .await?
+            .ok_or_else(|| {
+                CtlError::FailedPrecondition(format!(
+                    "volume {} is not attached to a VM: Proxmox resizes disks through a VM, \
+                     so this controller expands volumes while they are published",
+                    r.volume_id
+                ))
+            })?;
+        let vm = self
+            .vms
+            .node_of(&client, vmid, d)
+            .await?
+            .ok_or_else(|| CtlError::NotFound(format!("VM {vmid} holding volume {} is gone", r.volume_id)))?;
+        let cfg = client.vm_config(&vm.node, vmid, d).await?;
+        let slot = drive::slots_with(&cfg.values, &id.volid())
+            .into_iter()
+            .next()
+            .ok_or_else(|| CtlError::Unavailable(format!("volume {} left VM {vmid} meanwhile; retry", r.volume_id)))?;
+        client.resize(&vm.node, vmid, &slot, size, d).await?;
+        Ok((size, fs))
+    }
+}

@@ -1,0 +1,117 @@
+//! The controller's operations, one module per concern; `csi/controller.rs`
+//! only adapts them to the gRPC service.
+
+mod capability;
+mod create;
+mod delete;
+mod expand;
+mod publish;
+mod query;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+
+use crate::attach::Attacher;
+use crate::error::CtlError;
+use crate::pve::api::StorageResource;
+use crate::pve::{Client, Deadline};
+use crate::vms::VmIndex;
+
+pub use capability::check_capabilities;
+
+/// Shared state of the controller.
+#[derive(Debug)]
+pub struct Controller {
+    pub clients: HashMap<String, Arc<Client>>,
+    pub controller_vmid: u32,
+    pub vms: VmIndex,
+    pub attacher: Arc<Attacher>,
+    storages: Mutex<HashMap<String, (std::time::Instant, Vec<StorageResource>)>>,
+    /// Deadline of a call when the caller set none.
+    pub default_timeout: Duration,
+}
+
+/// 512 MiB: the Go driver's size step.
+pub const CHUNK: u64 = 512 << 20;
+pub const DEFAULT_SIZE: u64 = 10 << 30;
+const STORAGE_CACHE: Duration = Duration::from_secs(30);
+
+impl Controller {
+    pub fn new(clients: Vec<Arc<Client>>, controller_vmid: u32, default_timeout: Duration) -> Self {
+        Self {
+            clients: clients.into_iter().map(|c| (c.region().to_string(), c)).collect(),
+            controller_vmid,
+            vms: VmIndex::default(),
+            attacher: Arc::new(Attacher::default()),
+            storages: Mutex::new(HashMap::new()),
+            default_timeout,
+        }
+    }
+
+    pub fn client(&self, region: &str) -> Result<Arc<Client>, CtlError> {
+        self.clients.get(region).cloned().ok_or_else(|| {
+            let mut known: Vec<&String> = self.clients.keys().collect();
+            known.sort();
+            CtlError::invalid(
+                "region",
+                format!("{region:?} is not a cluster of the cloud config; configured: {known:?}"),
+            )
+        })
+    }
+
+    /// Rows of `/cluster/resources?type=storage` for `storage`, cached briefly.
+    pub async fn storage_rows(&self, client: &Client, storage: &str, d: Deadline) -> Result<Vec<StorageResource>, CtlError> {
+        let mut cache = self.storages.lock().await;
+        let fresh = cache
+            .get(client.region())
+            .is_some_and(|(at, _)| at.elapsed() < STORAGE_CACHE);
+        if !fresh {
+            let rows = client.storages(d).await?;
+            cache.insert(client.region().to_string(), (std::time::Instant::now(), rows));
+        }
+        Ok(cache
+            .get(client.region())
+            .map(|(_, rows)| rows.iter().filter(|r| r.storage == storage).cloned().collect())
+            .unwrap_or_default())
+    }
+}
+
+/// The deadline of a call: the caller's `grpc-timeout`, else the default.
+pub fn deadline<T>(req: &tonic::Request<T>, default: Duration) -> Deadline {
+    let t = req
+        .metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)
+        .unwrap_or(default);
+    Deadline::after(t)
+}
+
+fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    let (n, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = n.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(parse_grpc_timeout("14999m"), Some(Duration::from_millis(14999)));
+        assert_eq!(parse_grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout("x"), None);
+    }
+}

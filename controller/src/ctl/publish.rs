@@ -1,0 +1,121 @@
+//! ControllerPublishVolume / ControllerUnpublishVolume: the node's VM gets
+//! the disk in its lowest free SCSI slot, with a WWN and serial the node
+//! waits for; the publish context carries them as read back from the config.
+
+use std::collections::HashMap;
+
+use proxmox_csi_common::NodeId;
+use proxmox_csi_proto::csi::v1 as csi;
+
+use super::{Controller, check_capabilities};
+use crate::attach::{Attached, Op};
+use crate::error::CtlError;
+use crate::params::StorageParams;
+use crate::pve::api::VmResource;
+use crate::pve::{Client, Deadline};
+use crate::volume::VolumeId;
+
+impl Controller {
+    /// The VM of a CSI node: by the VM id in the node id, else by name.
+    async fn vm_of_node(&self, client: &Client, node_id: &NodeId, d: Deadline) -> Result<Option<VmResource>, CtlError> {
+        Ok(match node_id.vmid {
+            Some(vmid) => self.vms.node_of(client, vmid, d).await?,
+            None => self.vms.by_name(client, &node_id.name, d).await?,
+        })
+    }
+
+    pub async fn publish(&self, r: &csi::ControllerPublishVolumeRequest, d: Deadline) -> Result<HashMap<String, String>, CtlError> {
+        if r.volume_id.is_empty() {
+            return Err(CtlError::invalid("volume_id", "is required"));
+        }
+        if r.node_id.is_empty() {
+            return Err(CtlError::invalid("node_id", "is required"));
+        }
+        let cap = r
+            .volume_capability
+            .clone()
+            .ok_or_else(|| CtlError::invalid("volume_capability", "is required"))?;
+        check_capabilities("volume_capability", &[cap]).map_err(|e| CtlError::invalid("volume_capability", e))?;
+        let id = VolumeId::parse(&r.volume_id).map_err(|e| CtlError::invalid("volume_id", e))?;
+        let node_id = NodeId::parse(&r.node_id).map_err(|e| CtlError::invalid("node_id", e))?;
+        let client = self.client(&id.region)?;
+        // A static volume may have no context: its storage is in the handle.
+        let mut ctx = r.volume_context.clone();
+        ctx.entry("storage".into()).or_insert_with(|| id.storage.clone());
+        let params = StorageParams::from_context(&ctx)
+            .map_err(|e| CtlError::invalid(format!("volume_context.{}", e.key), e.reason))?;
+
+        let vm = self
+            .vm_of_node(&client, &node_id, d)
+            .await?
+            .ok_or_else(|| CtlError::NotFound(format!("node {node_id}: no VM found in region {}", id.region)))?;
+        if let Some(zone) = &id.zone
+            && *zone != vm.node
+        {
+            return Err(CtlError::FailedPrecondition(format!(
+                "volume {} is on local storage of Proxmox node {zone}, but VM {} ({node_id}) runs on {}; \
+                 move the volume with `pvecsictl migrate <pvc> {}` or schedule the pod on a node of {zone}",
+                r.volume_id, vm.vmid, vm.node, vm.node
+            )));
+        }
+        if client.volume_info(&vm.node, &id.storage, &id.disk, d).await?.is_none() {
+            return Err(CtlError::NotFound(format!("volume {} does not exist", r.volume_id)));
+        }
+        if let Some(other) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), d).await?
+            && other != vm.vmid
+        {
+            return Err(CtlError::FailedPrecondition(format!(
+                "volume {} is attached to VM {other}; it can be attached to one VM at a time",
+                r.volume_id
+            )));
+        }
+        let op = Op::Attach {
+            volid: id.volid(),
+            handle: r.volume_id.clone(),
+            opts: params.drive_options(r.readonly),
+        };
+        let attached = self
+            .attacher
+            .submit(client.clone(), &vm.node, vm.vmid, op, d)
+            .await?
+            .ok_or_else(|| CtlError::Unavailable("attach returned no slot; retry".into()))?;
+        Ok(publish_context(&attached))
+    }
+
+    pub async fn unpublish(&self, r: &csi::ControllerUnpublishVolumeRequest, d: Deadline) -> Result<(), CtlError> {
+        if r.volume_id.is_empty() {
+            return Err(CtlError::invalid("volume_id", "is required"));
+        }
+        let id = VolumeId::parse(&r.volume_id).map_err(|e| CtlError::invalid("volume_id", e))?;
+        let client = self.client(&id.region)?;
+        let vm = if r.node_id.is_empty() {
+            // From every node: the VM the volume is attached to, if any.
+            match self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), d).await? {
+                Some(vmid) => self.vms.node_of(&client, vmid, d).await?,
+                None => None,
+            }
+        } else {
+            let node_id = NodeId::parse(&r.node_id).map_err(|e| CtlError::invalid("node_id", e))?;
+            self.vm_of_node(&client, &node_id, d).await?
+        };
+        // A VM (or node) that is gone counts as detached.
+        let Some(vm) = vm else { return Ok(()) };
+        self.attacher
+            .submit(client, &vm.node, vm.vmid, Op::Detach { volid: id.volid() }, d)
+            .await?;
+        Ok(())
+    }
+}
+
+fn publish_context(a: &Attached) -> HashMap<String, String> {
+    let lun = a.slot.trim_start_matches("scsi").to_string();
+    let mut ctx = HashMap::from([("wwn".to_string(), a.wwn.clone()), ("lun".to_string(), lun)]);
+    if !a.serial.is_empty() {
+        ctx.insert("serial".into(), a.serial.clone());
+    }
+    if !a.wwn.is_empty() {
+        // What the Go driver's node plugin reads.
+        ctx.insert("DevicePath".into(), format!("/dev/disk/by-id/wwn-{}", a.wwn));
+    }
+    ctx
+}

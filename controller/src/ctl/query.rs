@@ -1,0 +1,204 @@
+//! Read-only RPCs: capacity, capability validation, volume listing and
+//! condition.
+
+use std::collections::HashMap;
+
+use proxmox_csi_proto::csi::v1 as csi;
+
+use super::create::{REGION, ZONE};
+use super::{Controller, check_capabilities};
+use crate::drive;
+use crate::error::CtlError;
+use crate::pve::Deadline;
+use crate::volume::VolumeId;
+
+impl Controller {
+    pub async fn capacity(&self, r: &csi::GetCapacityRequest, d: Deadline) -> Result<(u64, u64), CtlError> {
+        let storage = r
+            .parameters
+            .get("storage")
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| CtlError::invalid("parameters.storage", "is required"))?;
+        let segs = r.accessible_topology.as_ref().map(|t| t.segments.clone()).unwrap_or_default();
+        let region = match segs.get(REGION) {
+            Some(r) => r.clone(),
+            None if self.clients.len() == 1 => self.clients.keys().next().cloned().unwrap_or_default(),
+            None => return Err(CtlError::invalid("accessible_topology", format!("{REGION} is required with several clusters"))),
+        };
+        let client = self.client(&region)?;
+        let rows = self.storage_rows(&client, storage, d).await?;
+        let row = match segs.get(ZONE) {
+            Some(z) => rows.iter().find(|r| &r.node == z),
+            None => rows.iter().find(|r| r.shared == 1).or_else(|| rows.first()),
+        };
+        let Some(row) = row.filter(|r| r.status == "available") else {
+            return Ok((0, 0));
+        };
+        let st = client.storage_status(&row.node, storage, d).await?;
+        if st.enabled == 0 || st.active == 0 {
+            return Ok((0, 0));
+        }
+        // The largest volume is the free space in whole 512 MiB steps.
+        let max = st.avail / super::CHUNK * super::CHUNK;
+        Ok((st.avail, max))
+    }
+
+    pub async fn validate(&self, r: &csi::ValidateVolumeCapabilitiesRequest, d: Deadline) -> Result<csi::ValidateVolumeCapabilitiesResponse, CtlError> {
+        if r.volume_id.is_empty() {
+            return Err(CtlError::invalid("volume_id", "is required"));
+        }
+        if r.volume_capabilities.is_empty() {
+            return Err(CtlError::invalid("volume_capabilities", "is required"));
+        }
+        let id = VolumeId::parse(&r.volume_id).map_err(|e| CtlError::invalid("volume_id", e))?;
+        let client = self.client(&id.region)?;
+        let exists = match self.node_for(&client, &id, d).await? {
+            Some(node) => client.volume_info(&node, &id.storage, &id.disk, d).await?.is_some(),
+            None => false,
+        };
+        if !exists {
+            return Err(CtlError::NotFound(format!("volume {} does not exist", r.volume_id)));
+        }
+        Ok(match check_capabilities("volume_capabilities", &r.volume_capabilities) {
+            Ok(()) => csi::ValidateVolumeCapabilitiesResponse {
+                confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+                    volume_context: r.volume_context.clone(),
+                    volume_capabilities: r.volume_capabilities.clone(),
+                    parameters: r.parameters.clone(),
+                    mutable_parameters: r.mutable_parameters.clone(),
+                }),
+                message: String::new(),
+            },
+            Err(why) => csi::ValidateVolumeCapabilitiesResponse { confirmed: None, message: why },
+        })
+    }
+
+    /// Volumes owned by the placeholder VMID, with the VMs they are attached to.
+    pub async fn list(&self, r: &csi::ListVolumesRequest, d: Deadline) -> Result<csi::ListVolumesResponse, CtlError> {
+        let mut entries = Vec::new();
+        let mut regions: Vec<&String> = self.clients.keys().collect();
+        regions.sort();
+        for region in regions {
+            let client = self.client(region)?;
+            let vms = self.vms.all(&client, d).await?;
+            let mut seen = std::collections::BTreeSet::new();
+            let rows = client.storages(d).await?;
+            for row in rows.iter().filter(|r| r.status == "available") {
+                if row.shared == 1 && !seen.insert(row.storage.clone()) {
+                    continue;
+                }
+                let content: Vec<serde_json::Value> = client
+                    .call(
+                        reqwest::Method::GET,
+                        &format!("/nodes/{}/storage/{}/content", row.node, row.storage),
+                        &[("vmid", self.controller_vmid.to_string()), ("content", "images".into())],
+                        d,
+                    )
+                    .await?;
+                for v in content {
+                    let volid = v["volid"].as_str().unwrap_or_default().to_string();
+                    let Some((storage, disk)) = volid.split_once(':') else { continue };
+                    let id = VolumeId {
+                        region: region.clone(),
+                        zone: (row.shared != 1).then(|| row.node.clone()),
+                        storage: storage.into(),
+                        disk: disk.into(),
+                    };
+                    let published = match self.attacher.attachments.vm_of(&client, &self.vms, &volid, d).await? {
+                        Some(vmid) => vms
+                            .iter()
+                            .find(|vm| vm.vmid == vmid)
+                            .map(|vm| vec![format!("{}/{vmid}", vm.name.clone().unwrap_or_default())])
+                            .unwrap_or_default(),
+                        None => Vec::new(),
+                    };
+                    entries.push(csi::list_volumes_response::Entry {
+                        volume: Some(csi::Volume {
+                            capacity_bytes: v["size"].as_i64().unwrap_or(0),
+                            volume_id: id.to_string(),
+                            ..Default::default()
+                        }),
+                        status: Some(csi::list_volumes_response::VolumeStatus {
+                            published_node_ids: published,
+                            volume_condition: None,
+                        }),
+                    });
+                }
+            }
+        }
+        entries.sort_by(|a, b| {
+            let key = |e: &csi::list_volumes_response::Entry| e.volume.as_ref().map(|v| v.volume_id.clone()).unwrap_or_default();
+            key(a).cmp(&key(b))
+        });
+        let start: usize = if r.starting_token.is_empty() {
+            0
+        } else {
+            r.starting_token
+                .parse()
+                .ok()
+                .filter(|s| *s <= entries.len())
+                .ok_or_else(|| CtlError::Invalid {
+                    field: "starting_token".into(),
+                    reason: format!("{:?} is not a token this controller gave out", r.starting_token),
+                })?
+        };
+        if r.max_entries < 0 {
+            return Err(CtlError::invalid("max_entries", "must not be negative"));
+        }
+        let take = if r.max_entries == 0 { usize::MAX } else { r.max_entries as usize };
+        let page: Vec<_> = entries.iter().skip(start).take(take).cloned().collect();
+        let next = start + page.len();
+        Ok(csi::ListVolumesResponse {
+            entries: page,
+            next_token: if next < entries.len() { next.to_string() } else { String::new() },
+        })
+    }
+
+    pub async fn get_volume(&self, volume_id: &str, d: Deadline) -> Result<csi::ControllerGetVolumeResponse, CtlError> {
+        if volume_id.is_empty() {
+            return Err(CtlError::invalid("volume_id", "is required"));
+        }
+        let id = VolumeId::parse(volume_id).map_err(|e| CtlError::invalid("volume_id", e))?;
+        let client = self.client(&id.region)?;
+        let node = self.node_for(&client, &id, d).await?;
+        let info = match &node {
+            Some(n) => client.volume_info(n, &id.storage, &id.disk, d).await?,
+            None => None,
+        };
+        let Some(info) = info else {
+            return Err(CtlError::NotFound(format!("volume {volume_id} does not exist")));
+        };
+        let mut problems = Vec::new();
+        let mut published = Vec::new();
+        if let Some(vmid) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), d).await?
+            && let Some(vm) = self.vms.node_of(&client, vmid, d).await?
+        {
+            published.push(format!("{}/{vmid}", vm.name.clone().unwrap_or_default()));
+            let cfg = client.vm_config(&vm.node, vmid, d).await?;
+            if let Some(lock) = cfg.values.get("lock") {
+                problems.push(format!("VM {vmid} is locked ({lock})"));
+            }
+            let pending = client.vm_pending(&vm.node, vmid, d).await?;
+            let slots = drive::slots_with(&cfg.values, &id.volid());
+            if pending.iter().any(|p| slots.contains(&p.key) && (p.pending.is_some() || p.delete.is_some())) {
+                problems.push(format!("VM {vmid} has a change of this disk pending"));
+            }
+        }
+        Ok(csi::ControllerGetVolumeResponse {
+            volume: Some(csi::Volume {
+                capacity_bytes: info.size as i64,
+                volume_id: volume_id.to_string(),
+                volume_context: HashMap::new(),
+                content_source: None,
+                accessible_topology: Vec::new(),
+            }),
+            status: Some(csi::controller_get_volume_response::VolumeStatus {
+                published_node_ids: published,
+                volume_condition: Some(csi::VolumeCondition {
+                    abnormal: !problems.is_empty(),
+                    message: if problems.is_empty() { "volume is healthy".into() } else { problems.join("; ") },
+                }),
+            }),
+        })
+    }
+}

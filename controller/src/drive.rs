@@ -1,0 +1,101 @@
+//! The drive line a publish writes (`scsiN: <volid>,<options>,wwn=…,serial=…`)
+//! and what is read back from VM configs.
+
+use std::collections::BTreeMap;
+
+use sha2::{Digest, Sha256};
+
+/// `scsi1`–`scsi30`: the slots a CSI volume may take (scsi0 is the boot disk).
+pub const SLOTS: std::ops::RangeInclusive<u32> = 1..=30;
+
+/// A drive value split into its volume and options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriveLine {
+    pub volume: String,
+    pub opts: BTreeMap<String, String>,
+}
+
+impl DriveLine {
+    pub fn parse(value: &str) -> Self {
+        let mut parts = value.split(',');
+        let first = parts.next().unwrap_or_default();
+        let volume = first.strip_prefix("file=").or_else(|| first.strip_prefix("volume=")).unwrap_or(first);
+        let opts = parts
+            .filter_map(|p| p.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Self {
+            volume: volume.to_string(),
+            opts,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut s = self.volume.clone();
+        for (k, v) in &self.opts {
+            s.push_str(&format!(",{k}={v}"));
+        }
+        s
+    }
+}
+
+/// The WWN of a volume: NAA type 5, from a hash of the handle; `salt`
+/// changes it when the VM already has a drive with that WWN.
+pub fn wwn_for(handle: &str, salt: u32) -> String {
+    let h = Sha256::digest(format!("{handle}#{salt}").as_bytes());
+    let mut v = u64::from_be_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]);
+    v = (v & 0x0FFF_FFFF_FFFF_FFFF) | 0x5000_0000_0000_0000;
+    format!("0x{v:016x}")
+}
+
+/// A drive serial (≤ 20 characters of Proxmox's allowed set) from the handle.
+pub fn serial_for(handle: &str) -> String {
+    let h = Sha256::digest(handle.as_bytes());
+    let hex: String = h.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("csi-{hex}")
+}
+
+/// Drive keys (`scsiN`…) of a config whose volume is `volid`.
+pub fn slots_with(config: &BTreeMap<String, String>, volid: &str) -> Vec<String> {
+    config
+        .iter()
+        .filter(|(k, _)| is_disk_key(k))
+        .filter(|(_, v)| DriveLine::parse(v).volume == volid)
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+pub fn is_disk_key(k: &str) -> bool {
+    ["scsi", "virtio", "sata", "ide"].iter().any(|bus| {
+        k.strip_prefix(bus).is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wwns_are_naa5_and_stable() {
+        let a = wwn_for("r/pve2/local-lvm/vm-9999-pvc-a", 0);
+        assert_eq!(a, wwn_for("r/pve2/local-lvm/vm-9999-pvc-a", 0));
+        assert_ne!(a, wwn_for("r/pve2/local-lvm/vm-9999-pvc-a", 1));
+        assert!(a.starts_with("0x5") && a.len() == 18, "{a}");
+        let s = serial_for("r/pve2/local-lvm/vm-9999-pvc-a");
+        assert_eq!(s.len(), 20);
+    }
+
+    #[test]
+    fn drive_lines_round_trip() {
+        let d = DriveLine::parse("local-lvm:vm-9999-pvc-a,backup=0,size=1G,wwn=0x5000c500a1b2c3d4");
+        assert_eq!(d.volume, "local-lvm:vm-9999-pvc-a");
+        assert_eq!(d.opts["wwn"], "0x5000c500a1b2c3d4");
+        assert_eq!(d.render(), "local-lvm:vm-9999-pvc-a,backup=0,size=1G,wwn=0x5000c500a1b2c3d4");
+        let cfg = BTreeMap::from([
+            ("scsi0".to_string(), "local-lvm:vm-112-disk-0,size=32G".to_string()),
+            ("scsi3".to_string(), d.render()),
+            ("unused0".to_string(), "local-lvm:vm-9999-pvc-a".to_string()),
+        ]);
+        assert_eq!(slots_with(&cfg, "local-lvm:vm-9999-pvc-a"), ["scsi3"]);
+    }
+}

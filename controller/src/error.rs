@@ -1,0 +1,74 @@
+//! The controller's errors and the one place that maps them to gRPC codes.
+
+use tonic::{Code, Status};
+
+use crate::params::ParamError;
+use crate::pve::PveError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: String },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    OutOfRange(String),
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// Proxmox is busy or unreachable: the sidecar should retry.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Unimplemented(String),
+    #[error(transparent)]
+    Proxmox(PveError),
+}
+
+impl CtlError {
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl From<PveError> for CtlError {
+    fn from(e: PveError) -> Self {
+        if e.is_transient() {
+            Self::Unavailable(e.to_string())
+        } else {
+            Self::Proxmox(e)
+        }
+    }
+}
+
+impl From<ParamError> for CtlError {
+    fn from(e: ParamError) -> Self {
+        Self::Invalid {
+            field: format!("parameters.{}", e.key),
+            reason: e.reason,
+        }
+    }
+}
+
+impl From<CtlError> for Status {
+    fn from(e: CtlError) -> Self {
+        let code = match &e {
+            CtlError::Invalid { .. } => Code::InvalidArgument,
+            CtlError::NotFound(_) => Code::NotFound,
+            CtlError::AlreadyExists(_) => Code::AlreadyExists,
+            CtlError::FailedPrecondition(_) => Code::FailedPrecondition,
+            CtlError::OutOfRange(_) => Code::OutOfRange,
+            CtlError::ResourceExhausted(_) => Code::ResourceExhausted,
+            CtlError::Unavailable(_) => Code::Unavailable,
+            CtlError::Unimplemented(_) => Code::Unimplemented,
+            CtlError::Proxmox(_) => Code::Internal,
+        };
+        Status::new(code, e.to_string())
+    }
+}

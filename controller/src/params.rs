@@ -1,0 +1,264 @@
+//! StorageClass (and VolumeAttributesClass) parameters, parsed strictly:
+//! an unknown key, a bad boolean or a value outside its set is an error that
+//! names the key and what is allowed. The keys are the Go driver's.
+
+use std::collections::{BTreeMap, HashMap};
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("parameter {key}: {reason}")]
+pub struct ParamError {
+    pub key: String,
+    pub reason: String,
+}
+
+/// Keys the Go driver reads, plus `discard` (settable on its own).
+const KEYS: &[&str] = &[
+    "storage", "storageFormat", "cache", "ssd", "discard", "aio", "iothread", "backup", "diskIOPS",
+    "diskMBps", "blockSize", "inodeSize", "replicate", "replicateSchedule", "replicateZones",
+];
+
+/// Keys a VolumeAttributesClass may set.
+const MUTABLE_KEYS: &[&str] = &["diskIOPS", "diskMBps", "backup", "cache"];
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StorageParams {
+    pub storage: String,
+    pub format: Option<String>,
+    pub cache: Option<String>,
+    pub ssd: Option<bool>,
+    pub discard: Option<String>,
+    pub aio: Option<String>,
+    pub iothread: bool,
+    pub backup: bool,
+    pub iops: Option<u64>,
+    pub mbps: Option<u64>,
+    pub block_size: Option<u32>,
+    pub inode_size: Option<u32>,
+    pub replicate: bool,
+    pub replicate_schedule: Option<String>,
+    pub replicate_zones: Vec<String>,
+}
+
+/// Go's strconv.ParseBool.
+fn parse_bool(key: &str, v: &str) -> Result<bool, ParamError> {
+    match v {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(ParamError {
+            key: key.into(),
+            reason: format!("{v:?} is not a boolean; allowed: true, false, 1, 0"),
+        }),
+    }
+}
+
+fn one_of(key: &str, v: &str, allowed: &[&str]) -> Result<String, ParamError> {
+    if allowed.contains(&v) {
+        Ok(v.to_string())
+    } else {
+        Err(ParamError {
+            key: key.into(),
+            reason: format!("{v:?} is not allowed; allowed: {}", allowed.join(", ")),
+        })
+    }
+}
+
+fn number<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, ParamError> {
+    v.parse().map_err(|_| ParamError {
+        key: key.into(),
+        reason: format!("{v:?} is not a number"),
+    })
+}
+
+impl StorageParams {
+    pub fn parse(params: &HashMap<String, String>) -> Result<Self, ParamError> {
+        let mut p = Self {
+            iothread: true,
+            ..Default::default()
+        };
+        for (key, value) in params {
+            // Sidecar metadata (csi.storage.k8s.io/pvc/name …) is not ours to check.
+            if key.starts_with("csi.storage.k8s.io/") || value.is_empty() {
+                continue;
+            }
+            let v = value.as_str();
+            match key.as_str() {
+                "storage" => p.storage = v.to_string(),
+                "storageFormat" => p.format = Some(one_of(key, v, &["raw", "qcow2"])?),
+                "cache" => p.cache = Some(one_of(key, v, &["none", "writethrough", "writeback", "unsafe", "directsync"])?),
+                "ssd" => p.ssd = Some(parse_bool(key, v)?),
+                "discard" => p.discard = Some(one_of(key, v, &["on", "ignore"])?),
+                "aio" => p.aio = Some(one_of(key, v, &["native", "threads", "io_uring"])?),
+                "iothread" => p.iothread = parse_bool(key, v)?,
+                "backup" => p.backup = parse_bool(key, v)?,
+                "diskIOPS" => p.iops = Some(number(key, v)?).filter(|n| *n > 0),
+                "diskMBps" => p.mbps = Some(number(key, v)?).filter(|n| *n > 0),
+                "blockSize" => p.block_size = Some(number(key, v)?),
+                "inodeSize" => p.inode_size = Some(number(key, v)?),
+                "replicate" => p.replicate = parse_bool(key, v)?,
+                "replicateSchedule" => p.replicate_schedule = Some(v.to_string()),
+                "replicateZones" => {
+                    p.replicate_zones = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+                }
+                other => {
+                    return Err(ParamError {
+                        key: other.into(),
+                        reason: format!("unknown parameter; allowed: {}", KEYS.join(", ")),
+                    });
+                }
+            }
+        }
+        if p.storage.is_empty() {
+            return Err(ParamError {
+                key: "storage".into(),
+                reason: "parameter storage must be provided".into(),
+            });
+        }
+        Ok(p)
+    }
+
+    /// Applies VolumeAttributesClass values on top.
+    pub fn apply_mutable(&mut self, params: &HashMap<String, String>) -> Result<(), ParamError> {
+        for (key, v) in params {
+            match key.as_str() {
+                "diskIOPS" => self.iops = Some(number::<u64>(key, v)?).filter(|n| *n > 0),
+                "diskMBps" => self.mbps = Some(number::<u64>(key, v)?).filter(|n| *n > 0),
+                "backup" => self.backup = parse_bool(key, v)?,
+                "cache" => self.cache = Some(one_of(key, v, &["none", "writethrough", "writeback", "unsafe", "directsync"])?),
+                other => {
+                    return Err(ParamError {
+                        key: other.into(),
+                        reason: format!("not a mutable parameter; allowed: {}", MUTABLE_KEYS.join(", ")),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The volume context: the Go driver's rendering, which the node reads
+    /// (`ssd`, `blockSize`, `inodeSize`) and publish takes the drive options from.
+    pub fn context(&self) -> BTreeMap<String, String> {
+        let b = |v: bool| if v { "1" } else { "0" }.to_string();
+        let mut c = BTreeMap::from([
+            ("storage".to_string(), self.storage.clone()),
+            ("backup".to_string(), b(self.backup)),
+            ("iothread".to_string(), b(self.iothread)),
+            ("replicate".to_string(), b(self.replicate)),
+        ]);
+        let mut opt = |k: &str, v: Option<String>| {
+            if let Some(v) = v {
+                c.insert(k.to_string(), v);
+            }
+        };
+        opt("storageFormat", self.format.clone());
+        opt("cache", self.cache.clone());
+        opt("ssd", self.ssd.map(b));
+        opt("discard", self.discard.clone());
+        opt("aio", self.aio.clone());
+        opt("diskIOPS", self.iops.map(|v| v.to_string()));
+        opt("diskMBps", self.mbps.map(|v| v.to_string()));
+        opt("blockSize", self.block_size.map(|v| v.to_string()));
+        opt("inodeSize", self.inode_size.map(|v| v.to_string()));
+        opt("replicateSchedule", self.replicate_schedule.clone());
+        if !self.replicate_zones.is_empty() {
+            c.insert("replicateZones".into(), self.replicate_zones.join(","));
+        }
+        c
+    }
+
+    /// Back from a volume context (strict too: it was written by us).
+    pub fn from_context(ctx: &HashMap<String, String>) -> Result<Self, ParamError> {
+        Self::parse(ctx)
+    }
+
+    /// Drive options for the VM config: `backup`, `iothread`, `replicate`,
+    /// cache, aio, `ssd` (with `discard=on` unless discard is set), throttles.
+    pub fn drive_options(&self, read_only: bool) -> BTreeMap<String, String> {
+        let b = |v: bool| if v { "1" } else { "0" }.to_string();
+        let mut o = BTreeMap::from([
+            ("backup".to_string(), b(self.backup)),
+            ("iothread".to_string(), b(self.iothread)),
+            ("replicate".to_string(), b(self.replicate)),
+        ]);
+        if let Some(c) = &self.cache {
+            o.insert("cache".into(), c.clone());
+        }
+        if let Some(a) = &self.aio {
+            o.insert("aio".into(), a.clone());
+        }
+        match (self.ssd, &self.discard) {
+            (Some(true), None) => {
+                o.insert("ssd".into(), "1".into());
+                o.insert("discard".into(), "on".into());
+            }
+            (ssd, discard) => {
+                if let Some(s) = ssd {
+                    o.insert("ssd".into(), b(s));
+                }
+                if let Some(d) = discard {
+                    o.insert("discard".into(), d.clone());
+                }
+            }
+        }
+        if let Some(n) = self.iops {
+            o.insert("iops_rd".into(), n.to_string());
+            o.insert("iops_wr".into(), n.to_string());
+        }
+        if let Some(n) = self.mbps {
+            o.insert("mbps_rd".into(), n.to_string());
+            o.insert("mbps_wr".into(), n.to_string());
+        }
+        if read_only {
+            o.insert("ro".into(), "1".into());
+        }
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn parses_the_go_drivers_parameters() {
+        let p = StorageParams::parse(&map(&[
+            ("storage", "local-lvm"),
+            ("ssd", "true"),
+            ("cache", "writethrough"),
+            ("diskIOPS", "4000"),
+            ("backup", "1"),
+            ("csi.storage.k8s.io/pvc/name", "data"),
+        ]))
+        .unwrap();
+        assert!(p.iothread && p.backup);
+        let o = p.drive_options(false);
+        assert_eq!(o["ssd"], "1");
+        assert_eq!(o["discard"], "on");
+        assert_eq!(o["iops_rd"], "4000");
+        let ctx = p.context();
+        assert_eq!(ctx["ssd"], "1");
+        let back = StorageParams::from_context(&ctx.into_iter().collect()).unwrap();
+        assert_eq!(back, p);
+    }
+
+    #[test]
+    fn discard_can_be_set_on_its_own() {
+        let p = StorageParams::parse(&map(&[("storage", "s"), ("ssd", "1"), ("discard", "ignore")])).unwrap();
+        let o = p.drive_options(true);
+        assert_eq!((o["ssd"].as_str(), o["discard"].as_str(), o["ro"].as_str()), ("1", "ignore", "1"));
+    }
+
+    #[test]
+    fn errors_name_the_key_and_what_is_allowed() {
+        let e = |pairs: &[(&str, &str)]| StorageParams::parse(&map(pairs)).unwrap_err().to_string();
+        assert_eq!(e(&[("storage", "s"), ("ssd", "yes")]), "parameter ssd: \"yes\" is not a boolean; allowed: true, false, 1, 0");
+        assert!(e(&[("storage", "s"), ("cache", "fast")]).starts_with("parameter cache: \"fast\" is not allowed; allowed: none, writethrough"));
+        assert!(e(&[("storage", "s"), ("stroage", "x")]).starts_with("parameter stroage: unknown parameter; allowed: storage, storageFormat"));
+        assert_eq!(e(&[("ssd", "1")]), "parameter storage: parameter storage must be provided");
+        assert_eq!(e(&[("storage", "s"), ("diskIOPS", "lots")]), "parameter diskIOPS: \"lots\" is not a number");
+    }
+}

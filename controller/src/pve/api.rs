@@ -1,0 +1,183 @@
+//! Typed Proxmox endpoints the controller uses.
+
+use std::collections::BTreeMap;
+
+use reqwest::Method;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::client::{Client, Deadline, PveError};
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct StorageStatus {
+    #[serde(default)]
+    pub enabled: u8,
+    #[serde(default)]
+    pub active: u8,
+    #[serde(default)]
+    pub shared: u8,
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub total: u64,
+    #[serde(default)]
+    pub avail: u64,
+    #[serde(default)]
+    pub content: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct VolumeInfo {
+    pub size: u64,
+    #[serde(default)]
+    pub format: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct StorageConfig {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub shared: Option<u8>,
+    #[serde(default)]
+    pub nodes: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct VmResource {
+    pub vmid: u32,
+    pub node: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub template: Option<u8>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct StorageResource {
+    pub storage: String,
+    pub node: String,
+    #[serde(default)]
+    pub shared: u8,
+    #[serde(default)]
+    pub plugintype: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub maxdisk: u64,
+    #[serde(default)]
+    pub disk: u64,
+}
+
+/// A VM config: option → value, with `digest`.
+#[derive(Debug, Clone, Default)]
+pub struct VmConfig {
+    pub values: BTreeMap<String, String>,
+    pub digest: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct PendingItem {
+    pub key: String,
+    #[serde(default)]
+    pub value: Option<Value>,
+    #[serde(default)]
+    pub pending: Option<Value>,
+    #[serde(default)]
+    pub delete: Option<u8>,
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+impl Client {
+    pub async fn storage_status(&self, node: &str, storage: &str, d: Deadline) -> Result<StorageStatus, PveError> {
+        self.call(Method::GET, &format!("/nodes/{node}/storage/{storage}/status"), &[], d).await
+    }
+
+    /// One volume's size, without listing the storage. `None` if it does not exist.
+    pub async fn volume_info(&self, node: &str, storage: &str, volname: &str, d: Deadline) -> Result<Option<VolumeInfo>, PveError> {
+        let path = format!("/nodes/{node}/storage/{storage}/content/{storage}:{volname}");
+        match self.call(Method::GET, &path, &[], d).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Allocates `filename` (size in bytes, sent in KiB) owned by `vmid`; returns the volid.
+    pub async fn allocate(&self, node: &str, storage: &str, filename: &str, vmid: u32, bytes: u64, d: Deadline) -> Result<String, PveError> {
+        let form = [
+            ("filename", filename.to_string()),
+            ("vmid", vmid.to_string()),
+            ("size", format!("{}", bytes.div_ceil(1024))),
+        ];
+        self.call(Method::POST, &format!("/nodes/{node}/storage/{storage}/content"), &form, d).await
+    }
+
+    pub async fn delete_volume(&self, node: &str, storage: &str, volname: &str, d: Deadline) -> Result<(), PveError> {
+        let path = format!("/nodes/{node}/storage/{storage}/content/{storage}:{volname}");
+        let upid: Option<String> = self.call(Method::DELETE, &path, &[], d).await?;
+        match upid {
+            Some(u) => self.wait_task(&u, d).await,
+            None => Ok(()),
+        }
+    }
+
+    pub async fn storage_config(&self, storage: &str, d: Deadline) -> Result<StorageConfig, PveError> {
+        self.call(Method::GET, &format!("/storage/{storage}"), &[], d).await
+    }
+
+    pub async fn vms(&self, d: Deadline) -> Result<Vec<VmResource>, PveError> {
+        let all: Vec<VmResource> = self
+            .call(Method::GET, "/cluster/resources", &[("type", "vm".to_string())], d)
+            .await?;
+        Ok(all.into_iter().filter(|v| v.kind == "qemu" && v.template != Some(1)).collect())
+    }
+
+    pub async fn storages(&self, d: Deadline) -> Result<Vec<StorageResource>, PveError> {
+        self.call(Method::GET, "/cluster/resources", &[("type", "storage".to_string())], d).await
+    }
+
+    /// The committed config (`current=1`: pending changes not applied).
+    pub async fn vm_config(&self, node: &str, vmid: u32, d: Deadline) -> Result<VmConfig, PveError> {
+        let raw: BTreeMap<String, Value> = self
+            .call(Method::GET, &format!("/nodes/{node}/qemu/{vmid}/config"), &[("current", "1".into())], d)
+            .await?;
+        let mut values: BTreeMap<String, String> = raw.iter().map(|(k, v)| (k.clone(), text(v))).collect();
+        let digest = values.remove("digest").unwrap_or_default();
+        Ok(VmConfig { values, digest })
+    }
+
+    pub async fn vm_pending(&self, node: &str, vmid: u32, d: Deadline) -> Result<Vec<PendingItem>, PveError> {
+        self.call(Method::GET, &format!("/nodes/{node}/qemu/{vmid}/pending"), &[], d).await
+    }
+
+    /// `POST …/config` and wait for its task; the exit status is checked.
+    pub async fn update_config(&self, node: &str, vmid: u32, form: &[(&str, String)], d: Deadline) -> Result<(), PveError> {
+        let upid: Option<String> = self
+            .call(Method::POST, &format!("/nodes/{node}/qemu/{vmid}/config"), form, d)
+            .await?;
+        match upid {
+            Some(u) => self.wait_task(&u, d).await,
+            None => Ok(()),
+        }
+    }
+
+    pub async fn resize(&self, node: &str, vmid: u32, disk: &str, bytes: u64, d: Deadline) -> Result<(), PveError> {
+        let form = [("disk", disk.to_string()), ("size", bytes.to_string())];
+        let upid: Option<String> = self
+            .call(Method::PUT, &format!("/nodes/{node}/qemu/{vmid}/resize"), &form, d)
+            .await?;
+        match upid {
+            Some(u) => self.wait_task(&u, d).await,
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Waiting for UPID tasks: polls that start fast (20 ms) and slow down to
+//! 1 s, stop at the deadline, and always check the exit status.
+
+use std::time::Duration;
+
+use reqwest::Method;
+use serde::Deserialize;
+
+use super::client::{Client, Deadline, PveError};
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct TaskStatus {
+    pub status: String,
+    #[serde(default)]
+    pub exitstatus: Option<String>,
+}
+
+/// The node a UPID belongs to: its status is served there.
+pub fn upid_node(upid: &str) -> Option<&str> {
+    let mut parts = upid.split(':');
+    (parts.next() == Some("UPID")).then(|| parts.next()).flatten()
+}
+
+impl Client {
+    /// Waits for `upid` to stop. `OK` and `WARNINGS: n` succeed; anything
+    /// else is `PveError::Task` with Proxmox's text.
+    pub async fn wait_task(&self, upid: &str, deadline: Deadline) -> Result<(), PveError> {
+        let node = upid_node(upid).ok_or_else(|| PveError::Task {
+            region: self.region().to_string(),
+            upid: upid.to_string(),
+            exitstatus: "not a UPID".into(),
+        })?;
+        let path = format!("/nodes/{node}/tasks/{upid}/status");
+        let mut wait = Duration::from_millis(20);
+        loop {
+            let st: TaskStatus = self.call(Method::GET, &path, &[], deadline).await?;
+            if st.status != "running" {
+                let exit = st.exitstatus.unwrap_or_default();
+                if exit == "OK" || exit.starts_with("WARNINGS") {
+                    return Ok(());
+                }
+                return Err(PveError::Task {
+                    region: self.region().to_string(),
+                    upid: upid.to_string(),
+                    exitstatus: exit,
+                });
+            }
+            if deadline.remaining() <= wait {
+                return Err(PveError::Deadline {
+                    region: self.region().to_string(),
+                    what: format!("task {upid}"),
+                    last: "still running".into(),
+                });
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(1));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::upid_node;
+
+    #[test]
+    fn finds_the_node_of_a_upid() {
+        assert_eq!(upid_node("UPID:pve2:0003A1F2:01B665C6:6B0C4CAF:qmconfig:112:root@pam:"), Some("pve2"));
+        assert_eq!(upid_node("nope"), None);
+    }
+}

@@ -1,0 +1,68 @@
+//! Where VMs are: an index of `/cluster/resources?type=vm`, built once per
+//! region and refreshed when a lookup misses or the entry is old, instead of
+//! a scan per call.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+
+use crate::pve::api::VmResource;
+use crate::pve::{Client, Deadline, PveError};
+
+const FRESH: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Default)]
+pub struct VmIndex {
+    by_region: Mutex<HashMap<String, (Instant, Vec<VmResource>)>>,
+}
+
+impl VmIndex {
+    async fn rows(&self, client: &Client, refresh: bool, d: Deadline) -> Result<Vec<VmResource>, PveError> {
+        let mut map = self.by_region.lock().await;
+        if let Some((at, rows)) = map.get(client.region())
+            && !refresh
+            && at.elapsed() < FRESH
+        {
+            return Ok(rows.clone());
+        }
+        let rows = client.vms(d).await?;
+        map.insert(client.region().to_string(), (Instant::now(), rows.clone()));
+        Ok(rows)
+    }
+
+    /// The Proxmox node VM `vmid` runs on, or `None` if it does not exist.
+    pub async fn node_of(&self, client: &Client, vmid: u32, d: Deadline) -> Result<Option<VmResource>, PveError> {
+        for refresh in [false, true] {
+            if let Some(v) = self.rows(client, refresh, d).await?.into_iter().find(|v| v.vmid == vmid) {
+                return Ok(Some(v));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A VM named like the Kubernetes node (exactly, or as a prefix of an FQDN).
+    pub async fn by_name(&self, client: &Client, name: &str, d: Deadline) -> Result<Option<VmResource>, PveError> {
+        for refresh in [false, true] {
+            let rows = self.rows(client, refresh, d).await?;
+            let exact = rows.iter().find(|v| v.name.as_deref() == Some(name));
+            let prefix = rows
+                .iter()
+                .find(|v| v.name.as_deref().is_some_and(|n| n.starts_with(&format!("{name}."))));
+            if let Some(v) = exact.or(prefix) {
+                return Ok(Some(v.clone()));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Every VM of the region (for the attachment index).
+    pub async fn all(&self, client: &Client, d: Deadline) -> Result<Vec<VmResource>, PveError> {
+        self.rows(client, false, d).await
+    }
+
+    /// Forget what is known about a region (after a VM moved).
+    pub async fn invalidate(&self, region: &str) {
+        self.by_region.lock().await.remove(region);
+    }
+}
