@@ -24,6 +24,9 @@ pub enum CtlError {
     Unavailable(String),
     #[error("{0}")]
     Unimplemented(String),
+    /// The spec's answer to a pagination token we did not give out.
+    #[error("{0}")]
+    Aborted(String),
     #[error(transparent)]
     Proxmox(PveError),
 }
@@ -67,6 +70,7 @@ impl From<CtlError> for Status {
             CtlError::ResourceExhausted(_) => Code::ResourceExhausted,
             CtlError::Unavailable(_) => Code::Unavailable,
             CtlError::Unimplemented(_) => Code::Unimplemented,
+            CtlError::Aborted(_) => Code::Aborted,
             CtlError::Proxmox(_) => Code::Internal,
         };
         Status::new(code, e.to_string())

@@ -137,9 +137,8 @@ impl Controller {
                 .parse()
                 .ok()
                 .filter(|s| *s <= entries.len())
-                .ok_or_else(|| CtlError::Invalid {
-                    field: "starting_token".into(),
-                    reason: format!("{:?} is not a token this controller gave out", r.starting_token),
+                .ok_or_else(|| {
+                    CtlError::Aborted(format!("starting_token {:?} is not a token this controller gave out", r.starting_token))
                 })?
         };
         if r.max_entries < 0 {

@@ -71,23 +71,25 @@ impl PveError {
         }
     }
 
-    /// Worth trying again: the cause is transient on Proxmox's side.
+    /// Worth trying again: the cause is transient on Proxmox's side. Most
+    /// 500s are permanent answers ("storage 'x' does not exist", "illegal
+    /// name"); only lock timeouts, locked VMs and server trouble are not.
     pub fn is_transient(&self) -> bool {
+        fn busy(m: &str) -> bool {
+            m.contains("can't lock file")
+                || m.contains("got lock request timeout")
+                || m.starts_with("VM is locked")
+                || m.contains("Internal Server Error")
+                || m.contains("Connection refused")
+                || m.contains("Connection timed out")
+                || m.contains("No route to host")
+        }
         match self {
             Self::Transport { .. } | Self::Deadline { .. } => true,
             Self::Api { status, message, .. } => {
-                let m = message.as_str();
-                m.contains("can't lock file")
-                    || m.contains("got lock request timeout")
-                    || m.starts_with("VM is locked")
-                    || (status.is_server_error()
-                        && !m.contains("does not exist")
-                        && !m.contains("checksum mismatch")
-                        && !m.contains("already exists"))
+                busy(message) || matches!(status.as_u16(), 502 | 503 | 504 | 595 | 596)
             }
-            Self::Task { exitstatus, .. } => {
-                exitstatus.contains("can't lock file") || exitstatus.starts_with("VM is locked")
-            }
+            Self::Task { exitstatus, .. } => busy(exitstatus),
             Self::Tls { .. } | Self::Decode { .. } => false,
         }
     }
