@@ -4,6 +4,8 @@
 demo:
 	scripts/deps.sh test
 	cargo build --workspace --locked --bins
+	# hostd finds the demo's disks as loop devices: a test-only resolver.
+	cargo build --locked -p proxmox-csi-hostd --features loop-resolver
 	cargo run --quiet --locked -p demo
 
 test:
