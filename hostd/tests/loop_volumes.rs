@@ -756,3 +756,18 @@ async fn killed_mid_stage_the_retry_converges() {
         }
     }
 }
+
+#[tokio::test]
+async fn oversized_requests_are_refused() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let staging = env.staging("big");
+    let mut req = stage_req("vol-big", "5000c500deadbeef", &staging, "ext4");
+    req.volume_id = "x".repeat(100 * 1024);
+    let e = env.client.stage(req).await.unwrap_err();
+    assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
+    // hostd still serves.
+    env.client.health(pb::HealthRequest {}).await.unwrap();
+}

@@ -45,6 +45,15 @@ impl Locks {
         self.acquire(&format!("storage-{storage}"), timeout, message).await
     }
 
+    /// Holds a storage's allocation lock for `hold`.
+    pub fn hold_storage(self: &Arc<Self>, storage: &str, hold: Duration) {
+        let lock = self.lock_for(&format!("storage-{storage}"));
+        tokio::spawn(async move {
+            let _g = lock.lock_owned().await;
+            tokio::time::sleep(hold).await;
+        });
+    }
+
     /// Holds a VM's lock for `hold` (a knob for tests: a slow backup hook,
     /// another client's long config write).
     pub fn hold_vm(self: &Arc<Self>, vmid: u32, hold: Duration) {

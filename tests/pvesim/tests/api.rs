@@ -514,3 +514,19 @@ async fn snapshots_and_imports() {
     // vm-112-disk-1 exists already: the next free name is taken.
     assert_eq!(cfg["scsi4"], "local-lvm:vm-112-disk-2,size=1G", "{cfg}");
 }
+
+#[tokio::test]
+async fn allocations_wait_for_the_storage_lock() {
+    let sim = start().await;
+    let c = Client::new(&sim, TOKEN);
+    c.knobs(r#"{"lock_timeout_ms": 300}"#).await;
+    c.call("POST", "/pvesim/storages/local-lvm/hold-lock", &[("seconds", "1")]).await;
+    let r = c.call("POST", "/nodes/pve2/storage/local-lvm/content", &[("filename", "vm-9999-pvc-l"), ("vmid", "9999"), ("size", "1G")]).await;
+    assert_eq!((r.status, r.reason.as_str()), (500, "can't lock file '/var/lock/pve-manager/pve-storage-local-lvm' - got timeout"));
+    c.call("POST", "/pvesim/storages/nfs/hold-lock", &[("seconds", "1")]).await;
+    let r = c.call("POST", "/nodes/pve2/storage/nfs/content", &[("filename", "vm-9999-pvc-l.raw"), ("vmid", "9999"), ("size", "1G")]).await;
+    assert_eq!(r.reason, "cfs-lock 'storage-nfs' error: got lock request timeout");
+    // Once free, allocations of different names both succeed.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(c.call("POST", "/nodes/pve2/storage/local-lvm/content", &[("filename", "vm-9999-pvc-l"), ("vmid", "9999"), ("size", "1G")]).await.status, 200);
+}

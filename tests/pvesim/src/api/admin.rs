@@ -6,6 +6,7 @@
 //! | GET / DELETE | `counters` | calls per `METHOD /template`; DELETE resets |
 //! | GET / POST | `knobs` | read; merge a JSON object of knob values |
 //! | POST | `vms/<vmid>/hold-lock?seconds=N` | hold the VM's config lock |
+//! | POST | `storages/<id>/hold-lock?seconds=N` | hold the storage's allocation lock |
 //! | PUT / DELETE | `vms/<vmid>/lock?value=backup` | set or clear the VM's `lock` |
 //! | PUT | `vms/<vmid>/running?value=0\|1` | stop or start the VM |
 //! | GET | `vms/<vmid>` | config, pending and pending deletes |
@@ -70,6 +71,12 @@ pub async fn dispatch(
             let secs: f64 = q.get("seconds").and_then(|s| s.parse().ok()).unwrap_or(12.0);
             ctx.locks.hold_vm(id, Duration::from_secs_f64(secs));
             // Let the holder take the lock before answering.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok(Value::Null)
+        }
+        (&Method::POST, ["storages", id, "hold-lock"]) => {
+            let secs: f64 = q.get("seconds").and_then(|s| s.parse().ok()).unwrap_or(12.0);
+            ctx.locks.hold_storage(id, Duration::from_secs_f64(secs));
             tokio::time::sleep(Duration::from_millis(10)).await;
             Ok(Value::Null)
         }
