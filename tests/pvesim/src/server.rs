@@ -32,6 +32,11 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// How long a caller waits for a config or storage lock.
+    pub fn lock_timeout(&self) -> Duration {
+        Duration::from_millis(self.cluster().knobs.lock_timeout_ms)
+    }
+
     /// The cluster, for a short critical section (never held across an await).
     pub fn cluster(&self) -> std::sync::MutexGuard<'_, Cluster> {
         self.cluster.lock().unwrap_or_else(|p| p.into_inner())

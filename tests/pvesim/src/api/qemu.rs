@@ -519,15 +519,12 @@ fn plug_action(p: &Plug) -> crate::qmp::Action {
     }
 }
 
-fn lock_timeout(ctx: &Ctx) -> Duration {
-    Duration::from_millis(ctx.cluster().knobs.lock_timeout_ms)
-}
 
 /// The locked phase of a config write: re-check, stage, plug.
 async fn locked_update(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call) -> Result<Vec<String>, ApiError> {
     let _guard = ctx
         .locks
-        .vm(vmid, lock_timeout(ctx))
+        .vm(vmid, ctx.lock_timeout())
         .await
         .map_err(ApiError::die)?;
     let up = stage_update(&mut ctx.cluster(), node, vmid, call)?;
@@ -538,28 +535,25 @@ async fn locked_update(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call) -> Re
     Ok(up.log)
 }
 
-pub async fn config_put(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+/// The checks both PUT and POST make before any change.
+fn checked(ctx: &Ctx, call: &Call) -> Result<(String, u32), ApiError> {
     let node = call.req("node")?.to_string();
     let vmid = call.vmid()?;
-    {
-        let c = ctx.cluster();
-        let vm = common::vm(&c, &node, vmid)?;
-        validate(&c, ctx.schema.as_ref(), vm, &call)?;
-        prechecks(vm, &call)?;
-    }
+    let c = ctx.cluster();
+    let vm = common::vm(&c, &node, vmid)?;
+    validate(&c, ctx.schema.as_ref(), vm, call)?;
+    prechecks(vm, call)?;
+    Ok((node, vmid))
+}
+
+pub async fn config_put(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let (node, vmid) = checked(&ctx, &call)?;
     locked_update(&ctx, &node, vmid, &call).await?;
     Ok(Value::Null)
 }
 
 pub async fn config_post(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
-    let node = call.req("node")?.to_string();
-    let vmid = call.vmid()?;
-    {
-        let c = ctx.cluster();
-        let vm = common::vm(&c, &node, vmid)?;
-        validate(&c, ctx.schema.as_ref(), vm, &call)?;
-        prechecks(vm, &call)?;
-    }
+    let (node, vmid) = checked(&ctx, &call)?;
     let task = Task::new(&node, "qmconfig", &vmid.to_string(), &call.caller);
     let upid = task.upid.clone();
     let delay = call.get("background_delay").and_then(|d| d.parse::<u64>().ok());
@@ -654,7 +648,7 @@ pub async fn resize(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let task = Task::new(&node, "resize", &vmid.to_string(), &call.caller);
     let upid = task.upid.clone();
     spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
-        let _guard = ctx.locks.vm(vmid, lock_timeout(&ctx)).await?;
+        let _guard = ctx.locks.vm(vmid, ctx.lock_timeout()).await?;
         let (key_drive, new_size, grow) = {
             let mut c = ctx.cluster();
             let vm = common::vm(&c, &node, vmid).map_err(|e| e.message)?;

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -16,9 +15,6 @@ use crate::reply::ApiError;
 use crate::server::Ctx;
 use crate::tasks::Task;
 
-fn lock_timeout(ctx: &Ctx) -> Duration {
-    Duration::from_millis(ctx.cluster().knobs.lock_timeout_ms)
-}
 
 pub async fn list(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let c = ctx.cluster();
@@ -59,7 +55,7 @@ pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let upid = task.upid.clone();
     let description = call.get("description").unwrap_or_default().to_string();
     spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
-        let _g = ctx.locks.vm(vmid, lock_timeout(&ctx)).await?;
+        let _g = ctx.locks.vm(vmid, ctx.lock_timeout()).await?;
         let mut c = ctx.cluster();
         let vm = c.vms.get_mut(&vmid).ok_or("VM vanished")?;
         let parent = vm.config.get("parent").cloned();
@@ -94,7 +90,7 @@ pub async fn delete(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let task = Task::new(&node, "qmdelsnapshot", &vmid.to_string(), &call.caller);
     let upid = task.upid.clone();
     spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
-        let _g = ctx.locks.vm(vmid, lock_timeout(&ctx)).await?;
+        let _g = ctx.locks.vm(vmid, ctx.lock_timeout()).await?;
         let mut c = ctx.cluster();
         let vm = c.vms.get_mut(&vmid).ok_or("VM vanished")?;
         let removed = vm.snapshots.remove(&name).ok_or(format!("snapshot '{name}' does not exist"))?;

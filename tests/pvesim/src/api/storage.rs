@@ -244,8 +244,7 @@ pub async fn allocate(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let filename = call.req("filename")?.to_string();
     let size = alloc_size(call.req("size")?).ok_or_else(|| ApiError::param("size", "value does not match the regex pattern"))?;
     let format = check_name(kind, &filename, vmid, call.get("format"))?;
-    let timeout = Duration::from_millis(ctx.cluster().knobs.lock_timeout_ms);
-    let _guard = ctx.locks.storage(&id, shared, timeout).await.map_err(ApiError::die)?;
+    let _guard = ctx.locks.storage(&id, shared, ctx.lock_timeout()).await.map_err(ApiError::die)?;
     let mut c = ctx.cluster();
     let place = c.place(&id, &node).map_err(|e| ApiError::die(e.to_string()))?;
     let volname = if kind.file_based() { format!("{vmid}/{filename}") } else { filename.clone() };
@@ -369,8 +368,7 @@ pub async fn volume_delete(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError>
     let delay = call.get("delay").and_then(|d| d.parse::<u64>().ok());
     let done = spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
         let shared = ctx.cluster().storages.get(&storage).is_some_and(|s| s.is_shared());
-        let timeout = Duration::from_millis(ctx.cluster().knobs.lock_timeout_ms);
-        let _g = ctx.locks.storage(&storage, shared, timeout).await?;
+        let _g = ctx.locks.storage(&storage, shared, ctx.lock_timeout()).await?;
         let mut c = ctx.cluster();
         let place = c.place(&storage, &node).map_err(|e| e.to_string())?;
         let removed = c.volumes.get_mut(&place).and_then(|m| m.remove(&volname));

@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -16,9 +15,6 @@ use crate::server::Ctx;
 use crate::state::{Cluster, Vm, Volume, owner_of};
 use crate::tasks::Task;
 
-fn lock_timeout(ctx: &Ctx) -> Duration {
-    Duration::from_millis(ctx.cluster().knobs.lock_timeout_ms)
-}
 
 pub async fn index(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let c = ctx.cluster();
@@ -87,7 +83,7 @@ pub async fn destroy(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let task = Task::new(&node, "qmdestroy", &vmid.to_string(), &call.caller);
     let upid = task.upid.clone();
     spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
-        let _g = ctx.locks.vm(vmid, lock_timeout(&ctx)).await?;
+        let _g = ctx.locks.vm(vmid, ctx.lock_timeout()).await?;
         let mut c = ctx.cluster();
         let vm = c.vms.remove(&vmid).ok_or(format!("VM {vmid} does not exist"))?;
         let mut log = Vec::new();
@@ -163,7 +159,7 @@ pub async fn migrate(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let task = Task::new(&node, "qmigrate", &vmid.to_string(), &call.caller);
     let upid = task.upid.clone();
     spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
-        let _g = ctx.locks.vm(vmid, lock_timeout(&ctx)).await?;
+        let _g = ctx.locks.vm(vmid, ctx.lock_timeout()).await?;
         let mut c = ctx.cluster();
         let vm = c.vms.get(&vmid).cloned().ok_or("VM vanished")?;
         let locals = local_disks(&c, &vm);
@@ -268,7 +264,7 @@ pub async fn move_disk(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let task = Task::new(&node, "qmmove", &task_id, &call.caller);
     let upid = task.upid.clone();
     spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
-        let _g = ctx.locks.vm(vmid, lock_timeout(&ctx)).await?;
+        let _g = ctx.locks.vm(vmid, ctx.lock_timeout()).await?;
         let mut c = ctx.cluster();
         let value = c.vms.get(&vmid).and_then(|v| v.config.get(&disk).cloned()).ok_or(format!("disk '{disk}' does not exist"))?;
         let mut d = Drive::parse(&value).map_err(|e| e.to_string())?;
