@@ -4,6 +4,7 @@ pub mod attach;
 pub mod config;
 pub mod ctl;
 pub mod drive;
+pub mod kube;
 pub mod params;
 pub mod volume;
 pub mod vms;

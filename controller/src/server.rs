@@ -66,7 +66,16 @@ pub async fn run(
     let metrics = Arc::new(metrics);
     let clients: Vec<Arc<pve::Client>> = clients.into_iter().map(Arc::new).collect();
     let identity = Identity::new(opts.driver_name.clone(), clients.clone(), Duration::from_secs(5));
-    let controller = Arc::new(Controller::new(clients, config.controller_vmid, Duration::from_secs(60)));
+    let mut controller = Controller::new(clients, config.controller_vmid, Duration::from_secs(60));
+    match kube::Client::try_default().await {
+        Ok(k) => controller = controller.with_kube(crate::kube::Kube::new(k), &opts.driver_name),
+        Err(e) => tracing::warn!(
+            error = %e,
+            "Kubernetes API not available: node lookup by providerID, `lifecycle: keep` and \
+             VolumeAttributesClasses at attach are off"
+        ),
+    }
+    let controller = Arc::new(controller);
 
     // One shutdown signal fanned out to the gRPC and metrics servers.
     let (stop_tx, stop_rx) = watch::channel(false);

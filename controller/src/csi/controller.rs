@@ -35,6 +35,7 @@ pub const CAPABILITIES: &[rpc::Type] = &[
     rpc::Type::VolumeCondition,
     rpc::Type::PublishReadonly,
     rpc::Type::SingleNodeMultiWriter,
+    rpc::Type::ModifyVolume,
 ];
 
 fn unimplemented(what: &str) -> Status {
@@ -148,8 +149,11 @@ impl csi::controller_server::Controller for ControllerService {
 
     async fn controller_modify_volume(
         &self,
-        _: Request<csi::ControllerModifyVolumeRequest>,
+        req: Request<csi::ControllerModifyVolumeRequest>,
     ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
-        Err(unimplemented("ControllerModifyVolume"))
+        let d = self.deadline(&req);
+        self.0.modify(req.get_ref(), d).await?;
+        tracing::info!(volume_id = req.get_ref().volume_id, parameters = ?req.get_ref().mutable_parameters, "volume modified");
+        Ok(Response::new(csi::ControllerModifyVolumeResponse {}))
     }
 }

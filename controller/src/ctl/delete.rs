@@ -32,6 +32,13 @@ impl Controller {
         if client.volume_info(&node, &id.storage, &id.disk, d).await?.is_none() {
             return Ok(());
         }
+        if let Some(k) = &self.kube
+            && let Some(pv) = k.pv_for_handle(&self.driver_name, volume_id).await?
+            && pv.keep
+        {
+            tracing::info!(volume_id, pv = pv.name, "PV is annotated lifecycle: keep; the disk is kept");
+            return Ok(());
+        }
         if let Some(vmid) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), d).await? {
             return Err(CtlError::FailedPrecondition(format!(
                 "volume {volume_id} is still attached to VM {vmid}; unpublish it first"

@@ -5,6 +5,7 @@ mod capability;
 mod create;
 mod delete;
 mod expand;
+mod modify;
 mod publish;
 mod query;
 
@@ -32,6 +33,10 @@ pub struct Controller {
     storages: Mutex<HashMap<String, (std::time::Instant, Vec<StorageResource>)>>,
     /// Deadline of a call when the caller set none.
     pub default_timeout: Duration,
+    /// The Kubernetes API, when reachable: node → VM by providerID,
+    /// `lifecycle: keep`, VolumeAttributesClasses.
+    pub kube: Option<crate::kube::Kube>,
+    pub driver_name: String,
 }
 
 /// 512 MiB: the Go driver's size step.
@@ -48,7 +53,15 @@ impl Controller {
             attacher: Arc::new(Attacher::default()),
             storages: Mutex::new(HashMap::new()),
             default_timeout,
+            kube: None,
+            driver_name: "csi.proxmox.sinextra.dev".into(),
         }
+    }
+
+    pub fn with_kube(mut self, kube: crate::kube::Kube, driver_name: &str) -> Self {
+        self.kube = Some(kube);
+        self.driver_name = driver_name.to_string();
+        self
     }
 
     pub fn client(&self, region: &str) -> Result<Arc<Client>, CtlError> {

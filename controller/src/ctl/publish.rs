@@ -16,9 +16,15 @@ use crate::pve::{Client, Deadline};
 use crate::volume::VolumeId;
 
 impl Controller {
-    /// The VM of a CSI node: by the VM id in the node id, else by name.
+    /// The VM of a CSI node: the VM id in the node id, else the Node's
+    /// providerID or instance-id annotation, else a VM named like the node.
     async fn vm_of_node(&self, client: &Client, node_id: &NodeId, d: Deadline) -> Result<Option<VmResource>, CtlError> {
-        Ok(match node_id.vmid {
+        let vmid = match (node_id.vmid, &self.kube) {
+            (Some(v), _) => Some(v),
+            (None, Some(k)) => k.node_vmid(&node_id.name).await?,
+            (None, None) => None,
+        };
+        Ok(match vmid {
             Some(vmid) => self.vms.node_of(client, vmid, d).await?,
             None => self.vms.by_name(client, &node_id.name, d).await?,
         })
@@ -42,8 +48,15 @@ impl Controller {
         // A static volume may have no context: its storage is in the handle.
         let mut ctx = r.volume_context.clone();
         ctx.entry("storage".into()).or_insert_with(|| id.storage.clone());
-        let params = StorageParams::from_context(&ctx)
+        let mut params = StorageParams::from_context(&ctx)
             .map_err(|e| CtlError::invalid(format!("volume_context.{}", e.key), e.reason))?;
+        // A VolumeAttributesClass set after creation applies at every attach.
+        if let Some(k) = &self.kube
+            && let Some(pv) = k.pv_for_handle(&self.driver_name, &r.volume_id).await?
+            && let Some(vac) = &pv.attributes_class
+        {
+            params.apply_mutable(&k.attributes_class(vac).await?)?;
+        }
 
         let vm = self
             .vm_of_node(&client, &node_id, d)

@@ -1,0 +1,99 @@
+//! ControllerModifyVolume (VolumeAttributesClass): throttles and `backup`
+//! change on an attached disk at once; `cache` cannot change on a running
+//! disk and applies at the next attach. The next attach always takes the
+//! PersistentVolume's current class (see publish).
+
+use proxmox_csi_proto::csi::v1 as csi;
+
+use super::Controller;
+use crate::drive::{self, DriveLine};
+use crate::error::CtlError;
+use crate::params::StorageParams;
+use crate::pve::Deadline;
+use crate::volume::VolumeId;
+
+/// Drive options a class sets; a value of 0 removes a limit.
+fn apply(line: &mut DriveLine, p: &std::collections::HashMap<String, String>) {
+    let mut set = |keys: [&str; 2], v: &str| {
+        for k in keys {
+            if v == "0" || v.is_empty() {
+                line.opts.remove(k);
+            } else {
+                line.opts.insert(k.to_string(), v.to_string());
+            }
+        }
+    };
+    if let Some(v) = p.get("diskIOPS") {
+        set(["iops_rd", "iops_wr"], v);
+    }
+    if let Some(v) = p.get("diskMBps") {
+        set(["mbps_rd", "mbps_wr"], v);
+    }
+    if let Some(v) = p.get("backup") {
+        let on = matches!(v.as_str(), "1" | "t" | "T" | "true" | "TRUE" | "True");
+        line.opts.insert("backup".into(), if on { "1" } else { "0" }.into());
+    }
+}
+
+impl Controller {
+    pub async fn modify(&self, r: &csi::ControllerModifyVolumeRequest, d: Deadline) -> Result<(), CtlError> {
+        if r.volume_id.is_empty() {
+            return Err(CtlError::invalid("volume_id", "is required"));
+        }
+        // Strict, like the StorageClass: unknown keys and bad values are refused.
+        let mut check = StorageParams { storage: "-".into(), ..Default::default() };
+        check.apply_mutable(&r.mutable_parameters)?;
+        let id = VolumeId::parse(&r.volume_id).map_err(|e| CtlError::invalid("volume_id", e))?;
+        let client = self.client(&id.region)?;
+        let node = self
+            .node_for(&client, &id, d)
+            .await?
+            .ok_or_else(|| CtlError::NotFound(format!("volume {}: storage {} is on no node", r.volume_id, id.storage)))?;
+        if client.volume_info(&node, &id.storage, &id.disk, d).await?.is_none() {
+            return Err(CtlError::NotFound(format!("volume {} does not exist", r.volume_id)));
+        }
+        let Some(vmid) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), d).await? else {
+            // Not attached: the next publish reads the class from the PersistentVolume.
+            return Ok(());
+        };
+        let vm = self
+            .vms
+            .node_of(&client, vmid, d)
+            .await?
+            .ok_or_else(|| CtlError::Unavailable(format!("VM {vmid} holding volume {} is gone; retry", r.volume_id)))?;
+        let cfg = client.vm_config(&vm.node, vmid, d).await?;
+        let Some(slot) = drive::slots_with(&cfg.values, &id.volid()).into_iter().next() else {
+            return Ok(());
+        };
+        let mut line = DriveLine::parse(&cfg.values[&slot]);
+        let before = line.clone();
+        apply(&mut line, &r.mutable_parameters);
+        if line == before {
+            return Ok(());
+        }
+        line.opts.remove("size");
+        let form = [(slot.as_str(), line.render()), ("digest", cfg.digest.clone())];
+        client.update_config(&vm.node, vmid, &form, d).await?;
+        let pending = client.vm_pending(&vm.node, vmid, d).await?;
+        if pending.iter().any(|p| p.key == slot && p.pending.is_some()) {
+            let _ = client.update_config(&vm.node, vmid, &[("revert", slot.clone())], d).await;
+            return Err(CtlError::Unavailable(format!(
+                "VM {vmid} did not take the new limits of {slot} live; reverted"
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn limits_are_set_and_removed() {
+        let mut l = DriveLine::parse("local-lvm:vm-9999-a,backup=0,iops_rd=100,iops_wr=100,size=1G");
+        apply(&mut l, &HashMap::from([("diskIOPS".into(), "0".into()), ("diskMBps".into(), "50".into()), ("backup".into(), "true".into())]));
+        assert_eq!(l.render(), "local-lvm:vm-9999-a,backup=1,mbps_rd=50,mbps_wr=50,size=1G");
+    }
+}

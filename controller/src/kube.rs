@@ -1,0 +1,107 @@
+//! What the controller reads from Kubernetes (read-only): a Node's VM
+//! (providerID, the instance-id annotation), a PersistentVolume's
+//! `lifecycle: keep` annotation and VolumeAttributesClass.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+use k8s_openapi::api::storage::v1::VolumeAttributesClass;
+use kube::Api;
+use kube::api::ListParams;
+
+use crate::error::CtlError;
+
+pub const INSTANCE_ID: &str = "proxmox.sinextra.dev/instance-id";
+pub const LIFECYCLE: &str = "csi.proxmox.sinextra.dev/lifecycle";
+
+#[derive(Clone)]
+pub struct Kube {
+    client: kube::Client,
+}
+
+impl std::fmt::Debug for Kube {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Kube")
+    }
+}
+
+/// A PersistentVolume of this driver, as far as the controller cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PvFacts {
+    pub name: String,
+    pub keep: bool,
+    pub attributes_class: Option<String>,
+}
+
+fn unavailable(what: &str, e: kube::Error) -> CtlError {
+    CtlError::Unavailable(format!("Kubernetes API: {what}: {e}"))
+}
+
+/// The VM id in `proxmox://<region>/<vmid>` (or a bare VM id).
+pub fn vmid_from_provider_id(v: &str) -> Option<u32> {
+    let rest = v.strip_prefix("proxmox://").map(|r| r.rsplit('/').next().unwrap_or_default()).unwrap_or(v);
+    rest.parse().ok().filter(|id| *id >= 100)
+}
+
+impl Kube {
+    pub fn new(client: kube::Client) -> Self {
+        Self { client }
+    }
+
+    /// The VM id of a Kubernetes node: `spec.providerID`, then the
+    /// instance-id annotation. `Ok(None)`: the node is gone or names no VM.
+    pub async fn node_vmid(&self, name: &str) -> Result<Option<u32>, CtlError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let Some(node) = nodes.get_opt(name).await.map_err(|e| unavailable(&format!("reading Node {name}"), e))? else {
+            return Ok(None);
+        };
+        let from_provider = node.spec.as_ref().and_then(|s| s.provider_id.as_deref()).and_then(vmid_from_provider_id);
+        let from_annotation = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(INSTANCE_ID))
+            .and_then(|v| vmid_from_provider_id(v));
+        Ok(from_provider.or(from_annotation))
+    }
+
+    /// The PersistentVolume whose CSI volume handle is `handle`.
+    pub async fn pv_for_handle(&self, driver: &str, handle: &str) -> Result<Option<PvFacts>, CtlError> {
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let list = pvs
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| unavailable("listing PersistentVolumes", e))?;
+        Ok(list.items.into_iter().find_map(|pv| {
+            let spec = pv.spec.as_ref()?;
+            let csi = spec.csi.as_ref()?;
+            (csi.driver == driver && csi.volume_handle == handle).then(|| PvFacts {
+                name: pv.metadata.name.clone().unwrap_or_default(),
+                keep: pv.metadata.annotations.as_ref().and_then(|a| a.get(LIFECYCLE)).map(String::as_str) == Some("keep"),
+                attributes_class: spec.volume_attributes_class_name.clone(),
+            })
+        }))
+    }
+
+    pub async fn attributes_class(&self, name: &str) -> Result<HashMap<String, String>, CtlError> {
+        let vacs: Api<VolumeAttributesClass> = Api::all(self.client.clone());
+        let vac = vacs
+            .get(name)
+            .await
+            .map_err(|e| unavailable(&format!("reading VolumeAttributesClass {name}"), e))?;
+        Ok(vac.parameters.unwrap_or_default().into_iter().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::vmid_from_provider_id;
+
+    #[test]
+    fn provider_ids() {
+        assert_eq!(vmid_from_provider_id("proxmox://region-1/112"), Some(112));
+        assert_eq!(vmid_from_provider_id("112"), Some(112));
+        assert_eq!(vmid_from_provider_id("proxmox://6e1b-uuid"), None);
+        assert_eq!(vmid_from_provider_id("aws:///eu/i-1"), None);
+    }
+}

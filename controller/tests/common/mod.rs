@@ -1,0 +1,148 @@
+//! pvesim with worker VMs, a controller on it, and request builders.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use proxmox_csi_controller::config::CloudConfig;
+use proxmox_csi_controller::csi::controller::ControllerService;
+use proxmox_csi_controller::ctl::Controller;
+use proxmox_csi_controller::pve;
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
+use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
+use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use pvesim::{Running, Sim, State};
+use serde_json::Value;
+use tonic::Request;
+
+pub const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
+
+/// Two workers on pve2 (112 running, 113 running), one on pve1; local-lvm
+/// everywhere, NFS shared; the token has exactly the documented CSI role.
+pub const CLUSTER: &str = r#"
+cluster: lab
+nodes: [{ name: pve1 }, { name: pve2 }, { name: pve3 }]
+storages:
+  - { id: local-lvm, type: lvmthin, total: 107374182400 }
+  - { id: nfs, type: nfs, total: 1099511627776, nodes: [pve1, pve2] }
+vms:
+  - { vmid: 112, node: pve2, name: worker-2, config: { scsihw: virtio-scsi-pci, scsi0: "local-lvm:vm-112-disk-0,size=32G" } }
+  - { vmid: 113, node: pve2, name: worker-3, config: { scsihw: virtio-scsi-pci } }
+  - { vmid: 111, node: pve1, name: worker-1, config: { scsihw: virtio-scsi-pci } }
+volumes:
+  - { volid: "local-lvm:vm-112-disk-0", node: pve2, size: 34359738368 }
+users:
+  - userid: kubernetes-csi@pve
+    tokens: [{ name: csi, secret: 5f0c6e8a-1234-4b5c-9d7e-0123456789ab }]
+roles:
+  CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
+acl:
+  - { path: /, roles: [CSI], users: [kubernetes-csi@pve], tokens: ["kubernetes-csi@pve!csi"] }
+"#;
+
+pub struct Env {
+    pub sim: Running,
+    pub svc: ControllerService,
+    pub http: reqwest::Client,
+}
+
+pub async fn env() -> Env {
+    env_with(|c| c).await
+}
+
+/// A controller built by `build` from the default one (to add a Kubernetes client).
+pub async fn env_with(build: impl FnOnce(Controller) -> Controller) -> Env {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut sim = Sim::new(State::from_yaml(CLUSTER).unwrap()).plain_http();
+    let schema = pvesim::schema::default_path();
+    if schema.is_file() {
+        sim = sim.with_schema(pvesim::Schema::load(&schema).unwrap());
+    }
+    let sim = sim.start("127.0.0.1:0").await.unwrap();
+    let cfg = CloudConfig::parse(&format!(
+        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
+        sim.api_url()
+    ))
+    .unwrap();
+    let clients = cfg
+        .clusters
+        .into_iter()
+        .map(|c| pve::Client::new(c, Duration::from_secs(10), Default::default()).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let ctl = build(Controller::new(clients, cfg.controller_vmid, Duration::from_secs(20)));
+    Env { sim, svc: ControllerService(Arc::new(ctl)), http: reqwest::Client::new() }
+}
+
+impl Env {
+    pub async fn admin(&self, method: &str, path: &str, body: &str) -> Value {
+        let url = format!("http://{}/pvesim/{path}", self.sim.addr);
+        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let r = self.http.request(m, url).body(body.to_string()).send().await.unwrap();
+        r.json::<Value>().await.unwrap()["data"].clone()
+    }
+
+    pub async fn vm(&self, vmid: u32) -> Value {
+        self.admin("GET", &format!("vms/{vmid}"), "").await
+    }
+
+    pub async fn knobs(&self, json: &str) {
+        self.admin("POST", "knobs", json).await;
+    }
+
+    pub async fn calls(&self) -> u64 {
+        let c = self.admin("GET", "counters", "").await;
+        c.as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum()
+    }
+}
+
+pub fn mount_cap() -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume { fs_type: "ext4".into(), ..Default::default() })),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    }
+}
+
+pub fn create_req(name: &str, bytes: i64, params: &[(&str, &str)], zone: Option<&str>) -> csi::CreateVolumeRequest {
+    let mut segments = HashMap::from([("topology.kubernetes.io/region".to_string(), "region-1".to_string())]);
+    if let Some(z) = zone {
+        segments.insert("topology.kubernetes.io/zone".into(), z.into());
+    }
+    csi::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(csi::CapacityRange { required_bytes: bytes, limit_bytes: 0 }),
+        volume_capabilities: vec![mount_cap()],
+        parameters: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        accessibility_requirements: Some(csi::TopologyRequirement { requisite: vec![csi::Topology { segments: segments.clone() }], preferred: vec![csi::Topology { segments }] }),
+        ..Default::default()
+    }
+}
+
+pub async fn create(e: &Env, name: &str, zone: Option<&str>) -> csi::Volume {
+    e.svc
+        .create_volume(Request::new(create_req(name, 1 << 30, &[("storage", "local-lvm"), ("ssd", "1")], zone)))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+}
+
+pub fn publish_req(v: &csi::Volume, node: &str) -> csi::ControllerPublishVolumeRequest {
+    csi::ControllerPublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        node_id: node.into(),
+        volume_capability: Some(mount_cap()),
+        readonly: false,
+        secrets: HashMap::new(),
+        volume_context: v.volume_context.clone(),
+    }
+}
+
+pub fn unpublish_req(v: &csi::Volume, node: &str) -> csi::ControllerUnpublishVolumeRequest {
+    csi::ControllerUnpublishVolumeRequest { volume_id: v.volume_id.clone(), node_id: node.into(), secrets: HashMap::new() }
+}
+

@@ -1,0 +1,128 @@
+//! The controller with a Kubernetes API (a minimal stand-in serving Nodes,
+//! PersistentVolumes and VolumeAttributesClasses): node → VM by providerID
+//! and annotation, `lifecycle: keep`, and classes applied at attach and by
+//! ControllerModifyVolume.
+
+mod common;
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::extract::Path;
+use axum::http::StatusCode;
+use axum::routing::get;
+use common::*;
+use proxmox_csi_controller::kube::Kube;
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
+use serde_json::{Value, json};
+use tonic::Request;
+
+const KEEP: &str = "region-1/pve2/local-lvm/vm-9999-pvc-keep";
+const FAST: &str = "region-1/pve2/local-lvm/vm-9999-pvc-fast";
+
+fn not_found(what: &str) -> (StatusCode, Json<Value>) {
+    (
+        StatusCode::NOT_FOUND,
+        Json(json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": format!("{what} not found")})),
+    )
+}
+
+async fn node(Path(name): Path<String>) -> (StatusCode, Json<Value>) {
+    let (spec, annotations) = match name.as_str() {
+        "worker-x" => (json!({"providerID": "proxmox://region-1/113"}), json!({})),
+        "worker-y" => (json!({}), json!({"proxmox.sinextra.dev/instance-id": "112"})),
+        _ => return not_found(&format!("nodes \"{name}\"")),
+    };
+    (StatusCode::OK, Json(json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, "annotations": annotations}, "spec": spec})))
+}
+
+fn pv(name: &str, handle: &str, annotations: Value, vac: Option<&str>) -> Value {
+    let mut spec = json!({"csi": {"driver": "csi.proxmox.sinextra.dev", "volumeHandle": handle}, "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"]});
+    if let Some(v) = vac {
+        spec["volumeAttributesClassName"] = json!(v);
+    }
+    json!({"metadata": {"name": name, "annotations": annotations}, "spec": spec})
+}
+
+async fn pvs() -> Json<Value> {
+    Json(json!({
+        "kind": "PersistentVolumeList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"},
+        "items": [
+            pv("pvc-keep", KEEP, json!({"csi.proxmox.sinextra.dev/lifecycle": "keep"}), None),
+            pv("pvc-fast", FAST, json!({}), Some("fast")),
+        ],
+    }))
+}
+
+async fn vac(Path(name): Path<String>) -> (StatusCode, Json<Value>) {
+    if name != "fast" {
+        return not_found(&format!("volumeattributesclasses.storage.k8s.io \"{name}\""));
+    }
+    (
+        StatusCode::OK,
+        Json(json!({"kind": "VolumeAttributesClass", "apiVersion": "storage.k8s.io/v1", "metadata": {"name": "fast"}, "driverName": "csi.proxmox.sinextra.dev", "parameters": {"diskIOPS": "500"}})),
+    )
+}
+
+async fn kube_api() -> kube::Client {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new()
+        .route("/api/v1/nodes/{name}", get(node))
+        .route("/api/v1/persistentvolumes", get(pvs))
+        .route("/apis/storage.k8s.io/v1/volumeattributesclasses/{name}", get(vac));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+    kube::Client::try_from(config).unwrap()
+}
+
+#[tokio::test]
+async fn nodes_pvs_and_classes_from_kubernetes() {
+    let k = kube_api().await;
+    let e = env_with(|c| c.with_kube(Kube::new(k), "csi.proxmox.sinextra.dev")).await;
+    let keep = create(&e, "pvc-keep", Some("pve2")).await;
+    let fast = create(&e, "pvc-fast", Some("pve2")).await;
+    assert_eq!(keep.volume_id, KEEP);
+    assert_eq!(fast.volume_id, FAST);
+
+    // Node ids without a VM id: providerID, then the annotation.
+    let ctx = e.svc.controller_publish_volume(Request::new(publish_req(&keep, "worker-x"))).await.unwrap().into_inner().publish_context;
+    assert!(e.vm(113).await["config"][format!("scsi{}", ctx["lun"])].as_str().unwrap().contains("pvc-keep"));
+    let ctx = e.svc.controller_publish_volume(Request::new(publish_req(&fast, "worker-y"))).await.unwrap().into_inner().publish_context;
+    let slot = format!("scsi{}", ctx["lun"]);
+    // The PV's class applies at attach.
+    let line = e.vm(112).await["config"][&slot].as_str().unwrap().to_string();
+    assert!(line.contains("iops_rd=500") && line.contains("iops_wr=500"), "{line}");
+
+    // ModifyVolume on the attached disk: limits changed and removed at once.
+    e.svc
+        .controller_modify_volume(Request::new(csi::ControllerModifyVolumeRequest {
+            volume_id: fast.volume_id.clone(),
+            secrets: HashMap::new(),
+            mutable_parameters: HashMap::from([("diskIOPS".into(), "0".into()), ("diskMBps".into(), "20".into())]),
+        }))
+        .await
+        .unwrap();
+    let line = e.vm(112).await["config"][&slot].as_str().unwrap().to_string();
+    assert!(!line.contains("iops_rd") && line.contains("mbps_rd=20"), "{line}");
+    let err = e
+        .svc
+        .controller_modify_volume(Request::new(csi::ControllerModifyVolumeRequest {
+            volume_id: fast.volume_id.clone(),
+            secrets: HashMap::new(),
+            mutable_parameters: HashMap::from([("ssd".into(), "1".into())]),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("not a mutable parameter; allowed: diskIOPS, diskMBps, backup, cache"), "{}", err.message());
+
+    // `lifecycle: keep`: DeleteVolume succeeds and the disk stays.
+    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&keep, "worker-x"))).await.unwrap();
+    e.svc.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: keep.volume_id.clone(), secrets: HashMap::new() })).await.unwrap();
+    let vols = e.admin("GET", "volumes", "").await;
+    assert!(vols.as_array().unwrap().iter().any(|v| v["volid"] == "local-lvm:vm-9999-pvc-keep"));
+    // A Node that is gone: unpublish counts it as detached.
+    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&fast, "worker-gone"))).await.unwrap();
+}
