@@ -253,9 +253,10 @@ async fn expand_capacity_list_and_get() {
         secrets: HashMap::new(),
         volume_capability: Some(mount_cap()),
     };
-    // Not attached: refused with the reason.
+    // Not attached, and the minimal role may not create the holder VM.
     let err = e.svc.controller_expand_volume(Request::new(exp(2 << 30))).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("grant VM.Allocate"), "{}", err.message());
     // Attached: grown through the VM; asking again is a no-op.
     e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap();
     let r = e.svc.controller_expand_volume(Request::new(exp(2 << 30))).await.unwrap().into_inner();
@@ -348,4 +349,35 @@ async fn calls_per_operation() {
     for ((name, used), (_, max)) in n.iter().zip(budget) {
         assert!(*used <= max, "{name}: {used} calls > {max}");
     }
+}
+
+#[tokio::test]
+async fn detached_volumes_expand_through_a_holder_vm() {
+    let e = env_with_role("[VM.Audit, VM.Config.Disk, VM.Allocate, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]").await;
+    let v = create(&e, "pvc-off", Some("pve2")).await;
+    let r = e
+        .svc
+        .controller_expand_volume(Request::new(csi::ControllerExpandVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: 3 << 30, limit_bytes: 0 }),
+            secrets: HashMap::new(),
+            volume_capability: Some(mount_cap()),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.capacity_bytes, 3 << 30);
+    assert!(r.node_expansion_required);
+    let vols = e.admin("GET", "volumes", "").await;
+    let vol = vols.as_array().unwrap().iter().find(|x| x["volid"] == "local-lvm:vm-9999-pvc-off").unwrap().clone();
+    assert_eq!(vol["size"], 3u64 << 30);
+    // The holder VM is stopped, on the volume's node, and holds nothing afterwards.
+    let holder = e.admin("GET", "vms/100", "").await;
+    assert_eq!(holder["node"], "pve2");
+    assert_eq!(holder["running"], false);
+    assert_eq!(holder["config"]["name"], "proxmox-csi-holder-pve2");
+    assert!(holder["config"].as_object().unwrap().keys().all(|k| !k.starts_with("scsi") || k == "scsihw"), "{holder}");
+    // The volume publishes normally afterwards, at its new size.
+    e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap();
+    assert!(e.vm(112).await["config"]["scsi1"].as_str().unwrap().contains("size=3G"));
 }

@@ -1,11 +1,13 @@
 //! ControllerExpandVolume: through the resize task of the VM the disk is
-//! attached to, skipped when the disk is already large enough.
+//! attached to, or, for a detached disk, of the node's holder VM (see
+//! `holder`); skipped when the disk is already large enough.
 
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::volume_capability::AccessType;
 
 use super::Controller;
 use super::create::size_for;
+use crate::attach::Op;
 use crate::drive;
 use crate::error::CtlError;
 use crate::pve::Deadline;
@@ -39,18 +41,23 @@ impl Controller {
         if info.size >= size {
             return Ok((info.size, fs));
         }
-        let vmid = self
-            .attacher
-            .attachments
-            .vm_of(&client, &self.vms, &id.volid(), d)
-            .await?
-            .ok_or_else(|| {
-                CtlError::FailedPrecondition(format!(
-                    "volume {} is not attached to a VM: Proxmox resizes disks through a VM, \
-                     so this controller expands volumes while they are published",
-                    r.volume_id
-                ))
-            })?;
+        let Some(vmid) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), d).await? else {
+            // Offline: Proxmox resizes disks only through a VM, so the disk
+            // visits the node's (stopped) holder VM for the resize.
+            let holder = self.holder(&client, &node, d).await?;
+            let attach = Op::Attach { volid: id.volid(), handle: r.volume_id.clone(), opts: Default::default() };
+            let slot = self
+                .attacher
+                .submit(client.clone(), &node, holder, attach, d)
+                .await?
+                .ok_or_else(|| CtlError::Unavailable("holder attach returned no slot; retry".into()))?
+                .slot;
+            let resized = client.resize(&node, holder, &slot, size, d).await;
+            self.attacher.submit(client.clone(), &node, holder, Op::Detach { volid: id.volid() }, d).await?;
+            resized?;
+            tracing::info!(volume_id = r.volume_id, holder, bytes = size, "volume expanded offline");
+            return Ok((size, fs));
+        };
         let vm = self
             .vms
             .node_of(&client, vmid, d)

@@ -5,6 +5,7 @@ mod capability;
 mod create;
 mod delete;
 mod expand;
+mod holder;
 mod modify;
 mod publish;
 mod query;

@@ -53,10 +53,26 @@ pub async fn env() -> Env {
     env_with(|c| c).await
 }
 
+/// Like `env`, with the token's role holding `privileges` (a YAML list).
+pub async fn env_with_role(privileges: &str) -> Env {
+    build(
+        &CLUSTER.replace(
+            "CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]",
+            &format!("CSI: {privileges}"),
+        ),
+        |c| c,
+    )
+    .await
+}
+
 /// A controller built by `build` from the default one (to add a Kubernetes client).
-pub async fn env_with(build: impl FnOnce(Controller) -> Controller) -> Env {
+pub async fn env_with(f: impl FnOnce(Controller) -> Controller) -> Env {
+    build(CLUSTER, f).await
+}
+
+async fn build(cluster: &str, f: impl FnOnce(Controller) -> Controller) -> Env {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut sim = Sim::new(State::from_yaml(CLUSTER).unwrap()).plain_http();
+    let mut sim = Sim::new(State::from_yaml(cluster).unwrap()).plain_http();
     let schema = pvesim::schema::default_path();
     if schema.is_file() {
         sim = sim.with_schema(pvesim::Schema::load(&schema).unwrap());
@@ -73,7 +89,7 @@ pub async fn env_with(build: impl FnOnce(Controller) -> Controller) -> Env {
         .map(|c| pve::Client::new(c, Duration::from_secs(10), Default::default()).map(Arc::new))
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
-    let ctl = build(Controller::new(clients, cfg.controller_vmid, Duration::from_secs(20)));
+    let ctl = f(Controller::new(clients, cfg.controller_vmid, Duration::from_secs(20)));
     Env { sim, svc: ControllerService(Arc::new(ctl)), http: reqwest::Client::new() }
 }
 
