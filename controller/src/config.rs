@@ -53,6 +53,20 @@ pub struct Cluster {
     pub region: String,
     /// PEM bundle of the CAs that sign the cluster's certificate.
     pub ca_file: Option<PathBuf>,
+    /// Proxmox nodes volumes may be placed on; empty means all.
+    pub allowed_nodes: Vec<String>,
+    /// Storages volumes may be created on; empty means all.
+    pub allowed_storages: Vec<String>,
+}
+
+impl Cluster {
+    pub fn node_allowed(&self, node: &str) -> bool {
+        self.allowed_nodes.is_empty() || self.allowed_nodes.iter().any(|n| n == node)
+    }
+
+    pub fn storage_allowed(&self, storage: &str) -> bool {
+        self.allowed_storages.is_empty() || self.allowed_storages.iter().any(|s| s == storage)
+    }
 }
 
 /// How a Kubernetes node is matched to a VM (`features.provider`).
@@ -107,6 +121,10 @@ struct RawCluster {
     password_file: Option<PathBuf>,
     region: Option<String>,
     ca_file: Option<PathBuf>,
+    #[serde(default)]
+    allowed_nodes: Vec<String>,
+    #[serde(default)]
+    allowed_storages: Vec<String>,
     #[serde(flatten)]
     other: BTreeMap<String, serde_norway::Value>,
 }
@@ -288,6 +306,8 @@ fn parse_cluster(index: usize, rc: RawCluster) -> Result<Cluster, ConfigError> {
         credentials,
         region,
         ca_file: rc.ca_file,
+        allowed_nodes: rc.allowed_nodes,
+        allowed_storages: rc.allowed_storages,
     })
 }
 

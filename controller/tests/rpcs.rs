@@ -381,3 +381,46 @@ async fn detached_volumes_expand_through_a_holder_vm() {
     e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap();
     assert!(e.vm(112).await["config"]["scsi1"].as_str().unwrap().contains("size=3G"));
 }
+
+#[tokio::test]
+async fn several_regions_and_allow_lists() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let a = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap()).plain_http().start("127.0.0.1:0").await.unwrap();
+    let b = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap()).plain_http().start("127.0.0.1:0").await.unwrap();
+    let cfg = proxmox_csi_controller::config::CloudConfig::parse(&format!(
+        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n    allowed_nodes: [pve3]\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-2\n    allowed_storages: [nfs]\n",
+        a.api_url(),
+        b.api_url()
+    ))
+    .unwrap();
+    let clients = cfg
+        .clusters
+        .into_iter()
+        .map(|c| std::sync::Arc::new(proxmox_csi_controller::pve::Client::new(c, Duration::from_secs(10), Default::default()).unwrap()))
+        .collect();
+    let svc = proxmox_csi_controller::csi::controller::ControllerService(std::sync::Arc::new(
+        proxmox_csi_controller::ctl::Controller::new(clients, 9999, Duration::from_secs(20)),
+    ));
+    // region-1 may only use pve3, whatever has more room.
+    let v = svc.create_volume(Request::new(create_req("pvc-r1", 1 << 30, &[("storage", "local-lvm")], None))).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(v.volume_id, "region-1/pve3/local-lvm/vm-9999-pvc-r1");
+    // region-2 goes to the second cluster, and only to nfs.
+    let mut req = create_req("pvc-r2", 1 << 30, &[("storage", "local-lvm")], None);
+    req.accessibility_requirements.as_mut().unwrap().preferred[0].segments.insert("topology.kubernetes.io/region".into(), "region-2".into());
+    req.accessibility_requirements.as_mut().unwrap().requisite.clear();
+    let err = svc.create_volume(Request::new(req.clone())).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("not in allowed_storages of region region-2"), "{}", err.message());
+    req.parameters.insert("storage".into(), "nfs".into());
+    let v = svc.create_volume(Request::new(req)).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(v.volume_id, "region-2//nfs/9999/vm-9999-pvc-r2.raw");
+    let b_vols: serde_json::Value = reqwest::get(format!("http://{}/pvesim/volumes", b.addr)).await.unwrap().json().await.unwrap();
+    assert!(b_vols["data"].as_array().unwrap().iter().any(|v| v["volid"] == "nfs:9999/vm-9999-pvc-r2.raw"));
+    let a_vols: serde_json::Value = reqwest::get(format!("http://{}/pvesim/volumes", a.addr)).await.unwrap().json().await.unwrap();
+    assert!(a_vols["data"].as_array().unwrap().iter().all(|v| v["volid"] != "nfs:9999/vm-9999-pvc-r2.raw"));
+    // An unknown region names the configured ones.
+    let mut req = create_req("pvc-r3", 1 << 30, &[("storage", "nfs")], None);
+    req.accessibility_requirements.as_mut().unwrap().preferred[0].segments.insert("topology.kubernetes.io/region".into(), "region-9".into());
+    let err = svc.create_volume(Request::new(req)).await.unwrap_err();
+    assert!(err.message().contains("\"region-9\" is not a cluster of the cloud config; configured: [\"region-1\", \"region-2\"]"), "{}", err.message());
+}

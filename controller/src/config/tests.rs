@@ -168,3 +168,15 @@ fn reports_keys_it_does_not_read() {
         vec!["features.controllerVmId".to_string(), "clusters[0].tokenSecret".to_string()]
     );
 }
+
+#[test]
+fn allow_lists_restrict_nodes_and_storages() {
+    let c = CloudConfig::parse(
+        "clusters:\n  - url: https://a\n    token_id: u@pve!t\n    token_secret: x\n    region: r\n    allowed_nodes: [pve1, pve2]\n    allowed_storages: [local-lvm]\n",
+    )
+    .unwrap();
+    let cl = &c.clusters[0];
+    assert!(cl.node_allowed("pve1") && !cl.node_allowed("pve3"));
+    assert!(cl.storage_allowed("local-lvm") && !cl.storage_allowed("nfs"));
+    assert!(c.ignored_keys.is_empty());
+}

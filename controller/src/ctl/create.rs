@@ -83,8 +83,18 @@ impl Controller {
             }
         };
         let client = self.client(&region)?;
+        let cluster = client.cluster();
+        if !cluster.storage_allowed(&params.storage) {
+            return Err(CtlError::invalid(
+                "parameters.storage",
+                format!("{:?} is not in allowed_storages of region {region}: {:?}", params.storage, cluster.allowed_storages),
+            ));
+        }
         let rows = self.storage_rows(&client, &params.storage, d).await?;
-        let available: Vec<_> = rows.iter().filter(|r| r.status == "available").collect();
+        let available: Vec<_> = rows
+            .iter()
+            .filter(|r| r.status == "available" && cluster.node_allowed(&r.node))
+            .collect();
         if available.is_empty() {
             return Err(CtlError::invalid(
                 "parameters.storage",
