@@ -1,0 +1,162 @@
+//! Booting the guest and talking to it: a shell on the serial console, the
+//! node plugin's CSI endpoint through a forwarded port, QMP for pvesim.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+/// Where the guest kernel and initramfs are cached between runs.
+pub fn image_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/e2e-guest")
+}
+
+/// The driver's binaries, shared with the guest over 9p.
+pub fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug")
+}
+
+/// Builds the guest image unless it is there already.
+pub fn build_image() -> Result<PathBuf> {
+    let dir = image_dir();
+    if dir.join("vmlinuz").exists() && dir.join("initramfs.cpio.gz").exists() {
+        return Ok(dir);
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("guest/build-guest.sh");
+    let libs = ["proxmox-csi-hostd", "proxmox-csi-node"]
+        .map(|b| bin_dir().join(b).display().to_string())
+        .join(" ");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(&dir)
+        .env("GUEST_LIBS_FOR", libs)
+        .output()
+        .context("running build-guest.sh")?;
+    if !out.status.success() {
+        bail!("build-guest.sh failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(dir)
+}
+
+#[derive(Debug)]
+pub struct Guest {
+    qemu: Child,
+    console: UnixStream,
+    /// Console bytes read but not consumed yet.
+    pending: Vec<u8>,
+    pub qmp: PathBuf,
+    pub csi_port: u16,
+    pub boot_time: Duration,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        let _ = self.qemu.kill();
+        let _ = self.qemu.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl Guest {
+    /// Boots the guest (TCG) and waits for its shell.
+    pub async fn boot() -> Result<Self> {
+        for b in ["proxmox-csi-hostd", "proxmox-csi-node"] {
+            if !bin_dir().join(b).exists() {
+                bail!("{b} is not built: run `cargo build --workspace --bins` first");
+            }
+        }
+        let image = build_image()?;
+        let dir = tempfile::tempdir()?;
+        let console = dir.path().join("console.sock");
+        let qmp = dir.path().join("qmp.sock");
+        let csi_port = free_port()?;
+        let started = Instant::now();
+        let qemu = Command::new("qemu-system-x86_64")
+            .args(["-machine", "q35", "-accel", "tcg", "-m", "768", "-smp", "2", "-display", "none", "-no-reboot"])
+            .arg("-kernel")
+            .arg(image.join("vmlinuz"))
+            .arg("-initrd")
+            .arg(image.join("initramfs.cpio.gz"))
+            .args(["-append", "console=ttyS0 quiet panic=-1 nokaslr mitigations=off"])
+            .arg("-serial")
+            .arg(format!("unix:{},server=on,wait=off", console.display()))
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+            .args(["-device", "virtio-scsi-pci,id=scsihw0"])
+            .args(["-netdev", &format!("user,id=n0,hostfwd=tcp:127.0.0.1:{csi_port}-:10000"), "-device", "virtio-net-pci,netdev=n0"])
+            .arg("-virtfs")
+            .arg(format!("local,path={},mount_tag=host,security_model=none,readonly=on", bin_dir().display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting qemu-system-x86_64")?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !console.exists() {
+            if Instant::now() > deadline {
+                bail!("QEMU did not open its console socket");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let console = UnixStream::connect(&console).await?;
+        let mut g = Self { qemu, console, pending: Vec::new(), qmp, csi_port, boot_time: Duration::ZERO, _dir: dir };
+        g.read_until("E2E-GUEST-READY", Duration::from_secs(120)).await?;
+        g.boot_time = started.elapsed();
+        g.sh("export PS1=''; stty -echo; true").await?;
+        Ok(g)
+    }
+
+    /// Reads the console up to `marker`; returns what came before it and
+    /// keeps what came after for the next read.
+    async fn read_until(&mut self, marker: &str, limit: Duration) -> Result<String> {
+        let mut buf = [0u8; 4096];
+        let deadline = Instant::now() + limit;
+        loop {
+            let text = String::from_utf8_lossy(&self.pending).into_owned();
+            if let Some(pos) = text.find(marker) {
+                let before = text[..pos].to_string();
+                self.pending = text[pos + marker.len()..].as_bytes().to_vec();
+                return Ok(before);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!("guest console: no {marker:?} within {limit:?}; got:\n{text}");
+            }
+            let n = tokio::time::timeout(left, self.console.read(&mut buf)).await.unwrap_or(Ok(0))?;
+            self.pending.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    /// Runs a shell command in the guest; returns its output, failing on a
+    /// non-zero exit.
+    pub async fn sh(&mut self, cmd: &str) -> Result<String> {
+        let (code, out) = self.sh_status(cmd).await?;
+        if code != 0 {
+            bail!("guest command {cmd:?} exited {code}:\n{out}");
+        }
+        Ok(out)
+    }
+
+    pub async fn sh_status(&mut self, cmd: &str) -> Result<(i32, String)> {
+        // The marker is split in the command so that an echo of it does not match.
+        let line = format!("{cmd}; echo \"@@R\"\"C=$?@@\"\n");
+        self.console.write_all(line.as_bytes()).await?;
+        let out = self.read_until("@@RC=", Duration::from_secs(120)).await?;
+        let rest = self.read_until("@@", Duration::from_secs(5)).await?;
+        let code: i32 = rest.trim().parse().unwrap_or(-1);
+        // Drop the echoed command line, if the tty echoed it.
+        let out = out
+            .lines()
+            .filter(|l| !l.contains("@@R\"\"C"))
+            .map(|l| l.trim_start_matches("/ # "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        Ok((code, out.trim().to_string()))
+    }
+}

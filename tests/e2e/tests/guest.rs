@@ -1,0 +1,250 @@
+//! The production path in a real guest: pvesim hot-plugs the disk over QMP
+//! as Proxmox does, udev in the guest names it by WWN, hostd opens LUKS with
+//! dm-crypt, makes xfs, mounts; data survives unplug and re-attach; online
+//! growth goes through block_resize, cryptsetup resize and xfs_growfs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use e2e::guest::Guest;
+use proxmox_csi_controller::config::CloudConfig;
+use proxmox_csi_controller::csi::controller::ControllerService;
+use proxmox_csi_controller::ctl::Controller;
+use proxmox_csi_controller::pve;
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
+use proxmox_csi_proto::csi::v1::node_client::NodeClient;
+use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
+use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use pvesim::{Sim, State};
+use tonic::Request;
+use tonic::transport::Channel;
+
+const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
+const PASSPHRASE: &str = "correct horse battery staple";
+
+fn qemu_present() -> bool {
+    let ok = std::process::Command::new("qemu-system-x86_64").arg("--version").output().is_ok();
+    if !ok {
+        assert!(std::env::var_os("CI").is_none(), "qemu-system-x86_64 is missing and CI is set");
+        eprintln!("SKIPPED: qemu-system-x86_64 not installed");
+    }
+    ok
+}
+
+fn cap(fs: &str) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume { fs_type: fs.into(), ..Default::default() })),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    }
+}
+
+async fn node_client(port: u16) -> NodeClient<Channel> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}")).unwrap().connect().await {
+            let mut c = NodeClient::new(ch);
+            if c.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await.is_ok() {
+                return c;
+            }
+        }
+        assert!(Instant::now() < deadline, "the node plugin in the guest never answered");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+struct Step<'a> {
+    vol: &'a csi::Volume,
+    staging: String,
+    target: String,
+    secrets: HashMap<String, String>,
+    fs: &'a str,
+}
+
+impl Step<'_> {
+    fn stage(&self, pc: &HashMap<String, String>) -> csi::NodeStageVolumeRequest {
+        csi::NodeStageVolumeRequest {
+            volume_id: self.vol.volume_id.clone(),
+            publish_context: pc.clone(),
+            staging_target_path: self.staging.clone(),
+            volume_capability: Some(cap(self.fs)),
+            secrets: self.secrets.clone(),
+            volume_context: self.vol.volume_context.clone(),
+        }
+    }
+
+    fn publish(&self) -> csi::NodePublishVolumeRequest {
+        csi::NodePublishVolumeRequest {
+            volume_id: self.vol.volume_id.clone(),
+            staging_target_path: self.staging.clone(),
+            target_path: self.target.clone(),
+            volume_capability: Some(cap(self.fs)),
+            ..Default::default()
+        }
+    }
+}
+
+#[tokio::test]
+async fn luks_xfs_volume_in_a_guest_vm() {
+    if !qemu_present() {
+        return;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut g = Guest::boot().await.expect("guest boots");
+    eprintln!("MEASURE boot to shell: {:?}", g.boot_time);
+
+    let images = tempfile::tempdir().unwrap();
+    let state = format!(
+        r#"
+nodes: [{{ name: pve1 }}, {{ name: pve2 }}]
+storages: [{{ id: local-lvm, type: lvmthin, total: 107374182400 }}]
+vms:
+  - {{ vmid: 112, node: pve2, name: worker-2, qmp: "{}", config: {{ scsihw: virtio-scsi-pci }} }}
+users:
+  - {{ userid: kubernetes-csi@pve, tokens: [{{ name: csi, secret: {SECRET} }}] }}
+roles:
+  CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
+acl:
+  - {{ path: /, roles: [CSI], tokens: ["kubernetes-csi@pve!csi"], users: [kubernetes-csi@pve] }}
+"#,
+        g.qmp.display()
+    );
+    let sim = Sim::new(State::from_yaml(&state).unwrap())
+        .plain_http()
+        .volume_dir(images.path().to_path_buf())
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
+    let cfg = CloudConfig::parse(&format!(
+        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
+        sim.api_url()
+    ))
+    .unwrap();
+    let clients = cfg.clusters.into_iter().map(|c| Arc::new(pve::Client::new(c, Duration::from_secs(30), Default::default()).unwrap())).collect();
+    let ctl = ControllerService(Arc::new(Controller::new(clients, 9999, Duration::from_secs(60))));
+    let mut node = node_client(g.csi_port).await;
+
+    let topo = csi::Topology {
+        segments: HashMap::from([
+            ("topology.kubernetes.io/region".to_string(), "region-1".to_string()),
+            ("topology.kubernetes.io/zone".to_string(), "pve2".to_string()),
+        ]),
+    };
+    let vol = ctl
+        .create_volume(Request::new(csi::CreateVolumeRequest {
+            name: "pvc-e2e".into(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
+            volume_capabilities: vec![cap("xfs")],
+            parameters: HashMap::from([("storage".into(), "local-lvm".into())]),
+            accessibility_requirements: Some(csi::TopologyRequirement { requisite: vec![topo.clone()], preferred: vec![topo] }),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let step = Step {
+        vol: &vol,
+        staging: "/var/lib/kubelet/plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev/e2e/globalmount".into(),
+        target: "/var/lib/kubelet/pods/p1/volumes/kubernetes.io~csi/pvc-e2e/mount".into(),
+        secrets: HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]),
+        fs: "xfs",
+    };
+    g.sh("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev/e2e /var/lib/kubelet/pods/p1/volumes/kubernetes.io~csi/pvc-e2e").await.unwrap();
+
+    let publish = csi::ControllerPublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        node_id: "worker-2/112".into(),
+        volume_capability: Some(cap("xfs")),
+        volume_context: vol.volume_context.clone(),
+        ..Default::default()
+    };
+    let t = Instant::now();
+    let pc = ctl.controller_publish_volume(Request::new(publish.clone())).await.unwrap().into_inner().publish_context;
+    eprintln!("MEASURE ControllerPublish (QMP hot-plug): {:?}", t.elapsed());
+    let wwn = pc["wwn"].clone();
+    // udev in the guest names the disk by WWN, with the serial we set.
+    let link = g.sh(&format!("udevadm settle; readlink -f /dev/disk/by-id/wwn-{wwn}")).await.unwrap();
+    assert!(link.starts_with("/dev/sd"), "{link}");
+    let dev = link.trim().to_string();
+    let serial = g.sh(&format!("udevadm info --query=property --name={dev} | grep ID_SCSI_SERIAL")).await.unwrap();
+    assert!(serial.contains(&pc["serial"]), "{serial}");
+
+    let t = Instant::now();
+    let staged = tokio::time::timeout(Duration::from_secs(60), node.node_stage_volume(step.stage(&pc))).await;
+    if !matches!(staged, Ok(Ok(_))) {
+        let why = g.sh("tail -5 /run/hostd.log; ps | grep -v ']$'; ls -l /dev/mapper; dmsetup info -c; dmsetup udevcookies; ls /lib/udev/rules.d; for p in $(pidof proxmox-csi-hostd); do cat /proc/$p/task/*/wchan; echo; done").await.unwrap_or_default();
+        panic!("NodeStage failed: {staged:?}\nguest:\n{why}");
+    }
+    eprintln!("MEASURE NodeStage (LUKS format+open, mkfs.xfs, mount): {:?}", t.elapsed());
+    let mounts = g.sh("grep globalmount /proc/mounts").await.unwrap();
+    assert!(mounts.contains("/dev/mapper/pvecsi-") && mounts.contains(" xfs "), "{mounts}");
+    let luks = g.sh(&format!("cryptsetup luksDump {dev} | grep -E 'Version|cipher:|Cipher key'")).await.unwrap();
+    assert!(luks.contains("aes-xts-plain64") && luks.contains("512 bits"), "{luks}");
+    node.node_publish_volume(step.publish()).await.unwrap();
+    let sum = g.sh(&format!("dd if=/dev/urandom of={}/data bs=1M count=8 2>/dev/null && sync && sha256sum {}/data | cut -d' ' -f1", step.target, step.target)).await.unwrap();
+    assert_eq!(sum.len(), 64, "{sum}");
+
+    // Online growth: Proxmox resizes (block_resize), the node grows LUKS and xfs.
+    let grown = ctl
+        .controller_expand_volume(Request::new(csi::ControllerExpandVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 }),
+            volume_capability: Some(cap("xfs")),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(grown.node_expansion_required);
+    let ne = node
+        .node_expand_volume(csi::NodeExpandVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: step.target.clone(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 }),
+            staging_target_path: step.staging.clone(),
+            volume_capability: Some(cap("xfs")),
+            secrets: step.secrets.clone(),
+        })
+        .await;
+    let ne = match ne {
+        Ok(r) => r.into_inner(),
+        Err(e) => {
+            let why = g.sh("tail -5 /run/hostd.log; tail -5 /run/node.log; ps | grep proxmox; dmesg | tail -5").await.unwrap_or_default();
+            panic!("NodeExpand failed: {e:?}\nguest:\n{why}");
+        }
+    };
+    assert!(ne.capacity_bytes > (1 << 30) + (900 << 20), "{ne:?}");
+    let df = g.sh(&format!("df -kP {} | tail -1 | awk '{{print $2}}'", step.target)).await.unwrap();
+    let kib: u64 = df.trim().parse().unwrap();
+    assert!(kib > 1_900_000, "filesystem is {kib} KiB after growing to 2 GiB");
+
+    // Down: unpublish, unstage (LUKS closed), detach (the guest sees it go).
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), target_path: step.target.clone() }).await.unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: step.staging.clone() }).await.unwrap();
+    let mapper = g.sh("ls /dev/mapper").await.unwrap();
+    assert!(!mapper.contains("pvecsi-"), "{mapper}");
+    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), node_id: "worker-2/112".into(), ..Default::default() })).await.unwrap();
+    let (code, _) = g.sh_status(&format!("udevadm settle; test -e /dev/disk/by-id/wwn-{wwn}")).await.unwrap();
+    assert_ne!(code, 0, "the wwn link must disappear after the unplug");
+
+    // Back again: the LUKS volume is opened, not formatted, and the data is there.
+    let pc = ctl.controller_publish_volume(Request::new(publish)).await.unwrap().into_inner().publish_context;
+    assert_eq!(pc["wwn"], wwn, "the same WWN read back from the config");
+    node.node_stage_volume(step.stage(&pc)).await.unwrap();
+    node.node_publish_volume(step.publish()).await.unwrap();
+    let again = g.sh(&format!("sha256sum {}/data | cut -d' ' -f1", step.target)).await.unwrap();
+    assert_eq!(again, sum, "data survived unplug and re-attach");
+    // A wrong passphrase is refused without touching the header.
+    let hostd_log = g.sh("cat /run/hostd.log").await.unwrap();
+    assert!(!hostd_log.contains(PASSPHRASE), "the passphrase reached hostd's log");
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), target_path: step.target.clone() }).await.unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: step.staging.clone() }).await.unwrap();
+    let mut wrong = step.stage(&pc);
+    wrong.secrets.insert("encryption-passphrase".into(), "not it".into());
+    let err = node.node_stage_volume(wrong).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("passphrase does not open"), "{}", err.message());
+}
