@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a target needs, only those missing.
 #   scripts/deps.sh build   toolchain libraries for the -sys crates
-#   scripts/deps.sh test    build + filesystem tools + QEMU (from bookworm-backports on
-#                           Debian 12) for the host tests
-#   scripts/deps.sh guest   test + the packages the guest VM's initramfs is built from
+#   scripts/deps.sh test    build + filesystem tools + the packages the guest VM's
+#                           initramfs is built from + QEMU (from bookworm-backports on
+#                           Debian 12)
+#   scripts/deps.sh guest   the same as test
 set -euo pipefail
 
 want=${1:-test}
 build=(pkg-config libudev-dev libcryptsetup-dev libclang-dev libblkid-dev)
-test=("${build[@]}" e2fsprogs xfsprogs btrfs-progs util-linux fdisk cryptsetup-bin)
-guest=("${test[@]}" busybox-static udev kmod cpio dmsetup)
+# The end-to-end tests build a guest initramfs from these host packages.
+test=("${build[@]}" e2fsprogs xfsprogs btrfs-progs util-linux fdisk cryptsetup-bin
+      busybox-static udev kmod cpio dmsetup)
+guest=("${test[@]}")
 
 case "$want" in
   build) pkgs=("${build[@]}") ;;

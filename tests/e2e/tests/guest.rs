@@ -248,3 +248,146 @@ acl:
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("passphrase does not open"), "{}", err.message());
 }
+
+/// pvesim and a controller bound to a fresh guest.
+async fn setup(g: &Guest, images: &std::path::Path) -> (pvesim::Running, ControllerService) {
+    let state = format!(
+        r#"
+nodes: [{{ name: pve2 }}]
+storages: [{{ id: local-lvm, type: lvmthin, total: 107374182400 }}]
+vms:
+  - {{ vmid: 112, node: pve2, name: worker-2, qmp: "{}", config: {{ scsihw: virtio-scsi-pci }} }}
+users:
+  - {{ userid: kubernetes-csi@pve, tokens: [{{ name: csi, secret: {SECRET} }}] }}
+roles:
+  CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
+acl:
+  - {{ path: /, roles: [CSI], tokens: ["kubernetes-csi@pve!csi"], users: [kubernetes-csi@pve] }}
+"#,
+        g.qmp.display()
+    );
+    let sim = Sim::new(State::from_yaml(&state).unwrap()).plain_http().volume_dir(images.to_path_buf()).start("127.0.0.1:0").await.unwrap();
+    let cfg = CloudConfig::parse(&format!(
+        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
+        sim.api_url()
+    ))
+    .unwrap();
+    let clients = cfg.clusters.into_iter().map(|c| Arc::new(pve::Client::new(c, Duration::from_secs(30), Default::default()).unwrap())).collect();
+    (sim, ControllerService(Arc::new(Controller::new(clients, 9999, Duration::from_secs(60)))))
+}
+
+async fn create_vol(ctl: &ControllerService, name: &str, fs: &str) -> csi::Volume {
+    ctl.create_volume(Request::new(csi::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
+        volume_capabilities: vec![cap(fs)],
+        parameters: HashMap::from([("storage".into(), "local-lvm".into())]),
+        ..Default::default()
+    }))
+    .await
+    .unwrap()
+    .into_inner()
+    .volume
+    .unwrap()
+}
+
+fn publish_to_112(v: &csi::Volume, fs: &str) -> csi::ControllerPublishVolumeRequest {
+    csi::ControllerPublishVolumeRequest {
+        volume_id: v.volume_id.clone(),
+        node_id: "worker-2/112".into(),
+        volume_capability: Some(cap(fs)),
+        volume_context: v.volume_context.clone(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn ext4_growth_surprise_unplug_and_24_disks() {
+    if !qemu_present() {
+        return;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut g = Guest::boot().await.expect("guest boots");
+    let images = tempfile::tempdir().unwrap();
+    let (_sim, ctl) = setup(&g, images.path()).await;
+    let mut node = node_client(g.csi_port).await;
+    g.sh("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/d/a /var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/a").await.unwrap();
+
+    // ext4, plain: online growth with resize2fs (root in the guest has CAP_SYS_RESOURCE).
+    let vol = create_vol(&ctl, "pvc-ext4", "ext4").await;
+    let pc = ctl.controller_publish_volume(Request::new(publish_to_112(&vol, "ext4"))).await.unwrap().into_inner().publish_context;
+    let step = Step {
+        vol: &vol,
+        staging: "/var/lib/kubelet/plugins/kubernetes.io/csi/d/a/globalmount".into(),
+        target: "/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/a/mount".into(),
+        secrets: HashMap::new(),
+        fs: "ext4",
+    };
+    let t = Instant::now();
+    node.node_stage_volume(step.stage(&pc)).await.unwrap();
+    eprintln!("MEASURE NodeStage (wait, mkfs.ext4, mount): {:?}", t.elapsed());
+    node.node_publish_volume(step.publish()).await.unwrap();
+    g.sh(&format!("echo kept > {}/f && sync", step.target)).await.unwrap();
+    ctl.controller_expand_volume(Request::new(csi::ControllerExpandVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        capacity_range: Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 }),
+        volume_capability: Some(cap("ext4")),
+        ..Default::default()
+    }))
+    .await
+    .unwrap();
+    node.node_expand_volume(csi::NodeExpandVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        volume_path: step.target.clone(),
+        capacity_range: Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 }),
+        staging_target_path: step.staging.clone(),
+        volume_capability: Some(cap("ext4")),
+        secrets: HashMap::new(),
+    })
+    .await
+    .unwrap();
+    let kib: u64 = g.sh(&format!("df -kP {} | tail -1 | awk '{{print $2}}'", step.target)).await.unwrap().trim().parse().unwrap();
+    assert!(kib > 1_900_000, "ext4 is {kib} KiB after growing to 2 GiB");
+
+    // Surprise unplug while mounted: the condition turns abnormal, unstage still cleans up.
+    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        node_id: "worker-2/112".into(),
+        ..Default::default()
+    }))
+    .await
+    .unwrap();
+    g.sh("udevadm settle").await.unwrap();
+    let stats = node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest { volume_id: vol.volume_id.clone(), volume_path: step.target.clone(), staging_target_path: String::new() })
+        .await
+        .unwrap()
+        .into_inner();
+    let cond = stats.volume_condition.unwrap();
+    assert!(cond.abnormal, "{cond:?}");
+    eprintln!("condition after surprise unplug: {}", cond.message);
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), target_path: step.target.clone() }).await.unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: step.staging.clone() }).await.unwrap();
+    let mounts = g.sh("grep -c kubelet/plugins /proc/mounts || true").await.unwrap();
+    assert_eq!(mounts.trim(), "0", "nothing left mounted");
+
+    // 24 volumes attached concurrently to one VM: all appear in the guest by WWN.
+    let mut vols = Vec::new();
+    for i in 0..24 {
+        vols.push(create_vol(&ctl, &format!("pvc-many-{i}"), "ext4").await);
+    }
+    let t = Instant::now();
+    let calls = vols.iter().map(|v| {
+        let ctl = ctl.clone();
+        let req = publish_to_112(v, "ext4");
+        async move { ctl.controller_publish_volume(Request::new(req)).await }
+    });
+    let results: Vec<_> = futures::future::join_all(calls).await;
+    eprintln!("MEASURE 24 concurrent ControllerPublish into the guest: {:?}, {} config writes", t.elapsed(), ctl.0.attacher.writes.load(std::sync::atomic::Ordering::Relaxed));
+    let wwns: Vec<String> = results.into_iter().map(|r| r.unwrap().into_inner().publish_context["wwn"].clone()).collect();
+    let links = g.sh("udevadm settle; ls /dev/disk/by-id/ | grep -c '^wwn-'").await.unwrap();
+    assert_eq!(links.trim(), "24", "by-id links in the guest");
+    for w in &wwns {
+        g.sh(&format!("test -e /dev/disk/by-id/wwn-{w}")).await.unwrap();
+    }
+}
