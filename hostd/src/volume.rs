@@ -5,8 +5,9 @@
 //! difference.
 
 use std::path::{Path, PathBuf};
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use proxmox_csi_proto::hostd::v1 as pb;
 
@@ -38,6 +39,10 @@ pub struct Volumes {
     pub device_wait: Duration,
     /// Key derivation for new LUKS key slots.
     pub pbkdf: luks::Pbkdf,
+}
+
+fn ms(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 pub fn check_volume_id(id: &str) -> Result<(), HostdError> {
@@ -116,6 +121,7 @@ impl Volumes {
             .ok_or_else(|| HostdError::invalid("access", "filesystem or block is required"))?;
         let key = self.resolver.key(&wwn);
         let index = &self.index;
+        let waiting = Instant::now();
         let device = index
             .wait_for(&key, self.device_wait, RESCAN_GRACE, || discovery::rescan_scsi(index))
             .await
@@ -124,10 +130,11 @@ impl Volumes {
                 reason: format!("no block device with {key} within {:?}", self.device_wait),
             })?;
         self.resolver.verify_identity(&device, &wwn, &dev.serial)?;
+        let mut timings = HashMap::from([("wait".to_string(), ms(waiting))]);
         match access {
             pb::stage_request::Access::Filesystem(fs) => {
                 let crypt = passphrase.as_ref().map(|p| (luks::mapping_name(&req.volume_id), p));
-                self.stage_filesystem(&device, &staging, fs, req.read_only, crypt).await
+                self.stage_filesystem(&device, &staging, fs, req.read_only, crypt, &mut timings).await
             }
             pb::stage_request::Access::Block(_) if passphrase.is_some() => Err(HostdError::invalid(
                 "encryption",
@@ -148,6 +155,7 @@ impl Volumes {
                 size_bytes: blockdev::kernel_name(&sized)
                     .and_then(|n| blockdev::size_of(&n))
                     .unwrap_or(0),
+                timings_ms: timings,
             }
         })
     }
@@ -159,6 +167,7 @@ impl Volumes {
         fs: &pb::Filesystem,
         read_only: bool,
         crypt: Option<(String, &Secret<Vec<u8>>)>,
+        timings: &mut HashMap<String, u64>,
     ) -> Result<Vec<String>, HostdError> {
         let fs_type = FsType::parse(&fs.fs_type)?;
         let opts = MkfsOptions {
@@ -194,7 +203,9 @@ impl Volumes {
             if !luks::is_open(name) {
                 match probe::probe(device)? {
                     Contents::Blank => {
+                        let t = Instant::now();
                         luks::format(device, pass, self.pbkdf)?;
+                        timings.insert("luks_format".into(), ms(t));
                         actions.push("luksFormat".to_string());
                     }
                     Contents::Filesystem(t) if t == "crypto_LUKS" => {}
@@ -205,18 +216,23 @@ impl Volumes {
                         });
                     }
                 }
+                let t = Instant::now();
                 luks::open(device, name, pass)?;
+                timings.insert("luks_open".into(), ms(t));
                 actions.push(format!("luksOpen {name}"));
             }
         }
+        let started = Instant::now();
         match probe::probe(fs_device)? {
             Contents::Blank => {
                 mkfs::run(fs_type, fs_device, opts).await?;
+                timings.insert("mkfs".into(), ms(started));
                 actions.push(format!("mkfs {}", fs_type.name()));
             }
             Contents::Unfinished(t) if t == fs_type.name() => {
                 let opts = MkfsOptions { replace_unfinished: true, ..opts };
                 mkfs::run(fs_type, fs_device, opts).await?;
+                timings.insert("mkfs".into(), ms(started));
                 actions.push(format!("mkfs {} (an earlier mkfs was interrupted)", fs_type.name()));
             }
             Contents::Filesystem(t) if t == fs_type.name() => {}
@@ -233,7 +249,9 @@ impl Volumes {
             // Clones and snapshots share the XFS UUID; the Go driver mounts with nouuid too.
             flags.push("nouuid".into());
         }
+        let t = Instant::now();
         mounts::mount_fs(fs_device, staging, fs_type.name(), &flags, read_only)?;
+        timings.insert("mount".into(), ms(t));
         actions.push(format!("mounted {} at {}", fs_device.display(), staging.display()));
         Ok(actions)
     }

@@ -64,7 +64,9 @@ impl csi::node_server::Node for Node {
         let h = self.rules.stage(req.get_ref())?;
         let volume_id = h.volume_id.clone();
         let done = self.hostd().stage(h).await.map_err(hostd_status)?.into_inner();
-        tracing::info!(volume_id, actions = ?done.actions, size_bytes = done.size_bytes, "volume staged");
+        let mut timings: Vec<_> = done.timings_ms.iter().collect();
+        timings.sort();
+        tracing::info!(volume_id, actions = ?done.actions, size_bytes = done.size_bytes, timings_ms = ?timings, "volume staged");
         Ok(Response::new(csi::NodeStageVolumeResponse {}))
     }
 

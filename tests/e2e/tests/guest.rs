@@ -179,6 +179,9 @@ acl:
         panic!("NodeStage failed: {staged:?}\nguest:\n{why}");
     }
     eprintln!("MEASURE NodeStage (LUKS format+open, mkfs.xfs, mount): {:?}", t.elapsed());
+    let staged = g.sh("grep 'volume staged' /run/node.log | tail -1").await.unwrap();
+    assert!(staged.contains("\"wait\"") && staged.contains("\"luks_format\"") && staged.contains("\"mkfs\""), "{staged}");
+    eprintln!("MEASURE NodeStage phases: {}", staged.split("timings_ms=").nth(1).unwrap_or("?"));
     let mounts = g.sh("grep globalmount /proc/mounts").await.unwrap();
     assert!(mounts.contains("/dev/mapper/pvecsi-") && mounts.contains(" xfs "), "{mounts}");
     let luks = g.sh(&format!("cryptsetup luksDump {dev} | grep -E 'Version|cipher:|Cipher key'")).await.unwrap();
@@ -315,7 +318,10 @@ async fn ext4_growth_surprise_unplug_and_24_disks() {
 
     // ext4, plain: online growth with resize2fs (root in the guest has CAP_SYS_RESOURCE).
     let vol = create_vol(&ctl, "pvc-ext4", "ext4").await;
-    let pc = ctl.controller_publish_volume(Request::new(publish_to_112(&vol, "ext4"))).await.unwrap().into_inner().publish_context;
+    // The WWN is known before the attach: stage first, so that hostd is
+    // already waiting when QEMU's device_add happens.
+    let wwn = proxmox_csi_controller::drive::wwn_for(&vol.volume_id, 0);
+    let early = HashMap::from([("wwn".to_string(), wwn.clone()), ("serial".to_string(), proxmox_csi_controller::drive::serial_for(&vol.volume_id))]);
     let step = Step {
         vol: &vol,
         staging: "/var/lib/kubelet/plugins/kubernetes.io/csi/d/a/globalmount".into(),
@@ -324,8 +330,21 @@ async fn ext4_growth_surprise_unplug_and_24_disks() {
         fs: "ext4",
     };
     let t = Instant::now();
-    node.node_stage_volume(step.stage(&pc)).await.unwrap();
+    let mut waiting = node.clone();
+    let stage_req = step.stage(&early);
+    let staged = tokio::spawn(async move { waiting.node_stage_volume(stage_req).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let published = Instant::now();
+    let pc = ctl.controller_publish_volume(Request::new(publish_to_112(&vol, "ext4"))).await.unwrap().into_inner().publish_context;
+    assert_eq!(pc["wwn"], wwn);
+    let publish_took = published.elapsed();
+    staged.await.unwrap().unwrap();
     eprintln!("MEASURE NodeStage (wait, mkfs.ext4, mount): {:?}", t.elapsed());
+    let line = g.sh("grep 'volume staged' /run/node.log | tail -1").await.unwrap();
+    eprintln!(
+        "MEASURE ControllerPublish took {publish_took:?}; hostd, waiting since 300 ms before it, found the disk: {}",
+        line.split("timings_ms=").nth(1).unwrap_or("?")
+    );
     node.node_publish_volume(step.publish()).await.unwrap();
     g.sh(&format!("echo kept > {}/f && sync", step.target)).await.unwrap();
     ctl.controller_expand_volume(Request::new(csi::ControllerExpandVolumeRequest {
@@ -384,7 +403,31 @@ async fn ext4_growth_surprise_unplug_and_24_disks() {
     });
     let results: Vec<_> = futures::future::join_all(calls).await;
     eprintln!("MEASURE 24 concurrent ControllerPublish into the guest: {:?}, {} config writes", t.elapsed(), ctl.0.attacher.writes.load(std::sync::atomic::Ordering::Relaxed));
-    let wwns: Vec<String> = results.into_iter().map(|r| r.unwrap().into_inner().publish_context["wwn"].clone()).collect();
+    let contexts: Vec<HashMap<String, String>> = results.into_iter().map(|r| r.unwrap().into_inner().publish_context).collect();
+    let wwns: Vec<String> = contexts.iter().map(|c| c["wwn"].clone()).collect();
+    // Stage them all as raw block volumes: a burst of hot-plugs can overrun
+    // virtio-scsi's event queue, and hostd's SCSI rescan fallback must find
+    // whatever the guest kernel missed.
+    g.sh("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/many").await.unwrap();
+    let t = Instant::now();
+    let stages = vols.iter().zip(&contexts).enumerate().map(|(i, (v, pc))| {
+        let mut n = node.clone();
+        let req = csi::NodeStageVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            publish_context: pc.clone(),
+            staging_target_path: format!("/var/lib/kubelet/plugins/kubernetes.io/csi/many/{i}"),
+            volume_capability: Some(csi::VolumeCapability {
+                access_type: Some(AccessType::Block(Default::default())),
+                access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+            }),
+            ..Default::default()
+        };
+        async move { n.node_stage_volume(req).await }
+    });
+    for r in futures::future::join_all(stages).await {
+        r.expect("every hot-plugged disk is found and staged");
+    }
+    eprintln!("MEASURE 24 NodeStage (block) at once in the guest: {:?}", t.elapsed());
     let links = g.sh("udevadm settle; ls /dev/disk/by-id/ | grep -c '^wwn-'").await.unwrap();
     assert_eq!(links.trim(), "24", "by-id links in the guest");
     for w in &wwns {
