@@ -139,8 +139,40 @@ fn libc_eperm() -> i32 {
     nix::errno::Errno::EPERM as i32
 }
 
+/// Whether the LUKS2 header on `device` has a key slot. A header without
+/// one comes from a luksFormat that was interrupted before its key slot was
+/// written: its volume key is lost, so it protects nothing and can be made
+/// again.
+pub fn has_keyslot(device: &Path) -> Result<bool, HostdError> {
+    use libcryptsetup_rs::consts::vals::KeyslotInfo;
+    let mut cd = CryptInit::init(device).map_err(|e| err("opening", device, e))?;
+    cd.context_handle()
+        .load::<libcryptsetup_rs::CryptParamsLuks2Ref<'_>>(Some(EncryptionFormat::Luks2), None)
+        .map_err(|e| err("reading the LUKS2 header of", device, e))?;
+    let max = libcryptsetup_rs::CryptKeyslotHandle::max_keyslots(EncryptionFormat::Luks2).unwrap_or(32);
+    for slot in 0..max {
+        if matches!(
+            cd.keyslot_handle().status(slot),
+            Ok(KeyslotInfo::Active | KeyslotInfo::ActiveLast | KeyslotInfo::Unbound)
+        ) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 pub fn is_open(name: &str) -> bool {
     mapper_path(name).exists()
+}
+
+/// The kernel name (`dm-N`) of the device-mapper device called `name`, if
+/// the kernel has one, whether or not its `/dev/mapper` node exists.
+pub fn active(name: &str) -> Option<String> {
+    let entries = std::fs::read_dir("/sys/block").ok()?;
+    entries.flatten().find_map(|e| {
+        let dm = std::fs::read_to_string(e.path().join("dm/name")).ok()?;
+        (dm.trim() == name).then(|| e.file_name().to_string_lossy().into_owned())
+    })
 }
 
 /// Closes the mapping; with `force`, also one whose device has vanished

@@ -200,6 +200,16 @@ impl Volumes {
         device::verify_unused(device, &table, crypt.as_ref().map(|(n, _)| n.as_str()))?;
         let mut actions = Vec::new();
         if let Some((name, pass)) = &crypt {
+            // A mapping left by a hostd that died between activation and
+            // udev's node (or before the mount) is torn down and made again;
+            // nothing can be using it: the staging path is not mounted.
+            if let Some(dm) = luks::active(name)
+                && !luks::is_open(name)
+                && !device_has_mount(&table, &dm)
+            {
+                tracing::warn!(mapping = %name, dm, "closing a half-made mapping left by an earlier attempt");
+                luks::close(name, true)?;
+            }
             if !luks::is_open(name) {
                 match probe::probe(device)? {
                     Contents::Blank => {
@@ -208,7 +218,13 @@ impl Volumes {
                         timings.insert("luks_format".into(), ms(t));
                         actions.push("luksFormat".to_string());
                     }
-                    Contents::Filesystem(t) if t == "crypto_LUKS" => {}
+                    Contents::Filesystem(t) if t == "crypto_LUKS" => {
+                        if !luks::has_keyslot(device)? {
+                            tracing::warn!(device = %device.display(), "LUKS header without a key slot: an earlier luksFormat was interrupted; formatting again");
+                            luks::format(device, pass, self.pbkdf)?;
+                            actions.push("luksFormat (an earlier one was interrupted)".to_string());
+                        }
+                    }
                     found => {
                         return Err(HostdError::HoldsData {
                             device: device.to_path_buf(),
@@ -357,6 +373,12 @@ impl Volumes {
         }
         .map_err(|e| HostdError::failed("removing", target.display(), e))
     }
+}
+
+/// Whether the block device `name` (e.g. `dm-0`) is mounted anywhere.
+fn device_has_mount(table: &[mounts::MountEntry], name: &str) -> bool {
+    let dev = std::fs::read_to_string(Path::new("/sys/class/block").join(name).join("dev")).unwrap_or_default();
+    table.iter().any(|m| m.majmin == dev.trim())
 }
 
 /// Unmounts every mount stacked at `path`.

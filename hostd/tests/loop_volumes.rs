@@ -688,6 +688,28 @@ async fn encryption_writes_a_go_compatible_luks2_header_and_never_reformats_it()
         assert_eq!(sha_of(&env.image(&wwn)), header, "the LUKS header was rewritten");
     }
 
+    // A header left by an interrupted luksFormat (no key slot) protects
+    // nothing: it is formatted again and the passphrase then opens it.
+    let wwn = env.disk(72);
+    let img = env.image(&wwn);
+    luks(&img);
+    let kill = Command::new("cryptsetup").args(["luksKillSlot", "--batch-mode"]).arg(&img).arg("0").output().unwrap();
+    assert!(kill.status.success(), "{}", String::from_utf8_lossy(&kill.stderr));
+    let staging = env.staging("luks-noslot");
+    let mut req = stage_req("vol-noslot", &wwn, &staging, "ext4");
+    req.encryption = Some(pb::Encryption { passphrase: b"new passphrase".to_vec() });
+    let _ = env.client.stage(req).await;
+    let mut c = Command::new("cryptsetup")
+        .args(["open", "--test-passphrase", "--key-file", "-"])
+        .arg(&img)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(b"new passphrase").unwrap();
+    assert!(c.wait().unwrap().success(), "the re-made header must open with the passphrase");
+    let log = std::fs::read_to_string(&env.log).unwrap();
+    assert!(log.contains("an earlier luksFormat was interrupted"), "{log}");
+
     // A plain ext4 disk is never encrypted over.
     let wwn = env.disk(71);
     run("mkfs.ext4", &["-q", "-F"], &env.image(&wwn));

@@ -19,10 +19,25 @@ pub fn bin_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug")
 }
 
-/// Builds the guest image unless it is there already.
+/// What the image is built from; a change rebuilds it.
+fn recipe() -> String {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("guest");
+    ["build-guest.sh", "init"]
+        .iter()
+        .map(|f| std::fs::read_to_string(here.join(f)).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\0")
+}
+
+/// Builds the guest image unless an image of the same recipe is there.
 pub fn build_image() -> Result<PathBuf> {
     let dir = image_dir();
-    if dir.join("vmlinuz").exists() && dir.join("initramfs.cpio.gz").exists() {
+    let stamp = dir.join("recipe");
+    let current = recipe();
+    if dir.join("vmlinuz").exists()
+        && dir.join("initramfs.cpio.gz").exists()
+        && std::fs::read_to_string(&stamp).is_ok_and(|s| s == current)
+    {
         return Ok(dir);
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("guest/build-guest.sh");
@@ -38,6 +53,7 @@ pub fn build_image() -> Result<PathBuf> {
     if !out.status.success() {
         bail!("build-guest.sh failed: {}", String::from_utf8_lossy(&out.stderr));
     }
+    std::fs::write(&stamp, current)?;
     Ok(dir)
 }
 
