@@ -93,8 +93,26 @@ fn resolver(_: &Args) -> Resolver {
     Resolver::default()
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // libdevmapper creates /dev/mapper nodes itself instead of waiting on a
+    // udev cookie: a cookie that is never completed (a hostd killed in the
+    // middle of an activation, udev rules missing in the rootfs) would
+    // otherwise hang every later dm-crypt call on that volume. Set before
+    // any thread starts.
+    if std::env::var_os("DM_DISABLE_UDEV").is_none() {
+        // SAFETY: no other thread exists yet.
+        unsafe { std::env::set_var("DM_DISABLE_UDEV", "1") };
+    }
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt.block_on(run()),
+        Err(e) => {
+            eprintln!("proxmox-csi-hostd: starting the async runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> ExitCode {
     let args = Args::parse();
     if let Err(e) = logging::init(args.log_format, args.log_level.as_deref()) {
         eprintln!("proxmox-csi-hostd: {e}");

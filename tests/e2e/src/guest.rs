@@ -29,8 +29,16 @@ fn recipe() -> String {
         .join("\0")
 }
 
+/// One image build at a time: the tests of a run share the image.
+static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// At most two guests at once: they run under software emulation on a
+/// small machine, and each needs a core to keep the tests' timeouts honest.
+static GUESTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
 /// Builds the guest image unless an image of the same recipe is there.
 pub fn build_image() -> Result<PathBuf> {
+    let _one_at_a_time = BUILD.lock().unwrap_or_else(|p| p.into_inner());
     let dir = image_dir();
     let stamp = dir.join("recipe");
     let current = recipe();
@@ -44,14 +52,20 @@ pub fn build_image() -> Result<PathBuf> {
     let libs = ["proxmox-csi-hostd", "proxmox-csi-node"]
         .map(|b| bin_dir().join(b).display().to_string())
         .join(" ");
+    // Built aside and moved into place, so a reader never sees half an image.
+    std::fs::create_dir_all(&dir)?;
+    let staging = tempfile::tempdir_in(&dir)?;
     let out = Command::new("bash")
         .arg(&script)
-        .arg(&dir)
+        .arg(staging.path())
         .env("GUEST_LIBS_FOR", libs)
         .output()
         .context("running build-guest.sh")?;
     if !out.status.success() {
         bail!("build-guest.sh failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    for f in ["vmlinuz", "initramfs.cpio.gz"] {
+        std::fs::rename(staging.path().join(f), dir.join(f))?;
     }
     std::fs::write(&stamp, current)?;
     Ok(dir)
@@ -67,6 +81,7 @@ pub struct Guest {
     pub csi_port: u16,
     pub boot_time: Duration,
     _dir: tempfile::TempDir,
+    _slot: tokio::sync::SemaphorePermit<'static>,
 }
 
 impl Drop for Guest {
@@ -88,7 +103,8 @@ impl Guest {
                 bail!("{b} is not built: run `cargo build --workspace --bins` first");
             }
         }
-        let image = build_image()?;
+        let slot = GUESTS.acquire().await?;
+        let image = tokio::task::spawn_blocking(build_image).await??;
         let dir = tempfile::tempdir()?;
         let console = dir.path().join("console.sock");
         let qmp = dir.path().join("qmp.sock");
@@ -121,7 +137,16 @@ impl Guest {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let console = UnixStream::connect(&console).await?;
-        let mut g = Self { qemu, console, pending: Vec::new(), qmp, csi_port, boot_time: Duration::ZERO, _dir: dir };
+        let mut g = Self {
+            qemu,
+            console,
+            pending: Vec::new(),
+            qmp,
+            csi_port,
+            boot_time: Duration::ZERO,
+            _dir: dir,
+            _slot: slot,
+        };
         g.read_until("E2E-GUEST-READY", Duration::from_secs(120)).await?;
         g.boot_time = started.elapsed();
         g.sh("export PS1=''; stty -echo; true").await?;
