@@ -2,6 +2,7 @@
 
 use super::Controller;
 use crate::error::CtlError;
+use crate::pve::api::VolumeInfo;
 use crate::pve::{Client, Deadline};
 use crate::volume::VolumeId;
 
@@ -18,6 +19,20 @@ impl Controller {
             .into_iter()
             .find(|r| r.status == "available")
             .map(|r| r.node))
+    }
+
+    /// The node to reach an existing volume through, and its size; NotFound
+    /// (naming the volume) when it does not exist.
+    pub async fn existing(&self, client: &Client, id: &VolumeId, d: Deadline) -> Result<(String, VolumeInfo), CtlError> {
+        let node = self
+            .node_for(client, id, d)
+            .await?
+            .ok_or_else(|| CtlError::NotFound(format!("volume {id}: storage {} is on no node", id.storage)))?;
+        let info = client
+            .volume_info(&node, &id.storage, &id.disk, d)
+            .await?
+            .ok_or_else(|| CtlError::NotFound(format!("volume {id} does not exist")))?;
+        Ok((node, info))
     }
 
     pub async fn delete_volume(&self, volume_id: &str, d: Deadline) -> Result<(), CtlError> {

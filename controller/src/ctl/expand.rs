@@ -25,14 +25,7 @@ impl Controller {
         let size = size_for(Some(range))?;
         let id = VolumeId::parse(&r.volume_id).map_err(|e| CtlError::invalid("volume_id", e))?;
         let client = self.client(&id.region)?;
-        let node = self
-            .node_for(&client, &id, d)
-            .await?
-            .ok_or_else(|| CtlError::NotFound(format!("volume {}: storage {} is on no node", r.volume_id, id.storage)))?;
-        let info = client
-            .volume_info(&node, &id.storage, &id.disk, d)
-            .await?
-            .ok_or_else(|| CtlError::NotFound(format!("volume {} does not exist", r.volume_id)))?;
+        let (node, info) = self.existing(&client, &id, d).await?;
         // A filesystem must grow on the node; a raw block volume needs nothing more.
         let fs = !matches!(
             r.volume_capability.as_ref().and_then(|c| c.access_type.as_ref()),

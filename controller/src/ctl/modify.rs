@@ -45,13 +45,7 @@ impl Controller {
         check.apply_mutable(&r.mutable_parameters)?;
         let id = VolumeId::parse(&r.volume_id).map_err(|e| CtlError::invalid("volume_id", e))?;
         let client = self.client(&id.region)?;
-        let node = self
-            .node_for(&client, &id, d)
-            .await?
-            .ok_or_else(|| CtlError::NotFound(format!("volume {}: storage {} is on no node", r.volume_id, id.storage)))?;
-        if client.volume_info(&node, &id.storage, &id.disk, d).await?.is_none() {
-            return Err(CtlError::NotFound(format!("volume {} does not exist", r.volume_id)));
-        }
+        self.existing(&client, &id, d).await?;
         let Some(vmid) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), d).await? else {
             // Not attached: the next publish reads the class from the PersistentVolume.
             return Ok(());

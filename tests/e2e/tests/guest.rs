@@ -96,34 +96,7 @@ async fn luks_xfs_volume_in_a_guest_vm() {
     eprintln!("MEASURE boot to shell: {:?}", g.boot_time);
 
     let images = tempfile::tempdir().unwrap();
-    let state = format!(
-        r#"
-nodes: [{{ name: pve1 }}, {{ name: pve2 }}]
-storages: [{{ id: local-lvm, type: lvmthin, total: 107374182400 }}]
-vms:
-  - {{ vmid: 112, node: pve2, name: worker-2, qmp: "{}", config: {{ scsihw: virtio-scsi-pci }} }}
-users:
-  - {{ userid: kubernetes-csi@pve, tokens: [{{ name: csi, secret: {SECRET} }}] }}
-roles:
-  CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
-acl:
-  - {{ path: /, roles: [CSI], tokens: ["kubernetes-csi@pve!csi"], users: [kubernetes-csi@pve] }}
-"#,
-        g.qmp.display()
-    );
-    let sim = Sim::new(State::from_yaml(&state).unwrap())
-        .plain_http()
-        .volume_dir(images.path().to_path_buf())
-        .start("127.0.0.1:0")
-        .await
-        .unwrap();
-    let cfg = CloudConfig::parse(&format!(
-        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
-        sim.api_url()
-    ))
-    .unwrap();
-    let clients = cfg.clusters.into_iter().map(|c| Arc::new(pve::Client::new(c, Duration::from_secs(30), Default::default()).unwrap())).collect();
-    let ctl = ControllerService(Arc::new(Controller::new(clients, 9999, Duration::from_secs(60))));
+    let (_sim, ctl) = setup(&g, images.path()).await;
     let mut node = node_client(g.csi_port).await;
 
     let topo = csi::Topology {
