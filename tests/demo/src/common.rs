@@ -1,0 +1,147 @@
+//! What both versions of the demo share: the narration, the processes,
+//! the cluster, and pvesim's admin view as evidence.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
+use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use tonic::transport::Channel;
+
+pub const STEPS: usize = 12;
+pub const TOKEN: &str = "kubernetes-csi@pve!csi";
+pub const SECRET: &str = "0d1e5c1a-7e57-4b5c-9d7e-00000000d3m0";
+
+pub const CLUSTER: &str = r#"
+cluster: demo
+nodes: [{ name: pve1 }, { name: pve2 }, { name: pve3 }]
+storages:
+  - { id: local-lvm, type: lvmthin, total: 107374182400 }
+vms:
+  - { vmid: 112, node: pve2, name: worker-2, config: { scsihw: virtio-scsi-pci, scsi0: "local-lvm:vm-112-disk-0,iothread=1,size=32G" } }
+volumes:
+  - { volid: "local-lvm:vm-112-disk-0", node: pve2, size: 34359738368 }
+users:
+  - userid: kubernetes-csi@pve
+    tokens: [{ name: csi, secret: 0d1e5c1a-7e57-4b5c-9d7e-00000000d3m0 }]
+roles:
+  CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
+acl:
+  - { path: /, roles: [CSI], users: [kubernetes-csi@pve], tokens: ["kubernetes-csi@pve!csi"] }
+"#;
+
+pub fn tty() -> bool {
+    use std::io::IsTerminal;
+    std::io::stdout().is_terminal()
+}
+
+pub fn step(n: usize, title: &str) {
+    if tty() {
+        println!("\n\x1b[1m{n}/{STEPS} {title}\x1b[0m");
+    } else {
+        println!("\n{n}/{STEPS} {title}");
+    }
+}
+
+pub fn evidence(line: impl AsRef<str>) {
+    for l in line.as_ref().lines() {
+        println!("    {l}");
+    }
+}
+
+pub struct Proc {
+    name: &'static str,
+    child: Child,
+}
+
+impl Proc {
+    pub fn stop(mut self) -> Result<String> {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(format!("{} exited after SIGTERM: {status}", self.name));
+            }
+            if Instant::now() > deadline {
+                bail!("{} did not stop within 10 s of SIGTERM", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn bin(name: &str) -> Result<PathBuf> {
+    let path = std::env::current_exe()?.with_file_name(name);
+    if !path.exists() {
+        bail!("{} not built: run `make demo`", path.display());
+    }
+    Ok(path)
+}
+
+pub fn spawn(name: &'static str, program: &Path, args: &[String], log: &Path) -> Result<Proc> {
+    let child = Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?)
+        .spawn()
+        .with_context(|| format!("starting {name}"))?;
+    Ok(Proc { name, child })
+}
+
+pub async fn channel(socket: &Path) -> Result<Channel> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        if Instant::now() > deadline {
+            bail!("{} did not appear within 20 s", socket.display());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(proxmox_csi_common::client::unix_channel(socket.to_path_buf()).await?)
+}
+
+pub fn sh(cmd: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(cmd).args(args).output().with_context(|| format!("running {cmd}"))?;
+    if !out.status.success() {
+        bail!("{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+pub fn mount_line(path: &Path) -> String {
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.split(' ').nth(1) == Some(path.to_str().unwrap_or("-")))
+        .last()
+        .unwrap_or("(not mounted)")
+        .to_string()
+}
+
+pub fn mount_cap() -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume { fs_type: "xfs".into(), ..Default::default() })),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    }
+}
+
+/// Reads pvesim's admin view (the evidence of what Proxmox holds).
+pub async fn reqwest_json(addr: &str, path: &str) -> Result<serde_json::Value> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .tls_danger_accept_invalid_certs(true)
+        .build()?;
+    let v: serde_json::Value = client.get(format!("https://{addr}/pvesim/{path}")).send().await?.json().await?;
+    Ok(v["data"].clone())
+}
