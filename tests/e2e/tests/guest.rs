@@ -468,9 +468,10 @@ async fn hostd_killed_mid_stage_in_the_guest() {
     eprintln!("recoveries logged by hostd: {}", log.trim());
 }
 
-/// The pod moves: the volume leaves one worker VM and reaches another with
-/// its data. Local storage cannot follow to another Proxmox node (the error
-/// names `pvecsictl migrate`); shared storage can.
+/// The pod moves: the volume leaves one worker VM and reaches a second one
+/// on the same Proxmox node with its data. Local storage cannot follow to
+/// another Proxmox node (the error names `pvecsictl migrate`); shared
+/// storage can.
 #[tokio::test]
 async fn volume_moves_between_worker_vms() {
     if !qemu_present() {
@@ -480,6 +481,7 @@ async fn volume_moves_between_worker_vms() {
     let (g1, g2) = tokio::join!(Guest::boot(), Guest::boot());
     let (mut g1, mut g2) = (g1.expect("guest 1 boots"), g2.expect("guest 2 boots"));
     let images = tempfile::tempdir().unwrap();
+    // 112 and 113 are guests on pve2; 114 on pve1 is simulated (no QEMU).
     let state = format!(
         r#"
 nodes: [{{ name: pve1 }}, {{ name: pve2 }}]
@@ -488,7 +490,8 @@ storages:
   - {{ id: nfs, type: nfs, total: 107374182400 }}
 vms:
   - {{ vmid: 112, node: pve2, name: worker-2, qmp: "{}", config: {{ scsihw: virtio-scsi-pci }} }}
-  - {{ vmid: 113, node: pve1, name: worker-3, qmp: "{}", config: {{ scsihw: virtio-scsi-pci }} }}
+  - {{ vmid: 113, node: pve2, name: worker-3, qmp: "{}", config: {{ scsihw: virtio-scsi-pci }} }}
+  - {{ vmid: 114, node: pve1, name: worker-4, config: {{ scsihw: virtio-scsi-pci }} }}
 users:
   - {{ userid: kubernetes-csi@pve, tokens: [{{ name: csi, secret: {SECRET} }}] }}
 roles:
@@ -508,15 +511,21 @@ acl:
     let clients = cfg.clusters.into_iter().map(|c| Arc::new(pve::Client::new(c, Duration::from_secs(30), Default::default()).unwrap())).collect();
     let ctl = ControllerService(Arc::new(Controller::new(clients, 9999, Duration::from_secs(60))));
     let (mut n1, mut n2) = (node_client(g1.csi_port).await, node_client(g2.csi_port).await);
-
     let create = |name: &'static str, storage: &'static str| {
         let ctl = ctl.clone();
         async move {
+            let zone = csi::Topology {
+                segments: HashMap::from([
+                    ("topology.kubernetes.io/region".to_string(), "region-1".to_string()),
+                    ("topology.kubernetes.io/zone".to_string(), "pve2".to_string()),
+                ]),
+            };
             ctl.create_volume(Request::new(csi::CreateVolumeRequest {
                 name: name.into(),
                 capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
                 volume_capabilities: vec![cap("ext4")],
                 parameters: HashMap::from([("storage".into(), storage.into())]),
+                accessibility_requirements: Some(csi::TopologyRequirement { requisite: vec![zone.clone()], preferred: vec![zone] }),
                 ..Default::default()
             }))
             .await
@@ -538,27 +547,32 @@ acl:
         g.sh("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/d/m").await.unwrap();
     }
 
-    // Shared storage: written on worker-2 (pve2), read on worker-3 (pve1).
-    let shared = create("pvc-shared", "nfs").await;
-    let step = Step { vol: &shared, staging: staging.clone(), target: String::new(), secrets: HashMap::new(), fs: "ext4" };
-    let pc = ctl.controller_publish_volume(Request::new(publish(&shared, "worker-2/112"))).await.unwrap().into_inner().publish_context;
+    // Local storage, same Proxmox node: written on worker-2, read on worker-3.
+    let local = create("pvc-local", "local-lvm").await;
+    assert!(local.volume_id.contains("/pve2/"), "{}", local.volume_id);
+    let step = Step { vol: &local, staging: staging.clone(), target: String::new(), secrets: HashMap::new(), fs: "ext4" };
+    let pc = ctl.controller_publish_volume(Request::new(publish(&local, "worker-2/112"))).await.unwrap().into_inner().publish_context;
     n1.node_stage_volume(step.stage(&pc)).await.unwrap();
     let sum = g1.sh(&format!("dd if=/dev/urandom of={staging}/d bs=1M count=4 2>/dev/null && sync && sha256sum {staging}/d | cut -d' ' -f1")).await.unwrap();
     // While attached to worker-2, worker-3 cannot have it.
-    let err = ctl.controller_publish_volume(Request::new(publish(&shared, "worker-3/113"))).await.unwrap_err();
+    let err = ctl.controller_publish_volume(Request::new(publish(&local, "worker-3/113"))).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
-    n1.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: shared.volume_id.clone(), staging_target_path: staging.clone() }).await.unwrap();
-    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: shared.volume_id.clone(), node_id: "worker-2/112".into(), ..Default::default() })).await.unwrap();
-    let pc = ctl.controller_publish_volume(Request::new(publish(&shared, "worker-3/113"))).await.unwrap().into_inner().publish_context;
+    n1.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: local.volume_id.clone(), staging_target_path: staging.clone() }).await.unwrap();
+    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: local.volume_id.clone(), node_id: "worker-2/112".into(), ..Default::default() })).await.unwrap();
+    let pc = ctl.controller_publish_volume(Request::new(publish(&local, "worker-3/113"))).await.unwrap().into_inner().publish_context;
     n2.node_stage_volume(step.stage(&pc)).await.unwrap();
     let moved = g2.sh(&format!("sha256sum {staging}/d | cut -d' ' -f1")).await.unwrap();
     assert_eq!(moved, sum, "data intact after the move to another VM");
+    n2.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: local.volume_id.clone(), staging_target_path: staging.clone() }).await.unwrap();
+    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: local.volume_id.clone(), node_id: "worker-3/113".into(), ..Default::default() })).await.unwrap();
 
-    // Local storage of pve2 cannot follow to pve1: refused with the reason and the remedy.
-    let local = create("pvc-local", "local-lvm").await;
-    // The worker on the other Proxmox node than the one the disk is on.
-    let elsewhere = if local.volume_id.contains("/pve2/") { "worker-3/113" } else { "worker-2/112" };
-    let err = ctl.controller_publish_volume(Request::new(publish(&local, elsewhere))).await.unwrap_err();
+    // To a VM on another Proxmox node: local storage refused with the reason and the remedy…
+    let err = ctl.controller_publish_volume(Request::new(publish(&local, "worker-4/114"))).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
     assert!(err.message().contains("pvecsictl migrate"), "{}", err.message());
+    // …shared storage goes.
+    let shared = create("pvc-shared", "nfs").await;
+    ctl.controller_publish_volume(Request::new(publish(&shared, "worker-2/112"))).await.unwrap();
+    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: shared.volume_id.clone(), node_id: "worker-2/112".into(), ..Default::default() })).await.unwrap();
+    ctl.controller_publish_volume(Request::new(publish(&shared, "worker-4/114"))).await.unwrap();
 }
