@@ -84,6 +84,15 @@ pub struct Guest {
     _slot: tokio::sync::SemaphorePermit<'static>,
 }
 
+/// Which share of the machine a guest takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Share {
+    /// Next to at most one other guest.
+    Shared,
+    /// Alone: for tests whose timing matters (killing a process mid-way).
+    Alone,
+}
+
 impl Drop for Guest {
     fn drop(&mut self) {
         let _ = self.qemu.kill();
@@ -98,12 +107,19 @@ fn free_port() -> Result<u16> {
 impl Guest {
     /// Boots the guest (TCG) and waits for its shell.
     pub async fn boot() -> Result<Self> {
+        Self::boot_with(Share::Shared).await
+    }
+
+    pub async fn boot_with(share: Share) -> Result<Self> {
         for b in ["proxmox-csi-hostd", "proxmox-csi-node"] {
             if !bin_dir().join(b).exists() {
                 bail!("{b} is not built: run `cargo build --workspace --bins` first");
             }
         }
-        let slot = GUESTS.acquire().await?;
+        let slot = match share {
+            Share::Shared => GUESTS.acquire().await?,
+            Share::Alone => GUESTS.acquire_many(2).await?,
+        };
         let image = tokio::task::spawn_blocking(build_image).await??;
         let dir = tempfile::tempdir()?;
         let console = dir.path().join("console.sock");
