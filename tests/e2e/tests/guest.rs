@@ -576,3 +576,77 @@ acl:
     ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: shared.volume_id.clone(), node_id: "worker-2/112".into(), ..Default::default() })).await.unwrap();
     ctl.controller_publish_volume(Request::new(publish(&shared, "worker-4/114"))).await.unwrap();
 }
+
+/// The two growth cases the other guest tests do not cover: ext4 inside
+/// LUKS (cryptsetup resize, then resize2fs) and plain xfs (xfs_growfs).
+#[tokio::test]
+async fn online_growth_of_ext4_with_luks_and_of_plain_xfs() {
+    if !qemu_present() {
+        return;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut g = Guest::boot().await.expect("guest boots");
+    let images = tempfile::tempdir().unwrap();
+    let (_sim, ctl) = setup(&g, images.path()).await;
+    let mut node = node_client(g.csi_port).await;
+    let luks = HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]);
+    for (name, fs, secrets) in [("pvc-ext4-luks", "ext4", luks), ("pvc-xfs-plain", "xfs", HashMap::new())] {
+        grow_online(&ctl, &mut node, &mut g, name, fs, secrets).await;
+    }
+}
+
+/// Create, attach, stage, write, grow from 1 to 2 GiB while mounted, check
+/// the size and the bytes, then take everything down and delete.
+async fn grow_online(ctl: &ControllerService, node: &mut NodeClient<Channel>, g: &mut Guest, name: &str, fs: &str, secrets: HashMap<String, String>) {
+    let vol = create_vol(ctl, name, fs).await;
+    let step = Step {
+        vol: &vol,
+        staging: format!("/var/lib/kubelet/plugins/kubernetes.io/csi/d/{name}/globalmount"),
+        target: format!("/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/{name}/mount"),
+        secrets,
+        fs,
+    };
+    g.sh(&format!("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/d/{name} /var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/{name}")).await.unwrap();
+    let pc = ctl.controller_publish_volume(Request::new(publish_to_112(&vol, fs))).await.unwrap().into_inner().publish_context;
+    node.node_stage_volume(step.stage(&pc)).await.unwrap();
+    let mounts = g.sh(&format!("grep {name}/globalmount /proc/mounts")).await.unwrap();
+    assert!(mounts.contains(&format!(" {fs} ")), "{mounts}");
+    assert_eq!(mounts.contains("/dev/mapper/pvecsi-"), !step.secrets.is_empty(), "{mounts}");
+    node.node_publish_volume(step.publish()).await.unwrap();
+    let sum = g.sh(&format!("dd if=/dev/urandom of={t}/data bs=1M count=4 2>/dev/null && sync && sha256sum {t}/data | cut -d' ' -f1", t = step.target)).await.unwrap();
+    assert_eq!(sum.len(), 64, "{sum}");
+
+    let range = Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 });
+    let grown = ctl
+        .controller_expand_volume(Request::new(csi::ControllerExpandVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            capacity_range: range,
+            volume_capability: Some(cap(fs)),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(grown.node_expansion_required);
+    node.node_expand_volume(csi::NodeExpandVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        volume_path: step.target.clone(),
+        capacity_range: range,
+        staging_target_path: step.staging.clone(),
+        volume_capability: Some(cap(fs)),
+        secrets: step.secrets.clone(),
+    })
+    .await
+    .unwrap();
+    let kib: u64 = g.sh(&format!("df -kP {} | tail -1 | awk '{{print $2}}'", step.target)).await.unwrap().trim().parse().unwrap();
+    assert!(kib > 1_900_000, "{name}: {fs} is {kib} KiB after growing to 2 GiB");
+    let again = g.sh(&format!("sha256sum {}/data | cut -d' ' -f1", step.target)).await.unwrap();
+    assert_eq!(again, sum, "{name}: the data survived the growth");
+
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), target_path: step.target.clone() }).await.unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: step.staging.clone() }).await.unwrap();
+    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), node_id: "worker-2/112".into(), ..Default::default() })).await.unwrap();
+    ctl.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: vol.volume_id.clone(), ..Default::default() })).await.unwrap();
+    let (code, _) = g.sh_status(&format!("udevadm settle; test -e /dev/disk/by-id/wwn-{}", pc["wwn"])).await.unwrap();
+    assert_ne!(code, 0, "{name}: the disk is gone from the guest");
+}
