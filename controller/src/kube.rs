@@ -37,6 +37,14 @@ fn unavailable(what: &str, e: kube::Error) -> CtlError {
     CtlError::Unavailable(format!("Kubernetes API: {what}: {e}"))
 }
 
+/// How a Kubernetes node names its VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeVm {
+    Id(u32),
+    /// `status.nodeInfo.systemUUID`, lower-case.
+    SystemUuid(String),
+}
+
 /// The VM id in `proxmox://<region>/<vmid>` (or a bare VM id).
 pub fn vmid_from_provider_id(v: &str) -> Option<u32> {
     let rest = v.strip_prefix("proxmox://").map(|r| r.rsplit('/').next().unwrap_or_default()).unwrap_or(v);
@@ -48,9 +56,10 @@ impl Kube {
         Self { client }
     }
 
-    /// The VM id of a Kubernetes node: `spec.providerID`, then the
-    /// instance-id annotation. `Ok(None)`: the node is gone or names no VM.
-    pub async fn node_vmid(&self, name: &str) -> Result<Option<u32>, CtlError> {
+    /// What a Kubernetes node says about its VM: `spec.providerID`, then the
+    /// instance-id annotation, then its SMBIOS system UUID (matched against
+    /// the VMs' `smbios1: uuid=…`). `Ok(None)`: the node is gone or says nothing.
+    pub async fn node_vm(&self, name: &str) -> Result<Option<NodeVm>, CtlError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let Some(node) = nodes.get_opt(name).await.map_err(|e| unavailable(&format!("reading Node {name}"), e))? else {
             return Ok(None);
@@ -62,7 +71,12 @@ impl Kube {
             .as_ref()
             .and_then(|a| a.get(INSTANCE_ID))
             .and_then(|v| vmid_from_provider_id(v));
-        Ok(from_provider.or(from_annotation))
+        let system_uuid = node
+            .status
+            .and_then(|s| s.node_info)
+            .map(|i| i.system_uuid.trim().to_ascii_lowercase())
+            .filter(|u| !u.is_empty());
+        Ok(from_provider.or(from_annotation).map(NodeVm::Id).or(system_uuid.map(NodeVm::SystemUuid)))
     }
 
     /// The PersistentVolume whose CSI volume handle is `handle`.

@@ -56,6 +56,23 @@ impl VmIndex {
         Ok(None)
     }
 
+    /// The VM whose `smbios1` uuid is `uuid`. VMs named with the node's name
+    /// as a prefix are asked first; if none is named so, every VM of the
+    /// region is (one config read per VM, as with Cluster API machines whose
+    /// VM names differ from the node names).
+    pub async fn by_smbios_uuid(&self, client: &Client, name: &str, uuid: &str, d: Deadline) -> Result<Option<VmResource>, PveError> {
+        let rows = self.rows(client, false, d).await?;
+        let named: Vec<&VmResource> = rows.iter().filter(|v| v.name.as_deref().is_some_and(|n| n.starts_with(name))).collect();
+        let candidates = if named.is_empty() { rows.iter().collect() } else { named };
+        for vm in candidates {
+            let config = client.vm_config(&vm.node, vm.vmid, d).await?;
+            if config.values.get("smbios1").is_some_and(|line| smbios_uuid(line).as_deref() == Some(uuid)) {
+                return Ok(Some(vm.clone()));
+            }
+        }
+        Ok(None)
+    }
+
     /// Every VM of the region (for the attachment index).
     pub async fn all(&self, client: &Client, d: Deadline) -> Result<Vec<VmResource>, PveError> {
         self.rows(client, false, d).await
@@ -64,5 +81,22 @@ impl VmIndex {
     /// Forget what is known about a region (after a VM moved).
     pub async fn invalidate(&self, region: &str) {
         self.by_region.lock().await.remove(region);
+    }
+}
+
+/// The `uuid=` of an `smbios1` config line, lower-case.
+fn smbios_uuid(line: &str) -> Option<String> {
+    line.split(',').find_map(|kv| kv.strip_prefix("uuid=")).map(|u| u.trim().to_ascii_lowercase())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::smbios_uuid;
+
+    #[test]
+    fn smbios1_uuid() {
+        assert_eq!(smbios_uuid("uuid=6E1B3C2A-0000-4000-8000-0000000000AB").as_deref(), Some("6e1b3c2a-0000-4000-8000-0000000000ab"));
+        assert_eq!(smbios_uuid("base64=1,serial=aT0xMTM=,uuid=abc").as_deref(), Some("abc"));
+        assert_eq!(smbios_uuid("serial=x"), None);
     }
 }

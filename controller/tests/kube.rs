@@ -32,9 +32,13 @@ async fn node(Path(name): Path<String>) -> (StatusCode, Json<Value>) {
     let (spec, annotations) = match name.as_str() {
         "worker-x" => (json!({"providerID": "proxmox://region-1/113"}), json!({})),
         "worker-y" => (json!({}), json!({"proxmox.sinextra.dev/instance-id": "112"})),
+        // Named like both worker-2 and worker-3: only the SMBIOS uuid tells them apart.
+        "worker" => (json!({}), json!({})),
         _ => return not_found(&format!("nodes \"{name}\"")),
     };
-    (StatusCode::OK, Json(json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, "annotations": annotations}, "spec": spec})))
+    let status = json!({"nodeInfo": {"systemUUID": "5E7F1C2A-9B3D-4C1E-8F00-00000000A113", "machineID": "", "bootID": "", "kernelVersion": "", "osImage": "",
+        "containerRuntimeVersion": "", "kubeletVersion": "", "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"}});
+    (StatusCode::OK, Json(json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, "annotations": annotations}, "spec": spec, "status": status})))
 }
 
 fn pv(name: &str, handle: &str, annotations: Value, vac: Option<&str>) -> Value {
@@ -120,6 +124,13 @@ async fn nodes_pvs_and_classes_from_kubernetes() {
 
     // `lifecycle: keep`: DeleteVolume succeeds and the disk stays.
     e.svc.controller_unpublish_volume(Request::new(unpublish_req(&keep, "worker-x"))).await.unwrap();
+    // No VM id on the Node: its system UUID is found in VM 113's smbios1.
+    let ctx = e.svc.controller_publish_volume(Request::new(publish_req(&keep, "worker"))).await.unwrap().into_inner().publish_context;
+    let line = e.vm(113).await["config"][format!("scsi{}", ctx["lun"])].as_str().unwrap().to_string();
+    assert!(line.contains("pvc-keep"), "{line}");
+    assert!(e.vm(112).await["config"].to_string().find("pvc-keep").is_none(), "attached to the wrong VM");
+    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&keep, "worker"))).await.unwrap();
+    assert!(e.vm(113).await["config"].to_string().find("pvc-keep").is_none(), "detached again");
     e.svc.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: keep.volume_id.clone(), secrets: HashMap::new() })).await.unwrap();
     let vols = e.admin("GET", "volumes", "").await;
     assert!(vols.as_array().unwrap().iter().any(|v| v["volid"] == "local-lvm:vm-9999-pvc-keep"));

@@ -10,6 +10,7 @@ use proxmox_csi_proto::csi::v1 as csi;
 use super::{Controller, check_capabilities};
 use crate::attach::{Attached, Op};
 use crate::error::CtlError;
+use crate::kube::NodeVm;
 use crate::params::StorageParams;
 use crate::pve::api::VmResource;
 use crate::pve::{Client, Deadline};
@@ -17,15 +18,20 @@ use crate::volume::VolumeId;
 
 impl Controller {
     /// The VM of a CSI node: the VM id in the node id, else the Node's
-    /// providerID or instance-id annotation, else a VM named like the node.
+    /// providerID or instance-id annotation, else the VM whose SMBIOS uuid
+    /// is the Node's system UUID, else a VM named like the node.
     async fn vm_of_node(&self, client: &Client, node_id: &NodeId, d: Deadline) -> Result<Option<VmResource>, CtlError> {
-        let vmid = match (node_id.vmid, &self.kube) {
-            (Some(v), _) => Some(v),
-            (None, Some(k)) => k.node_vmid(&node_id.name).await?,
+        let named = match (node_id.vmid, &self.kube) {
+            (Some(v), _) => Some(NodeVm::Id(v)),
+            (None, Some(k)) => k.node_vm(&node_id.name).await?,
             (None, None) => None,
         };
-        Ok(match vmid {
-            Some(vmid) => self.vms.node_of(client, vmid, d).await?,
+        Ok(match named {
+            Some(NodeVm::Id(vmid)) => self.vms.node_of(client, vmid, d).await?,
+            Some(NodeVm::SystemUuid(uuid)) => match self.vms.by_smbios_uuid(client, &node_id.name, &uuid, d).await? {
+                Some(vm) => Some(vm),
+                None => self.vms.by_name(client, &node_id.name, d).await?,
+            },
             None => self.vms.by_name(client, &node_id.name, d).await?,
         })
     }

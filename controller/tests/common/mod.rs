@@ -30,7 +30,7 @@ storages:
   - { id: nfs, type: nfs, total: 1099511627776, nodes: [pve1, pve2] }
 vms:
   - { vmid: 112, node: pve2, name: worker-2, config: { scsihw: virtio-scsi-pci, scsi0: "local-lvm:vm-112-disk-0,size=32G" } }
-  - { vmid: 113, node: pve2, name: worker-3, config: { scsihw: virtio-scsi-pci } }
+  - { vmid: 113, node: pve2, name: worker-3, config: { scsihw: virtio-scsi-pci, smbios1: "uuid=5e7f1c2a-9b3d-4c1e-8f00-00000000a113" } }
   - { vmid: 111, node: pve1, name: worker-1, config: { scsihw: virtio-scsi-pci } }
 volumes:
   - { volid: "local-lvm:vm-112-disk-0", node: pve2, size: 34359738368 }
