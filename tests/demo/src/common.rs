@@ -136,6 +136,29 @@ pub fn mount_cap() -> csi::VolumeCapability {
     }
 }
 
+/// Writes a Go-driver-compatible cloud config (with `features`, YAML lines
+/// indented by two, when given) and starts the controller on a socket in `d`;
+/// its log goes to `d/controller.log`.
+pub fn start_controller(d: &Path, api_url: &str, ca: &Path, features: &str) -> Result<(Proc, PathBuf)> {
+    let config = d.join("cloud-config.yaml");
+    let features = if features.is_empty() { String::new() } else { format!("features:\n{features}") };
+    std::fs::write(
+        &config,
+        format!(
+            "{features}clusters:\n  - url: {api_url}\n    ca_file: {}\n    token_id: {TOKEN}\n    token_secret: {SECRET}\n    region: region-1\n",
+            ca.display()
+        ),
+    )?;
+    let socket = d.join("controller.sock");
+    let controller = spawn(
+        "proxmox-csi-controller",
+        &bin("proxmox-csi-controller")?,
+        &["--csi-address".into(), format!("unix://{}", socket.display()), "--cloud-config".into(), config.display().to_string()],
+        &d.join("controller.log"),
+    )?;
+    Ok((controller, socket))
+}
+
 /// Reads pvesim's admin view (the evidence of what Proxmox holds).
 pub async fn reqwest_json(addr: &str, path: &str) -> Result<serde_json::Value> {
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -12,20 +12,11 @@ use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_client::ControllerClient;
 use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
-use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
-use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use pvesim::{Sim, State};
 
 use crate::common::*;
 
 const PASSPHRASE: &str = "demo passphrase, never logged";
-
-fn cap() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume { fs_type: "xfs".into(), ..Default::default() })),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    }
-}
 
 pub async fn run() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -62,22 +53,7 @@ pub async fn run() -> Result<()> {
     evidence(format!("API {}", sim.api_url()));
 
     step(3, "proxmox-csi-controller with a Go-driver-compatible cloud config");
-    let config = d.join("cloud-config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "clusters:\n  - url: {}\n    ca_file: {}\n    token_id: {TOKEN}\n    token_secret: {SECRET}\n    region: region-1\n",
-            sim.api_url(),
-            ca.display()
-        ),
-    )?;
-    let ctl_sock = d.join("controller.sock");
-    let controller = spawn(
-        "proxmox-csi-controller",
-        &bin("proxmox-csi-controller")?,
-        &["--csi-address".into(), format!("unix://{}", ctl_sock.display()), "--cloud-config".into(), config.display().to_string()],
-        &d.join("controller.log"),
-    )?;
+    let (controller, ctl_sock) = start_controller(d, &sim.api_url(), &ca, "")?;
     let mut ctl = ControllerClient::new(channel(&ctl_sock).await?);
     let ni = node.node_get_info(csi::NodeGetInfoRequest {}).await?.into_inner();
     evidence(format!("node {} (VM id from the node id), max {} volumes", ni.node_id, ni.max_volumes_per_node));
@@ -93,7 +69,7 @@ pub async fn run() -> Result<()> {
         .create_volume(csi::CreateVolumeRequest {
             name: "pvc-0c6e8a1b-demo".into(),
             capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
-            volume_capabilities: vec![cap()],
+            volume_capabilities: vec![mount_cap()],
             parameters: HashMap::from([("storage".into(), "local-lvm".into())]),
             accessibility_requirements: Some(csi::TopologyRequirement { requisite: vec![topo.clone()], preferred: vec![topo] }),
             ..Default::default()
@@ -108,7 +84,7 @@ pub async fn run() -> Result<()> {
     let publish = csi::ControllerPublishVolumeRequest {
         volume_id: vol.volume_id.clone(),
         node_id: ni.node_id.clone(),
-        volume_capability: Some(cap()),
+        volume_capability: Some(mount_cap()),
         volume_context: vol.volume_context.clone(),
         ..Default::default()
     };
@@ -129,7 +105,7 @@ pub async fn run() -> Result<()> {
         volume_id: vol.volume_id.clone(),
         publish_context: pc.clone(),
         staging_target_path: staging.into(),
-        volume_capability: Some(cap()),
+        volume_capability: Some(mount_cap()),
         secrets: secrets.clone(),
         volume_context: vol.volume_context.clone(),
     };
@@ -144,7 +120,7 @@ pub async fn run() -> Result<()> {
         volume_id: vol.volume_id.clone(),
         staging_target_path: staging.into(),
         target_path: target.into(),
-        volume_capability: Some(cap()),
+        volume_capability: Some(mount_cap()),
         ..Default::default()
     };
     node.node_publish_volume(publish_node.clone()).await?;
@@ -155,7 +131,7 @@ pub async fn run() -> Result<()> {
     ctl.controller_expand_volume(csi::ControllerExpandVolumeRequest {
         volume_id: vol.volume_id.clone(),
         capacity_range: Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 }),
-        volume_capability: Some(cap()),
+        volume_capability: Some(mount_cap()),
         ..Default::default()
     })
     .await?;
@@ -164,7 +140,7 @@ pub async fn run() -> Result<()> {
         volume_path: target.into(),
         capacity_range: Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 }),
         staging_target_path: staging.into(),
-        volume_capability: Some(cap()),
+        volume_capability: Some(mount_cap()),
         secrets: secrets.clone(),
     })
     .await?;

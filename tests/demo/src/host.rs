@@ -33,22 +33,7 @@ pub async fn run() -> Result<()> {
     evidence(format!("API {} (TLS verified against its CA {})", sim.api_url(), ca.display()));
 
     step(2, "proxmox-csi-controller with a Go-driver-compatible cloud config");
-    let config = d.join("cloud-config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "features:\n  controllerVmID: 9999\nclusters:\n  - url: {}\n    ca_file: {}\n    token_id: {TOKEN}\n    token_secret: {SECRET}\n    region: region-1\n",
-            sim.api_url(),
-            ca.display()
-        ),
-    )?;
-    let ctl_sock = d.join("controller.sock");
-    let controller = spawn(
-        "proxmox-csi-controller",
-        &bin("proxmox-csi-controller")?,
-        &["--csi-address".into(), format!("unix://{}", ctl_sock.display()), "--cloud-config".into(), config.display().to_string()],
-        &d.join("controller.log"),
-    )?;
+    let (controller, ctl_sock) = start_controller(d, &sim.api_url(), &ca, "  controllerVmID: 9999\n")?;
     let ch = channel(&ctl_sock).await?;
     let mut ident = IdentityClient::new(ch.clone());
     let mut ctl = ControllerClient::new(ch);
