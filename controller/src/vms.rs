@@ -15,6 +15,9 @@ const FRESH: Duration = Duration::from_secs(30);
 #[derive(Debug, Default)]
 pub struct VmIndex {
     by_region: Mutex<HashMap<String, (Instant, Vec<VmResource>)>>,
+    /// SMBIOS uuid → VM id, as last found: one config read confirms it
+    /// instead of a scan on every attach.
+    by_uuid: Mutex<HashMap<String, u32>>,
 }
 
 impl VmIndex {
@@ -62,11 +65,15 @@ impl VmIndex {
     /// VM names differ from the node names).
     pub async fn by_smbios_uuid(&self, client: &Client, name: &str, uuid: &str, d: Deadline) -> Result<Option<VmResource>, PveError> {
         let rows = self.rows(client, false, d).await?;
+        let known = self.by_uuid.lock().await.get(uuid).copied();
         let named: Vec<&VmResource> = rows.iter().filter(|v| v.name.as_deref().is_some_and(|n| n.starts_with(name))).collect();
-        let candidates = if named.is_empty() { rows.iter().collect() } else { named };
+        let scan = if named.is_empty() { rows.iter().collect() } else { named };
+        // The VM found last time first; the scan covers a recreated VM.
+        let candidates = rows.iter().filter(|v| Some(v.vmid) == known).chain(scan.into_iter().filter(|v| Some(v.vmid) != known));
         for vm in candidates {
             let config = client.vm_config(&vm.node, vm.vmid, d).await?;
             if config.values.get("smbios1").is_some_and(|line| smbios_uuid(line).as_deref() == Some(uuid)) {
+                self.by_uuid.lock().await.insert(uuid.to_string(), vm.vmid);
                 return Ok(Some(vm.clone()));
             }
         }

@@ -129,6 +129,15 @@ async fn nodes_pvs_and_classes_from_kubernetes() {
     let line = e.vm(113).await["config"][format!("scsi{}", ctx["lun"])].as_str().unwrap().to_string();
     assert!(line.contains("pvc-keep"), "{line}");
     assert!(e.vm(112).await["config"].to_string().find("pvc-keep").is_none(), "attached to the wrong VM");
+    // Found again: one config read confirms the VM found last time, no scan.
+    let config_reads = |c: Value| c["GET /nodes/{node}/qemu/{vmid}/config"].as_u64().unwrap_or(0);
+    e.admin("DELETE", "counters", "").await;
+    e.svc.controller_publish_volume(Request::new(publish_req(&keep, "worker"))).await.unwrap();
+    let by_uuid = config_reads(e.admin("GET", "counters", "").await);
+    e.admin("DELETE", "counters", "").await;
+    e.svc.controller_publish_volume(Request::new(publish_req(&keep, "worker-3/113"))).await.unwrap();
+    let by_id = config_reads(e.admin("GET", "counters", "").await);
+    assert_eq!(by_uuid, by_id + 1, "config reads: {by_uuid} by uuid, {by_id} by VM id");
     e.svc.controller_unpublish_volume(Request::new(unpublish_req(&keep, "worker"))).await.unwrap();
     assert!(e.vm(113).await["config"].to_string().find("pvc-keep").is_none(), "detached again");
     e.svc.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: keep.volume_id.clone(), secrets: HashMap::new() })).await.unwrap();
