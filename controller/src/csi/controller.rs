@@ -6,7 +6,7 @@ use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_service_capability::{self, rpc};
 use tonic::{Request, Response, Status};
 
-use crate::ctl::{Controller, deadline};
+use crate::ctl::{Controller, SnapshotId, deadline};
 
 #[derive(Debug, Clone)]
 pub struct ControllerService(pub Arc<Controller>);
@@ -36,11 +36,11 @@ pub const CAPABILITIES: &[rpc::Type] = &[
     rpc::Type::PublishReadonly,
     rpc::Type::SingleNodeMultiWriter,
     rpc::Type::ModifyVolume,
+    rpc::Type::CreateDeleteSnapshot,
+    rpc::Type::ListSnapshots,
+    rpc::Type::GetSnapshot,
+    rpc::Type::CloneVolume,
 ];
-
-fn unimplemented(what: &str) -> Status {
-    Status::unimplemented(format!("{what} is not supported by this controller build (not advertised)"))
-}
 
 #[tonic::async_trait]
 impl csi::controller_server::Controller for ControllerService {
@@ -110,20 +110,38 @@ impl csi::controller_server::Controller for ControllerService {
         }))
     }
 
-    async fn create_snapshot(&self, _: Request<csi::CreateSnapshotRequest>) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
-        Err(unimplemented("CreateSnapshot"))
+    async fn create_snapshot(&self, req: Request<csi::CreateSnapshotRequest>) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        let d = self.deadline(&req);
+        let snapshot = self.0.create_snapshot(req.get_ref(), d).await?;
+        tracing::info!(name = req.get_ref().name, snapshot_id = snapshot.snapshot_id, ready = snapshot.ready_to_use, "snapshot");
+        Ok(Response::new(csi::CreateSnapshotResponse { snapshot: Some(snapshot) }))
     }
 
-    async fn delete_snapshot(&self, _: Request<csi::DeleteSnapshotRequest>) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
-        Err(unimplemented("DeleteSnapshot"))
+    async fn delete_snapshot(&self, req: Request<csi::DeleteSnapshotRequest>) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+        let d = self.deadline(&req);
+        self.0.delete_snapshot(&req.get_ref().snapshot_id, d).await?;
+        tracing::info!(snapshot_id = req.get_ref().snapshot_id, "snapshot deleted");
+        Ok(Response::new(csi::DeleteSnapshotResponse {}))
     }
 
-    async fn list_snapshots(&self, _: Request<csi::ListSnapshotsRequest>) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
-        Err(unimplemented("ListSnapshots"))
+    async fn list_snapshots(&self, req: Request<csi::ListSnapshotsRequest>) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        let d = self.deadline(&req);
+        Ok(Response::new(self.0.list_snapshots(req.get_ref(), d).await?))
     }
 
-    async fn get_snapshot(&self, _: Request<csi::GetSnapshotRequest>) -> Result<Response<csi::GetSnapshotResponse>, Status> {
-        Err(unimplemented("GetSnapshot"))
+    async fn get_snapshot(&self, req: Request<csi::GetSnapshotRequest>) -> Result<Response<csi::GetSnapshotResponse>, Status> {
+        let d = self.deadline(&req);
+        let raw = &req.get_ref().snapshot_id;
+        if raw.is_empty() {
+            return Err(crate::error::CtlError::invalid("snapshot_id", "is required").into());
+        }
+        let id = SnapshotId::parse(raw).map_err(|e| crate::error::CtlError::invalid("snapshot_id", e))?;
+        let snapshot = self
+            .0
+            .snapshot(&id, d)
+            .await?
+            .ok_or_else(|| crate::error::CtlError::NotFound(format!("snapshot {raw} does not exist")))?;
+        Ok(Response::new(csi::GetSnapshotResponse { snapshot: Some(snapshot) }))
     }
 
     async fn controller_expand_volume(

@@ -40,7 +40,7 @@ pub fn size_for(range: Option<&csi::CapacityRange>) -> Result<u64, CtlError> {
 }
 
 /// Region and zone wanted: preferred topologies first, then requisite.
-fn wanted(req: Option<&csi::TopologyRequirement>) -> (Option<String>, Vec<String>) {
+pub(super) fn wanted(req: Option<&csi::TopologyRequirement>) -> (Option<String>, Vec<String>) {
     let Some(t) = req else { return (None, Vec::new()) };
     let all: Vec<&csi::Topology> = t.preferred.iter().chain(t.requisite.iter()).collect();
     let region = all.iter().find_map(|s| s.segments.get(REGION).cloned());
@@ -60,17 +60,15 @@ impl Controller {
         check_capabilities("volume_capabilities", &r.volume_capabilities).map_err(|e| CtlError::invalid("volume_capabilities", e))?;
         let mut params = StorageParams::parse(&r.parameters)?;
         params.apply_mutable(&r.mutable_parameters)?;
-        if r.volume_content_source.is_some() {
-            return Err(CtlError::Unimplemented(
-                "volume_content_source: clones and restores from snapshots are not supported by this controller build".into(),
-            ));
-        }
         if params.replicate {
             return Err(CtlError::Unimplemented(
                 "parameters.replicate: ZFS replication is not supported by this controller build".into(),
             ));
         }
         let size = size_for(r.capacity_range.as_ref())?;
+        if let Some(source) = r.volume_content_source.as_ref().and_then(|s| s.r#type.as_ref()) {
+            return self.create_copy(r, &params, size, source, d).await;
+        }
         let (region, zones) = wanted(r.accessibility_requirements.as_ref());
         let region = match region {
             Some(r) => r,
@@ -162,7 +160,7 @@ impl Controller {
     }
 
     /// Local storage: the node. Shared: the storage's `nodes`, or the region.
-    async fn topology_of(&self, client: &Client, id: &VolumeId, shared: bool, d: Deadline) -> Result<Vec<csi::Topology>, CtlError> {
+    pub(super) async fn topology_of(&self, client: &Client, id: &VolumeId, shared: bool, d: Deadline) -> Result<Vec<csi::Topology>, CtlError> {
         let seg = |zone: Option<&str>| {
             let mut m = HashMap::from([(REGION.to_string(), id.region.clone())]);
             if let Some(z) = zone {

@@ -59,6 +59,14 @@ impl Controller {
                 "volume {volume_id} is still attached to VM {vmid}; unpublish it first"
             )));
         }
+        // A clone or restore is owned by its copy VM: destroying the VM
+        // frees the disk and leaves no stale reference behind.
+        if let Some(owner) = id.owner().filter(|o| *o != self.controller_vmid)
+            && let Some(vm) = self.vms.node_of(&client, owner, d).await?
+            && vm.has_tag(super::clone::VOLUME_TAG)
+        {
+            return self.destroy_copy(&client, &vm, d).await;
+        }
         client.delete_volume(&node, &id.storage, &id.disk, d).await?;
         Ok(())
     }

@@ -1,7 +1,10 @@
-//! Holder VMs: a stopped VM per Proxmox node that a detached disk can be
-//! attached to when Proxmox can only act on it through a VM (resizing it
-//! offline). Creating one needs `VM.Allocate`, beyond the minimal role; the
-//! error says so.
+//! The controller's own VMs, all stopped and tagged `proxmox-csi`:
+//! - a holder per Proxmox node, which a detached disk visits when Proxmox
+//!   can only act on it through a VM (resizing it offline);
+//! - a copy VM per snapshot or cloned volume (see `copy`).
+//!
+//! Creating one needs `VM.Allocate`, beyond the minimal role; the error
+//! says so.
 
 use reqwest::Method;
 
@@ -9,8 +12,20 @@ use super::Controller;
 use crate::error::CtlError;
 use crate::pve::{Client, Deadline, PveError};
 
+/// Every VM the controller creates carries this tag.
+pub const TAG: &str = "proxmox-csi";
+
 pub fn holder_name(node: &str) -> String {
     format!("proxmox-csi-holder-{node}")
+}
+
+/// A new VM's identity and notes.
+#[derive(Debug)]
+pub struct NewVm<'a> {
+    pub name: &'a str,
+    /// Its kind, tagged beside `proxmox-csi`: `csi-holder`, `csi-snapshot`, `csi-volume`.
+    pub kind: &'a str,
+    pub description: String,
 }
 
 impl Controller {
@@ -22,30 +37,49 @@ impl Controller {
         {
             return Ok(vm.vmid);
         }
+        let vm = NewVm {
+            name: &name,
+            kind: "csi-holder",
+            description: "Holds Proxmox CSI disks while they are changed offline. Keep it stopped.".into(),
+        };
+        let vmid = self.new_vm(client, node, &vm, d).await?;
+        tracing::info!(node, vmid, "holder VM created");
+        Ok(vmid)
+    }
+
+    /// Creates a stopped VM without disks on `node` under the next free
+    /// VMID (another VMID is tried when a concurrent create took it).
+    pub async fn new_vm(&self, client: &Client, node: &str, vm: &NewVm<'_>, d: Deadline) -> Result<u32, CtlError> {
         let denied = |e: PveError| match e.status().map(|s| s.as_u16()) {
             Some(403) => CtlError::FailedPrecondition(format!(
-                "a holder VM is needed on {node} and the API token may not create one ({}); \
-                 grant VM.Allocate to the CSI role, or expand the volume while it is attached",
+                "the controller needs a VM of its own on {node} ({}) and the API token may not create one ({}); \
+                 grant VM.Allocate to the CSI role",
+                vm.name,
                 e.message()
             )),
             _ => CtlError::from(e),
         };
-        let vmid: String = client.call(Method::GET, "/cluster/nextid", &[], d).await?;
-        let form = [
-            ("vmid", vmid.clone()),
-            ("name", name.clone()),
-            ("memory", "128".to_string()),
-            ("cores", "1".to_string()),
-            ("scsihw", "virtio-scsi-single".to_string()),
-            ("description", "Holds Proxmox CSI disks while they are changed offline. Keep it stopped.".to_string()),
-        ];
-        let upid: String = client
-            .call(Method::POST, &format!("/nodes/{node}/qemu"), &form, d)
-            .await
-            .map_err(denied)?;
-        client.wait_task(&upid, d).await?;
-        self.vms.invalidate(client.region()).await;
-        tracing::info!(node, vmid, "holder VM created");
-        vmid.parse().map_err(|_| CtlError::Unavailable(format!("nextid answered {vmid:?}")))
+        let mut last = String::new();
+        for _ in 0..5 {
+            let vmid: String = client.call(Method::GET, "/cluster/nextid", &[], d).await?;
+            let form = [
+                ("vmid", vmid.clone()),
+                ("name", vm.name.to_string()),
+                ("tags", format!("{TAG};{}", vm.kind)),
+                ("memory", "128".to_string()),
+                ("cores", "1".to_string()),
+                ("scsihw", "virtio-scsi-single".to_string()),
+                ("description", vm.description.clone()),
+            ];
+            match client.create_vm(node, &form, d).await {
+                Ok(()) => {
+                    self.vms.invalidate(client.region()).await;
+                    return vmid.parse().map_err(|_| CtlError::Unavailable(format!("nextid answered {vmid:?}")));
+                }
+                Err(e) if e.message().contains("already exists") => last = e.message(),
+                Err(e) => return Err(denied(e)),
+            }
+        }
+        Err(CtlError::Unavailable(format!("creating VM {} on {node}: every VMID tried was taken meanwhile ({last})", vm.name)))
     }
 }

@@ -2,6 +2,8 @@
 //! only adapts them to the gRPC service.
 
 mod capability;
+mod clone;
+mod copy;
 mod create;
 mod delete;
 mod expand;
@@ -9,6 +11,7 @@ mod holder;
 mod modify;
 mod publish;
 mod query;
+mod snapshot;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,6 +26,7 @@ use crate::pve::{Client, Deadline};
 use crate::vms::VmIndex;
 
 pub use capability::check_capabilities;
+pub use snapshot::SnapshotId;
 
 /// Shared state of the controller.
 #[derive(Debug)]
@@ -31,6 +35,7 @@ pub struct Controller {
     pub controller_vmid: u32,
     pub vms: VmIndex,
     pub attacher: Arc<Attacher>,
+    imports: copy::Imports,
     storages: Mutex<HashMap<String, (std::time::Instant, Vec<StorageResource>)>>,
     /// Deadline of a call when the caller set none.
     pub default_timeout: Duration,
@@ -52,6 +57,7 @@ impl Controller {
             controller_vmid,
             vms: VmIndex::default(),
             attacher: Arc::new(Attacher::default()),
+            imports: copy::Imports::default(),
             storages: Mutex::new(HashMap::new()),
             default_timeout,
             kube: None,

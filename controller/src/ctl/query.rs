@@ -81,6 +81,8 @@ impl Controller {
         for region in regions {
             let client = self.client(region)?;
             let vms = self.vms.all(&client, d).await?;
+            let clones: std::collections::BTreeSet<u32> =
+                vms.iter().filter(|v| v.has_tag(super::clone::VOLUME_TAG)).map(|v| v.vmid).collect();
             let mut seen = std::collections::BTreeSet::new();
             let rows = client.storages(d).await?;
             for row in rows.iter().filter(|r| r.status == "available") {
@@ -91,13 +93,18 @@ impl Controller {
                     .call(
                         reqwest::Method::GET,
                         &format!("/nodes/{}/storage/{}/content", row.node, row.storage),
-                        &[("vmid", self.controller_vmid.to_string()), ("content", "images".into())],
+                        &[("content", "images".into())],
                         d,
                     )
                     .await?;
                 for v in content {
                     let volid = v["volid"].as_str().unwrap_or_default().to_string();
                     let Some((storage, disk)) = volid.split_once(':') else { continue };
+                    // Ours: owned by the placeholder VMID, or by a clone's copy VM.
+                    let owner = crate::volume::owner_of(disk);
+                    if owner != Some(self.controller_vmid) && !owner.is_some_and(|o| clones.contains(&o)) {
+                        continue;
+                    }
                     let id = VolumeId {
                         region: region.clone(),
                         zone: (row.shared != 1).then(|| row.node.clone()),

@@ -53,6 +53,15 @@ pub struct VmResource {
     pub kind: String,
     #[serde(default)]
     pub template: Option<u8>,
+    /// `;`-separated tags (the controller's own VMs carry `proxmox-csi`).
+    #[serde(default)]
+    pub tags: Option<String>,
+}
+
+impl VmResource {
+    pub fn has_tag(&self, tag: &str) -> bool {
+        self.tags.as_deref().is_some_and(|t| t.split([';', ',', ' ']).any(|x| x == tag))
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -168,6 +177,26 @@ impl Client {
             Some(u) => self.wait_task(&u, d).await,
             None => Ok(()),
         }
+    }
+
+    /// `POST …/config` without waiting: the task's UPID (`None` when
+    /// Proxmox finished the work inside the request).
+    pub async fn start_config_update(&self, node: &str, vmid: u32, form: &[(&str, String)], d: Deadline) -> Result<Option<String>, PveError> {
+        self.call(Method::POST, &format!("/nodes/{node}/qemu/{vmid}/config"), form, d).await
+    }
+
+    /// Creates a VM (no disks) and waits for the task.
+    pub async fn create_vm(&self, node: &str, form: &[(&str, String)], d: Deadline) -> Result<(), PveError> {
+        let upid: String = self.call(Method::POST, &format!("/nodes/{node}/qemu"), form, d).await?;
+        self.wait_task(&upid, d).await
+    }
+
+    /// Destroys a stopped VM with every disk it owns and its replication
+    /// jobs (`purge`); waits for the task.
+    pub async fn destroy_vm(&self, node: &str, vmid: u32, d: Deadline) -> Result<(), PveError> {
+        let q = [("purge", "1".to_string()), ("destroy-unreferenced-disks", "1".to_string())];
+        let upid: String = self.call(Method::DELETE, &format!("/nodes/{node}/qemu/{vmid}"), &q, d).await?;
+        self.wait_task(&upid, d).await
     }
 
     pub async fn resize(&self, node: &str, vmid: u32, disk: &str, bytes: u64, d: Deadline) -> Result<(), PveError> {

@@ -21,7 +21,37 @@ pub fn upid_node(upid: &str) -> Option<&str> {
     (parts.next() == Some("UPID")).then(|| parts.next()).flatten()
 }
 
+#[derive(Debug, Clone, Deserialize)]
+struct LogLine {
+    #[serde(default)]
+    t: String,
+}
+
+/// Where a task stands, without waiting for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskState {
+    /// Still running; the last progress line of its log, if any.
+    Running(Option<String>),
+    Done,
+    Failed(String),
+}
+
 impl Client {
+    /// One look at `upid`: running (with its latest `transferred …` line),
+    /// done, or failed with Proxmox's exit status.
+    pub async fn task_state(&self, upid: &str, deadline: Deadline) -> Result<TaskState, PveError> {
+        let node = upid_node(upid).unwrap_or_default();
+        let st: TaskStatus = self.call(Method::GET, &format!("/nodes/{node}/tasks/{upid}/status"), &[], deadline).await?;
+        if st.status != "running" {
+            let exit = st.exitstatus.unwrap_or_default();
+            return Ok(if exit == "OK" || exit.starts_with("WARNINGS") { TaskState::Done } else { TaskState::Failed(exit) });
+        }
+        let log: Vec<LogLine> = self
+            .call(Method::GET, &format!("/nodes/{node}/tasks/{upid}/log"), &[("limit", "0".to_string())], deadline)
+            .await?;
+        Ok(TaskState::Running(log.into_iter().rev().find(|l| l.t.starts_with("transferred")).map(|l| l.t)))
+    }
+
     /// Waits for `upid` to stop. `OK` and `WARNINGS: n` succeed; anything
     /// else is `PveError::Task` with Proxmox's text.
     pub async fn wait_task(&self, upid: &str, deadline: Deadline) -> Result<(), PveError> {

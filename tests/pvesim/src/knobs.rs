@@ -12,6 +12,9 @@ pub struct Knobs {
     pub task_latency_ms: u64,
     /// Extra time of a config write that hot-plugs or unplugs a disk.
     pub hotplug_latency_ms: u64,
+    /// How long an `import-from` copy takes per GiB (qemu-img), holding
+    /// the VM's config lock as Proxmox does.
+    pub copy_ms_per_gib: u64,
     /// How long a caller waits for a VM's config lock (Proxmox: 10 s).
     pub lock_timeout_ms: u64,
     /// The next N disk hot-plugs fail with `hotplug problem - …`.
@@ -30,6 +33,7 @@ impl Default for Knobs {
             api_latency_ms: 0,
             task_latency_ms: 0,
             hotplug_latency_ms: 0,
+            copy_ms_per_gib: 0,
             lock_timeout_ms: 10_000,
             fail_hotplugs: 0,
             fail_tasks: 0,

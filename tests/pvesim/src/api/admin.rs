@@ -102,6 +102,15 @@ pub async fn dispatch(
             vm.running = q.get("value").map(String::as_str) != Some("0");
             Ok(Value::Null)
         }
+        (&Method::GET, ["vms"]) => {
+            let c = ctx.cluster();
+            Ok(Value::Array(
+                c.vms
+                    .values()
+                    .map(|vm| json!({ "vmid": vm.vmid, "node": vm.node, "running": vm.running, "config": vm.config, "pending": vm.pending }))
+                    .collect(),
+            ))
+        }
         (&Method::GET, ["vms", id]) => {
             let id = vmid(id)?;
             let c = ctx.cluster();

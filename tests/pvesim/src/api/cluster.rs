@@ -67,6 +67,9 @@ pub async fn resources(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             if let Some(l) = vm.lock() {
                 row["lock"] = json!(l);
             }
+            if let Some(t) = vm.config.get("tags") {
+                row["tags"] = json!(t);
+            }
             out.push(row);
         }
     }

@@ -203,6 +203,9 @@ fn validate(c: &Cluster, schema: Option<&crate::schema::Schema>, vm: &Vm, call: 
                     errors.insert("storage".into(), format!("storage '{storage}' does not support vm images"));
                 }
                 c.check(&call.caller, &format!("/storage/{storage}"), &["Datastore.AllocateSpace"], false)?;
+                if let Some(src) = d.opts.get("import-from") {
+                    check_import_source(c, &call.caller, vm, src)?;
+                }
             } else if let Some((storage, volname)) = d.volid() {
                 common::storage(c, &vm.node, storage)?;
                 check_volume_access(c, &call.caller, storage, volname, vm.vmid)?;
@@ -233,6 +236,32 @@ fn check_volume_access(c: &Cluster, caller: &str, storage: &str, volname: &str, 
     Err(ApiError::forbidden(&sp, &format!("missing privileges to access {storage}:{volname}")))
 }
 
+/// `import-from=<volid>`: a volume owned by a VM is cloned from it, which
+/// needs `VM.Clone` on that VM (even one that does not exist); any other
+/// volume needs plain volume access.
+fn check_import_source(c: &Cluster, caller: &str, vm: &Vm, src: &str) -> Result<(), ApiError> {
+    let (storage, volname) = common::split_volid(src)?;
+    common::storage(c, &vm.node, storage)?;
+    match owner_of(volname) {
+        Some(owner) => c.check(caller, &format!("/vms/{owner}"), &["VM.Clone"], false),
+        None => check_volume_access(c, caller, storage, volname, vm.vmid),
+    }
+}
+
+/// The `import-from` sources of a config write and their sizes: the copy
+/// time is charged for them before the write, as qemu-img runs first.
+fn import_sizes(c: &Cluster, vm_node: &str, call: &Call) -> Vec<(String, u64)> {
+    setting_keys(call)
+        .into_iter()
+        .filter_map(|(_, v)| Drive::parse(&v).ok()?.opts.get("import-from").cloned())
+        .filter_map(|src| {
+            let (s, n) = common::split_volid(&src).ok()?;
+            let place = c.place(s, vm_node).ok()?;
+            Some((src.clone(), c.volume(&place, n)?.size))
+        })
+        .collect()
+}
+
 /// One disk that must be plugged into or out of a running VM.
 #[derive(Debug, Clone)]
 enum Plug {
@@ -245,6 +274,8 @@ enum Plug {
 struct Update {
     log: Vec<String>,
     plugs: Vec<Plug>,
+    /// Imported volumes: (source volid, new volid), for the backing files.
+    copies: Vec<(String, String)>,
 }
 
 /// Allocates `vm-<vmid>-disk-<N>` for a `<storage>:<GiB>` drive value.
@@ -339,9 +370,10 @@ fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call) -> Result<U
             let mut d = Drive::parse(&value).map_err(|e| ApiError::param(&key, e))?;
             if let Some((storage, gib)) = d.allocation() {
                 // `<storage>:0,import-from=<volid>` copies an existing volume.
-                let gib = match d.opts.remove("import-from") {
+                let import = d.opts.remove("import-from");
+                let gib = match &import {
                     Some(src) => {
-                        let (s, n) = common::split_volid(&src)?;
+                        let (s, n) = common::split_volid(src)?;
                         let place = c.place(s, &vm_node).map_err(|e| ApiError::die(e.to_string()))?;
                         let size = c
                             .volume(&place, n)
@@ -353,6 +385,9 @@ fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call) -> Result<U
                     None => gib,
                 };
                 let (volid, size) = allocate_for(c, &vm_node, vmid, &storage, gib)?;
+                if let Some(src) = import {
+                    up.copies.push((src, volid.clone()));
+                }
                 up.log.push(format!("{key}: successfully created disk '{volid},size={}'", drive::format_size(size)));
                 d.volume = volid;
                 d.opts.insert("size".into(), drive::format_size(size));
@@ -521,18 +556,65 @@ fn plug_action(p: &Plug) -> crate::qmp::Action {
 
 
 /// The locked phase of a config write: re-check, stage, plug.
-async fn locked_update(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call) -> Result<Vec<String>, ApiError> {
+async fn locked_update(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call, upid: Option<&str>) -> Result<Vec<String>, ApiError> {
     let _guard = ctx
         .locks
         .vm(vmid, ctx.lock_timeout())
         .await
         .map_err(ApiError::die)?;
+    import_delay(ctx, node, vmid, call, upid).await;
     let up = stage_update(&mut ctx.cluster(), node, vmid, call)?;
+    copy_backing_files(ctx, &up.copies)?;
     let errors = hotplug(ctx, vmid, up.plugs, call.flag("force")).await;
     if !errors.is_empty() {
         return Err(ApiError::params(errors));
     }
     Ok(up.log)
+}
+
+/// The time qemu-img takes for the imports of a write (`copy_ms_per_gib`),
+/// with its progress lines appended to the task log as it goes.
+async fn import_delay(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call, upid: Option<&str>) {
+    let (per_gib, imports) = {
+        let c = ctx.cluster();
+        let vm_node = c.vms.get(&vmid).map(|v| v.node.clone()).unwrap_or_else(|| node.to_string());
+        (c.knobs.copy_ms_per_gib, import_sizes(&c, &vm_node, call))
+    };
+    if per_gib == 0 {
+        return;
+    }
+    for (src, size) in imports {
+        let total = Duration::from_millis((size as f64 / (1u64 << 30) as f64 * per_gib as f64) as u64);
+        let steps = 10u32;
+        for i in 1..=steps {
+            tokio::time::sleep(total / steps).await;
+            if let Some(u) = upid {
+                let done = size / u64::from(steps) * u64::from(i);
+                let line = format!(
+                    "transferred {} of {} ({:.2}%) from {src}",
+                    drive::format_size(done),
+                    drive::format_size(size),
+                    f64::from(i) * 100.0 / f64::from(steps)
+                );
+                if let Some(t) = ctx.cluster().tasks.get_mut(u) {
+                    t.log.push(line);
+                }
+            }
+        }
+    }
+}
+
+/// With backing files, an imported volume gets the source's bytes.
+fn copy_backing_files(ctx: &Ctx, copies: &[(String, String)]) -> Result<(), ApiError> {
+    let Some(dir) = &ctx.volume_dir else { return Ok(()) };
+    for (src, dst) in copies {
+        let from = crate::qmp::backing_path(dir, src);
+        if from.is_file() {
+            std::fs::copy(&from, crate::qmp::backing_path(dir, dst))
+                .map_err(|e| ApiError::die(format!("qemu-img: copying {src} to {dst}: {e}")))?;
+        }
+    }
+    Ok(())
 }
 
 /// The checks both PUT and POST make before any change.
@@ -548,7 +630,7 @@ fn checked(ctx: &Ctx, call: &Call) -> Result<(String, u32), ApiError> {
 
 pub async fn config_put(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let (node, vmid) = checked(&ctx, &call)?;
-    locked_update(&ctx, &node, vmid, &call).await?;
+    locked_update(&ctx, &node, vmid, &call, None).await?;
     Ok(Value::Null)
 }
 
@@ -557,8 +639,9 @@ pub async fn config_post(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let task = Task::new(&node, "qmconfig", &vmid.to_string(), &call.caller);
     let upid = task.upid.clone();
     let delay = call.get("background_delay").and_then(|d| d.parse::<u64>().ok());
+    let task_upid = upid.clone();
     let done = spawn_task(ctx.clone(), task, move |ctx: Arc<Ctx>| async move {
-        locked_update(&ctx, &node, vmid, &call).await.map_err(|e| {
+        locked_update(&ctx, &node, vmid, &call, Some(&task_upid)).await.map_err(|e| {
             if e.errors.is_empty() {
                 e.message
             } else {
@@ -627,7 +710,7 @@ pub async fn unlink(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         let c = ctx.cluster();
         prechecks(common::vm(&c, &node, vmid)?, &as_delete)?;
     }
-    locked_update(&ctx, &node, vmid, &as_delete).await?;
+    locked_update(&ctx, &node, vmid, &as_delete, None).await?;
     Ok(Value::Null)
 }
 

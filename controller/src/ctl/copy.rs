@@ -1,0 +1,298 @@
+//! Copies of a volume (snapshots, clones, restores), each kept in a
+//! stopped VM of its own: the only per-volume copy Proxmox grants an API
+//! token is `import-from` in a VM config (proxmox-api.md §10), and the copy
+//! belongs to that VM.
+//!
+//! The copy VM is named after the CSI object and tagged, so a retry or a
+//! restarted controller finds it. Its life, read from its config:
+//! 1. no disk: the import task runs (its UPID is remembered) or must start;
+//! 2. `scsi0`: imported; grown if a larger size was asked, then released;
+//! 3. `unused0`: ready. The volume stays owned by the VM, so destroying the
+//!    VM frees it, and it is attached nowhere, so any worker may take it.
+
+use std::collections::HashMap;
+
+use tokio::sync::Mutex;
+
+use super::Controller;
+use super::holder::NewVm;
+use crate::drive::DriveLine;
+use crate::error::CtlError;
+use crate::pve::api::VmResource;
+use crate::pve::tasks::TaskState;
+use crate::pve::{Client, Deadline};
+
+/// What to copy where.
+#[derive(Debug, Clone)]
+pub struct CopySpec {
+    /// The VM's name: the CSI snapshot or volume name, made DNS-safe.
+    pub name: String,
+    /// `csi-snapshot` or `csi-volume`.
+    pub kind: &'static str,
+    pub node: String,
+    pub storage: String,
+    /// `<storage>:<volume>` to copy.
+    pub source: String,
+    /// The CSI handle of the source, kept in the VM's description.
+    pub source_handle: String,
+    /// Grow the copy to at least this many bytes.
+    pub min_size: u64,
+}
+
+/// Where a copy stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopyState {
+    Ready(CopyInfo),
+    /// The import runs; the latest progress line of its task.
+    Copying { vmid: u32, node: String, created: i64, progress: String },
+}
+
+/// A finished copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyInfo {
+    pub vmid: u32,
+    pub node: String,
+    /// `<storage>:<volume>` of the copy.
+    pub volid: String,
+    pub size: u64,
+    pub source_handle: String,
+    /// Unix seconds.
+    pub created: i64,
+}
+
+/// Running imports by (region, VMID), so that the next call reads the task
+/// instead of starting another.
+#[derive(Debug, Default)]
+pub struct Imports(Mutex<HashMap<(String, u32), String>>);
+
+/// A CSI name as a Proxmox VM name (a DNS label: `[a-z0-9-]`, ≤ 63).
+pub fn vm_name(csi_name: &str) -> String {
+    let mut s: String = csi_name
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' })
+        .collect();
+    s.truncate(63);
+    s.trim_matches('-').to_string()
+}
+
+fn describe(spec: &CopySpec, created: i64) -> String {
+    let what = if spec.kind == "csi-snapshot" { "snapshot" } else { "volume" };
+    format!(
+        "Proxmox CSI {what} {name}, a copy of {src}. It is kept stopped, as unused0.\n\
+         Delete it through Kubernetes, not here.\n\
+         csi-source={src}\n\
+         csi-created={created}\n",
+        name = spec.name,
+        src = spec.source_handle,
+    )
+}
+
+/// A `key=value` line of a copy VM's description.
+fn described(config: &std::collections::BTreeMap<String, String>, key: &str) -> Option<String> {
+    config
+        .get("description")?
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(key)?.strip_prefix('=').map(str::to_string))
+}
+
+/// `size=` of a drive line, in bytes.
+pub fn drive_size(line: &DriveLine) -> Option<u64> {
+    let v = line.opts.get("size")?;
+    let (num, unit) = v.split_at(v.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(v.len()));
+    let n: f64 = num.parse().ok()?;
+    let mul = match unit {
+        "" => 1u64,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => return None,
+    };
+    Some((n * mul as f64) as u64)
+}
+
+impl Controller {
+    /// The copy VM named `name` (tagged `kind`), if any.
+    pub async fn copy_vm(&self, client: &Client, name: &str, kind: &str, d: Deadline) -> Result<Option<VmResource>, CtlError> {
+        Ok(self.vms.by_name(client, name, d).await?.filter(|v| v.has_tag(kind)))
+    }
+
+    /// Reads a copy VM: ready (with what it holds), or not yet.
+    pub async fn read_copy(&self, client: &Client, vm: &VmResource, d: Deadline) -> Result<Option<CopyInfo>, CtlError> {
+        let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
+        let Some(unused) = cfg.values.get("unused0") else { return Ok(None) };
+        let volid = DriveLine::parse(unused).volume;
+        let (storage, volname) = volid.split_once(':').unwrap_or_default();
+        let size = client.volume_info(&vm.node, storage, volname, d).await?.map(|i| i.size).unwrap_or(0);
+        Ok(Some(CopyInfo {
+            vmid: vm.vmid,
+            node: vm.node.clone(),
+            volid,
+            size,
+            source_handle: described(&cfg.values, "csi-source").unwrap_or_default(),
+            created: described(&cfg.values, "csi-created").and_then(|c| c.parse().ok()).unwrap_or(0),
+        }))
+    }
+
+    /// Moves the copy one step on: creates its VM, starts or watches the
+    /// import, grows and releases the disk. Never waits for the import.
+    pub async fn advance_copy(&self, client: &Client, spec: &CopySpec, d: Deadline) -> Result<CopyState, CtlError> {
+        let vm = match self.copy_vm(client, &spec.name, spec.kind, d).await? {
+            Some(vm) => vm,
+            None => {
+                let created = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|t| t.as_secs() as i64)
+                    .unwrap_or(0);
+                let new = NewVm { name: &spec.name, kind: spec.kind, description: describe(spec, created) };
+                let vmid = self.new_vm(client, &spec.node, &new, d).await?;
+                tracing::info!(name = spec.name, vmid, source = spec.source, "copy VM created");
+                self.vms
+                    .node_of(client, vmid, d)
+                    .await?
+                    .ok_or_else(|| CtlError::Unavailable(format!("VM {vmid} ({}) is not listed yet; retry", spec.name)))?
+            }
+        };
+        let key = (client.region().to_string(), vm.vmid);
+        loop {
+            let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
+            if let Some(src) = described(&cfg.values, "csi-source")
+                && src != spec.source_handle
+            {
+                return Err(CtlError::AlreadyExists(format!(
+                    "{} already exists as a copy of {src} (VM {}), not of {}",
+                    spec.name, vm.vmid, spec.source_handle
+                )));
+            }
+            let copying = |progress: String| CopyState::Copying {
+                vmid: vm.vmid,
+                node: vm.node.clone(),
+                created: described(&cfg.values, "csi-created").and_then(|c| c.parse().ok()).unwrap_or(0),
+                progress,
+            };
+            if cfg.values.contains_key("unused0") {
+                let info = self
+                    .read_copy(client, &vm, d)
+                    .await?
+                    .ok_or_else(|| CtlError::Unavailable(format!("VM {} changed while read; retry", vm.vmid)))?;
+                return Ok(CopyState::Ready(info));
+            }
+            if let Some(scsi0) = cfg.values.get("scsi0") {
+                let line = DriveLine::parse(scsi0);
+                if drive_size(&line).is_some_and(|s| s < spec.min_size) {
+                    client.resize(&vm.node, vm.vmid, "scsi0", spec.min_size, d).await?;
+                    continue;
+                }
+                // Without `force` the VM keeps its disk as unused0.
+                client
+                    .update_config(&vm.node, vm.vmid, &[("delete", "scsi0".to_string()), ("digest", cfg.digest.clone())], d)
+                    .await?;
+                continue;
+            }
+            let running = self.imports.0.lock().await.get(&key).cloned();
+            if let Some(upid) = running {
+                match client.task_state(&upid, d).await? {
+                    TaskState::Running(progress) => {
+                        return Ok(copying(progress.unwrap_or_else(|| format!("task {upid} started"))));
+                    }
+                    TaskState::Done => {
+                        self.imports.0.lock().await.remove(&key);
+                        continue;
+                    }
+                    TaskState::Failed(exit) => {
+                        self.imports.0.lock().await.remove(&key);
+                        // Another import (from before a restart) holds the VM.
+                        if exit.contains("can't lock file") {
+                            return Ok(copying("an earlier import is still running".into()));
+                        }
+                        return Err(CtlError::Unavailable(format!(
+                            "copying {} into VM {} failed: {exit}; the next call starts it again",
+                            spec.source, vm.vmid
+                        )));
+                    }
+                }
+            }
+            let form = [
+                ("scsi0", format!("{}:0,import-from={},backup=0", spec.storage, spec.source)),
+                ("digest", cfg.digest.clone()),
+            ];
+            let upid = client.start_config_update(&vm.node, vm.vmid, &form, d).await.map_err(|e| match e.status().map(|s| s.as_u16()) {
+                Some(403) => CtlError::FailedPrecondition(format!(
+                    "copying {}: {}; grant VM.Clone (and Datastore.AllocateSpace on {}) to the CSI role",
+                    spec.source,
+                    e.message(),
+                    spec.storage
+                )),
+                _ => CtlError::from(e),
+            })?;
+            let Some(upid) = upid else { continue };
+            tracing::info!(name = spec.name, vmid = vm.vmid, upid, "import started");
+            self.imports.0.lock().await.insert(key.clone(), upid.clone());
+            return Ok(copying(format!("task {upid} started")));
+        }
+    }
+
+    /// Like `advance_copy`, then waits for the import while the deadline
+    /// leaves room, checking again every few seconds.
+    pub async fn finish_copy(&self, client: &Client, spec: &CopySpec, d: Deadline) -> Result<CopyState, CtlError> {
+        loop {
+            let state = self.advance_copy(client, spec, d).await?;
+            let CopyState::Copying { .. } = &state else { return Ok(state) };
+            // Room to answer after the pause, with the progress seen last.
+            let margin = std::time::Duration::from_millis(300);
+            let pause = std::time::Duration::from_millis(500).min(d.remaining().saturating_sub(margin * 2));
+            if pause.is_zero() {
+                return Ok(state);
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// Destroys a copy VM and the volume it owns.
+    pub async fn destroy_copy(&self, client: &Client, vm: &VmResource, d: Deadline) -> Result<(), CtlError> {
+        client.destroy_vm(&vm.node, vm.vmid, d).await.map_err(|e| match e.status().map(|s| s.as_u16()) {
+            Some(403) => CtlError::FailedPrecondition(format!(
+                "destroying VM {} ({}): {}; grant VM.Allocate to the CSI role",
+                vm.vmid,
+                vm.name.as_deref().unwrap_or_default(),
+                e.message()
+            )),
+            _ => CtlError::from(e),
+        })?;
+        self.imports.0.lock().await.remove(&(client.region().to_string(), vm.vmid));
+        self.vms.invalidate(client.region()).await;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_become_dns_labels() {
+        assert_eq!(vm_name("snapshot-5bc58ec7-AB"), "snapshot-5bc58ec7-ab");
+        assert_eq!(vm_name("a_b.c"), "a-b-c");
+        assert_eq!(vm_name(&"x".repeat(80)).len(), 63);
+    }
+
+    #[test]
+    fn sizes_and_descriptions_read_back() {
+        assert_eq!(drive_size(&DriveLine::parse("l:vm-1-disk-0,size=1536M")), Some(1536 << 20));
+        assert_eq!(drive_size(&DriveLine::parse("l:vm-1-disk-0,size=2G")), Some(2 << 30));
+        assert_eq!(drive_size(&DriveLine::parse("l:vm-1-disk-0")), None);
+        let spec = CopySpec {
+            name: "snap-1".into(),
+            kind: "csi-snapshot",
+            node: "pve1".into(),
+            storage: "local-lvm".into(),
+            source: "local-lvm:vm-9999-pvc-a".into(),
+            source_handle: "r/pve1/local-lvm/vm-9999-pvc-a".into(),
+            min_size: 0,
+        };
+        let cfg = std::collections::BTreeMap::from([("description".to_string(), describe(&spec, 1_764_440_000))]);
+        assert_eq!(described(&cfg, "csi-source").as_deref(), Some("r/pve1/local-lvm/vm-9999-pvc-a"));
+        assert_eq!(described(&cfg, "csi-created").as_deref(), Some("1764440000"));
+    }
+}

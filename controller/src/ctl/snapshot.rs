@@ -1,0 +1,258 @@
+//! CreateSnapshot, DeleteSnapshot, ListSnapshots, GetSnapshot.
+//!
+//! A snapshot is a full copy of the volume in a copy VM of its own (see
+//! `copy`), made with the API token alone. CreateSnapshot never waits for
+//! the copy: it answers `ready_to_use=false` with the task's progress and
+//! the snapshotter asks again. The copy of an attached volume is taken
+//! while the pod may write to it; it is as consistent as the filesystem
+//! after a crash only if the application is quiesced.
+//!
+//! Snapshot IDs: `region/zone/storage/snapshot-vm-<vmid>` for ours, and the
+//! Go driver's (a volume, `region/zone/storage/vm-9999-snapshot-…`) are
+//! still understood, for restores and deletes.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use proxmox_csi_proto::csi::v1 as csi;
+
+use super::Controller;
+use super::copy::{CopyInfo, CopySpec, CopyState, vm_name};
+use crate::error::CtlError;
+use crate::pve::Deadline;
+use crate::volume::VolumeId;
+
+pub const SNAPSHOT_TAG: &str = "csi-snapshot";
+const PREFIX: &str = "snapshot-vm-";
+
+/// A parsed snapshot handle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotId {
+    /// A copy VM of this controller.
+    Copy { region: String, zone: String, storage: String, vmid: u32 },
+    /// A Go driver snapshot: a plain volume.
+    Volume(VolumeId),
+}
+
+impl SnapshotId {
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let v = VolumeId::parse(raw).map_err(|e| e.replace("volume id", "snapshot id"))?;
+        match v.disk.strip_prefix(PREFIX).map(str::parse::<u32>) {
+            Some(Ok(vmid)) => Ok(Self::Copy { region: v.region, zone: v.zone.unwrap_or_default(), storage: v.storage, vmid }),
+            Some(Err(_)) => Err(format!("snapshot id {raw:?}: {PREFIX} must be followed by a VMID")),
+            None => Ok(Self::Volume(v)),
+        }
+    }
+
+    pub fn region(&self) -> &str {
+        match self {
+            Self::Copy { region, .. } => region,
+            Self::Volume(v) => &v.region,
+        }
+    }
+}
+
+impl fmt::Display for SnapshotId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Copy { region, zone, storage, vmid } => write!(f, "{region}/{zone}/{storage}/{PREFIX}{vmid}"),
+            Self::Volume(v) => v.fmt(f),
+        }
+    }
+}
+
+fn timestamp(secs: i64) -> Option<prost_types::Timestamp> {
+    Some(prost_types::Timestamp { seconds: secs, nanos: 0 })
+}
+
+fn snapshot_of(region: &str, info: &CopyInfo) -> csi::Snapshot {
+    let storage = info.volid.split(':').next().unwrap_or_default().to_string();
+    csi::Snapshot {
+        size_bytes: info.size as i64,
+        snapshot_id: SnapshotId::Copy { region: region.into(), zone: info.node.clone(), storage, vmid: info.vmid }.to_string(),
+        source_volume_id: info.source_handle.clone(),
+        creation_time: timestamp(info.created),
+        ready_to_use: true,
+        group_snapshot_id: String::new(),
+    }
+}
+
+/// VolumeSnapshotClass parameters: only `storage` (default: the volume's).
+fn snapshot_storage(params: &HashMap<String, String>) -> Result<Option<String>, CtlError> {
+    for (k, v) in params {
+        match k.as_str() {
+            "storage" if !v.is_empty() => {}
+            "storage" => return Err(CtlError::invalid("parameters.storage", "must not be empty")),
+            // The external-snapshotter passes its own keys with this prefix.
+            k if k.starts_with("csi.storage.k8s.io/") => {}
+            other => return Err(CtlError::invalid(format!("parameters.{other}"), "unknown parameter; allowed: storage")),
+        }
+    }
+    Ok(params.get("storage").cloned())
+}
+
+impl Controller {
+    pub async fn create_snapshot(&self, r: &csi::CreateSnapshotRequest, d: Deadline) -> Result<csi::Snapshot, CtlError> {
+        if r.name.is_empty() {
+            return Err(CtlError::invalid("name", "is required"));
+        }
+        if r.source_volume_id.is_empty() {
+            return Err(CtlError::invalid("source_volume_id", "is required"));
+        }
+        let src = VolumeId::parse(&r.source_volume_id).map_err(|e| CtlError::invalid("source_volume_id", e))?;
+        let storage = snapshot_storage(&r.parameters)?.unwrap_or_else(|| src.storage.clone());
+        let client = self.client(&src.region)?;
+        if !client.cluster().storage_allowed(&storage) {
+            return Err(CtlError::invalid("parameters.storage", format!("{storage:?} is not in allowed_storages of region {}", src.region)));
+        }
+        let (node, info) = self.existing(&client, &src, d).await?;
+        let spec = CopySpec {
+            name: vm_name(&r.name),
+            kind: SNAPSHOT_TAG,
+            node,
+            storage,
+            source: src.volid(),
+            source_handle: r.source_volume_id.clone(),
+            min_size: 0,
+        };
+        match self.advance_copy(&client, &spec, d).await? {
+            CopyState::Ready(info) => Ok(snapshot_of(&src.region, &info)),
+            CopyState::Copying { vmid, node, created, progress } => {
+                tracing::info!(name = r.name, vmid, progress, "snapshot copy running");
+                Ok(csi::Snapshot {
+                    size_bytes: info.size as i64,
+                    snapshot_id: SnapshotId::Copy { region: src.region.clone(), zone: node, storage: spec.storage, vmid }.to_string(),
+                    source_volume_id: r.source_volume_id.clone(),
+                    creation_time: timestamp(created),
+                    ready_to_use: false,
+                    group_snapshot_id: String::new(),
+                })
+            }
+        }
+    }
+
+    pub async fn delete_snapshot(&self, snapshot_id: &str, d: Deadline) -> Result<(), CtlError> {
+        if snapshot_id.is_empty() {
+            return Err(CtlError::invalid("snapshot_id", "is required"));
+        }
+        let id = SnapshotId::parse(snapshot_id).map_err(|e| CtlError::invalid("snapshot_id", e))?;
+        let client = self.client(id.region())?;
+        match id {
+            SnapshotId::Volume(v) => {
+                let Some(node) = self.node_for(&client, &v, d).await? else { return Ok(()) };
+                if client.volume_info(&node, &v.storage, &v.disk, d).await?.is_some() {
+                    client.delete_volume(&node, &v.storage, &v.disk, d).await?;
+                }
+                Ok(())
+            }
+            SnapshotId::Copy { vmid, .. } => {
+                let Some(vm) = self.vms.node_of(&client, vmid, d).await? else { return Ok(()) };
+                if !vm.has_tag(SNAPSHOT_TAG) {
+                    return Err(CtlError::FailedPrecondition(format!(
+                        "snapshot {snapshot_id}: VM {vmid} is not a snapshot of this driver (no {SNAPSHOT_TAG} tag); it is left alone"
+                    )));
+                }
+                self.destroy_copy(&client, &vm, d).await
+            }
+        }
+    }
+
+    /// The snapshot behind `id`, ready or not; `None` if it is gone.
+    pub async fn snapshot(&self, id: &SnapshotId, d: Deadline) -> Result<Option<csi::Snapshot>, CtlError> {
+        let client = self.client(id.region())?;
+        match id {
+            SnapshotId::Volume(v) => {
+                let Some(node) = self.node_for(&client, v, d).await? else { return Ok(None) };
+                Ok(client.volume_info(&node, &v.storage, &v.disk, d).await?.map(|i| csi::Snapshot {
+                    size_bytes: i.size as i64,
+                    snapshot_id: id.to_string(),
+                    ready_to_use: true,
+                    ..Default::default()
+                }))
+            }
+            SnapshotId::Copy { region, vmid, zone, storage } => {
+                let Some(vm) = self.vms.node_of(&client, *vmid, d).await?.filter(|v| v.has_tag(SNAPSHOT_TAG)) else {
+                    return Ok(None);
+                };
+                Ok(Some(match self.read_copy(&client, &vm, d).await? {
+                    Some(info) => snapshot_of(region, &info),
+                    None => csi::Snapshot {
+                        snapshot_id: SnapshotId::Copy { region: region.clone(), zone: zone.clone(), storage: storage.clone(), vmid: *vmid }.to_string(),
+                        ready_to_use: false,
+                        ..Default::default()
+                    },
+                }))
+            }
+        }
+    }
+
+    pub async fn list_snapshots(&self, r: &csi::ListSnapshotsRequest, d: Deadline) -> Result<csi::ListSnapshotsResponse, CtlError> {
+        if r.max_entries < 0 {
+            return Err(CtlError::invalid("max_entries", "must not be negative"));
+        }
+        let mut all: Vec<csi::Snapshot> = Vec::new();
+        if !r.snapshot_id.is_empty() {
+            // An ID we cannot parse names no snapshot: an empty answer.
+            if let Ok(id) = SnapshotId::parse(&r.snapshot_id)
+                && self.clients.contains_key(id.region())
+                && let Some(s) = self.snapshot(&id, d).await?
+            {
+                all.push(s);
+            }
+        } else {
+            let mut regions: Vec<&String> = self.clients.keys().collect();
+            regions.sort();
+            for region in regions {
+                let client = self.client(region)?;
+                for vm in self.vms.all(&client, d).await?.iter().filter(|v| v.has_tag(SNAPSHOT_TAG)) {
+                    if let Some(info) = self.read_copy(&client, vm, d).await? {
+                        all.push(snapshot_of(region, &info));
+                    }
+                }
+            }
+        }
+        all.retain(|s| r.source_volume_id.is_empty() || s.source_volume_id == r.source_volume_id);
+        all.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
+        let start: usize = match r.starting_token.as_str() {
+            "" => 0,
+            t => t
+                .parse()
+                .ok()
+                .filter(|n| *n <= all.len())
+                .ok_or_else(|| CtlError::Aborted(format!("starting_token {t:?} was not given out by this controller")))?,
+        };
+        let take = if r.max_entries == 0 { usize::MAX } else { r.max_entries as usize };
+        let page: Vec<csi::Snapshot> = all.iter().skip(start).take(take).cloned().collect();
+        let next = start + page.len();
+        Ok(csi::ListSnapshotsResponse {
+            entries: page.into_iter().map(|s| csi::list_snapshots_response::Entry { snapshot: Some(s) }).collect(),
+            next_token: if next < all.len() { next.to_string() } else { String::new() },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_ids_round_trip() {
+        let ours = SnapshotId::parse("region-1/pve2/local-lvm/snapshot-vm-104").unwrap();
+        assert_eq!(ours, SnapshotId::Copy { region: "region-1".into(), zone: "pve2".into(), storage: "local-lvm".into(), vmid: 104 });
+        assert_eq!(ours.to_string(), "region-1/pve2/local-lvm/snapshot-vm-104");
+        let go = SnapshotId::parse("region-1/pve2/local-lvm/vm-9999-snapshot-5bc58ec7").unwrap();
+        assert!(matches!(go, SnapshotId::Volume(ref v) if v.disk == "vm-9999-snapshot-5bc58ec7"));
+        assert!(SnapshotId::parse("r/z/s/snapshot-vm-x").unwrap_err().contains("VMID"));
+        assert!(SnapshotId::parse("r/z").unwrap_err().contains("snapshot id"));
+    }
+
+    #[test]
+    fn class_parameters_are_strict() {
+        let p = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>();
+        assert_eq!(snapshot_storage(&p(&[])).unwrap(), None);
+        assert_eq!(snapshot_storage(&p(&[("storage", "zfs")])).unwrap().as_deref(), Some("zfs"));
+        assert!(snapshot_storage(&p(&[("csi.storage.k8s.io/snapshotter-secret-name", "x")])).is_ok());
+        let e = snapshot_storage(&p(&[("pool", "x")])).unwrap_err().to_string();
+        assert_eq!(e, "parameters.pool: unknown parameter; allowed: storage");
+    }
+}

@@ -1,0 +1,267 @@
+//! Snapshots, clones and restores against pvesim: copy VMs made with an API
+//! token, `ready_to_use=false` while the copy runs, idempotent retries,
+//! failures reported and recovered, nothing left behind on delete.
+
+mod common;
+
+use common::*;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
+use proxmox_csi_proto::csi::v1::volume_content_source::{SnapshotSource, Type as Source, VolumeSource};
+use serde_json::Value;
+use tonic::{Code, Request};
+
+/// The documented role for snapshots and clones: the minimal one plus
+/// VM.Allocate (copy VMs) and VM.Clone (import-from).
+const ROLE: &str = "[VM.Audit, VM.Config.Disk, VM.Allocate, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]";
+
+fn snap_req(name: &str, source: &str) -> csi::CreateSnapshotRequest {
+    csi::CreateSnapshotRequest { source_volume_id: source.into(), name: name.into(), ..Default::default() }
+}
+
+fn from(source: Source, name: &str, bytes: i64) -> csi::CreateVolumeRequest {
+    let mut r = create_req(name, bytes, &[("storage", "local-lvm")], Some("pve2"));
+    r.volume_content_source = Some(csi::VolumeContentSource { r#type: Some(source) });
+    r
+}
+
+fn with_timeout<T>(msg: T, ms: u64) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.metadata_mut().insert("grpc-timeout", format!("{ms}m").parse().unwrap());
+    r
+}
+
+async fn create_snapshot(e: &Env, name: &str, source: &str) -> csi::Snapshot {
+    e.svc.create_snapshot(Request::new(snap_req(name, source))).await.unwrap().into_inner().snapshot.unwrap()
+}
+
+/// Calls CreateSnapshot until the snapshot is ready; the answers seen.
+async fn until_ready(e: &Env, name: &str, source: &str) -> Vec<csi::Snapshot> {
+    let started = Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let s = create_snapshot(e, name, source).await;
+        let ready = s.ready_to_use;
+        seen.push(s);
+        if ready {
+            return seen;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "snapshot never became ready: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn vms_named(e: &Env, name: &str) -> Vec<Value> {
+    let all = e.admin("GET", "vms", "").await;
+    all.as_array().unwrap().iter().filter(|v| v["config"]["name"] == name).cloned().collect()
+}
+
+async fn volumes(e: &Env) -> Vec<String> {
+    let vols = e.admin("GET", "volumes", "").await;
+    vols.as_array().unwrap().iter().map(|v| v["volid"].as_str().unwrap().to_string()).collect()
+}
+
+#[tokio::test]
+async fn snapshot_restore_and_clone_with_a_token() {
+    let e = env_with_role(ROLE).await;
+    // 1 GiB takes 2 s to copy, so that the snapshot is seen unready.
+    e.knobs(r#"{"copy_ms_per_gib": 2000}"#).await;
+    let v = create(&e, "pvc-a", Some("pve2")).await;
+    e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2"))).await.unwrap();
+
+    let seen = until_ready(&e, "snapshot-1", &v.volume_id).await;
+    assert!(!seen[0].ready_to_use, "the first answer comes before the copy is done");
+    let snap = seen.last().unwrap().clone();
+    assert!(seen.iter().all(|s| s.snapshot_id == snap.snapshot_id), "one ID for every answer: {seen:?}");
+    let vmid: u32 = snap.snapshot_id.rsplit("snapshot-vm-").next().unwrap().parse().unwrap();
+    assert_eq!(snap.snapshot_id, format!("region-1/pve2/local-lvm/snapshot-vm-{vmid}"));
+    assert_eq!(snap.source_volume_id, v.volume_id);
+    assert_eq!(snap.size_bytes, 1 << 30);
+    assert!(snap.creation_time.as_ref().is_some_and(|t| t.seconds > 1_700_000_000), "{:?}", snap.creation_time);
+
+    // The copy VM: stopped, tagged, the copy as unused0, nothing pending.
+    let vm = e.vm(vmid).await;
+    assert_eq!(vm["running"], false);
+    assert_eq!(vm["config"]["name"], "snapshot-1");
+    assert_eq!(vm["config"]["tags"], "proxmox-csi;csi-snapshot");
+    assert_eq!(vm["config"]["unused0"], format!("local-lvm:vm-{vmid}-disk-0"));
+    assert!(vm["config"].get("scsi0").is_none(), "{vm}");
+    assert_eq!(vm["pending"], serde_json::json!({}), "{vm}");
+    assert!(volumes(&e).await.contains(&format!("local-lvm:vm-{vmid}-disk-0")));
+
+    // Same name, same source: the same snapshot; another source: AlreadyExists.
+    assert_eq!(create_snapshot(&e, "snapshot-1", &v.volume_id).await, snap);
+    let other = create(&e, "pvc-b", Some("pve2")).await;
+    let err = e.svc.create_snapshot(Request::new(snap_req("snapshot-1", &other.volume_id))).await.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    assert!(err.message().contains("already exists as a copy of region-1/pve2/local-lvm/vm-9999-pvc-a"), "{}", err.message());
+    let err = e.svc.create_snapshot(Request::new(snap_req("s", "region-1/pve2/local-lvm/vm-9999-nope"))).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    let mut bad = snap_req("s", &v.volume_id);
+    bad.parameters = HashMap::from([("pool".to_string(), "x".to_string())]);
+    let err = e.svc.create_snapshot(Request::new(bad)).await.unwrap_err();
+    assert_eq!((err.code(), err.message()), (Code::InvalidArgument, "parameters.pool: unknown parameter; allowed: storage"));
+
+    // Restore into a larger volume: grown after the copy.
+    let restore = from(Source::Snapshot(SnapshotSource { snapshot_id: snap.snapshot_id.clone() }), "pvc-r", 2 << 30);
+    let r = e.svc.create_volume(Request::new(restore.clone())).await.unwrap().into_inner().volume.unwrap();
+    let rvm = vms_named(&e, "pvc-r").await;
+    assert_eq!(rvm.len(), 1);
+    let rid = rvm[0]["vmid"].as_u64().unwrap();
+    assert_eq!(r.volume_id, format!("region-1/pve2/local-lvm/vm-{rid}-disk-0"));
+    assert_eq!(r.capacity_bytes, 2 << 30);
+    assert_eq!(r.content_source, restore.volume_content_source);
+    assert_eq!(rvm[0]["config"]["tags"], "proxmox-csi;csi-volume");
+    assert_eq!(rvm[0]["config"]["unused0"], format!("local-lvm:vm-{rid}-disk-0"));
+    // Idempotent: the same answer, no second copy.
+    let again = e.svc.create_volume(Request::new(restore)).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(again, r);
+    assert_eq!(vms_named(&e, "pvc-r").await.len(), 1);
+
+    // The restored volume attaches like any other, and lists as ours.
+    let ctx = e.svc.controller_publish_volume(Request::new(publish_req(&r, "worker-2"))).await.unwrap().into_inner();
+    assert!(ctx.publish_context.contains_key("wwn"), "{ctx:?}");
+    let w = e.vm(112).await;
+    assert!(w["config"].as_object().unwrap().values().any(|l| l.as_str().is_some_and(|l| l.starts_with(&format!("local-lvm:vm-{rid}-disk-0,")))), "{w}");
+    let listed = e.svc.list_volumes(Request::new(csi::ListVolumesRequest::default())).await.unwrap().into_inner();
+    let ids: Vec<String> = listed.entries.iter().map(|x| x.volume.as_ref().unwrap().volume_id.clone()).collect();
+    assert!(ids.contains(&r.volume_id) && ids.contains(&v.volume_id), "{ids:?}");
+    assert!(!ids.iter().any(|i| i.contains("snapshot-vm") || i.ends_with(&format!("vm-{vmid}-disk-0"))), "snapshots are not volumes: {ids:?}");
+
+    // Deleting the attached restore is refused; detached, its copy VM goes with it.
+    let err = e.svc.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: r.volume_id.clone(), ..Default::default() })).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&r, "worker-2"))).await.unwrap();
+    for _ in 0..2 {
+        e.svc.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: r.volume_id.clone(), ..Default::default() })).await.unwrap();
+    }
+    assert!(vms_named(&e, "pvc-r").await.is_empty());
+    assert!(!volumes(&e).await.contains(&format!("local-lvm:vm-{rid}-disk-0")));
+
+    // A clone of the (attached) volume, at the source's size.
+    let mut clone = from(Source::Volume(VolumeSource { volume_id: v.volume_id.clone() }), "pvc-c", 0);
+    clone.capacity_range = None;
+    let c = e.svc.create_volume(Request::new(clone)).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(c.capacity_bytes, 1 << 30);
+    assert!(c.volume_id.starts_with("region-1/pve2/local-lvm/vm-"), "{}", c.volume_id);
+
+    // Delete the snapshot: the VM and its disk are gone; a repeat is fine.
+    for _ in 0..2 {
+        e.svc.delete_snapshot(Request::new(csi::DeleteSnapshotRequest { snapshot_id: snap.snapshot_id.clone(), ..Default::default() })).await.unwrap();
+    }
+    assert!(e.admin("GET", &format!("vms/{vmid}"), "").await.is_null());
+    assert!(!volumes(&e).await.contains(&format!("local-lvm:vm-{vmid}-disk-0")));
+    let err = e.svc.create_volume(Request::new(from(Source::Snapshot(SnapshotSource { snapshot_id: snap.snapshot_id.clone() }), "pvc-z", 1 << 30))).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+
+    // The worker VM has nothing pending and no unusedN entry.
+    let w = e.vm(112).await;
+    assert_eq!(w["pending"], serde_json::json!({}), "{w}");
+    assert!(!w["config"].as_object().unwrap().keys().any(|k| k.starts_with("unused")), "{w}");
+}
+
+#[tokio::test]
+async fn list_and_get_snapshots_page_and_filter() {
+    let e = env_with_role(ROLE).await;
+    let a = create(&e, "pvc-a", Some("pve2")).await;
+    let b = create(&e, "pvc-b", Some("pve1")).await;
+    let sa = until_ready(&e, "snap-a", &a.volume_id).await.pop().unwrap();
+    let sb = until_ready(&e, "snap-b", &b.volume_id).await.pop().unwrap();
+    assert_eq!(sb.snapshot_id.split('/').nth(1), Some("pve1"), "the copy stays on the source's node");
+
+    let list = |max: i32, token: &str, source: &str, id: &str| csi::ListSnapshotsRequest {
+        max_entries: max,
+        starting_token: token.into(),
+        source_volume_id: source.into(),
+        snapshot_id: id.into(),
+        ..Default::default()
+    };
+    let all = e.svc.list_snapshots(Request::new(list(0, "", "", ""))).await.unwrap().into_inner();
+    let mut want = vec![sa.clone(), sb.clone()];
+    want.sort_by(|x, y| x.snapshot_id.cmp(&y.snapshot_id));
+    assert_eq!(all.entries.iter().map(|x| x.snapshot.clone().unwrap()).collect::<Vec<_>>(), want);
+    let p1 = e.svc.list_snapshots(Request::new(list(1, "", "", ""))).await.unwrap().into_inner();
+    assert_eq!(p1.entries.len(), 1);
+    let p2 = e.svc.list_snapshots(Request::new(list(1, &p1.next_token, "", ""))).await.unwrap().into_inner();
+    assert_eq!(p2.entries[0].snapshot, Some(want[1].clone()));
+    assert_eq!(p2.next_token, "");
+    let by_source = e.svc.list_snapshots(Request::new(list(0, "", &b.volume_id, ""))).await.unwrap().into_inner();
+    assert_eq!(by_source.entries.len(), 1);
+    assert_eq!(by_source.entries[0].snapshot, Some(sb.clone()));
+    let by_id = e.svc.list_snapshots(Request::new(list(0, "", "", &sa.snapshot_id))).await.unwrap().into_inner();
+    assert_eq!(by_id.entries[0].snapshot, Some(sa.clone()));
+    let none = e.svc.list_snapshots(Request::new(list(0, "", "", "region-1/pve2/local-lvm/snapshot-vm-777"))).await.unwrap().into_inner();
+    assert!(none.entries.is_empty());
+    let err = e.svc.list_snapshots(Request::new(list(0, "99", "", ""))).await.unwrap_err();
+    assert_eq!(err.code(), Code::Aborted);
+
+    let got = e.svc.get_snapshot(Request::new(csi::GetSnapshotRequest { snapshot_id: sa.snapshot_id.clone(), ..Default::default() })).await.unwrap();
+    assert_eq!(got.into_inner().snapshot, Some(sa));
+    let err = e.svc.get_snapshot(Request::new(csi::GetSnapshotRequest { snapshot_id: "region-1/pve2/local-lvm/snapshot-vm-777".into(), ..Default::default() })).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+
+    let caps = e.svc.controller_get_capabilities(Request::new(csi::ControllerGetCapabilitiesRequest {})).await.unwrap().into_inner();
+    let names: Vec<String> = caps.capabilities.iter().filter_map(|c| match &c.r#type {
+        Some(csi::controller_service_capability::Type::Rpc(r)) => Some(r.r#type().as_str_name().to_string()),
+        None => None,
+    }).collect();
+    for want in ["CREATE_DELETE_SNAPSHOT", "LIST_SNAPSHOTS", "CLONE_VOLUME", "GET_SNAPSHOT"] {
+        assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_slow_copy_answers_aborted_with_progress_and_the_retry_finishes_it() {
+    let e = env_with_role(ROLE).await;
+    let v = create(&e, "pvc-a", Some("pve2")).await;
+    e.knobs(r#"{"copy_ms_per_gib": 4000}"#).await;
+    let req = from(Source::Volume(VolumeSource { volume_id: v.volume_id.clone() }), "pvc-slow", 1 << 30);
+    let first = e.svc.create_volume(with_timeout(req.clone(), 1500)).await.unwrap_err();
+    assert_eq!(first.code(), Code::Aborted, "{first:?}");
+    assert!(first.message().contains("copying local-lvm:vm-9999-pvc-a into VM"), "{}", first.message());
+    let second = e.svc.create_volume(with_timeout(req.clone(), 1500)).await.unwrap_err();
+    assert_eq!(second.code(), Code::Aborted, "{second:?}");
+    assert!(second.message().contains("transferred"), "progress from the task log: {}", second.message());
+    let done = e.svc.create_volume(Request::new(req)).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(vms_named(&e, "pvc-slow").await.len(), 1, "one copy VM however often it was asked");
+    let copies = volumes(&e).await.into_iter().filter(|x| done.volume_id.ends_with(x.split(':').nth(1).unwrap())).count();
+    assert_eq!(copies, 1);
+}
+
+#[tokio::test]
+async fn a_failed_copy_is_reported_and_started_again() {
+    let e = env_with_role(ROLE).await;
+    let v = create(&e, "pvc-a", Some("pve2")).await;
+    e.knobs(r#"{"task_latency_ms": 300}"#).await;
+    let s = create_snapshot(&e, "snap-f", &v.volume_id).await;
+    assert!(!s.ready_to_use);
+    // The import task is waiting to start: make it fail after its UPID.
+    e.knobs(r#"{"fail_tasks": 1}"#).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let err = e.svc.create_snapshot(Request::new(snap_req("snap-f", &v.volume_id))).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("task failed (injected by pvesim); the next call starts it again"), "{}", err.message());
+    let ready = until_ready(&e, "snap-f", &v.volume_id).await.pop().unwrap();
+    assert_eq!(ready.snapshot_id, s.snapshot_id);
+    assert_eq!(vms_named(&e, "snap-f").await.len(), 1);
+}
+
+#[tokio::test]
+async fn missing_privileges_name_what_to_grant() {
+    let e = env().await;
+    let v = create(&e, "pvc-a", Some("pve2")).await;
+    let err = e.svc.create_snapshot(Request::new(snap_req("snap-x", &v.volume_id))).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("grant VM.Allocate to the CSI role"), "{}", err.message());
+
+    let e = env_with_role("[VM.Audit, VM.Config.Disk, VM.Allocate, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]").await;
+    let v = create(&e, "pvc-a", Some("pve2")).await;
+    let err = e.svc.create_snapshot(Request::new(snap_req("snap-x", &v.volume_id))).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("Permission check failed (/vms/9999, VM.Clone)"), "{}", err.message());
+    assert!(err.message().contains("grant VM.Clone"), "{}", err.message());
+}
