@@ -68,8 +68,9 @@ impl Attachments {
         let mut map = self.map.lock().await;
         if !map.contains_key(client.region()) {
             let mut found = HashMap::new();
-            // Copy VMs hold their disk only while it is made (see ctl::copy).
-            let copies = |v: &crate::pve::api::VmResource| v.has_tag("csi-snapshot") || v.has_tag("csi-volume");
+            // The controller's own VMs hold disks that are not attachments:
+            // copies being made, replicated volumes' holders (see ctl).
+            let copies = |v: &crate::pve::api::VmResource| ["csi-snapshot", "csi-volume", "csi-replicated"].iter().any(|t| v.has_tag(t));
             for vm in index.all(client, d).await?.into_iter().filter(|v| !copies(v)) {
                 let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
                 for (k, v) in &cfg.values {

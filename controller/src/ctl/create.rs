@@ -8,6 +8,7 @@ use proxmox_csi_proto::csi::v1 as csi;
 use super::{CHUNK, Controller, DEFAULT_SIZE, check_capabilities};
 use crate::error::CtlError;
 use crate::params::StorageParams;
+use crate::pve::api::StorageResource;
 use crate::pve::{Client, Deadline};
 use crate::volume::{VolumeId, disk_filename};
 
@@ -52,6 +53,28 @@ pub(super) fn wanted(req: Option<&csi::TopologyRequirement>) -> (Option<String>,
     (region, zones)
 }
 
+/// `replicate=true`: local ZFS, and the nodes of `replicateZones` that have it.
+fn replication_nodes<'a>(params: &StorageParams, rows: Vec<&'a StorageResource>) -> Result<Vec<&'a StorageResource>, CtlError> {
+    let kind = rows.first().map(|r| r.plugintype.as_str()).unwrap_or_default();
+    if kind != "zfspool" || rows.iter().any(|r| r.shared == 1) {
+        return Err(CtlError::invalid(
+            "parameters.replicate",
+            format!("storage {:?} is a {kind} storage; replication needs a local zfspool storage", params.storage),
+        ));
+    }
+    if params.replicate_zones.is_empty() {
+        return Err(CtlError::invalid("parameters.replicateZones", "is required with replicate=true: the Proxmox nodes to replicate to"));
+    }
+    let missing: Vec<&String> = params.replicate_zones.iter().filter(|z| !rows.iter().any(|r| &r.node == *z)).collect();
+    if !missing.is_empty() {
+        return Err(CtlError::invalid(
+            "parameters.replicateZones",
+            format!("storage {:?} is not available on {missing:?}", params.storage),
+        ));
+    }
+    Ok(rows)
+}
+
 impl Controller {
     pub async fn create_volume(&self, r: &csi::CreateVolumeRequest, d: Deadline) -> Result<csi::Volume, CtlError> {
         if r.name.is_empty() {
@@ -60,11 +83,6 @@ impl Controller {
         check_capabilities("volume_capabilities", &r.volume_capabilities).map_err(|e| CtlError::invalid("volume_capabilities", e))?;
         let mut params = StorageParams::parse(&r.parameters)?;
         params.apply_mutable(&r.mutable_parameters)?;
-        if params.replicate {
-            return Err(CtlError::Unimplemented(
-                "parameters.replicate: ZFS replication is not supported by this controller build".into(),
-            ));
-        }
         let size = size_for(r.capacity_range.as_ref())?;
         if let Some(source) = r.volume_content_source.as_ref().and_then(|s| s.r#type.as_ref()) {
             return self.create_copy(r, &params, size, source, d).await;
@@ -100,6 +118,7 @@ impl Controller {
             ));
         }
         let shared = available.iter().any(|r| r.shared == 1);
+        let available = if params.replicate { replication_nodes(&params, available)? } else { available };
         let file_storage = matches!(available[0].plugintype.as_str(), "dir" | "nfs" | "cifs" | "cephfs" | "btrfs");
         // Local storage: the requested zone, else the node with most free space.
         let node = if zones.is_empty() {
@@ -117,6 +136,9 @@ impl Controller {
             ))
         })?;
 
+        if params.replicate {
+            return self.create_replicated(&client, r, &params, &node, size, d).await;
+        }
         let format = params.format.clone().unwrap_or_else(|| "raw".into());
         let filename = disk_filename(self.controller_vmid, &r.name, file_storage, &format);
         let volname = if file_storage { format!("{}/{filename}", self.controller_vmid) } else { filename.clone() };

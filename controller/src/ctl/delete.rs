@@ -13,6 +13,9 @@ impl Controller {
         if let Some(z) = &id.zone {
             return Ok(Some(z.clone()));
         }
+        if let Some(holder) = self.replica_holder(client, id, d).await? {
+            return Ok(Some(holder.node));
+        }
         Ok(self
             .storage_rows(client, &id.storage, d)
             .await?
@@ -59,11 +62,12 @@ impl Controller {
                 "volume {volume_id} is still attached to VM {vmid}; unpublish it first"
             )));
         }
-        // A clone or restore is owned by its copy VM: destroying the VM
-        // frees the disk and leaves no stale reference behind.
+        // A clone, restore or replicated volume is owned by a VM of ours:
+        // destroying it frees the disk (and the replication jobs) and
+        // leaves no stale reference behind.
         if let Some(owner) = id.owner().filter(|o| *o != self.controller_vmid)
             && let Some(vm) = self.vms.node_of(&client, owner, d).await?
-            && vm.has_tag(super::clone::VOLUME_TAG)
+            && (vm.has_tag(super::clone::VOLUME_TAG) || vm.has_tag(super::replicate::REPLICATED_TAG))
         {
             return self.destroy_copy(&client, &vm, d).await;
         }

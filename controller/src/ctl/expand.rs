@@ -34,7 +34,15 @@ impl Controller {
         if info.size >= size {
             return Ok((info.size, fs));
         }
-        let Some(vmid) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), d).await? else {
+        let attached = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), d).await?;
+        if attached.is_none()
+            && let Some(holder) = self.replica_holder(&client, &id, d).await?
+        {
+            // A replicated volume is scsi0 of its own holder.
+            client.resize(&holder.node, holder.vmid, "scsi0", size, d).await?;
+            return Ok((size, fs));
+        }
+        let Some(vmid) = attached else {
             // Offline: Proxmox resizes disks only through a VM, so the disk
             // visits the node's (stopped) holder VM for the resize.
             let holder = self.holder(&client, &node, d).await?;

@@ -11,6 +11,7 @@ mod holder;
 mod modify;
 mod publish;
 mod query;
+mod replicate;
 mod snapshot;
 
 use std::collections::HashMap;

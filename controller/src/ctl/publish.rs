@@ -68,6 +68,7 @@ impl Controller {
             .vm_of_node(&client, &node_id, d)
             .await?
             .ok_or_else(|| CtlError::NotFound(format!("node {node_id}: no VM found in region {}", id.region)))?;
+        self.follow_replica(&client, &id, &vm.node, d).await?;
         if let Some(zone) = &id.zone
             && *zone != vm.node
         {

@@ -81,8 +81,9 @@ impl Controller {
         for region in regions {
             let client = self.client(region)?;
             let vms = self.vms.all(&client, d).await?;
-            let clones: std::collections::BTreeSet<u32> =
-                vms.iter().filter(|v| v.has_tag(super::clone::VOLUME_TAG)).map(|v| v.vmid).collect();
+            let tagged = |tag: &str| -> std::collections::BTreeSet<u32> { vms.iter().filter(|v| v.has_tag(tag)).map(|v| v.vmid).collect() };
+            let replicated = tagged(super::replicate::REPLICATED_TAG);
+            let clones: std::collections::BTreeSet<u32> = tagged(super::clone::VOLUME_TAG).union(&replicated).copied().collect();
             let mut seen = std::collections::BTreeSet::new();
             let rows = client.storages(d).await?;
             for row in rows.iter().filter(|r| r.status == "available") {
@@ -107,7 +108,8 @@ impl Controller {
                     }
                     let id = VolumeId {
                         region: region.clone(),
-                        zone: (row.shared != 1).then(|| row.node.clone()),
+                        // A replicated volume's handle has no zone: it follows its holder.
+                        zone: (row.shared != 1 && !owner.is_some_and(|o| replicated.contains(&o))).then(|| row.node.clone()),
                         storage: storage.into(),
                         disk: disk.into(),
                     };

@@ -65,6 +65,11 @@ pub async fn env_with_role(privileges: &str) -> Env {
     .await
 }
 
+/// A controller on a cluster of the caller's own (pvesim state YAML).
+pub async fn env_from(cluster: &str) -> Env {
+    build(cluster, |c| c).await
+}
+
 /// A controller built by `build` from the default one (to add a Kubernetes client).
 pub async fn env_with(f: impl FnOnce(Controller) -> Controller) -> Env {
     build(CLUSTER, f).await
@@ -107,6 +112,19 @@ impl Env {
 
     pub async fn knobs(&self, json: &str) {
         self.admin("POST", "knobs", json).await;
+    }
+
+    /// A GET of the Proxmox API with the CSI token.
+    pub async fn api(&self, path: &str) -> Value {
+        let url = format!("{}{path}", self.sim.api_url());
+        let r = self
+            .http
+            .get(url)
+            .header("Authorization", format!("PVEAPIToken=kubernetes-csi@pve!csi={SECRET}"))
+            .send()
+            .await
+            .unwrap();
+        r.json::<Value>().await.unwrap()["data"].clone()
     }
 
     pub async fn calls(&self) -> u64 {

@@ -1,0 +1,169 @@
+//! ZFS replication, as the Go driver does it (upstream-driver.md §5.3):
+//! Proxmox replicates guests, not volumes, so a replicated volume belongs to
+//! a stopped holder VM named after the PV, keeps `scsi0` of it with
+//! `replicate=1`, and has one replication job per other `replicateZones`
+//! node. Publishing on another node first migrates the holder there (the
+//! replica makes that quick); deleting destroys the holder with its jobs.
+//!
+//! The handle has no zone (`region//storage/vm-<holder>-<pv>`): the node is
+//! wherever the holder is.
+
+use std::collections::HashMap;
+
+use proxmox_csi_proto::csi::v1 as csi;
+use reqwest::Method;
+use serde::Deserialize;
+
+use super::Controller;
+use super::create::{REGION, ZONE};
+use super::holder::NewVm;
+use crate::error::CtlError;
+use crate::params::StorageParams;
+use crate::pve::api::VmResource;
+use crate::pve::{Client, Deadline, PveError};
+use crate::volume::{VolumeId, disk_filename};
+
+pub const REPLICATED_TAG: &str = "csi-replicated";
+
+#[derive(Debug, Deserialize)]
+struct Job {
+    id: String,
+    #[serde(default)]
+    guest: u32,
+    #[serde(default)]
+    target: String,
+}
+
+fn denied(what: &str, privilege: &str) -> impl Fn(PveError) -> CtlError {
+    let (what, privilege) = (what.to_string(), privilege.to_string());
+    move |e: PveError| match e.status().map(|s| s.as_u16()) {
+        Some(403) => CtlError::FailedPrecondition(format!("{what}: {}; grant {privilege} to the CSI role", e.message())),
+        _ => CtlError::from(e),
+    }
+}
+
+impl Controller {
+    /// The holder of a replicated volume, if `id` is one.
+    pub async fn replica_holder(&self, client: &Client, id: &VolumeId, d: Deadline) -> Result<Option<VmResource>, CtlError> {
+        let Some(owner) = id.owner().filter(|o| *o != self.controller_vmid) else { return Ok(None) };
+        if id.zone.is_some() {
+            return Ok(None);
+        }
+        Ok(self.vms.node_of(client, owner, d).await?.filter(|v| v.has_tag(REPLICATED_TAG)))
+    }
+
+    /// CreateVolume with `replicate=true` on `node` (one of `replicateZones`).
+    pub async fn create_replicated(
+        &self,
+        client: &Client,
+        r: &csi::CreateVolumeRequest,
+        params: &StorageParams,
+        node: &str,
+        size: u64,
+        d: Deadline,
+    ) -> Result<csi::Volume, CtlError> {
+        let name = super::copy::vm_name(&r.name);
+        let holder = match self.copy_vm(client, &name, REPLICATED_TAG, d).await? {
+            Some(vm) => vm,
+            None => {
+                let new = NewVm {
+                    name: &name,
+                    kind: REPLICATED_TAG,
+                    description: format!(
+                        "Proxmox CSI volume {}, replicated to {}. It is kept stopped and moves to the node that uses the volume.\n\
+                         Delete it through Kubernetes, not here.\n",
+                        r.name,
+                        params.replicate_zones.join(", ")
+                    ),
+                };
+                let vmid = self.new_vm(client, node, &new, d).await?;
+                self.vms
+                    .node_of(client, vmid, d)
+                    .await?
+                    .ok_or_else(|| CtlError::Unavailable(format!("VM {vmid} ({name}) is not listed yet; retry")))?
+            }
+        };
+        let filename = disk_filename(holder.vmid, &r.name, false, "raw");
+        let volid = format!("{}:{filename}", params.storage);
+        let capacity = match client.volume_info(&holder.node, &params.storage, &filename, d).await? {
+            Some(existing) if existing.size < size => {
+                return Err(CtlError::AlreadyExists(format!(
+                    "volume {} already exists with {} bytes, less than the {size} asked",
+                    r.name, existing.size
+                )));
+            }
+            Some(existing) => existing.size,
+            None => {
+                client.allocate(&holder.node, &params.storage, &filename, holder.vmid, size, d).await?;
+                size
+            }
+        };
+        let cfg = client.vm_config(&holder.node, holder.vmid, d).await?;
+        if cfg.values.get("scsi0").is_none_or(|v| !v.starts_with(&format!("{volid},"))) {
+            let form = [("scsi0", format!("{volid},backup=1,replicate=1")), ("digest", cfg.digest)];
+            client.update_config(&holder.node, holder.vmid, &form, d).await?;
+        }
+        self.ensure_jobs(client, &holder, params, d).await?;
+        let id = VolumeId { region: client.region().to_string(), zone: None, storage: params.storage.clone(), disk: filename };
+        let topology = params
+            .replicate_zones
+            .iter()
+            .map(|z| csi::Topology {
+                segments: HashMap::from([(REGION.to_string(), id.region.clone()), (ZONE.to_string(), z.clone())]),
+            })
+            .collect();
+        Ok(csi::Volume {
+            capacity_bytes: capacity as i64,
+            volume_id: id.to_string(),
+            volume_context: params.context().into_iter().collect(),
+            content_source: None,
+            accessible_topology: topology,
+        })
+    }
+
+    /// One job per `replicateZones` node other than the holder's, numbered
+    /// by its place in the list.
+    async fn ensure_jobs(&self, client: &Client, holder: &VmResource, params: &StorageParams, d: Deadline) -> Result<(), CtlError> {
+        let jobs: Vec<Job> = client.call(Method::GET, "/cluster/replication", &[], d).await?;
+        for (i, zone) in params.replicate_zones.iter().enumerate() {
+            if *zone == holder.node || jobs.iter().any(|j| j.guest == holder.vmid && j.target == *zone) {
+                continue;
+            }
+            let id = format!("{}-{i}", holder.vmid);
+            if jobs.iter().any(|j| j.id == id) {
+                continue;
+            }
+            let form = [
+                ("id", id.clone()),
+                ("type", "local".to_string()),
+                ("target", zone.clone()),
+                ("schedule", params.replicate_schedule.clone().unwrap_or_else(|| "*/15".into())),
+                ("comment", "CSI Replication for Persistent Volume".to_string()),
+            ];
+            client
+                .call::<Option<serde_json::Value>>(Method::POST, "/cluster/replication", &form, d)
+                .await
+                .map_err(denied(&format!("replication job {id} to {zone}"), "VM.Replicate"))?;
+            tracing::info!(job = id, target = zone, "replication job created");
+        }
+        Ok(())
+    }
+
+    /// Before a publish on `node`: moves the holder of a replicated volume
+    /// there (offline; the replica is already on `node`).
+    pub async fn follow_replica(&self, client: &Client, id: &VolumeId, node: &str, d: Deadline) -> Result<(), CtlError> {
+        let Some(holder) = self.replica_holder(client, id, d).await? else { return Ok(()) };
+        if holder.node == node {
+            return Ok(());
+        }
+        let path = format!("/nodes/{}/qemu/{}/migrate", holder.node, holder.vmid);
+        let upid: String = client
+            .call(Method::POST, &path, &[("target", node.to_string()), ("online", "0".to_string())], d)
+            .await
+            .map_err(denied(&format!("moving replicated volume {id} to {node}"), "VM.Migrate"))?;
+        client.wait_task(&upid, d).await?;
+        self.vms.invalidate(client.region()).await;
+        tracing::info!(volume_id = %id, holder = holder.vmid, from = holder.node, to = node, "replicated volume moved");
+        Ok(())
+    }
+}
