@@ -60,6 +60,11 @@ async fn vms_named(e: &Env, name: &str) -> Vec<Value> {
     all.as_array().unwrap().iter().filter(|v| v["config"]["name"] == name).cloned().collect()
 }
 
+async fn counters(e: &Env) -> HashMap<String, u64> {
+    let c = e.admin("GET", "counters", "").await;
+    c.as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap())).collect()
+}
+
 async fn volumes(e: &Env) -> Vec<String> {
     let vols = e.admin("GET", "volumes", "").await;
     vols.as_array().unwrap().iter().map(|v| v["volid"].as_str().unwrap().to_string()).collect()
@@ -264,4 +269,40 @@ async fn missing_privileges_name_what_to_grant() {
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("Permission check failed (/vms/9999, VM.Clone)"), "{}", err.message());
     assert!(err.message().contains("grant VM.Clone"), "{}", err.message());
+}
+
+#[tokio::test]
+async fn calls_per_snapshot_operation() {
+    let e = env_with_role(ROLE).await;
+    let v = create(&e, "pvc-a", Some("pve2")).await;
+    // Warm the caches as a running controller has them.
+    until_ready(&e, "snap-warm", &v.volume_id).await;
+    let mut n = Vec::new();
+    let b = e.calls().await;
+    let seen = until_ready(&e, "snap-n", &v.volume_id).await;
+    n.push(("snapshot, every call until ready", e.calls().await - b, seen.len()));
+    let s = seen.last().unwrap().clone();
+    let b = e.calls().await;
+    create_snapshot(&e, "snap-n", &v.volume_id).await;
+    n.push(("snapshot, repeated when ready", e.calls().await - b, 1));
+    let before = counters(&e).await;
+    let r = e.svc.create_volume(Request::new(from(Source::Snapshot(SnapshotSource { snapshot_id: s.snapshot_id.clone() }), "pvc-n", 2 << 30))).await.unwrap().into_inner().volume.unwrap();
+    let after = counters(&e).await;
+    let used: u64 = after.iter().map(|(k, v)| v - before.get(k).copied().unwrap_or(0)).sum();
+    let mut by_endpoint: Vec<(String, u64)> = after.iter().map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0))).filter(|(_, n)| *n > 0).collect();
+    by_endpoint.sort();
+    eprintln!("RESTORE {by_endpoint:?}");
+    n.push(("restore (grown to 2 GiB)", used, 1));
+    let b = e.calls().await;
+    e.svc.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: r.volume_id.clone(), ..Default::default() })).await.unwrap();
+    n.push(("delete restored volume", e.calls().await - b, 1));
+    let b = e.calls().await;
+    e.svc.delete_snapshot(Request::new(csi::DeleteSnapshotRequest { snapshot_id: s.snapshot_id.clone(), ..Default::default() })).await.unwrap();
+    n.push(("delete snapshot", e.calls().await - b, 1));
+    eprintln!("CALLS {n:?}");
+    // Budgets: snapshot ≤ 14 over its calls, restore ≤ 20, deletes ≤ 6 and 4.
+    let budget = [14, 3, 20, 6, 4];
+    for ((name, used, _), max) in n.iter().zip(budget) {
+        assert!(*used <= max, "{name}: {used} calls > {max}");
+    }
 }

@@ -121,7 +121,18 @@ impl Controller {
     /// Reads a copy VM: ready (with what it holds), or not yet.
     pub async fn read_copy(&self, client: &Client, vm: &VmResource, d: Deadline) -> Result<Option<CopyInfo>, CtlError> {
         let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
-        let Some(unused) = cfg.values.get("unused0") else { return Ok(None) };
+        self.copy_info(client, vm, &cfg.values, d).await
+    }
+
+    /// What a copy VM's config says it holds, once ready.
+    async fn copy_info(
+        &self,
+        client: &Client,
+        vm: &VmResource,
+        cfg: &std::collections::BTreeMap<String, String>,
+        d: Deadline,
+    ) -> Result<Option<CopyInfo>, CtlError> {
+        let Some(unused) = cfg.get("unused0") else { return Ok(None) };
         let volid = DriveLine::parse(unused).volume;
         let (storage, volname) = volid.split_once(':').unwrap_or_default();
         let size = client.volume_info(&vm.node, storage, volname, d).await?.map(|i| i.size).unwrap_or(0);
@@ -130,8 +141,8 @@ impl Controller {
             node: vm.node.clone(),
             volid,
             size,
-            source_handle: described(&cfg.values, "csi-source").unwrap_or_default(),
-            created: described(&cfg.values, "csi-created").and_then(|c| c.parse().ok()).unwrap_or(0),
+            source_handle: described(cfg, "csi-source").unwrap_or_default(),
+            created: described(cfg, "csi-created").and_then(|c| c.parse().ok()).unwrap_or(0),
         }))
     }
 
@@ -146,12 +157,9 @@ impl Controller {
                     .map(|t| t.as_secs() as i64)
                     .unwrap_or(0);
                 let new = NewVm { name: &spec.name, kind: spec.kind, description: describe(spec, created) };
-                let vmid = self.new_vm(client, &spec.node, &new, d).await?;
-                tracing::info!(name = spec.name, vmid, source = spec.source, "copy VM created");
-                self.vms
-                    .node_of(client, vmid, d)
-                    .await?
-                    .ok_or_else(|| CtlError::Unavailable(format!("VM {vmid} ({}) is not listed yet; retry", spec.name)))?
+                let vm = self.new_vm(client, &spec.node, &new, d).await?;
+                tracing::info!(name = spec.name, vmid = vm.vmid, source = spec.source, "copy VM created");
+                vm
             }
         };
         let key = (client.region().to_string(), vm.vmid);
@@ -171,11 +179,7 @@ impl Controller {
                 created: described(&cfg.values, "csi-created").and_then(|c| c.parse().ok()).unwrap_or(0),
                 progress,
             };
-            if cfg.values.contains_key("unused0") {
-                let info = self
-                    .read_copy(client, &vm, d)
-                    .await?
-                    .ok_or_else(|| CtlError::Unavailable(format!("VM {} changed while read; retry", vm.vmid)))?;
+            if let Some(info) = self.copy_info(client, &vm, &cfg.values, d).await? {
                 return Ok(CopyState::Ready(info));
             }
             if let Some(scsi0) = cfg.values.get("scsi0") {

@@ -10,6 +10,7 @@ use reqwest::Method;
 
 use super::Controller;
 use crate::error::CtlError;
+use crate::pve::api::VmResource;
 use crate::pve::{Client, Deadline, PveError};
 
 /// Every VM the controller creates carries this tag.
@@ -42,14 +43,14 @@ impl Controller {
             kind: "csi-holder",
             description: "Holds Proxmox CSI disks while they are changed offline. Keep it stopped.".into(),
         };
-        let vmid = self.new_vm(client, node, &vm, d).await?;
+        let vmid = self.new_vm(client, node, &vm, d).await?.vmid;
         tracing::info!(node, vmid, "holder VM created");
         Ok(vmid)
     }
 
     /// Creates a stopped VM without disks on `node` under the next free
     /// VMID (another VMID is tried when a concurrent create took it).
-    pub async fn new_vm(&self, client: &Client, node: &str, vm: &NewVm<'_>, d: Deadline) -> Result<u32, CtlError> {
+    pub async fn new_vm(&self, client: &Client, node: &str, vm: &NewVm<'_>, d: Deadline) -> Result<VmResource, CtlError> {
         let denied = |e: PveError| match e.status().map(|s| s.as_u16()) {
             Some(403) => CtlError::FailedPrecondition(format!(
                 "the controller needs a VM of its own on {node} ({}) and the API token may not create one ({}); \
@@ -71,10 +72,18 @@ impl Controller {
                 ("scsihw", "virtio-scsi-single".to_string()),
                 ("description", vm.description.clone()),
             ];
+            let id: u32 = vmid.parse().map_err(|_| CtlError::Unavailable(format!("nextid answered {vmid:?}")))?;
             match client.create_vm(node, &form, d).await {
                 Ok(()) => {
                     self.vms.invalidate(client.region()).await;
-                    return vmid.parse().map_err(|_| CtlError::Unavailable(format!("nextid answered {vmid:?}")));
+                    return Ok(VmResource {
+                        vmid: id,
+                        node: node.to_string(),
+                        name: Some(vm.name.to_string()),
+                        kind: "qemu".into(),
+                        template: None,
+                        tags: Some(format!("{TAG};{}", vm.kind)),
+                    });
                 }
                 Err(e) if e.message().contains("already exists") => last = e.message(),
                 Err(e) => return Err(denied(e)),

@@ -76,11 +76,7 @@ impl Controller {
                         params.replicate_zones.join(", ")
                     ),
                 };
-                let vmid = self.new_vm(client, node, &new, d).await?;
-                self.vms
-                    .node_of(client, vmid, d)
-                    .await?
-                    .ok_or_else(|| CtlError::Unavailable(format!("VM {vmid} ({name}) is not listed yet; retry")))?
+                self.new_vm(client, node, &new, d).await?
             }
         };
         let filename = disk_filename(holder.vmid, &r.name, false, "raw");
