@@ -228,6 +228,10 @@ async fn luks_xfs_volume_in_a_guest_vm() {
 
 /// pvesim and a controller bound to a fresh guest.
 async fn setup(g: &Guest, images: &std::path::Path) -> (pvesim::Running, ControllerService) {
+    setup_with_role(g, images, "VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit").await
+}
+
+async fn setup_with_role(g: &Guest, images: &std::path::Path, role: &str) -> (pvesim::Running, ControllerService) {
     let state = format!(
         r#"
 nodes: [{{ name: pve2 }}]
@@ -237,7 +241,7 @@ vms:
 users:
   - {{ userid: kubernetes-csi@pve, tokens: [{{ name: csi, secret: {SECRET} }}] }}
 roles:
-  CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
+  CSI: [{role}]
 acl:
   - {{ path: /, roles: [CSI], tokens: ["kubernetes-csi@pve!csi"], users: [kubernetes-csi@pve] }}
 "#,
@@ -649,4 +653,76 @@ async fn grow_online(ctl: &ControllerService, node: &mut NodeClient<Channel>, g:
     ctl.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: vol.volume_id.clone(), ..Default::default() })).await.unwrap();
     let (code, _) = g.sh_status(&format!("udevadm settle; test -e /dev/disk/by-id/wwn-{}", pc["wwn"])).await.unwrap();
     assert_ne!(code, 0, "{name}: the disk is gone from the guest");
+}
+
+/// A snapshot of a LUKS volume, restored into a new volume: the copy is
+/// opened with the same passphrase (never formatted) and has the bytes.
+#[tokio::test]
+async fn snapshot_restore_keeps_the_bytes() {
+    if !qemu_present() {
+        return;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut g = Guest::boot().await.expect("guest boots");
+    let images = tempfile::tempdir().unwrap();
+    let role = "VM.Audit, VM.Config.Disk, VM.Allocate, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit";
+    let (_sim, ctl) = setup_with_role(&g, images.path(), role).await;
+    let mut node = node_client(g.csi_port).await;
+    let luks = HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]);
+    g.sh("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/d/s").await.unwrap();
+    let staging = "/var/lib/kubelet/plugins/kubernetes.io/csi/d/s/globalmount".to_string();
+
+    let src = create_vol(&ctl, "pvc-src", "ext4").await;
+    let step = Step { vol: &src, staging: staging.clone(), target: String::new(), secrets: luks.clone(), fs: "ext4" };
+    let pc = ctl.controller_publish_volume(Request::new(publish_to_112(&src, "ext4"))).await.unwrap().into_inner().publish_context;
+    node.node_stage_volume(step.stage(&pc)).await.unwrap();
+    let sum = g.sh(&format!("dd if=/dev/urandom of={staging}/d bs=1M count=4 2>/dev/null && sync && sha256sum {staging}/d | cut -d' ' -f1")).await.unwrap();
+    // Quiesced: the filesystem is unmounted while the snapshot is copied.
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: src.volume_id.clone(), staging_target_path: staging.clone() }).await.unwrap();
+
+    let t = Instant::now();
+    let snap = loop {
+        let s = ctl
+            .create_snapshot(Request::new(csi::CreateSnapshotRequest { source_volume_id: src.volume_id.clone(), name: "snapshot-1".into(), ..Default::default() }))
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+        if s.ready_to_use {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "snapshot never ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!("MEASURE snapshot of 1 GiB ready after {:?}", t.elapsed());
+    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: src.volume_id.clone(), node_id: "worker-2/112".into(), ..Default::default() })).await.unwrap();
+
+    let mut restore = csi::CreateVolumeRequest {
+        name: "pvc-restored".into(),
+        capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
+        volume_capabilities: vec![cap("ext4")],
+        parameters: HashMap::from([("storage".into(), "local-lvm".into())]),
+        ..Default::default()
+    };
+    restore.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource { snapshot_id: snap.snapshot_id.clone() })),
+    });
+    let restored = ctl.create_volume(Request::new(restore)).await.unwrap().into_inner().volume.unwrap();
+    assert_ne!(restored.volume_id, src.volume_id);
+    let step = Step { vol: &restored, staging: staging.clone(), target: String::new(), secrets: luks, fs: "ext4" };
+    let pc = ctl.controller_publish_volume(Request::new(publish_to_112(&restored, "ext4"))).await.unwrap().into_inner().publish_context;
+    node.node_stage_volume(step.stage(&pc)).await.unwrap();
+    let got = g.sh(&format!("sha256sum {staging}/d | cut -d' ' -f1")).await.unwrap();
+    assert_eq!(got, sum, "the restored volume has the snapshot's bytes");
+    let staged = g.sh("grep 'volume staged' /run/node.log | tail -1").await.unwrap();
+    assert!(!staged.contains("luks_format") && !staged.contains("\"mkfs\""), "the restored volume was opened, not formatted: {staged}");
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: restored.volume_id.clone(), staging_target_path: staging.clone() }).await.unwrap();
+    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: restored.volume_id.clone(), node_id: "worker-2/112".into(), ..Default::default() })).await.unwrap();
+    for id in [&restored.volume_id, &src.volume_id] {
+        ctl.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() })).await.unwrap();
+    }
+    ctl.delete_snapshot(Request::new(csi::DeleteSnapshotRequest { snapshot_id: snap.snapshot_id.clone(), ..Default::default() })).await.unwrap();
+    let left: Vec<_> = std::fs::read_dir(images.path()).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "backing files left behind: {left:?}");
 }

@@ -98,6 +98,9 @@ pub async fn destroy(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             if let Ok(place) = c.place(storage, &vm.node)
                 && c.volumes.get_mut(&place).and_then(|m| m.remove(volname)).is_some()
             {
+                if let Some(dir) = &ctx.volume_dir {
+                    let _ = std::fs::remove_file(crate::qmp::backing_path(dir, &format!("{storage}:{volname}")));
+                }
                 log.push(format!("Removed volume '{storage}:{volname}'"));
             }
         }
