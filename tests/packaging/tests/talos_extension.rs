@@ -1,0 +1,122 @@
+//! The Talos extension tree made by `talos-extension/assemble.sh`: valid by
+//! Talos's rules, and self-contained (hostd and mkfs run chrooted into the
+//! service's rootfs, with nothing of the host).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use packaging::{repo_root, talos};
+
+fn hostd_binary() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target"));
+    let bin = target.join("debug/proxmox-csi-hostd");
+    assert!(bin.is_file(), "{} is missing: build the workspace first (cargo build --workspace)", bin.display());
+    bin
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n")
+}
+
+fn chroot(root: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new("chroot").arg(root).args(args).env_clear().env("PATH", "/usr/sbin:/usr/bin").output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+#[test]
+fn assembled_extension_is_valid_and_self_contained() {
+    let out = tempfile::tempdir().unwrap();
+    let tree = out.path().join("ext");
+    let status = Command::new("bash")
+        .arg(repo_root().join("talos-extension/assemble.sh"))
+        .arg(&tree)
+        .arg(hostd_binary())
+        .status()
+        .unwrap();
+    assert!(status.success(), "assemble.sh failed");
+
+    let problems = talos::problems(&tree);
+    assert!(problems.is_empty(), "the extension breaks Talos's rules:\n{}", problems.join("\n"));
+
+    let spec_path = tree.join("rootfs/usr/local/etc/containers/proxmox-csi-hostd.yaml");
+    let spec: talos::Service = serde_norway::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
+    assert_eq!(spec.restart, "always");
+    let deps: Vec<String> = spec.depends.iter().flat_map(|d| d.values().filter_map(|v| v.as_str().map(String::from))).collect();
+    assert_eq!(deps, ["udevd", "kubelet"]);
+    assert_eq!(spec.container.security.rootfs_propagation.as_deref(), Some("shared"));
+    let mount = |dest: &str| spec.container.mounts.iter().find(|m| m.destination == dest).unwrap_or_else(|| panic!("no mount of {dest}"));
+    assert!(mount("/var/lib/kubelet").options.iter().any(|o| o == "rshared"), "kubelet mounts must propagate back");
+    assert!(mount("/dev").options.iter().any(|o| o == "rshared"));
+    assert!(mount("/run/udev").options.iter().any(|o| o == "ro"));
+    assert!(spec.container.args.iter().any(|a| a == "--socket=/run/proxmox-csi-hostd/hostd.sock"));
+    assert_eq!(mount("/run/proxmox-csi-hostd").source, "/run/proxmox-csi-hostd");
+    let manifest = std::fs::read_to_string(tree.join("manifest.yaml")).unwrap();
+    assert!(manifest.contains(&format!("version: {}", env!("CARGO_PKG_VERSION"))), "{manifest}");
+
+    if !is_root() {
+        assert!(std::env::var_os("CI").is_none(), "the chroot checks need root, and CI is set");
+        eprintln!("SKIPPED: the chroot checks need root");
+        return;
+    }
+    let svc = tree.join("rootfs/usr/local/lib/containers/proxmox-csi-hostd");
+    let (ok, text) = chroot(&svc, &["/usr/bin/proxmox-csi-hostd", "--version"]);
+    assert!(ok && text.contains(&format!("proxmox-csi-hostd {}", env!("CARGO_PKG_VERSION"))), "{text}");
+    let (ok, text) = chroot(&svc, &["/usr/sbin/mkfs.ext4", "-V"]);
+    assert!(ok && text.contains("mke2fs"), "{text}");
+    let (ok, text) = chroot(&svc, &["/usr/sbin/mkfs.xfs", "-V"]);
+    assert!(ok && text.contains("mkfs.xfs version"), "{text}");
+    // A real ext4 made inside: the bundled mke2fs.conf gives ext4's features.
+    std::fs::create_dir_all(svc.join("tmp")).unwrap();
+    std::fs::File::create(svc.join("tmp/img")).unwrap().set_len(64 << 20).unwrap();
+    let (ok, text) = chroot(&svc, &["/usr/sbin/mkfs.ext4", "-F", "-q", "/tmp/img"]);
+    assert!(ok, "{text}");
+    let dump = Command::new("dumpe2fs").arg("-h").arg(svc.join("tmp/img")).output().unwrap();
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    assert!(dump.contains("extent") && dump.contains("64bit"), "{dump}");
+}
+
+#[test]
+fn the_checker_rejects_what_talos_rejects() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let svc = root.join("rootfs/usr/local/lib/containers/bad");
+    std::fs::create_dir_all(&svc).unwrap();
+    std::fs::create_dir_all(root.join("rootfs/usr/local/etc/containers")).unwrap();
+    std::fs::create_dir_all(root.join("rootfs/usr/bin")).unwrap();
+    std::fs::write(root.join("manifest.yaml"), "version: v1\nmetadata: {name: bad, version: latest, author: x, description: y}\n").unwrap();
+    std::fs::write(root.join("usr"), "").unwrap();
+    std::fs::write(root.join("rootfs/usr/bin/tool"), "").unwrap();
+    let open = root.join("rootfs/usr/local/open");
+    std::fs::write(&open, "").unwrap();
+    std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    nix_mkfifo(&root.join("rootfs/usr/local/fifo"));
+    std::fs::write(
+        root.join("rootfs/usr/local/etc/containers/bad.yaml"),
+        "name: Bad\ndepends: [{service: udevd, path: /x}]\ncontainer: {entrypoint: ./missing, mounts: [{source: dev, destination: /dev, type: tmpfs, options: [shiny]}]}\n",
+    )
+    .unwrap();
+    let found = talos::problems(root).join("\n");
+    for want in [
+        "unexpected file \"usr\"",
+        "unsupported manifest version \"v1\"",
+        "metadata.version \"latest\" is not semver",
+        "compatibility.talos.version is not set",
+        "path \"/usr/bin/tool\" is not allowed in extensions",
+        "/usr/local/open: world-writeable files are not allowed",
+        "/usr/local/fifo: special files are not allowed",
+        "name \"Bad\" does not match",
+        "restart kind is invalid: \"\"",
+        "depends[0] must set exactly one of",
+        "is not an executable file of the service's rootfs",
+        "mount dev → /dev: paths must be absolute",
+        "type \"tmpfs\", want bind",
+        "unknown option \"shiny\"",
+    ] {
+        assert!(found.contains(want), "missing {want:?} in:\n{found}");
+    }
+    assert!(talos::service_problems(root, "name: x\nrestart: always\ncontainer: {entrypoint: ./x, nonsense: 1}\n")[0].contains("unknown field `nonsense`"));
+}
+
+fn nix_mkfifo(p: &Path) {
+    assert!(Command::new("mkfifo").arg(p).status().unwrap().success());
+}
