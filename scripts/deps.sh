@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a target needs, only those missing.
 #   scripts/deps.sh build   toolchain libraries for the -sys crates
-#   scripts/deps.sh test    build + filesystem tools + the packages the guest VM's
+#   scripts/deps.sh test    build + filesystem tools + kubectl + the packages the guest VM's
 #                           initramfs is built from + QEMU (from bookworm-backports on
 #                           Debian 12)
 #   scripts/deps.sh guest   the same as test
@@ -11,7 +11,7 @@ want=${1:-test}
 build=(pkg-config libudev-dev libcryptsetup-dev libclang-dev libblkid-dev)
 # The end-to-end tests build a guest initramfs from these host packages.
 test=("${build[@]}" e2fsprogs xfsprogs btrfs-progs util-linux fdisk cryptsetup-bin
-      busybox-static udev kmod cpio dmsetup)
+      busybox-static udev kmod cpio dmsetup python3-venv)
 guest=("${test[@]}")
 
 case "$want" in
@@ -25,6 +25,11 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+
+# `kubectl kustomize` renders the deployment; Debian's kubernetes-client has it.
+if [ "$want" != build ] && ! command -v kubectl >/dev/null; then
+  missing+=(kubernetes-client)
+fi
 
 sudo=()
 [ "$(id -u)" -eq 0 ] || sudo=(sudo)

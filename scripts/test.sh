@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/deps.sh test
+scripts/pytools.sh
 
 echo "==> building (warnings are errors)"
 log=$(mktemp)

@@ -12,6 +12,7 @@ pub mod mkfs;
 pub mod mounts;
 pub mod paths;
 pub mod peer;
+pub mod share;
 pub mod probe;
 pub mod server;
 pub mod service;

@@ -51,6 +51,10 @@ struct Args {
     /// Key derivation for new LUKS key slots: argon2id, argon2id:<ms>:<KiB>, pbkdf2:<iterations>.
     #[arg(long, default_value = "argon2id")]
     luks_pbkdf: proxmox_csi_hostd::luks::Pbkdf,
+    /// Directories the node plugin creates its CSI socket in (kubelet's
+    /// `plugins/<driver>`): made and given --socket-group, mode 0770.
+    #[arg(long)]
+    plugin_dir: Vec<PathBuf>,
     /// Caller uids allowed besides root (the node plugin's), comma-separated.
     #[arg(long, value_delimiter = ',')]
     allow_uid: Vec<u32>,
@@ -116,6 +120,20 @@ async fn run() -> ExitCode {
     let args = Args::parse();
     if let Err(e) = logging::init(args.log_format, args.log_level.as_deref()) {
         eprintln!("proxmox-csi-hostd: {e}");
+        return ExitCode::FAILURE;
+    }
+    if let Some(gid) = args.socket_group {
+        // The node plugin runs in that group, without capabilities: it must
+        // reach hostd's socket and create its own under kubelet's plugins.
+        let socket_dir = args.socket.parent().map(|d| (d.to_path_buf(), 0o750));
+        for (dir, mode) in socket_dir.into_iter().chain(args.plugin_dir.iter().map(|d| (d.clone(), 0o770))) {
+            if let Err(e) = proxmox_csi_hostd::share::share_dir(&dir, gid, mode) {
+                tracing::error!(error = %e, "hostd cannot start");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else if !args.plugin_dir.is_empty() {
+        tracing::error!("--plugin-dir needs --socket-group (the node plugin's group)");
         return ExitCode::FAILURE;
     }
     let resolver = resolver(&args);

@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Checks of the deployment, run by `make test` (tests/packaging/tests/deploy.rs):
+
+1. the kustomize base renders (`kubectl kustomize`);
+2. the Helm chart renders (Helm's engine from helm-python-sdk) and, with the
+   values that mirror the base, gives exactly the base's objects;
+3. every rendered object, the examples and the hostd manifests validate
+   strictly against the Kubernetes schema (kubernetes-validate);
+4. the node plugin's pod has no privileged container, no added capability,
+   no host device or /sys mount, no host namespaces: by our own reading and by
+   checkov, whose checks are first shown to catch a pod that breaks them.
+
+Prints one line per check and `N passed, N failed` at the end; exits 1 on
+any failure. Usage: check.py [--kubernetes-version 1.34]
+"""
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import kubernetes_validate
+import yaml
+from helm_python.chart import Chart
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHART = os.path.join(HERE, "helm", "proxmox-csi-plugin")
+BASE = os.path.join(HERE, "kustomize")
+NAMESPACE = "csi-proxmox"
+RELEASE = "proxmox-csi-plugin"
+# The chart's values that give the kustomize base.
+BASE_VALUES = {"existingConfigSecret": "proxmox-csi-plugin", "createNamespace": True}
+# Other shapes the chart must render validly.
+VARIANTS = {
+    "defaults with a cloud config": {
+        "config": {"clusters": [{"url": "https://pve1.example.org:8006/api2/json", "token_id": "kubernetes-csi@pve!csi",
+                                 "token_secret": "x", "region": "region-1"}]},
+    },
+    "storage classes, no snapshotter, no capacity, no metrics, k0s kubelet dir": {
+        "existingConfigSecret": "mine",
+        "existingConfigSecretKey": "cloud.yaml",
+        "options": {"enableCapacity": False},
+        "metrics": {"enabled": False},
+        "controller": {"snapshotter": {"enabled": False}},
+        "node": {"kubeletDir": "/var/lib/k0s/kubelet"},
+        "storageClass": [
+            {"name": "proxmox-lvm", "storage": "local-lvm", "cache": "none", "ssd": True,
+             "extraParameters": {"diskIOPS": "4000"}, "mountOptions": ["noatime"]},
+            {"name": "proxmox-zfs", "storage": "local-zfs", "reclaimPolicy": "Retain",
+             "extraParameters": {"replicate": "true", "replicateZones": "pve1,pve2"}},
+        ],
+    },
+}
+# checkov checks for what the node plugin's pod must not have.
+CHECKOV_POD_CHECKS = {
+    "CKV_K8S_16": "privileged container",
+    "CKV_K8S_20": "privilege escalation",
+    "CKV_K8S_25": "added capabilities",
+    "CKV_K8S_37": "capabilities not dropped",
+    "CKV_K8S_39": "CAP_SYS_ADMIN",
+    "CKV_K8S_17": "host PID namespace",
+    "CKV_K8S_18": "host IPC namespace",
+    "CKV_K8S_19": "host network",
+    "CKV_K8S_22": "writable root filesystem",
+}
+
+
+class Report:
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def check(self, ok, name, detail=""):
+        if ok:
+            self.passed += 1
+            print(f"ok    {name}")
+        else:
+            self.failed += 1
+            print(f"FAIL  {name}: {detail}")
+
+
+def docs(text):
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def kustomize():
+    out = subprocess.run(["kubectl", "kustomize", BASE], check=True, capture_output=True, text=True)
+    return docs(out.stdout)
+
+
+def helm(values):
+    with Chart.load(CHART) as chart:
+        rendered = chart.render(values=values, name=RELEASE, namespace=NAMESPACE)
+    objs = []
+    for text in rendered.values():
+        objs.extend(docs(text))
+    return objs
+
+
+def key(o):
+    m = o.get("metadata", {})
+    return (o.get("kind"), m.get("namespace", ""), m.get("name"))
+
+
+def differences(a, b, path=""):
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            if k not in a:
+                out.append(f"{path}.{k}: only in the chart")
+            elif k not in b:
+                out.append(f"{path}.{k}: only in the base")
+            else:
+                out.extend(differences(a[k], b[k], f"{path}.{k}"))
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        out = []
+        for i, (x, y) in enumerate(zip(a, b)):
+            out.extend(differences(x, y, f"{path}[{i}]"))
+        return out
+    return [] if a == b else [f"{path}: base {a!r} != chart {b!r}"]
+
+
+def strip_chart_only(o):
+    """The chart's release bookkeeping, which the base has no use for."""
+    o = copy.deepcopy(o)
+    ann = o.get("spec", {}).get("template", {}).get("metadata", {}).get("annotations", {})
+    ann.pop("checksum/config", None)
+    if ann == {} and "annotations" in o.get("spec", {}).get("template", {}).get("metadata", {}):
+        del o["spec"]["template"]["metadata"]["annotations"]
+    return o
+
+
+def validate(report, objs, where, version):
+    for o in objs:
+        k = key(o)
+        if o.get("apiVersion", "").startswith("snapshot.storage.k8s.io/"):
+            report.check(snapshot_class_ok(o), f"{where}: {k[0]} {k[2]} is a valid {o['apiVersion']} object", json.dumps(o))
+            continue
+        try:
+            kubernetes_validate.validate(o, version, strict=True)
+            report.check(True, f"{where}: {k[0]} {k[2]} validates against Kubernetes {version}")
+        except kubernetes_validate.utils.ValidationError as e:
+            report.check(False, f"{where}: {k[0]} {k[2]} validates against Kubernetes {version}", str(e).splitlines()[0])
+        except Exception as e:  # a missing schema names what is wrong
+            report.check(False, f"{where}: {k[0]} {k[2]} validates against Kubernetes {version}", repr(e))
+
+
+def snapshot_class_ok(o):
+    """VolumeSnapshotClass is a CRD, outside the core schema: its own fields."""
+    allowed = {"apiVersion", "kind", "metadata", "driver", "deletionPolicy", "parameters"}
+    return (o.get("kind") == "VolumeSnapshotClass" and o.get("apiVersion") == "snapshot.storage.k8s.io/v1"
+            and set(o) <= allowed and bool(o.get("driver")) and o.get("deletionPolicy") in ("Delete", "Retain"))
+
+
+def pod_problems(ds):
+    """What makes the node plugin's pod more than unprivileged."""
+    spec = ds["spec"]["template"]["spec"]
+    out = []
+    for ns in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(ns):
+            out.append(f"{ns} is set")
+    for c in spec.get("containers", []) + spec.get("initContainers", []):
+        sc = c.get("securityContext", {})
+        if sc.get("privileged"):
+            out.append(f"{c['name']} is privileged")
+        if sc.get("capabilities", {}).get("add"):
+            out.append(f"{c['name']} adds capabilities {sc['capabilities']['add']}")
+        if sc.get("capabilities", {}).get("drop") != ["ALL"]:
+            out.append(f"{c['name']} does not drop every capability")
+        for m in c.get("volumeMounts", []):
+            if m.get("mountPropagation") == "Bidirectional":
+                out.append(f"{c['name']} mounts {m['name']} Bidirectional")
+    for v in spec.get("volumes", []):
+        path = v.get("hostPath", {}).get("path")
+        if path is not None and (path in ("/", "/dev", "/sys", "/proc") or path.startswith(("/dev/", "/sys/"))):
+            out.append(f"volume {v['name']} mounts the host's {path}")
+    return out
+
+
+def checkov_failures(obj):
+    """checkov's failed check IDs for one object."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "object.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(obj, f)
+        bin_dir = os.path.dirname(sys.executable)
+        run = subprocess.run(
+            [os.path.join(bin_dir, "checkov"), "-f", path, "--framework", "kubernetes", "-o", "json", "--quiet", "--compact"],
+            capture_output=True, text=True)
+        if not run.stdout.strip():
+            raise RuntimeError(f"checkov printed nothing (exit {run.returncode}): {run.stderr[-500:]}")
+        out = json.loads(run.stdout)
+        if isinstance(out, list):
+            out = out[0]
+        return {c["check_id"] for c in out.get("results", {}).get("failed_checks", [])}
+
+
+def broken(ds):
+    """The node DaemonSet made privileged every way the checks look for."""
+    bad = copy.deepcopy(ds)
+    spec = bad["spec"]["template"]["spec"]
+    spec["hostNetwork"] = True
+    spec["hostPID"] = True
+    spec["hostIPC"] = True
+    c = spec["containers"][0]
+    c["securityContext"] = {"privileged": True, "allowPrivilegeEscalation": True,
+                            "capabilities": {"add": ["SYS_ADMIN"]}}
+    c["volumeMounts"].append({"name": "dev", "mountPath": "/dev"})
+    spec["volumes"].append({"name": "dev", "hostPath": {"path": "/dev"}})
+    return bad
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kubernetes-version", default="1.34")
+    args = ap.parse_args()
+    r = Report()
+
+    base = kustomize()
+    r.check(len(base) > 0, f"kubectl kustomize renders {len(base)} objects")
+    chart = [strip_chart_only(o) for o in helm(BASE_VALUES)]
+    bk, ck = {key(o): o for o in base}, {key(o): o for o in chart}
+    r.check(set(bk) == set(ck), "the chart and the base render the same objects",
+            f"only in the base: {sorted(set(bk) - set(ck))}; only in the chart: {sorted(set(ck) - set(bk))}")
+    for k in sorted(set(bk) & set(ck), key=str):
+        diff = differences(bk[k], ck[k])
+        r.check(not diff, f"chart = base for {k[0]} {k[2]}", "; ".join(diff[:5]))
+
+    validate(r, base, "kustomize", args.kubernetes_version)
+    for name, values in VARIANTS.items():
+        try:
+            objs = helm(values)
+            r.check(True, f"chart renders ({name})")
+        except Exception as e:
+            r.check(False, f"chart renders ({name})", str(e))
+            continue
+        validate(r, objs, f"chart ({name})", args.kubernetes_version)
+    for folder in ("examples", "hostd"):
+        d = os.path.join(HERE, folder)
+        for f in sorted(os.listdir(d)):
+            if f.endswith(".yaml"):
+                with open(os.path.join(d, f)) as fh:
+                    validate(r, docs(fh.read()), f"{folder}/{f}", args.kubernetes_version)
+
+    node = next(o for o in base if o["kind"] == "DaemonSet")
+    problems = pod_problems(node)
+    r.check(not problems, "node plugin pod: unprivileged by our reading", "; ".join(problems))
+    caught = pod_problems(broken(node))
+    r.check(len(caught) >= 6, "our reading catches a privileged pod", f"caught only {caught}")
+    failed = checkov_failures(node)
+    wanted = set(CHECKOV_POD_CHECKS)
+    r.check(not (failed & wanted), "node plugin pod: checkov finds no privilege",
+            ", ".join(f"{c} ({CHECKOV_POD_CHECKS[c]})" for c in sorted(failed & wanted)))
+    missed = wanted - checkov_failures(broken(node))
+    r.check(not missed, "checkov catches each of those in a privileged pod",
+            ", ".join(f"{c} ({CHECKOV_POD_CHECKS[c]})" for c in sorted(missed)))
+
+    print(f"{r.passed} passed, {r.failed} failed")
+    return 1 if r.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
