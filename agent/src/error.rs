@@ -13,6 +13,9 @@ pub enum AgentError {
     Hostd(Status),
     #[error("{0}")]
     NotFound(String),
+    /// Publish before stage: the spec's FAILED_PRECONDITION.
+    #[error("{0}")]
+    Unstaged(String),
     #[error("Kubernetes API: {0}")]
     Kubernetes(String),
     #[error("node topology: {0}")]
@@ -36,7 +39,7 @@ impl From<AgentError> for Status {
             AgentError::Hostd(s) => Status::new(s.code(), s.message().to_string()),
             AgentError::NotFound(_) => Status::not_found(e.to_string()),
             AgentError::Kubernetes(_) => Status::unavailable(e.to_string()),
-            AgentError::Topology(_) => Status::failed_precondition(e.to_string()),
+            AgentError::Topology(_) | AgentError::Unstaged(_) => Status::failed_precondition(e.to_string()),
         }
     }
 }

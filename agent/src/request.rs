@@ -225,8 +225,14 @@ impl Rules {
 
     pub fn publish(&self, r: &csi::NodePublishVolumeRequest) -> Result<hostd::PublishRequest, AgentError> {
         let volume_id = volume_id(&r.volume_id)?.to_string();
-        let staging_path = self.path("staging_target_path", &r.staging_target_path)?;
         let target_path = self.path("target_path", &r.target_path)?;
+        if r.staging_target_path.is_empty() {
+            // The spec's answer when STAGE_UNSTAGE_VOLUME is advertised.
+            return Err(AgentError::Unstaged(
+                "staging_target_path: is required: this plugin stages volumes (STAGE_UNSTAGE_VOLUME); call NodeStageVolume first".into(),
+            ));
+        }
+        let staging_path = self.path("staging_target_path", &r.staging_target_path)?;
         let (access, mode) = capability("volume_capability", r.volume_capability.as_ref())?;
         let (block, mount_flags) = match access {
             AccessType::Block(_) => (true, Vec::new()),

@@ -438,6 +438,11 @@ impl Volumes {
     /// smaller than asked, resizes the LUKS mapping, then the filesystem.
     pub async fn expand(&self, req: &pb::ExpandRequest) -> Result<pb::ExpandResponse, HostdError> {
         check_volume_id(&req.volume_id)?;
+        // A path that does not exist holds no volume (the spec's NOT_FOUND,
+        // which the node plugin makes of NotStaged).
+        if !req.volume_path.is_empty() && std::fs::symlink_metadata(&req.volume_path).is_err() {
+            return Err(HostdError::NotStaged(format!("{} (no such path {})", req.volume_id, req.volume_path)));
+        }
         let path = self.paths.check("volume_path", &req.volume_path)?;
         let block = path.is_file();
         let staged = staged_at(&path, block)?
@@ -474,6 +479,11 @@ impl Volumes {
 
     pub fn stats(&self, req: &pb::StatsRequest) -> Result<pb::StatsResponse, HostdError> {
         check_volume_id(&req.volume_id)?;
+        // A path that does not exist holds no volume (the spec's NOT_FOUND,
+        // which the node plugin makes of NotStaged).
+        if !req.volume_path.is_empty() && std::fs::symlink_metadata(&req.volume_path).is_err() {
+            return Err(HostdError::NotStaged(format!("{} (no such path {})", req.volume_id, req.volume_path)));
+        }
         let path = self.paths.check("volume_path", &req.volume_path)?;
         let block = path.is_file();
         let Some(staged) = staged_at(&path, block)? else {

@@ -24,7 +24,8 @@ pub fn size_for(range: Option<&csi::CapacityRange>) -> Result<u64, CtlError> {
     }
     let (req, lim) = (req as u64, lim as u64);
     if lim > 0 && req > lim {
-        return Err(CtlError::invalid("capacity_range", format!("required_bytes {req} exceeds limit_bytes {lim}")));
+        // A range that holds no size: the spec's "unsupported capacity_range".
+        return Err(CtlError::OutOfRange(format!("capacity_range: required_bytes {req} exceeds limit_bytes {lim}")));
     }
     let size = req.max(1).div_ceil(CHUNK) * CHUNK;
     if lim > 0 && size > lim {
@@ -216,6 +217,6 @@ mod tests {
         assert_eq!(size_for(range((1 << 30) + 1, 0).as_ref()).unwrap(), 1536 << 20);
         assert_eq!(size_for(range(1 << 30, 1 << 30).as_ref()).unwrap(), 1 << 30);
         assert_eq!(size_for(range(600 << 20, 1000 << 20).as_ref()).unwrap_err().to_string().contains("512 MiB"), true);
-        assert!(matches!(size_for(range(2, 1).as_ref()), Err(CtlError::Invalid { .. })));
+        assert!(matches!(size_for(range(2, 1).as_ref()), Err(CtlError::OutOfRange(_))));
     }
 }

@@ -1,0 +1,365 @@
+//! Node clauses, against the node plugin (uid 65534, no capabilities) and
+//! hostd on loop devices: a volume's "WWN" names the loop device backed by
+//! `<images>/<wwn>.raw`, as with the hostd test resolver. Needs root.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::node_client::NodeClient;
+use proxmox_csi_proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
+use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
+use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::{Report, ensure, expect_code, ok};
+
+const VOL: &str = "region-1/pve2/local-lvm/vm-9999-pvc-conf";
+
+/// hostd and the node plugin, with their scratch directories and loops.
+struct Target {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    images: PathBuf,
+    procs: Vec<Child>,
+    loops: Vec<PathBuf>,
+    node: NodeClient<Channel>,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        for p in &mut self.procs {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let root = self.root.display().to_string();
+        let mut points: Vec<&str> = table.lines().filter_map(|l| l.split(' ').nth(4)).filter(|p| p.starts_with(&root)).collect();
+        points.reverse();
+        for p in points {
+            let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+        }
+        for l in &self.loops {
+            let _ = Command::new("losetup").arg("-d").arg(l).status();
+        }
+    }
+}
+
+/// A binary of the workspace, next to this test's executable.
+fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let debug = exe.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
+    debug.join(name)
+}
+
+fn spawn(program: &Path, args: &[&str], log: &Path) -> std::io::Result<Child> {
+    Command::new(program).args(args).stdout(Stdio::null()).stderr(std::fs::File::create(log)?).spawn()
+}
+
+async fn wait_for(path: &Path) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        if Instant::now() > deadline {
+            return Err(format!("{} never appeared", path.display()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+async fn start() -> Result<Target, String> {
+    let hostd = bin("proxmox-csi-hostd");
+    let help = Command::new(&hostd).arg("--help").output().map_err(|e| format!("{}: {e}", hostd.display()))?;
+    if !String::from_utf8_lossy(&help.stdout).contains("--loop-dir") {
+        return Err("hostd was built without the loop-resolver test feature: run `cargo test --workspace`".into());
+    }
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mode = |p: &Path, m: u32| std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(m));
+    mode(dir.path(), 0o755).map_err(|e| e.to_string())?;
+    let (root, images, sockets) = (dir.path().join("kubelet"), dir.path().join("images"), dir.path().join("sockets"));
+    for d in [&root, &images, &sockets] {
+        std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
+    }
+    mode(&sockets, 0o777).map_err(|e| e.to_string())?;
+    let (hostd_sock, csi_sock) = (sockets.join("hostd.sock"), sockets.join("csi.sock"));
+    let s = |p: &Path| p.display().to_string();
+    let mut procs = vec![spawn(
+        &hostd,
+        &[
+            "--socket", &s(&hostd_sock), "--socket-mode", "666", "--allow-uid", "65534", "--kubelet-root", &s(&root),
+            "--loop-dir", &s(&images), "--device-events", "kernel", "--device-wait", "5",
+            "--health-file", &s(&dir.path().join("health.json")), "--luks-pbkdf", "pbkdf2:1000",
+        ],
+        &dir.path().join("hostd.log"),
+    )
+    .map_err(|e| e.to_string())?];
+    wait_for(&hostd_sock).await?;
+    procs.push(
+        spawn(
+            Path::new("setpriv"),
+            &[
+                "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs",
+                &s(&bin("proxmox-csi-node")), "--csi-address", &format!("unix://{}", csi_sock.display()),
+                "--hostd-socket", &s(&hostd_sock), "--node-id", "worker-2", "--vmid", "112",
+                "--region", "region-1", "--zone", "pve2", "--kubelet-root", &s(&root),
+            ],
+            &dir.path().join("node.log"),
+        )
+        .map_err(|e| e.to_string())?,
+    );
+    wait_for(&csi_sock).await?;
+    let ch = proxmox_csi_common::client::unix_channel(csi_sock).await.map_err(|e| e.to_string())?;
+    Ok(Target { dir, root, images, procs, loops: Vec::new(), node: NodeClient::new(ch) })
+}
+
+impl Target {
+    /// A 320 MiB disk "hot-plugged" as a loop device; its WWN.
+    fn disk(&mut self, n: u32) -> Result<String, String> {
+        let wwn = format!("5000c500{n:08x}");
+        let img = self.images.join(format!("{wwn}.raw"));
+        std::fs::File::create(&img).and_then(|f| f.set_len(320 << 20)).map_err(|e| e.to_string())?;
+        let out = Command::new("losetup").args(["--find", "--show"]).arg(&img).output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("losetup: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        self.loops.push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
+        Ok(wwn)
+    }
+
+    /// The staging directory kubelet would create (the CO's job).
+    fn staging(&self, name: &str) -> String {
+        let p = self.root.join("plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev").join(name);
+        let _ = std::fs::create_dir_all(p.join("globalmount"));
+        p.join("globalmount").display().to_string()
+    }
+
+    /// A pod's target path; only its parent exists, as kubelet leaves it.
+    fn target(&self, pod: &str) -> String {
+        let p = self.root.join("pods").join(pod).join("volumes/kubernetes.io~csi/pvc-conf");
+        let _ = std::fs::create_dir_all(&p);
+        p.join("mount").display().to_string()
+    }
+}
+
+fn cap(fs: &str) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume { fs_type: fs.into(), ..Default::default() })),
+        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+    }
+}
+
+fn stage(wwn: &str, staging: &str, fs: &str) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_id: VOL.into(),
+        publish_context: HashMap::from([("wwn".into(), format!("0x{wwn}"))]),
+        staging_target_path: staging.into(),
+        volume_capability: Some(cap(fs)),
+        ..Default::default()
+    }
+}
+
+fn publish(staging: &str, target: &str, readonly: bool) -> csi::NodePublishVolumeRequest {
+    csi::NodePublishVolumeRequest {
+        volume_id: VOL.into(),
+        staging_target_path: staging.into(),
+        target_path: target.into(),
+        volume_capability: Some(cap("ext4")),
+        readonly,
+        ..Default::default()
+    }
+}
+
+fn mounted(p: &str) -> Option<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    table.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.get(4) == Some(&p)).then(|| f.get(5).map(|s| s.to_string()).unwrap_or_default())
+    })
+}
+
+/// Runs every Node clause. Needs root (loop devices, mounts).
+pub async fn run(report: &mut Report) {
+    let mut t = match start().await {
+        Ok(t) => t,
+        Err(e) => return report.clause("Node: the node plugin and hostd start", Err(e)),
+    };
+    info(&mut t, report).await;
+    let wwn = match t.disk(1) {
+        Ok(w) => w,
+        Err(e) => return report.clause("Node: a disk to stage", Err(e)),
+    };
+    stage_clauses(&mut t, report, &wwn).await;
+    let log = std::fs::read_to_string(t.dir.path().join("node.log")).unwrap_or_default();
+    report.clause(
+        "Node: the node plugin runs unprivileged (uid 65534) and logs no failure to reach hostd",
+        ensure(!log.contains("hostd is unreachable"), || log.lines().last().unwrap_or_default().to_string()),
+    );
+}
+
+async fn info(t: &mut Target, r: &mut Report) {
+    let n = &mut t.node;
+    let info = ok(n.node_get_info(csi::NodeGetInfoRequest {}).await).map(|x| x.into_inner());
+    r.clause(
+        "NodeGetInfo: node_id is set and max_volumes_per_node is not negative",
+        info.as_ref().map_err(Clone::clone).and_then(|i| ensure(!i.node_id.is_empty() && i.max_volumes_per_node >= 0, || format!("{i:?}"))),
+    );
+    r.clause(
+        "NodeGetInfo: accessible_topology is set, as the plugin has VOLUME_ACCESSIBILITY_CONSTRAINTS",
+        info.and_then(|i| ensure(i.accessible_topology.is_some_and(|x| x.segments.get("topology.kubernetes.io/zone").is_some_and(|z| z == "pve2")), || "no zone".into())),
+    );
+    let caps: Vec<NodeRpc> = match ok(n.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await) {
+        Ok(c) => c
+            .into_inner()
+            .capabilities
+            .iter()
+            .filter_map(|c| match &c.r#type {
+                Some(csi::node_service_capability::Type::Rpc(x)) => Some(x.r#type()),
+                None => None,
+            })
+            .collect(),
+        Err(e) => return r.clause("NodeGetCapabilities: answers", Err(e)),
+    };
+    r.clause(
+        "NodeGetCapabilities: STAGE_UNSTAGE_VOLUME, GET_VOLUME_STATS and EXPAND_VOLUME, which the plugin implements",
+        ensure([NodeRpc::StageUnstageVolume, NodeRpc::GetVolumeStats, NodeRpc::ExpandVolume].iter().all(|c| caps.contains(c)), || format!("{caps:?}")),
+    );
+}
+
+async fn stage_clauses(t: &mut Target, r: &mut Report, wwn: &str) {
+    let staging = t.staging("conf");
+    let target = t.target("pod-a");
+    let n = &mut t.node;
+    for (field, req) in [
+        ("volume_id", csi::NodeStageVolumeRequest { volume_id: String::new(), ..stage(wwn, &staging, "ext4") }),
+        ("staging_target_path", csi::NodeStageVolumeRequest { staging_target_path: String::new(), ..stage(wwn, &staging, "ext4") }),
+        ("volume_capability", csi::NodeStageVolumeRequest { volume_capability: None, ..stage(wwn, &staging, "ext4") }),
+    ] {
+        r.clause(&format!("NodeStageVolume: a missing {field} is INVALID_ARGUMENT"), expect_code(n.node_stage_volume(req).await, Code::InvalidArgument));
+    }
+    r.clause(
+        "NodeUnstageVolume: a volume not staged at the path answers OK",
+        ok(n.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: VOL.into(), staging_target_path: staging.clone() }).await).map(|_| ()),
+    );
+    let first = ok(n.node_stage_volume(stage(wwn, &staging, "ext4")).await);
+    r.clause(
+        "NodeStageVolume: the volume is staged at staging_target_path (mounted there)",
+        first.and_then(|_| ensure(mounted(&staging).is_some(), || format!("nothing mounted at {staging}"))),
+    );
+    r.clause(
+        "NodeStageVolume: staging again with the same arguments answers OK (idempotent)",
+        ok(n.node_stage_volume(stage(wwn, &staging, "ext4")).await).map(|_| ()),
+    );
+    r.clause(
+        "NodeStageVolume: staged already with an incompatible capability is ALREADY_EXISTS",
+        expect_code(n.node_stage_volume(stage(wwn, &staging, "xfs")).await, Code::AlreadyExists),
+    );
+
+    for (field, req) in [
+        ("volume_id", csi::NodePublishVolumeRequest { volume_id: String::new(), ..publish(&staging, &target, false) }),
+        ("target_path", csi::NodePublishVolumeRequest { target_path: String::new(), ..publish(&staging, &target, false) }),
+        ("volume_capability", csi::NodePublishVolumeRequest { volume_capability: None, ..publish(&staging, &target, false) }),
+    ] {
+        r.clause(&format!("NodePublishVolume: a missing {field} is INVALID_ARGUMENT"), expect_code(n.node_publish_volume(req).await, Code::InvalidArgument));
+    }
+    r.clause(
+        "NodePublishVolume: with STAGE_UNSTAGE_VOLUME, a missing staging_target_path is FAILED_PRECONDITION",
+        expect_code(n.node_publish_volume(csi::NodePublishVolumeRequest { staging_target_path: String::new(), ..publish(&staging, &target, false) }).await, Code::FailedPrecondition),
+    );
+    let published = ok(n.node_publish_volume(publish(&staging, &target, false)).await);
+    r.clause(
+        "NodePublishVolume: the SP creates target_path and mounts the volume there",
+        published.and_then(|_| ensure(Path::new(&target).is_dir() && mounted(&target).is_some(), || format!("{target} not mounted"))),
+    );
+    r.clause(
+        "NodePublishVolume: publishing again with the same arguments answers OK (idempotent)",
+        ok(n.node_publish_volume(publish(&staging, &target, false)).await).map(|_| ()),
+    );
+    let data = Path::new(&target).join("conformance");
+    r.clause(
+        "NodePublishVolume: the published volume is the staged one (a file written at the target is on the volume)",
+        std::fs::write(&data, b"csi").map_err(|e| e.to_string()).and_then(|_| {
+            let seen = std::fs::read(Path::new(&staging).join("conformance")).unwrap_or_default();
+            ensure(seen == b"csi", || "not visible in the staging mount".into())
+        }),
+    );
+    let ro_target = t.target("pod-ro");
+    let n = &mut t.node;
+    let ro = ok(n.node_publish_volume(publish(&staging, &ro_target, true)).await);
+    r.clause(
+        "NodePublishVolume: readonly publishes the volume read-only",
+        ro.and_then(|_| match std::fs::write(Path::new(&ro_target).join("x"), b"x") {
+            Err(e) if e.raw_os_error() == Some(nix::libc::EROFS) => Ok(()),
+            other => Err(format!("write answered {other:?}, want EROFS")),
+        }),
+    );
+
+    let stats = |path: &str| csi::NodeGetVolumeStatsRequest { volume_id: VOL.into(), volume_path: path.into(), staging_target_path: String::new() };
+    r.clause(
+        "NodeGetVolumeStats: a missing volume_path is INVALID_ARGUMENT",
+        expect_code(n.node_get_volume_stats(stats("")).await, Code::InvalidArgument),
+    );
+    let nowhere = t.root.join("pods/pod-none/volumes/kubernetes.io~csi/pvc-conf/mount").display().to_string();
+    let n = &mut t.node;
+    r.clause(
+        "NodeGetVolumeStats: a path that holds no volume is NOT_FOUND",
+        expect_code(n.node_get_volume_stats(stats(&nowhere)).await, Code::NotFound),
+    );
+    r.clause(
+        "NodeGetVolumeStats: usage in BYTES with total, used and available for a mounted volume",
+        ok(n.node_get_volume_stats(stats(&target)).await).and_then(|x| {
+            let u = x.into_inner().usage;
+            ensure(
+                u.iter().any(|u| u.unit == csi::volume_usage::Unit::Bytes as i32 && u.total > 0 && u.available > 0 && u.used >= 0),
+                || format!("{u:?}"),
+            )
+        }),
+    );
+    let expand = csi::NodeExpandVolumeRequest { volume_id: VOL.into(), volume_path: target.clone(), staging_target_path: staging.clone(), ..Default::default() };
+    r.clause(
+        "NodeExpandVolume: a missing volume_path is INVALID_ARGUMENT",
+        expect_code(n.node_expand_volume(csi::NodeExpandVolumeRequest { volume_path: String::new(), ..expand.clone() }).await, Code::InvalidArgument),
+    );
+    r.clause(
+        "NodeExpandVolume: answers the filesystem's capacity",
+        ok(n.node_expand_volume(expand).await).and_then(|x| {
+            let b = x.into_inner().capacity_bytes;
+            ensure(b > 200 << 20, || format!("{b} bytes"))
+        }),
+    );
+
+    let unpub = |target: &str| csi::NodeUnpublishVolumeRequest { volume_id: VOL.into(), target_path: target.into() };
+    r.clause(
+        "NodeUnpublishVolume: a missing target_path is INVALID_ARGUMENT",
+        expect_code(n.node_unpublish_volume(unpub("")).await, Code::InvalidArgument),
+    );
+    let gone = ok(n.node_unpublish_volume(unpub(&target)).await);
+    r.clause(
+        "NodeUnpublishVolume: the SP deletes the target_path it created",
+        gone.and_then(|_| ensure(!Path::new(&target).exists(), || format!("{target} still exists"))),
+    );
+    r.clause("NodeUnpublishVolume: unpublishing again answers OK", ok(n.node_unpublish_volume(unpub(&target)).await).map(|_| ()));
+    let _ = n.node_unpublish_volume(unpub(&ro_target)).await;
+    let unstage = csi::NodeUnstageVolumeRequest { volume_id: VOL.into(), staging_target_path: staging.clone() };
+    r.clause(
+        "NodeUnstageVolume: a missing staging_target_path is INVALID_ARGUMENT",
+        expect_code(n.node_unstage_volume(csi::NodeUnstageVolumeRequest { staging_target_path: String::new(), ..unstage.clone() }).await, Code::InvalidArgument),
+    );
+    let down = ok(n.node_unstage_volume(unstage.clone()).await);
+    r.clause(
+        "NodeUnstageVolume: nothing stays mounted at staging_target_path",
+        down.and_then(|_| ensure(mounted(&staging).is_none(), || format!("{staging} still mounted"))),
+    );
+    r.clause("NodeUnstageVolume: unstaging again answers OK", ok(n.node_unstage_volume(unstage).await).map(|_| ()));
+    let again = ok(n.node_stage_volume(stage(wwn, &staging, "ext4")).await);
+    r.clause(
+        "NodeStageVolume: staging the volume again keeps its data (never reformatted)",
+        again.and_then(|_| {
+            let seen = std::fs::read(Path::new(&staging).join("conformance")).unwrap_or_default();
+            ensure(seen == b"csi", || "the file written before is gone".into())
+        }),
+    );
+    let _ = n.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: VOL.into(), staging_target_path: staging }).await;
+}
