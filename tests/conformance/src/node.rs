@@ -115,9 +115,61 @@ async fn start() -> Result<Target, String> {
     Ok(Target { dir, root, images, procs, loops: Vec::new(), node: NodeClient::new(ch) })
 }
 
+/// Where the node plugin runs: how a disk reaches it and how its files and
+/// mounts are seen. Loop devices on this host, or a guest VM.
+#[allow(async_fn_in_trait)]
+pub trait NodeHost {
+    /// A new disk reaching the node; the WWN (hex, no `0x`) its publish
+    /// context carries.
+    async fn disk(&mut self, n: u32) -> Result<String, String>;
+    /// kubelet's root directory there.
+    fn kubelet_root(&self) -> String;
+    async fn mkdir(&mut self, path: &str) -> Result<(), String>;
+    async fn is_dir(&mut self, path: &str) -> bool;
+    async fn exists(&mut self, path: &str) -> bool;
+    async fn mounted(&mut self, path: &str) -> bool;
+    /// Writes `data` to the file `path`; the error text on failure.
+    async fn write(&mut self, path: &str, data: &str) -> Result<(), String>;
+    async fn read(&mut self, path: &str) -> Option<String>;
+}
+
+impl NodeHost for Target {
+    async fn disk(&mut self, n: u32) -> Result<String, String> {
+        self.loop_disk(n)
+    }
+
+    fn kubelet_root(&self) -> String {
+        self.root.display().to_string()
+    }
+
+    async fn mkdir(&mut self, path: &str) -> Result<(), String> {
+        std::fs::create_dir_all(path).map_err(|e| e.to_string())
+    }
+
+    async fn is_dir(&mut self, path: &str) -> bool {
+        Path::new(path).is_dir()
+    }
+
+    async fn exists(&mut self, path: &str) -> bool {
+        std::fs::symlink_metadata(path).is_ok()
+    }
+
+    async fn mounted(&mut self, path: &str) -> bool {
+        mounted(path).is_some()
+    }
+
+    async fn write(&mut self, path: &str, data: &str) -> Result<(), String> {
+        std::fs::write(path, data).map_err(|e| e.to_string())
+    }
+
+    async fn read(&mut self, path: &str) -> Option<String> {
+        std::fs::read_to_string(path).ok()
+    }
+}
+
 impl Target {
     /// A 320 MiB disk "hot-plugged" as a loop device; its WWN.
-    fn disk(&mut self, n: u32) -> Result<String, String> {
+    fn loop_disk(&mut self, n: u32) -> Result<String, String> {
         let wwn = format!("5000c500{n:08x}");
         let img = self.images.join(format!("{wwn}.raw"));
         std::fs::File::create(&img).and_then(|f| f.set_len(320 << 20)).map_err(|e| e.to_string())?;
@@ -129,19 +181,20 @@ impl Target {
         Ok(wwn)
     }
 
-    /// The staging directory kubelet would create (the CO's job).
-    fn staging(&self, name: &str) -> String {
-        let p = self.root.join("plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev").join(name);
-        let _ = std::fs::create_dir_all(p.join("globalmount"));
-        p.join("globalmount").display().to_string()
-    }
+}
 
-    /// A pod's target path; only its parent exists, as kubelet leaves it.
-    fn target(&self, pod: &str) -> String {
-        let p = self.root.join("pods").join(pod).join("volumes/kubernetes.io~csi/pvc-conf");
-        let _ = std::fs::create_dir_all(&p);
-        p.join("mount").display().to_string()
-    }
+/// The staging directory kubelet would create (the CO's job).
+async fn staging_path<H: NodeHost>(h: &mut H, name: &str) -> String {
+    let p = format!("{}/plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev/{name}/globalmount", h.kubelet_root());
+    let _ = h.mkdir(&p).await;
+    p
+}
+
+/// A pod's target path; only its parent exists, as kubelet leaves it.
+async fn target_path<H: NodeHost>(h: &mut H, pod: &str) -> String {
+    let parent = format!("{}/pods/{pod}/volumes/kubernetes.io~csi/pvc-conf", h.kubelet_root());
+    let _ = h.mkdir(&parent).await;
+    format!("{parent}/mount")
 }
 
 fn cap(fs: &str) -> csi::VolumeCapability {
@@ -180,27 +233,32 @@ fn mounted(p: &str) -> Option<String> {
     })
 }
 
-/// Runs every Node clause. Needs root (loop devices, mounts).
+/// Runs every Node clause on this host's loop devices. Needs root.
 pub async fn run(report: &mut Report) {
     let mut t = match start().await {
         Ok(t) => t,
         Err(e) => return report.clause("Node: the node plugin and hostd start", Err(e)),
     };
-    info(&mut t, report).await;
-    let wwn = match t.disk(1) {
-        Ok(w) => w,
-        Err(e) => return report.clause("Node: a disk to stage", Err(e)),
-    };
-    stage_clauses(&mut t, report, &wwn).await;
+    let mut node = t.node.clone();
+    run_with(&mut t, &mut node, report).await;
     let log = std::fs::read_to_string(t.dir.path().join("node.log")).unwrap_or_default();
     report.clause(
         "Node: the node plugin runs unprivileged (uid 65534) and logs no failure to reach hostd",
-        ensure(!log.contains("hostd is unreachable"), || log.lines().last().unwrap_or_default().to_string()),
+        ensure(!log.contains("hostd is not reachable"), || log.lines().last().unwrap_or_default().to_string()),
     );
 }
 
-async fn info(t: &mut Target, r: &mut Report) {
-    let n = &mut t.node;
+/// Runs every Node clause against `node`, running on `host`.
+pub async fn run_with<H: NodeHost>(host: &mut H, node: &mut NodeClient<Channel>, report: &mut Report) {
+    info(node, report).await;
+    let wwn = match host.disk(1).await {
+        Ok(w) => w,
+        Err(e) => return report.clause("Node: a disk to stage", Err(e)),
+    };
+    stage_clauses(host, node, report, &wwn).await;
+}
+
+async fn info(n: &mut NodeClient<Channel>, r: &mut Report) {
     let info = ok(n.node_get_info(csi::NodeGetInfoRequest {}).await).map(|x| x.into_inner());
     r.clause(
         "NodeGetInfo: node_id is set and max_volumes_per_node is not negative",
@@ -228,10 +286,9 @@ async fn info(t: &mut Target, r: &mut Report) {
     );
 }
 
-async fn stage_clauses(t: &mut Target, r: &mut Report, wwn: &str) {
-    let staging = t.staging("conf");
-    let target = t.target("pod-a");
-    let n = &mut t.node;
+async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &mut Report, wwn: &str) {
+    let staging = staging_path(h, "conf").await;
+    let target = target_path(h, "pod-a").await;
     for (field, req) in [
         ("volume_id", csi::NodeStageVolumeRequest { volume_id: String::new(), ..stage(wwn, &staging, "ext4") }),
         ("staging_target_path", csi::NodeStageVolumeRequest { staging_target_path: String::new(), ..stage(wwn, &staging, "ext4") }),
@@ -244,9 +301,10 @@ async fn stage_clauses(t: &mut Target, r: &mut Report, wwn: &str) {
         ok(n.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: VOL.into(), staging_target_path: staging.clone() }).await).map(|_| ()),
     );
     let first = ok(n.node_stage_volume(stage(wwn, &staging, "ext4")).await);
+    let is_mounted = h.mounted(&staging).await;
     r.clause(
         "NodeStageVolume: the volume is staged at staging_target_path (mounted there)",
-        first.and_then(|_| ensure(mounted(&staging).is_some(), || format!("nothing mounted at {staging}"))),
+        first.and_then(|_| ensure(is_mounted, || format!("nothing mounted at {staging}"))),
     );
     r.clause(
         "NodeStageVolume: staging again with the same arguments answers OK (idempotent)",
@@ -269,30 +327,29 @@ async fn stage_clauses(t: &mut Target, r: &mut Report, wwn: &str) {
         expect_code(n.node_publish_volume(csi::NodePublishVolumeRequest { staging_target_path: String::new(), ..publish(&staging, &target, false) }).await, Code::FailedPrecondition),
     );
     let published = ok(n.node_publish_volume(publish(&staging, &target, false)).await);
+    let there = h.is_dir(&target).await && h.mounted(&target).await;
     r.clause(
         "NodePublishVolume: the SP creates target_path and mounts the volume there",
-        published.and_then(|_| ensure(Path::new(&target).is_dir() && mounted(&target).is_some(), || format!("{target} not mounted"))),
+        published.and_then(|_| ensure(there, || format!("{target} not mounted"))),
     );
     r.clause(
         "NodePublishVolume: publishing again with the same arguments answers OK (idempotent)",
         ok(n.node_publish_volume(publish(&staging, &target, false)).await).map(|_| ()),
     );
-    let data = Path::new(&target).join("conformance");
+    let written = h.write(&format!("{target}/conformance"), "csi").await;
+    let seen = h.read(&format!("{staging}/conformance")).await;
     r.clause(
         "NodePublishVolume: the published volume is the staged one (a file written at the target is on the volume)",
-        std::fs::write(&data, b"csi").map_err(|e| e.to_string()).and_then(|_| {
-            let seen = std::fs::read(Path::new(&staging).join("conformance")).unwrap_or_default();
-            ensure(seen == b"csi", || "not visible in the staging mount".into())
-        }),
+        written.and_then(|_| ensure(seen.as_deref() == Some("csi"), || format!("staging mount holds {seen:?}"))),
     );
-    let ro_target = t.target("pod-ro");
-    let n = &mut t.node;
+    let ro_target = target_path(h, "pod-ro").await;
     let ro = ok(n.node_publish_volume(publish(&staging, &ro_target, true)).await);
+    let write = h.write(&format!("{ro_target}/x"), "x").await;
     r.clause(
         "NodePublishVolume: readonly publishes the volume read-only",
-        ro.and_then(|_| match std::fs::write(Path::new(&ro_target).join("x"), b"x") {
-            Err(e) if e.raw_os_error() == Some(nix::libc::EROFS) => Ok(()),
-            other => Err(format!("write answered {other:?}, want EROFS")),
+        ro.and_then(|_| match write {
+            Err(e) if e.contains("Read-only file system") => Ok(()),
+            other => Err(format!("write answered {other:?}, want a read-only file system")),
         }),
     );
 
@@ -301,8 +358,7 @@ async fn stage_clauses(t: &mut Target, r: &mut Report, wwn: &str) {
         "NodeGetVolumeStats: a missing volume_path is INVALID_ARGUMENT",
         expect_code(n.node_get_volume_stats(stats("")).await, Code::InvalidArgument),
     );
-    let nowhere = t.root.join("pods/pod-none/volumes/kubernetes.io~csi/pvc-conf/mount").display().to_string();
-    let n = &mut t.node;
+    let nowhere = format!("{}/pods/pod-none/volumes/kubernetes.io~csi/pvc-conf/mount", h.kubelet_root());
     r.clause(
         "NodeGetVolumeStats: a path that holds no volume is NOT_FOUND",
         expect_code(n.node_get_volume_stats(stats(&nowhere)).await, Code::NotFound),
@@ -336,9 +392,10 @@ async fn stage_clauses(t: &mut Target, r: &mut Report, wwn: &str) {
         expect_code(n.node_unpublish_volume(unpub("")).await, Code::InvalidArgument),
     );
     let gone = ok(n.node_unpublish_volume(unpub(&target)).await);
+    let left = h.exists(&target).await;
     r.clause(
         "NodeUnpublishVolume: the SP deletes the target_path it created",
-        gone.and_then(|_| ensure(!Path::new(&target).exists(), || format!("{target} still exists"))),
+        gone.and_then(|_| ensure(!left, || format!("{target} still exists"))),
     );
     r.clause("NodeUnpublishVolume: unpublishing again answers OK", ok(n.node_unpublish_volume(unpub(&target)).await).map(|_| ()));
     let _ = n.node_unpublish_volume(unpub(&ro_target)).await;
@@ -348,18 +405,17 @@ async fn stage_clauses(t: &mut Target, r: &mut Report, wwn: &str) {
         expect_code(n.node_unstage_volume(csi::NodeUnstageVolumeRequest { staging_target_path: String::new(), ..unstage.clone() }).await, Code::InvalidArgument),
     );
     let down = ok(n.node_unstage_volume(unstage.clone()).await);
+    let still = h.mounted(&staging).await;
     r.clause(
         "NodeUnstageVolume: nothing stays mounted at staging_target_path",
-        down.and_then(|_| ensure(mounted(&staging).is_none(), || format!("{staging} still mounted"))),
+        down.and_then(|_| ensure(!still, || format!("{staging} still mounted"))),
     );
     r.clause("NodeUnstageVolume: unstaging again answers OK", ok(n.node_unstage_volume(unstage).await).map(|_| ()));
     let again = ok(n.node_stage_volume(stage(wwn, &staging, "ext4")).await);
+    let kept = h.read(&format!("{staging}/conformance")).await;
     r.clause(
         "NodeStageVolume: staging the volume again keeps its data (never reformatted)",
-        again.and_then(|_| {
-            let seen = std::fs::read(Path::new(&staging).join("conformance")).unwrap_or_default();
-            ensure(seen == b"csi", || "the file written before is gone".into())
-        }),
+        again.and_then(|_| ensure(kept.as_deref() == Some("csi"), || format!("the file written before reads {kept:?}"))),
     );
     let _ = n.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: VOL.into(), staging_target_path: staging }).await;
 }
