@@ -54,12 +54,23 @@ pub fn evidence(line: impl AsRef<str>) {
     }
 }
 
+#[derive(Debug)]
 pub struct Proc {
     name: &'static str,
     child: Child,
 }
 
 impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub fn stop(mut self) -> Result<String> {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM)?;
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -94,7 +105,7 @@ pub fn spawn(name: &'static str, program: &Path, args: &[String], log: &Path) ->
     let child = Command::new(program)
         .args(args)
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log)?)
+        .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log)?)
         .spawn()
         .with_context(|| format!("starting {name}"))?;
     Ok(Proc { name, child })
@@ -140,15 +151,21 @@ pub fn mount_cap() -> csi::VolumeCapability {
 /// indented by two, when given) and starts the controller on a socket in `d`;
 /// its log goes to `d/controller.log`.
 pub fn start_controller(d: &Path, api_url: &str, ca: &Path, features: &str) -> Result<(Proc, PathBuf)> {
-    let config = d.join("cloud-config.yaml");
     let features = if features.is_empty() { String::new() } else { format!("features:\n{features}") };
-    std::fs::write(
-        &config,
-        format!(
+    start_controller_with(
+        d,
+        &format!(
             "{features}clusters:\n  - url: {api_url}\n    ca_file: {}\n    token_id: {TOKEN}\n    token_secret: {SECRET}\n    region: region-1\n",
             ca.display()
         ),
-    )?;
+    )
+}
+
+/// Starts the controller with this cloud config on a socket in `d`; its
+/// log goes to `d/controller.log` (appended, so restarts keep the history).
+pub fn start_controller_with(d: &Path, cloud_config: &str) -> Result<(Proc, PathBuf)> {
+    let config = d.join("cloud-config.yaml");
+    std::fs::write(&config, cloud_config)?;
     let socket = d.join("controller.sock");
     let controller = spawn(
         "proxmox-csi-controller",

@@ -14,7 +14,7 @@ use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use pvesim::{Sim, State};
 
-use crate::common::*;
+use demo::common::*;
 
 pub async fn run() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {

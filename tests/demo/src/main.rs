@@ -3,7 +3,6 @@
 //! guest VM that the disk is hot-plugged into (as Proxmox does it, over QMP);
 //! without it, a loop device on this host stands in for the disk.
 
-mod common;
 mod guest;
 mod host;
 
