@@ -1,0 +1,81 @@
+//! The Go driver's attach, one at a time, as upstream-driver.md §5.4
+//! describes it: a mutex per Kubernetes node around the whole attach, the
+//! volume checked (3 calls) and the VM config read (3 calls), the first free
+//! LUN written, the task polled every second, and the config read again
+//! every 5 s until the disk shows. It is the baseline of the attach burst.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use reqwest::Method;
+use serde_json::Value;
+use tokio::sync::Mutex;
+
+use crate::sim::{SECRET, TOKEN};
+
+#[derive(Debug)]
+pub struct GoLike {
+    api: String,
+    http: reqwest::Client,
+    /// The per-node-name mutex (one node here).
+    node_lock: Mutex<()>,
+}
+
+impl GoLike {
+    pub fn new(api: &str) -> Self {
+        Self { api: api.to_string(), http: reqwest::Client::new(), node_lock: Mutex::new(()) }
+    }
+
+    async fn call(&self, method: Method, path: &str, form: &[(&str, String)]) -> Result<Value> {
+        let url = format!("{}{path}", self.api);
+        let mut req = self.http.request(method.clone(), url).header("Authorization", format!("PVEAPIToken={TOKEN}={SECRET}"));
+        req = if method == Method::POST { req.form(form) } else { req.query(form) };
+        let r = req.send().await?;
+        let status = r.status();
+        let body: Value = r.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!("{method} {path}: {status}");
+        }
+        Ok(body["data"].clone())
+    }
+
+    async fn vm_config(&self, node: &str, vmid: u32) -> Result<Value> {
+        self.call(Method::GET, &format!("/nodes/{node}/status"), &[]).await?;
+        self.call(Method::GET, &format!("/nodes/{node}/qemu/{vmid}/status/current"), &[]).await?;
+        self.call(Method::GET, &format!("/nodes/{node}/qemu/{vmid}/config"), &[]).await
+    }
+
+    /// Attaches `volid` (on `storage`) to VM `vmid` on `node`.
+    pub async fn attach(&self, node: &str, vmid: u32, storage: &str, volid: &str, wwn: &str) -> Result<()> {
+        // checkVolume: storage status and the volume, before the lock.
+        self.call(Method::GET, "/cluster/resources", &[("type", "storage".into())]).await?;
+        self.call(Method::GET, &format!("/nodes/{node}/storage/{storage}/status"), &[]).await?;
+        self.call(Method::GET, &format!("/nodes/{node}/storage/{storage}/content/{volid}"), &[]).await?;
+        let _g = self.node_lock.lock().await;
+        let cfg = self.vm_config(node, vmid).await?;
+        let lun = (1..=30)
+            .find(|n| cfg.get(format!("scsi{n}")).is_none())
+            .context("no free LUN")?;
+        let upid = self
+            .call(Method::POST, &format!("/nodes/{node}/qemu/{vmid}/config"), &[(&format!("scsi{lun}"), format!("{volid},backup=0,iothread=1,wwn={wwn}"))])
+            .await?;
+        let upid = upid.as_str().context("no UPID")?.to_string();
+        // WaitFor: a status read at once, then one a second.
+        loop {
+            let st = self.call(Method::GET, &format!("/nodes/{node}/tasks/{upid}/status"), &[]).await?;
+            if st["status"] != "running" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        // waitAttachVolume: the config every 5 s until the disk shows.
+        for _ in 0..7 {
+            let cfg = self.vm_config(node, vmid).await?;
+            if cfg.as_object().is_some_and(|m| m.values().any(|v| v.as_str().is_some_and(|s| s.contains(volid)))) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        bail!("volume {volid} is not attached to VM {vmid}")
+    }
+}

@@ -1,0 +1,99 @@
+//! pvesim for the benchmarks: started in-process over plain HTTP, with its
+//! admin view (knobs, call counters, VMs, volumes).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use proxmox_csi_controller::config::CloudConfig;
+use proxmox_csi_controller::csi::controller::ControllerService;
+use proxmox_csi_controller::ctl::Controller;
+use proxmox_csi_controller::pve;
+use serde_json::Value;
+
+pub const TOKEN: &str = "kubernetes-csi@pve!csi";
+pub const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
+
+/// A cluster of `nodes` Proxmox nodes with `vms_per_node` running workers
+/// each (VM ids from 200), local-lvm everywhere, and the CSI token.
+pub fn cluster(nodes: usize, vms_per_node: usize, extra_privileges: &str) -> String {
+    let mut s = String::from("cluster: bench\nnodes:\n");
+    for n in 1..=nodes {
+        s.push_str(&format!("  - {{ name: pve{n} }}\n"));
+    }
+    s.push_str("storages:\n  - { id: local-lvm, type: lvmthin, total: 109951162777600 }\nvms:\n");
+    for n in 1..=nodes {
+        for i in 0..vms_per_node {
+            let vmid = 200 + (n - 1) * vms_per_node + i;
+            s.push_str(&format!("  - {{ vmid: {vmid}, node: pve{n}, name: worker-{vmid}, config: {{ scsihw: virtio-scsi-pci }} }}\n"));
+        }
+    }
+    s.push_str(&format!(
+        "users:\n  - userid: kubernetes-csi@pve\n    tokens: [{{ name: csi, secret: {SECRET} }}]\n\
+         roles:\n  CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit{extra_privileges}]\n\
+         acl:\n  - {{ path: /, roles: [CSI], users: [kubernetes-csi@pve], tokens: [\"{TOKEN}\"] }}\n"
+    ));
+    s
+}
+
+#[derive(Debug)]
+pub struct Sim {
+    pub running: pvesim::Running,
+    pub http: reqwest::Client,
+}
+
+impl Sim {
+    pub async fn start(cluster: &str) -> Result<Self> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let state = pvesim::State::from_yaml(cluster).context("pvesim state")?;
+        let running = pvesim::Sim::new(state).plain_http().start("127.0.0.1:0").await.context("pvesim")?;
+        Ok(Self { running, http: reqwest::Client::new() })
+    }
+
+    pub fn api_url(&self) -> String {
+        self.running.api_url()
+    }
+
+    pub fn cloud_config(&self) -> String {
+        format!("clusters:\n  - url: {}\n    token_id: {TOKEN}\n    token_secret: {SECRET}\n    region: region-1\n", self.api_url())
+    }
+
+    /// An in-process controller on this simulator.
+    pub fn controller(&self) -> Result<ControllerService> {
+        let cfg = CloudConfig::parse(&self.cloud_config())?;
+        let clients = cfg
+            .clusters
+            .into_iter()
+            .map(|c| pve::Client::new(c, Duration::from_secs(30), Default::default()).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ControllerService(Arc::new(Controller::new(clients, cfg.controller_vmid, Duration::from_secs(120)))))
+    }
+
+    pub async fn admin(&self, method: reqwest::Method, path: &str, body: &str) -> Result<Value> {
+        let url = format!("http://{}/pvesim/{path}", self.running.addr);
+        let r = self.http.request(method, url).body(body.to_string()).send().await?;
+        Ok(r.json::<Value>().await?["data"].clone())
+    }
+
+    pub async fn knobs(&self, json: &str) -> Result<()> {
+        self.admin(reqwest::Method::POST, "knobs", json).await.map(|_| ())
+    }
+
+    /// Calls per endpoint template since the last reset.
+    pub async fn counters(&self) -> Result<BTreeMap<String, u64>> {
+        let v = self.admin(reqwest::Method::GET, "counters", "").await?;
+        Ok(v.as_object().map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0))).collect()).unwrap_or_default())
+    }
+
+    pub async fn reset_counters(&self) -> Result<()> {
+        self.admin(reqwest::Method::DELETE, "counters", "").await.map(|_| ())
+    }
+
+    /// Total calls and config writes (`POST …/qemu/{vmid}/config`) since the last reset.
+    pub async fn calls_and_writes(&self) -> Result<(u64, u64)> {
+        let c = self.counters().await?;
+        let writes = c.get("POST /nodes/{node}/qemu/{vmid}/config").copied().unwrap_or(0);
+        Ok((c.values().sum(), writes))
+    }
+}

@@ -1,0 +1,1 @@
+//! NodeStage against bare `mkfs` + `mount` on the same kind of loop device.
