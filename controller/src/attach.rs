@@ -195,10 +195,11 @@ async fn run_batch(att: &Attacher, client: &Client, node: &str, vmid: u32, mut j
     }
 }
 
+/// The batch's error for each of its jobs.
 fn clone_err(e: &CtlError) -> CtlError {
     match e {
         CtlError::Unavailable(m) => CtlError::Unavailable(m.clone()),
-        other => CtlError::FailedPrecondition(other.to_string()),
+        other => CtlError::Internal(other.to_string()),
     }
 }
 
@@ -282,9 +283,14 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
     form.push(("digest", cfg.digest.clone()));
     att.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let result = client.update_config(node, vmid, &form, d).await;
+    // A task that failed after its UPID (a hot-plug problem, or anything
+    // else but a lost race or a busy VM, which the caller retries) may have
+    // left part of the change: verify and revert as for a failed hot-plug.
     let hotplug_failure = match &result {
         Ok(()) => None,
-        Err(PveError::Task { exitstatus, .. }) if exitstatus.contains("hotplug problem") => Some(exitstatus.clone()),
+        Err(e @ PveError::Task { exitstatus, .. }) if !exitstatus.contains("checksum mismatch") && !e.is_transient() => {
+            Some(exitstatus.clone())
+        }
         Err(PveError::Api { message, .. }) if message.contains("hotplug problem") => Some(message.clone()),
         Err(_) => return result,
     };

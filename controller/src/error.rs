@@ -29,6 +29,9 @@ pub enum CtlError {
     Aborted(String),
     #[error(transparent)]
     Proxmox(PveError),
+    /// A Proxmox error shared by several callers (one config write for many).
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl CtlError {
@@ -71,7 +74,7 @@ impl From<CtlError> for Status {
             CtlError::Unavailable(_) => Code::Unavailable,
             CtlError::Unimplemented(_) => Code::Unimplemented,
             CtlError::Aborted(_) => Code::Aborted,
-            CtlError::Proxmox(_) => Code::Internal,
+            CtlError::Proxmox(_) | CtlError::Internal(_) => Code::Internal,
         };
         Status::new(code, e.to_string())
     }

@@ -170,8 +170,15 @@ async fn locks_5xx_and_dropped_connections_are_retried_within_the_deadline() {
     e.knobs(r#"{"fail_tasks": 1}"#).await;
     let err = e.svc.controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112"))).await.unwrap_err();
     assert!(err.message().contains("task failed (injected by pvesim)"), "{err:?}");
+    // Retryable, as the sidecars must try again (the soak found it final).
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     e.svc.controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112"))).await.unwrap();
     assert!(e.vm(112).await["config"].get("scsi1").is_none());
+    e.knobs(r#"{"fail_tasks": 1}"#).await;
+    let err = e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert_eq!(e.vm(112).await["pending"], serde_json::json!({}), "nothing left pending");
+    e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap();
 }
 
 #[tokio::test]

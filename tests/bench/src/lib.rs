@@ -6,6 +6,7 @@ pub mod burst;
 pub mod golike;
 pub mod scale;
 pub mod sim;
+pub mod soak;
 pub mod stage;
 
 /// p-th percentile (0–100) of `v` (sorted in place), in milliseconds.
