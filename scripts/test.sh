@@ -17,3 +17,5 @@ fi
 
 echo "==> tests"
 cargo test --workspace --locked
+
+scripts/fuzz.sh

@@ -14,10 +14,12 @@ impl NodeId {
     pub fn parse(raw: &str) -> Result<Self, String> {
         let (name, vmid) = match raw.split_once('/') {
             Some((n, v)) => {
+                // Digits only, no leading zero: one spelling per VM id.
+                let canonical = !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && !v.starts_with('0');
                 let vmid = v
                     .parse::<u32>()
                     .ok()
-                    .filter(|v| *v >= 100)
+                    .filter(|id| canonical && *id >= 100)
                     .ok_or_else(|| format!("node id {raw:?}: {v:?} after '/' is not a VM id (100 or more)"))?;
                 (n, Some(vmid))
             }
@@ -57,6 +59,10 @@ mod tests {
     fn parses_both_forms_and_prints_them_back() {
         for raw in ["worker-2", "worker-2/112", "node.example.com/100"] {
             assert_eq!(NodeId::parse(raw).unwrap().to_string(), raw);
+        }
+        // Found by fuzzing: other spellings of a VM id do not print back.
+        for raw in ["workr-2/0522", "w/+112", "w/ 112"] {
+            assert!(NodeId::parse(raw).is_err(), "{raw}");
         }
         assert_eq!(NodeId::parse("w/112").unwrap().vmid, Some(112));
         for bad in ["", "/112", "Worker", "w/abc", "w/99", "w/112/3", "w x"] {

@@ -31,7 +31,8 @@ impl DriveLine {
     }
 
     pub fn render(&self) -> String {
-        let mut s = self.volume.clone();
+        // A volume that looks like an option keeps its `file=` key.
+        let mut s = if self.volume.contains('=') { format!("file={}", self.volume) } else { self.volume.clone() };
         for (k, v) in &self.opts {
             s.push_str(&format!(",{k}={v}"));
         }
@@ -74,6 +75,15 @@ pub fn is_disk_key(k: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rendering_is_stable() {
+        // Found by fuzzing: a doubled `file=` key changed on each round.
+        for raw in ["file=file=local-isklocal-isk-0,size=2G", "local-lvm:vm-1-disk-0,size=1G", "file=local-lvm:vm-1-disk-0"] {
+            let once = DriveLine::parse(raw).render();
+            assert_eq!(DriveLine::parse(&once).render(), once, "{raw}");
+        }
+    }
 
     #[test]
     fn wwns_are_naa5_and_stable() {
