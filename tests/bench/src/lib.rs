@@ -4,6 +4,7 @@
 
 pub mod burst;
 pub mod golike;
+pub mod guest_stage;
 pub mod scale;
 pub mod sim;
 pub mod soak;

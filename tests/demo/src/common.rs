@@ -93,12 +93,16 @@ impl Drop for Proc {
     }
 }
 
+/// A binary of the workspace beside this executable (or, for a test
+/// executable in `target/*/deps`, one directory up).
 pub fn bin(name: &str) -> Result<PathBuf> {
-    let path = std::env::current_exe()?.with_file_name(name);
-    if !path.exists() {
-        bail!("{} not built: run `make demo`", path.display());
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let candidates = [dir.join(name), dir.parent().map(|d| d.join(name)).unwrap_or_default()];
+    match candidates.iter().find(|p| p.is_file()) {
+        Some(p) => Ok(p.clone()),
+        None => bail!("{name} is not built beside {}: run `cargo build --workspace` (or `make demo`)", exe.display()),
     }
-    Ok(path)
 }
 
 pub fn spawn(name: &'static str, program: &Path, args: &[String], log: &Path) -> Result<Proc> {

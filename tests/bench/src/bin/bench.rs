@@ -34,6 +34,11 @@ enum What {
         #[arg(long, default_value_t = 5)]
         rounds: usize,
     },
+    /// In the guest VM: NodeStage with LUKS against bare cryptsetup + mkfs.xfs + mount (QEMU).
+    GuestStage {
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
 }
 
 #[tokio::main]
@@ -68,6 +73,13 @@ async fn main() -> Result<()> {
             for r in rows {
                 println!("  | {} | {:.0} | {:.0} | {:+.0} | {} |", r.fs, r.hostd_ms, r.bare_ms, r.hostd_ms - r.bare_ms, r.hostd_rss_kib);
             }
+        }
+        What::GuestStage { rounds } => {
+            println!("guest stage: median of {rounds} rounds, LUKS2 (PBKDF2 1000) + xfs on hot-plugged 1 GiB disks, QEMU TCG");
+            let (ours, bare) = bench::guest_stage::compare(rounds).await?;
+            println!("  NodeStage (through the node plugin and hostd): {ours:.0} ms");
+            println!("  bare cryptsetup luksFormat + open + mkfs.xfs + mount: {bare:.0} ms");
+            println!("  overhead: {:+.0} ms", ours - bare);
         }
     }
     Ok(())
