@@ -79,9 +79,14 @@ pub async fn compare(rounds: usize) -> Result<(f64, f64)> {
     let clients = cfg.clusters.into_iter().map(|c| pve::Client::new(c, Duration::from_secs(30), Default::default()).map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
     let ctl = ControllerService(Arc::new(Controller::new(clients, 9999, Duration::from_secs(60))));
     let deadline = Instant::now() + Duration::from_secs(60);
+    // QEMU accepts the forwarded port before the guest listens: ready is
+    // when Probe says hostd answers.
     let mut node = loop {
         if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", g.csi_port))?.connect().await {
-            break NodeClient::new(ch);
+            let mut probe = proxmox_csi_proto::csi::v1::identity_client::IdentityClient::new(ch.clone());
+            if probe.probe(csi::ProbeRequest {}).await.is_ok_and(|r| r.into_inner().ready == Some(true)) {
+                break NodeClient::new(ch);
+            }
         }
         if Instant::now() > deadline {
             bail!("the node plugin in the guest never answered");
