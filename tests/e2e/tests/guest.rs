@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use e2e::guest::Guest;
+use e2e::guest::{Guest, Share};
 use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::ctl::Controller;
@@ -88,16 +88,8 @@ impl Step<'_> {
 
 #[tokio::test]
 async fn luks_xfs_volume_in_a_guest_vm() {
-    if !qemu_present() {
-        return;
-    }
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut g = Guest::boot().await.expect("guest boots");
+    let Some(Lab { mut g, ctl, mut node, sim: _sim, images: _images }) = Lab::start(Share::Shared, MINIMAL_ROLE).await else { return };
     eprintln!("MEASURE boot to shell: {:?}", g.boot_time);
-
-    let images = tempfile::tempdir().unwrap();
-    let (_sim, ctl) = setup(&g, images.path()).await;
-    let mut node = node_client(g.csi_port).await;
 
     let topo = csi::Topology {
         segments: HashMap::from([
@@ -226,9 +218,34 @@ async fn luks_xfs_volume_in_a_guest_vm() {
     assert!(err.message().contains("passphrase does not open"), "{}", err.message());
 }
 
-/// pvesim and a controller bound to a fresh guest.
-async fn setup(g: &Guest, images: &std::path::Path) -> (pvesim::Running, ControllerService) {
-    setup_with_role(g, images, "VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit").await
+/// The documented minimal role of the CSI token.
+const MINIMAL_ROLE: &str = "VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit";
+
+/// A booted guest with pvesim and a controller bound to it, and a client of
+/// the node plugin in the guest, ready (its Probe answers).
+/// Bind every field: the ones left out would be dropped (pvesim stopped)
+/// at once.
+struct Lab {
+    g: Guest,
+    images: tempfile::TempDir,
+    sim: pvesim::Running,
+    ctl: ControllerService,
+    node: NodeClient<Channel>,
+}
+
+impl Lab {
+    /// `None` (the test is skipped) where QEMU is not installed outside CI.
+    async fn start(share: Share, role: &str) -> Option<Self> {
+        if !qemu_present() {
+            return None;
+        }
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let g = Guest::boot_with(share).await.expect("guest boots");
+        let images = tempfile::tempdir().unwrap();
+        let (sim, ctl) = setup_with_role(&g, images.path(), role).await;
+        let node = node_client(g.csi_port).await;
+        Some(Self { g, images, sim, ctl, node })
+    }
 }
 
 async fn setup_with_role(g: &Guest, images: &std::path::Path, role: &str) -> (pvesim::Running, ControllerService) {
@@ -284,14 +301,7 @@ fn publish_to_112(v: &csi::Volume, fs: &str) -> csi::ControllerPublishVolumeRequ
 
 #[tokio::test]
 async fn ext4_growth_surprise_unplug_and_24_disks() {
-    if !qemu_present() {
-        return;
-    }
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut g = Guest::boot().await.expect("guest boots");
-    let images = tempfile::tempdir().unwrap();
-    let (_sim, ctl) = setup(&g, images.path()).await;
-    let mut node = node_client(g.csi_port).await;
+    let Some(Lab { mut g, ctl, mut node, sim: _sim, images: _images }) = Lab::start(Share::Shared, MINIMAL_ROLE).await else { return };
     g.sh("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/d/a /var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/a").await.unwrap();
 
     // ext4, plain: online growth with resize2fs (root in the guest has CAP_SYS_RESOURCE).
@@ -417,15 +427,8 @@ async fn ext4_growth_surprise_unplug_and_24_disks() {
 /// the kubelet's retry converges on a mounted, consistent volume.
 #[tokio::test]
 async fn hostd_killed_mid_stage_in_the_guest() {
-    if !qemu_present() {
-        return;
-    }
-    let _ = rustls::crypto::ring::default_provider().install_default();
     // Alone on the machine: the kill must land in the phase it aims at.
-    let mut g = Guest::boot_with(e2e::guest::Share::Alone).await.expect("guest boots");
-    let images = tempfile::tempdir().unwrap();
-    let (_sim, ctl) = setup(&g, images.path()).await;
-    let mut node = node_client(g.csi_port).await;
+    let Some(Lab { mut g, ctl, mut node, sim: _sim, images: _images }) = Lab::start(Share::Alone, MINIMAL_ROLE).await else { return };
     // Kill during luksFormat, luksOpen, and mkfs.xfs (≈1.1 s, 0.4 s, 1.6 s under TCG).
     for (i, kill_after_ms) in [300u64, 1300, 2300].into_iter().enumerate() {
         g.sh(&format!("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/d/k{i}")).await.unwrap();
@@ -585,14 +588,7 @@ acl:
 /// LUKS (cryptsetup resize, then resize2fs) and plain xfs (xfs_growfs).
 #[tokio::test]
 async fn online_growth_of_ext4_with_luks_and_of_plain_xfs() {
-    if !qemu_present() {
-        return;
-    }
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut g = Guest::boot().await.expect("guest boots");
-    let images = tempfile::tempdir().unwrap();
-    let (_sim, ctl) = setup(&g, images.path()).await;
-    let mut node = node_client(g.csi_port).await;
+    let Some(Lab { mut g, ctl, mut node, sim: _sim, images: _images }) = Lab::start(Share::Shared, MINIMAL_ROLE).await else { return };
     let luks = HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]);
     for (name, fs, secrets) in [("pvc-ext4-luks", "ext4", luks), ("pvc-xfs-plain", "xfs", HashMap::new())] {
         grow_online(&ctl, &mut node, &mut g, name, fs, secrets).await;
@@ -659,15 +655,8 @@ async fn grow_online(ctl: &ControllerService, node: &mut NodeClient<Channel>, g:
 /// opened with the same passphrase (never formatted) and has the bytes.
 #[tokio::test]
 async fn snapshot_restore_keeps_the_bytes() {
-    if !qemu_present() {
-        return;
-    }
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut g = Guest::boot().await.expect("guest boots");
-    let images = tempfile::tempdir().unwrap();
     let role = "VM.Audit, VM.Config.Disk, VM.Allocate, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit";
-    let (_sim, ctl) = setup_with_role(&g, images.path(), role).await;
-    let mut node = node_client(g.csi_port).await;
+    let Some(Lab { mut g, ctl, mut node, images, sim: _sim }) = Lab::start(Share::Shared, role).await else { return };
     let luks = HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]);
     g.sh("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/d/s").await.unwrap();
     let staging = "/var/lib/kubelet/plugins/kubernetes.io/csi/d/s/globalmount".to_string();
@@ -782,14 +771,7 @@ impl conformance::node::NodeHost for GuestNode<'_> {
 /// in the guest, with real hot-plugged disks and udev.
 #[tokio::test]
 async fn node_follows_the_spec_in_the_guest() {
-    if !qemu_present() {
-        return;
-    }
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut g = Guest::boot().await.expect("guest boots");
-    let images = tempfile::tempdir().unwrap();
-    let (_sim, ctl) = setup(&g, images.path()).await;
-    let mut node = node_client(g.csi_port).await;
+    let Some(Lab { mut g, ctl, mut node, sim: _sim, images: _images }) = Lab::start(Share::Shared, MINIMAL_ROLE).await else { return };
     let mut report = conformance::Report::default();
     let mut host = GuestNode { g: &mut g, ctl };
     conformance::node::run_with(&mut host, &mut node, &mut report).await;
@@ -824,14 +806,7 @@ where
 #[tokio::test]
 async fn soak_in_the_guest_keeps_every_byte() {
     use rand::{Rng, SeedableRng};
-    if !qemu_present() {
-        return;
-    }
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut g = Guest::boot().await.expect("guest boots");
-    let images = tempfile::tempdir().unwrap();
-    let (sim, ctl) = setup(&g, images.path()).await;
-    let mut node = node_client(g.csi_port).await;
+    let Some(Lab { mut g, ctl, mut node, sim, images: _images }) = Lab::start(Share::Shared, MINIMAL_ROLE).await else { return };
     let http = reqwest::Client::new();
     let knobs = |body: &'static str| {
         let (http, url) = (http.clone(), format!("http://{}/pvesim/knobs", sim.addr));
