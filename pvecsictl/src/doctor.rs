@@ -1,0 +1,165 @@
+//! `doctor`: what commonly breaks, each finding with its remedy.
+
+use serde::Serialize;
+
+use crate::state::{State, is_disk_slot};
+
+/// The privileges of the minimal CSI role.
+pub const MINIMAL_ROLE: &[&str] = &["VM.Audit", "VM.Config.Disk", "Datastore.Allocate", "Datastore.AllocateSpace", "Datastore.Audit"];
+/// Fewer free CSI slots than this on a worker VM is worth a warning.
+const FEW_SLOTS: usize = 3;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Ok,
+    Info,
+    Warning,
+    Error,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    pub check: &'static str,
+    pub subject: String,
+    pub severity: Severity,
+    pub finding: String,
+    pub remedy: String,
+}
+
+fn f(check: &'static str, subject: impl Into<String>, severity: Severity, finding: impl Into<String>, remedy: impl Into<String>) -> Finding {
+    Finding { check, subject: subject.into(), severity, finding: finding.into(), remedy: remedy.into() }
+}
+
+/// Every check, over the state read once.
+pub fn run(s: &State) -> Vec<Finding> {
+    let mut out = Vec::new();
+    token(s, &mut out);
+    nodes(s, &mut out);
+    workers(s, &mut out);
+    out
+}
+
+fn token(s: &State, out: &mut Vec<Finding>) {
+    for region in &s.regions {
+        let have = s.privileges.get(region).cloned().unwrap_or_default();
+        let missing: Vec<&str> = MINIMAL_ROLE.iter().copied().filter(|p| !have.contains(*p)).collect();
+        out.push(if missing.is_empty() {
+            f("token privileges", region.as_str(), Severity::Ok, "the token holds the minimal CSI role on /", "")
+        } else {
+            f(
+                "token privileges",
+                region.as_str(),
+                Severity::Error,
+                format!("the token lacks {} on /", missing.join(", ")),
+                format!("pveum role modify CSI -append 1 -privs \"{}\" (docs/proxmox-role.md)", missing.join(" ")),
+            )
+        });
+    }
+}
+
+fn nodes(s: &State, out: &mut Vec<Finding>) {
+    for n in &s.nodes {
+        let Some(vm) = s.vm_of(n) else {
+            out.push(f(
+                "node → VM",
+                n.name.as_str(),
+                Severity::Error,
+                "no Proxmox VM is found for this node (providerID, instance-id annotation, or a VM of the same name)",
+                "set spec.providerID to proxmox://<region>/<vmid> or name the VM like the node",
+            ));
+            continue;
+        };
+        match (&n.region, &n.zone) {
+            (Some(r), _) if !s.regions.contains(r) => out.push(f(
+                "topology labels",
+                n.name.as_str(),
+                Severity::Error,
+                format!("topology.kubernetes.io/region={r} is not a region of the cloud config ({})", s.regions.join(", ")),
+                "label the node with its cluster's region, or add the cluster to the cloud config",
+            )),
+            (Some(_), Some(z)) if *z != vm.res.node => out.push(f(
+                "topology labels",
+                n.name.as_str(),
+                Severity::Error,
+                format!("topology.kubernetes.io/zone={z}, but its VM {} runs on Proxmox node {}", vm.res.vmid, vm.res.node),
+                format!("kubectl label node {} topology.kubernetes.io/zone={} --overwrite", n.name, vm.res.node),
+            )),
+            (Some(_), Some(_)) => out.push(f("topology labels", n.name.as_str(), Severity::Ok, format!("VM {} on {}", vm.res.vmid, vm.res.node), "")),
+            _ => out.push(f(
+                "topology labels",
+                n.name.as_str(),
+                Severity::Error,
+                "the node has no topology.kubernetes.io/region or zone label",
+                "run the Proxmox cloud controller manager, or label the node by hand",
+            )),
+        }
+    }
+}
+
+fn workers(s: &State, out: &mut Vec<Finding>) {
+    let placeholder = format!("vm-{}-", s.controller_vmid);
+    for n in &s.nodes {
+        let Some(vm) = s.vm_of(n) else { continue };
+        let subject = format!("VM {} ({})", vm.res.vmid, n.name);
+        match vm.config.get("scsihw").map(String::as_str) {
+            Some("virtio-scsi-pci" | "virtio-scsi-single") => {}
+            other => out.push(f(
+                "SCSI controller",
+                subject.as_str(),
+                Severity::Error,
+                format!("scsihw is {}: hot-plugged disks get no WWN udev can name", other.unwrap_or("lsi (the default)")),
+                format!("qm set {} --scsihw virtio-scsi-pci (takes effect after a restart of the VM)", vm.res.vmid),
+            )),
+        }
+        let used = (1..=30).filter(|i| vm.config.contains_key(&format!("scsi{i}"))).count();
+        let free = 30 - used;
+        out.push(f(
+            "free SCSI slots",
+            subject.as_str(),
+            if free < FEW_SLOTS { Severity::Warning } else { Severity::Ok },
+            format!("{free} of scsi1–scsi30 free"),
+            if free < FEW_SLOTS { "move volumes to other nodes, or lower the node's volume limit" } else { "" },
+        ));
+        let held: Vec<&String> = vm
+            .config
+            .iter()
+            .filter(|(k, v)| is_disk_slot(k) && v.split(',').next().is_some_and(|vol| vol.contains(&placeholder)))
+            .map(|(k, _)| k)
+            .collect();
+        if !held.is_empty() {
+            out.push(f(
+                "placeholder-owned disks",
+                subject.as_str(),
+                Severity::Info,
+                format!("holds {} disk(s) owned by VMID {} ({}): Proxmox refuses to migrate the VM with them", held.len(), s.controller_vmid, held.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ")),
+                "drain the node (the driver detaches them) before migrating its VM",
+            ));
+        }
+        if !vm.pending.is_empty() {
+            out.push(f(
+                "pending changes",
+                subject.as_str(),
+                Severity::Error,
+                format!("changes not applied: {}", vm.pending.join(", ")),
+                format!("revert them: qm set {} --revert {}", vm.res.vmid, vm.pending.join(",")),
+            ));
+        }
+        for (k, v) in vm.config.iter().filter(|(k, _)| k.starts_with("unused")) {
+            if v.contains(&placeholder) {
+                out.push(f(
+                    "unused disks",
+                    subject.as_str(),
+                    Severity::Error,
+                    format!("{k}: {v} is a CSI disk kept as unused (its PV may point at it)"),
+                    format!("qm set {} --delete {k} (without --force: keeps the disk) after checking its PV", vm.res.vmid),
+                ));
+            }
+        }
+    }
+}
+
+/// Whether the findings call for a non-zero exit.
+pub fn failed(findings: &[Finding]) -> bool {
+    findings.iter().any(|x| x.severity >= Severity::Warning)
+}

@@ -1,0 +1,8 @@
+//! pvecsictl: what an operator needs without reading Proxmox configs by
+//! hand. `doctor` finds what commonly breaks, `clean` finds (and with
+//! `--yes` deletes) disks no PersistentVolume refers to.
+
+pub mod clean;
+pub mod doctor;
+pub mod output;
+pub mod state;

@@ -1,0 +1,108 @@
+//! pvecsictl: `doctor` and `clean` for the Proxmox CSI driver.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use proxmox_csi_controller::config::CloudConfig;
+use proxmox_csi_controller::pve::{Client, Deadline};
+use pvecsictl::output::{self, Format};
+use pvecsictl::state::State;
+
+#[derive(Debug, Parser)]
+#[command(name = "pvecsictl", version, about = "Diagnose and clean up the Proxmox CSI driver's volumes")]
+struct Args {
+    /// The driver's cloud config (clusters and the API token).
+    #[arg(long, env = "PROXMOX_CSI_CLOUD_CONFIG")]
+    config: PathBuf,
+    /// kubeconfig; the usual lookup (KUBECONFIG, ~/.kube/config, in-cluster) when absent.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    #[arg(long, default_value = "csi.proxmox.sinextra.dev")]
+    driver_name: String,
+    /// Output: a table, or JSON for scripts.
+    #[arg(short, long, value_enum, default_value = "table")]
+    output: Format,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check what commonly breaks; exits 1 when something is wrong.
+    Doctor,
+    /// List the driver's disks no PersistentVolume refers to; delete them with --yes.
+    Clean {
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+async fn kube_client(path: Option<&PathBuf>) -> Result<kube::Client> {
+    let config = match path {
+        Some(p) => {
+            let kc = kube::config::Kubeconfig::read_from(p).with_context(|| format!("reading {}", p.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer().await.context("no Kubernetes configuration found (use --kubeconfig)")?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+async fn run(args: Args) -> Result<bool> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cfg = CloudConfig::load(&args.config)?;
+    let clients: Vec<Arc<Client>> = cfg
+        .clusters
+        .into_iter()
+        .map(|c| Client::new(c, Duration::from_secs(30), Default::default()).map(Arc::new))
+        .collect::<Result<_, _>>()?;
+    let kube = kube_client(args.kubeconfig.as_ref()).await?;
+    let state = State::read(&clients, &kube, cfg.controller_vmid, &args.driver_name).await?;
+    match args.command {
+        Command::Doctor => {
+            let findings = pvecsictl::doctor::run(&state);
+            println!("{}", output::findings(&findings, args.output));
+            Ok(!pvecsictl::doctor::failed(&findings))
+        }
+        Command::Clean { yes } => {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+            let orphans = pvecsictl::clean::orphans(&state, now);
+            println!("{}", output::orphans(&orphans, args.output));
+            if !yes {
+                if orphans.iter().any(|o| o.attached_to.is_empty()) {
+                    eprintln!("nothing deleted; run again with --yes to delete the disks not attached to a VM");
+                }
+                return Ok(true);
+            }
+            let mut ok = true;
+            for o in orphans.iter().filter(|o| o.attached_to.is_empty()) {
+                let client = clients.iter().find(|c| c.region() == o.region).context("region")?;
+                let (storage, name) = o.volid.split_once(':').unwrap_or_default();
+                match client.delete_volume(&o.node, storage, name, Deadline::after(Duration::from_secs(120))).await {
+                    Ok(()) => eprintln!("deleted {}", o.volid),
+                    Err(e) => {
+                        ok = false;
+                        eprintln!("deleting {}: {e}", o.volid);
+                    }
+                }
+            }
+            Ok(ok)
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match run(Args::parse()).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("pvecsictl: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! What both commands read: every region's VMs with their configs and
+//! pending changes, storages and CSI disks from Proxmox, and the driver's
+//! PersistentVolumes and the Nodes from Kubernetes. Read once, then judged.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+use kube::Api;
+use kube::api::ListParams;
+use proxmox_csi_controller::pve::api::{StorageResource, VmResource};
+use proxmox_csi_controller::pve::{Client, Deadline};
+use reqwest::Method;
+use serde_json::Value;
+
+/// A disk in a storage.
+#[derive(Debug, Clone)]
+pub struct Disk {
+    pub region: String,
+    pub node: String,
+    pub volid: String,
+    pub size: u64,
+    /// Unix seconds, when the storage says.
+    pub ctime: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Vm {
+    pub region: String,
+    pub res: VmResource,
+    pub config: BTreeMap<String, String>,
+    /// Keys with a change not applied yet.
+    pub pending: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct KubeNode {
+    pub name: String,
+    pub region: Option<String>,
+    pub zone: Option<String>,
+    pub provider_id: Option<String>,
+    pub instance_id: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct State {
+    pub controller_vmid: u32,
+    pub driver: String,
+    pub regions: Vec<String>,
+    pub vms: Vec<Vm>,
+    pub storages: Vec<(String, StorageResource)>,
+    pub disks: Vec<Disk>,
+    /// Volume handles of the driver's PersistentVolumes.
+    pub handles: BTreeSet<String>,
+    pub nodes: Vec<KubeNode>,
+    /// Privileges of the token on `/`, per region.
+    pub privileges: BTreeMap<String, BTreeSet<String>>,
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+impl State {
+    pub async fn read(clients: &[Arc<Client>], kube: &kube::Client, controller_vmid: u32, driver: &str) -> Result<Self> {
+        let d = || Deadline::after(std::time::Duration::from_secs(60));
+        let mut s = State {
+            controller_vmid,
+            driver: driver.to_string(),
+            regions: clients.iter().map(|c| c.region().to_string()).collect(),
+            vms: Vec::new(),
+            storages: Vec::new(),
+            disks: Vec::new(),
+            handles: BTreeSet::new(),
+            nodes: Vec::new(),
+            privileges: BTreeMap::new(),
+        };
+        for c in clients {
+            let region = c.region().to_string();
+            for res in c.vms(d()).await.with_context(|| format!("region {region}: listing VMs"))? {
+                let config = c.vm_config(&res.node, res.vmid, d()).await?.values;
+                let pending = c
+                    .vm_pending(&res.node, res.vmid, d())
+                    .await?
+                    .into_iter()
+                    .filter(|p| p.pending.is_some() || p.delete.is_some())
+                    .map(|p| p.key)
+                    .collect();
+                s.vms.push(Vm { region: region.clone(), res, config, pending });
+            }
+            let mut shared_seen = BTreeSet::new();
+            for row in c.storages(d()).await? {
+                s.storages.push((region.clone(), row.clone()));
+                if row.status != "available" || (row.shared == 1 && !shared_seen.insert(row.storage.clone())) {
+                    continue;
+                }
+                let content: Vec<Value> = c
+                    .call(Method::GET, &format!("/nodes/{}/storage/{}/content", row.node, row.storage), &[("content", "images".into())], d())
+                    .await?;
+                for v in content {
+                    s.disks.push(Disk {
+                        region: region.clone(),
+                        node: row.node.clone(),
+                        volid: text(&v["volid"]),
+                        size: v["size"].as_u64().unwrap_or(0),
+                        ctime: v["ctime"].as_i64(),
+                    });
+                }
+            }
+            let perms: BTreeMap<String, BTreeMap<String, Value>> =
+                c.call(Method::GET, "/access/permissions", &[("path", "/".into())], d()).await.unwrap_or_default();
+            s.privileges.insert(region, perms.get("/").map(|m| m.keys().cloned().collect()).unwrap_or_default());
+        }
+        let pvs: Api<PersistentVolume> = Api::all(kube.clone());
+        for pv in pvs.list(&ListParams::default()).await.context("Kubernetes: listing PersistentVolumes")? {
+            if let Some(csi) = pv.spec.and_then(|s| s.csi)
+                && csi.driver == driver
+            {
+                s.handles.insert(csi.volume_handle);
+            }
+        }
+        let nodes: Api<Node> = Api::all(kube.clone());
+        for n in nodes.list(&ListParams::default()).await.context("Kubernetes: listing Nodes")? {
+            let labels = n.metadata.labels.clone().unwrap_or_default();
+            let annotations = n.metadata.annotations.clone().unwrap_or_default();
+            s.nodes.push(KubeNode {
+                name: n.metadata.name.clone().unwrap_or_default(),
+                region: labels.get("topology.kubernetes.io/region").cloned(),
+                zone: labels.get("topology.kubernetes.io/zone").cloned(),
+                provider_id: n.spec.and_then(|sp| sp.provider_id),
+                instance_id: annotations.get("proxmox.sinextra.dev/instance-id").cloned(),
+            });
+        }
+        Ok(s)
+    }
+
+    /// The VM of a Kubernetes node: providerID `proxmox://region/vmid`, the
+    /// instance-id annotation, else a VM named like the node.
+    pub fn vm_of(&self, n: &KubeNode) -> Option<&Vm> {
+        let by_id = n
+            .provider_id
+            .as_deref()
+            .and_then(|p| p.strip_prefix("proxmox://"))
+            .and_then(|p| p.rsplit('/').next())
+            .or(n.instance_id.as_deref())
+            .and_then(|v| v.parse::<u32>().ok());
+        match by_id {
+            Some(vmid) => self.vms.iter().find(|v| v.res.vmid == vmid),
+            None => self.vms.iter().find(|v| v.res.name.as_deref() == Some(n.name.as_str())),
+        }
+    }
+
+    /// The VMs whose config refers to a volume: in a disk slot, or kept as
+    /// `unusedN` (deleting it would leave that entry dangling).
+    pub fn attached_to(&self, volid: &str) -> Vec<u32> {
+        self.vms
+            .iter()
+            .filter(|v| {
+                v.config
+                    .iter()
+                    .any(|(k, line)| (is_disk_slot(k) || k.starts_with("unused")) && line.split(',').next() == Some(volid))
+            })
+            .map(|v| v.res.vmid)
+            .collect()
+    }
+}
+
+pub fn is_disk_slot(k: &str) -> bool {
+    ["scsi", "virtio", "sata", "ide"].iter().any(|b| k.strip_prefix(b).is_some_and(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit())))
+}

@@ -1,0 +1,181 @@
+//! pvecsictl against pvesim and a Kubernetes API stand-in. The stand-in
+//! serves only what the CLI reads (lists of PersistentVolumes and Nodes); it
+//! does not model watches, resourceVersion, writes or authentication.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::routing::get;
+use proxmox_csi_controller::config::CloudConfig;
+use proxmox_csi_controller::pve::Client;
+use pvecsictl::doctor::{self, Severity};
+use pvecsictl::state::State;
+use serde_json::{Value, json};
+
+const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
+const CLUSTER: &str = r#"
+cluster: lab
+nodes: [{ name: pve1 }, { name: pve2 }]
+storages:
+  - { id: local-lvm, type: lvmthin, total: 107374182400 }
+vms:
+  - { vmid: 112, node: pve2, name: worker-2, config: { scsihw: virtio-scsi-pci, scsi1: "local-lvm:vm-9999-pvc-bound,backup=0,size=1G" } }
+  - { vmid: 113, node: pve2, name: worker-3, config: { scsihw: lsi, unused0: "local-lvm:vm-9999-pvc-unused" } }
+volumes:
+  - { volid: "local-lvm:vm-9999-pvc-bound", node: pve2, size: 1073741824 }
+  - { volid: "local-lvm:vm-9999-pvc-orphan", node: pve1, size: 2147483648 }
+  - { volid: "local-lvm:vm-9999-pvc-unused", node: pve2, size: 1073741824 }
+  - { volid: "local-lvm:vm-9999-pvc-stray", node: pve2, size: 1073741824 }
+  - { volid: "local-lvm:vm-100-disk-0", node: pve1, size: 1073741824 }
+users:
+  - userid: kubernetes-csi@pve
+    tokens: [{ name: csi, secret: 5f0c6e8a-1234-4b5c-9d7e-0123456789ab }]
+roles:
+  CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
+acl:
+  - { path: /, roles: [CSI], tokens: ["kubernetes-csi@pve!csi"], users: [kubernetes-csi@pve] }
+"#;
+
+fn list(kind: &str, items: Vec<Value>) -> Json<Value> {
+    Json(json!({"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items}))
+}
+
+async fn pvs() -> Json<Value> {
+    let pv = |name: &str, handle: &str| {
+        json!({"metadata": {"name": name}, "spec": {"csi": {"driver": "csi.proxmox.sinextra.dev", "volumeHandle": handle}, "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"]}})
+    };
+    list("PersistentVolumeList", vec![pv("pvc-bound", "region-1/pve2/local-lvm/vm-9999-pvc-bound")])
+}
+
+async fn nodes() -> Json<Value> {
+    let node = |name: &str, labels: Value, spec: Value, annotations: Value| {
+        json!({"metadata": {"name": name, "labels": labels, "annotations": annotations}, "spec": spec})
+    };
+    let zone = |z: &str| json!({"topology.kubernetes.io/region": "region-1", "topology.kubernetes.io/zone": z});
+    list(
+        "NodeList",
+        vec![
+            node("worker-2", zone("pve2"), json!({"providerID": "proxmox://region-1/112"}), json!({})),
+            node("worker-3", zone("pve1"), json!({}), json!({"proxmox.sinextra.dev/instance-id": "113"})),
+            node("worker-9", zone("pve1"), json!({}), json!({})),
+        ],
+    )
+}
+
+struct Lab {
+    sim: pvesim::Running,
+    dir: tempfile::TempDir,
+    kube_url: String,
+}
+
+async fn lab() -> Lab {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap()).plain_http().start("127.0.0.1:0").await.unwrap();
+    // A change Proxmox left pending on 113: a hot-plug that failed.
+    let http = reqwest::Client::new();
+    http.post(format!("http://{}/pvesim/knobs", sim.addr)).body(r#"{"fail_hotplugs": 1}"#).send().await.unwrap();
+    http.post(format!("{}/nodes/pve2/qemu/113/config", sim.api_url()))
+        .header("Authorization", format!("PVEAPIToken=kubernetes-csi@pve!csi={SECRET}"))
+        .form(&[("scsi5", "local-lvm:vm-9999-pvc-stray")])
+        .send()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let app = axum::Router::new().route("/api/v1/persistentvolumes", get(pvs)).route("/api/v1/nodes", get(nodes));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("cloud.yaml"),
+        format!("clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n", sim.api_url()),
+    )
+    .unwrap();
+    let kube_url = format!("http://{addr}");
+    std::fs::write(
+        dir.path().join("kubeconfig"),
+        format!("apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: {kube_url}\ncontexts:\n- name: t\n  context:\n    cluster: t\n    user: t\nusers:\n- name: t\n  user: {{}}\ncurrent-context: t\n"),
+    )
+    .unwrap();
+    Lab { sim, dir, kube_url }
+}
+
+impl Lab {
+    async fn state(&self) -> State {
+        let cfg = CloudConfig::load(&self.dir.path().join("cloud.yaml")).unwrap();
+        let clients: Vec<Arc<Client>> = cfg.clusters.into_iter().map(|c| Arc::new(Client::new(c, Duration::from_secs(10), Default::default()).unwrap())).collect();
+        let kube = kube::Client::try_from(kube::Config::new(self.kube_url.parse().unwrap())).unwrap();
+        State::read(&clients, &kube, cfg.controller_vmid, "csi.proxmox.sinextra.dev").await.unwrap()
+    }
+
+    fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_pvecsictl"))
+            .arg("--config")
+            .arg(self.dir.path().join("cloud.yaml"))
+            .arg("--kubeconfig")
+            .arg(self.dir.path().join("kubeconfig"))
+            .args(args)
+            .output()
+            .unwrap();
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_finds_what_breaks_with_remedies() {
+    let lab = lab().await;
+    let findings = doctor::run(&lab.state().await);
+    let has = |check: &str, subject: &str, severity: Severity, text: &str| {
+        findings.iter().any(|x| x.check == check && x.subject == subject && x.severity == severity && (x.finding.contains(text) || x.remedy.contains(text)))
+    };
+    assert!(has("token privileges", "region-1", Severity::Ok, "minimal CSI role"), "{findings:#?}");
+    assert!(has("topology labels", "worker-2", Severity::Ok, "VM 112 on pve2"), "{findings:#?}");
+    assert!(has("topology labels", "worker-3", Severity::Error, "kubectl label node worker-3 topology.kubernetes.io/zone=pve2 --overwrite"), "{findings:#?}");
+    assert!(has("node → VM", "worker-9", Severity::Error, "no Proxmox VM is found"), "{findings:#?}");
+    assert!(has("SCSI controller", "VM 113 (worker-3)", Severity::Error, "qm set 113 --scsihw virtio-scsi-pci"), "{findings:#?}");
+    assert!(has("pending changes", "VM 113 (worker-3)", Severity::Error, "qm set 113 --revert scsi5"), "{findings:#?}");
+    assert!(has("unused disks", "VM 113 (worker-3)", Severity::Error, "unused0: local-lvm:vm-9999-pvc-unused"), "{findings:#?}");
+    assert!(has("placeholder-owned disks", "VM 112 (worker-2)", Severity::Info, "scsi1"), "{findings:#?}");
+    assert!(has("free SCSI slots", "VM 112 (worker-2)", Severity::Ok, "29 of scsi1–scsi30 free"), "{findings:#?}");
+    assert!(doctor::failed(&findings));
+
+    // The binary: a table, JSON for scripts, exit code 1 when something is wrong.
+    let (code, table, _) = lab.cli(&["doctor"]);
+    assert_eq!(code, 1, "{table}");
+    assert!(table.starts_with("STATUS  CHECK") && table.contains("ERROR") && !table.contains("\x1b["), "no colour off a TTY:\n{table}");
+    let (code, json, err) = lab.cli(&["-o", "json", "doctor"]);
+    assert_eq!(code, 1, "{err}");
+    let v: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), findings.len());
+    assert!(v.as_array().unwrap().iter().any(|x| x["severity"] == "error" && x["check"] == "SCSI controller"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_lists_orphans_and_deletes_only_with_yes_and_never_a_referenced_disk() {
+    let lab = lab().await;
+    let orphans = pvecsictl::clean::orphans(&lab.state().await, i64::MAX / 2);
+    let names: Vec<(&str, Vec<u32>)> = orphans.iter().map(|o| (o.volid.as_str(), o.attached_to.clone())).collect();
+    assert_eq!(
+        names,
+        [("local-lvm:vm-9999-pvc-orphan", vec![]), ("local-lvm:vm-9999-pvc-stray", vec![]), ("local-lvm:vm-9999-pvc-unused", vec![113])],
+        "the bound disk and other VMs' disks are not orphans"
+    );
+    let volumes = || async {
+        let v: Value = reqwest::get(format!("http://{}/pvesim/volumes", lab.sim.addr)).await.unwrap().json().await.unwrap();
+        v["data"].as_array().unwrap().iter().map(|x| x["volid"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    let (code, table, err) = lab.cli(&["clean"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(table.contains("vm-9999-pvc-orphan") && table.contains("2.0 GiB") && table.contains("VM [113] (kept)"), "{table}");
+    assert!(err.contains("nothing deleted; run again with --yes"), "{err}");
+    assert_eq!(volumes().await.len(), 5, "without --yes nothing is deleted");
+    let (code, _, err) = lab.cli(&["clean", "--yes"]);
+    assert_eq!(code, 0, "{err}");
+    let left = volumes().await;
+    assert!(!left.iter().any(|v| v.ends_with("pvc-orphan") || v.ends_with("pvc-stray")), "{left:?}");
+    for kept in ["vm-9999-pvc-bound", "vm-9999-pvc-unused", "vm-100-disk-0"] {
+        assert!(left.iter().any(|v| v.ends_with(kept)), "{kept} must stay: {left:?}");
+    }
+}
