@@ -466,10 +466,20 @@ async fn hostd_killed_mid_stage_in_the_guest() {
         node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: step.staging.clone() }).await.unwrap();
         // Stages again from scratch: LUKS opens, xfs mounts (a torn one would
         // not), and the file written after the retry is there.
-        node.node_stage_volume(step.stage(&pc)).await.unwrap();
+        // As kubelet does, a call that finds hostd still settling is retried.
+        until_ok("stage after the recovery", || {
+            let (mut n, req) = (node.clone(), step.stage(&pc));
+            async move { n.node_stage_volume(req).await }
+        })
+        .await;
         let f = g.sh(&format!("cat {}/f", step.staging)).await.unwrap();
         assert_eq!(f.trim(), "ok");
-        node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: step.staging.clone() }).await.unwrap();
+        until_ok("unstage", || {
+            let mut n = node.clone();
+            let req = csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: step.staging.clone() };
+            async move { n.node_unstage_volume(req).await }
+        })
+        .await;
     }
     let log = g.sh("grep -cE 'interrupted|half-made' /run/hostd.log || true").await.unwrap();
     eprintln!("recoveries logged by hostd: {}", log.trim());
