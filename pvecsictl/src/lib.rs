@@ -1,8 +1,10 @@
 //! pvecsictl: what an operator needs without reading Proxmox configs by
 //! hand. `doctor` finds what commonly breaks, `clean` finds (and with
-//! `--yes` deletes) disks no PersistentVolume refers to.
+//! `--yes` deletes) disks no PersistentVolume refers to, `rename` and
+//! `swap` rebind claims, resumable and reversible.
 
 pub mod clean;
 pub mod doctor;
 pub mod output;
+pub mod rebind;
 pub mod state;

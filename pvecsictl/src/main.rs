@@ -15,9 +15,12 @@ use pvecsictl::state::State;
 #[derive(Debug, Parser)]
 #[command(name = "pvecsictl", version, about = "Diagnose and clean up the Proxmox CSI driver's volumes")]
 struct Args {
-    /// The driver's cloud config (clusters and the API token).
+    /// The driver's cloud config (clusters and the API token); doctor and clean need it.
     #[arg(long, env = "PROXMOX_CSI_CLOUD_CONFIG")]
-    config: PathBuf,
+    config: Option<PathBuf>,
+    /// Namespace of the claims (default: the kubeconfig context's).
+    #[arg(short, long)]
+    namespace: Option<String>,
     /// kubeconfig; the usual lookup (KUBECONFIG, ~/.kube/config, in-cluster) when absent.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
@@ -39,6 +42,44 @@ enum Command {
         #[arg(long)]
         yes: bool,
     },
+    /// Give a claim's volume to a claim of another name.
+    #[command(alias = "re")]
+    Rename {
+        pvc: String,
+        new: String,
+        #[command(flatten)]
+        opts: RebindFlags,
+    },
+    /// Two claims trade their volumes.
+    #[command(alias = "sw")]
+    Swap {
+        a: String,
+        b: String,
+        #[command(flatten)]
+        opts: RebindFlags,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct RebindFlags {
+    /// Delete the pods that use the claims (their nodes are cordoned meanwhile).
+    #[arg(short, long)]
+    force: bool,
+    /// Print the plan; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Finish an interrupted run recorded on the volumes.
+    #[arg(long, conflicts_with = "rollback")]
+    resume: bool,
+    /// Undo an interrupted run recorded on the volumes.
+    #[arg(long)]
+    rollback: bool,
+}
+
+impl RebindFlags {
+    fn options(&self) -> pvecsictl::rebind::Options {
+        pvecsictl::rebind::Options { force: self.force, dry_run: self.dry_run, resume: self.resume, rollback: self.rollback }
+    }
 }
 
 async fn kube_client(path: Option<&PathBuf>) -> Result<kube::Client> {
@@ -54,13 +95,34 @@ async fn kube_client(path: Option<&PathBuf>) -> Result<kube::Client> {
 
 async fn run(args: Args) -> Result<bool> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let cfg = CloudConfig::load(&args.config)?;
+    let kube = kube_client(args.kubeconfig.as_ref()).await?;
+    let namespace = args.namespace.clone().unwrap_or_else(|| kube.default_namespace().to_string());
+    let rebind = |op: &str, pairs: Vec<(String, String)>, flags: &RebindFlags| {
+        let k = pvecsictl::rebind::Kube { client: kube.clone(), namespace: namespace.clone() };
+        let (op, opts, dry) = (op.to_string(), flags.options(), flags.dry_run);
+        async move {
+            let steps = pvecsictl::rebind::run(&k, &op, &pairs, opts).await?;
+            if dry {
+                println!("{op} would, in order:");
+            }
+            for s in steps {
+                println!("  {s}");
+            }
+            Ok::<bool, anyhow::Error>(true)
+        }
+    };
+    match &args.command {
+        Command::Rename { pvc, new, opts } => return rebind("rename", vec![(pvc.clone(), new.clone())], opts).await,
+        Command::Swap { a, b, opts } => return rebind("swap", vec![(a.clone(), b.clone()), (b.clone(), a.clone())], opts).await,
+        _ => {}
+    }
+    let config = args.config.as_ref().context("--config (the cloud config) is required for doctor and clean")?;
+    let cfg = CloudConfig::load(config)?;
     let clients: Vec<Arc<Client>> = cfg
         .clusters
         .into_iter()
         .map(|c| Client::new(c, Duration::from_secs(30), Default::default()).map(Arc::new))
         .collect::<Result<_, _>>()?;
-    let kube = kube_client(args.kubeconfig.as_ref()).await?;
     let state = State::read(&clients, &kube, cfg.controller_vmid, &args.driver_name).await?;
     match args.command {
         Command::Doctor => {
@@ -92,6 +154,7 @@ async fn run(args: Args) -> Result<bool> {
             }
             Ok(ok)
         }
+        Command::Rename { .. } | Command::Swap { .. } => Ok(true),
     }
 }
 
