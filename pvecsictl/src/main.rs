@@ -50,6 +50,24 @@ enum Command {
         #[command(flatten)]
         opts: RebindFlags,
     },
+    /// Move a claim's volume on local storage to another Proxmox node (token only).
+    #[command(alias = "m")]
+    Migrate {
+        pvc: String,
+        node: String,
+        /// Delete the pods that use the claim (their nodes are cordoned meanwhile).
+        #[arg(short, long)]
+        force: bool,
+        /// Print the plan; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Finish an interrupted run recorded on the volume.
+        #[arg(long)]
+        resume: bool,
+        /// Seconds the Proxmox copy may take.
+        #[arg(long, default_value_t = 10_800)]
+        timeout: u64,
+    },
     /// Two claims trade their volumes.
     #[command(alias = "sw")]
     Swap {
@@ -116,13 +134,25 @@ async fn run(args: Args) -> Result<bool> {
         Command::Swap { a, b, opts } => return rebind("swap", vec![(a.clone(), b.clone()), (b.clone(), a.clone())], opts).await,
         _ => {}
     }
-    let config = args.config.as_ref().context("--config (the cloud config) is required for doctor and clean")?;
+    let config = args.config.as_ref().context("--config (the cloud config) is required for doctor, clean and migrate")?;
     let cfg = CloudConfig::load(config)?;
     let clients: Vec<Arc<Client>> = cfg
         .clusters
         .into_iter()
         .map(|c| Client::new(c, Duration::from_secs(30), Default::default()).map(Arc::new))
         .collect::<Result<_, _>>()?;
+    if let Command::Migrate { pvc, node, force, dry_run, resume, timeout } = &args.command {
+        let k = pvecsictl::rebind::Kube { client: kube.clone(), namespace };
+        let opts = pvecsictl::migrate::Options { force: *force, dry_run: *dry_run, resume: *resume, timeout: Some(Duration::from_secs(*timeout)) };
+        let steps = pvecsictl::migrate::run(&k, &clients, cfg.controller_vmid, pvc, node, opts).await?;
+        if *dry_run {
+            println!("migrate would, in order:");
+        }
+        for s in steps {
+            println!("  {s}");
+        }
+        return Ok(true);
+    }
     let state = State::read(&clients, &kube, cfg.controller_vmid, &args.driver_name).await?;
     match args.command {
         Command::Doctor => {
@@ -154,7 +184,7 @@ async fn run(args: Args) -> Result<bool> {
             }
             Ok(ok)
         }
-        Command::Rename { .. } | Command::Swap { .. } => Ok(true),
+        Command::Rename { .. } | Command::Swap { .. } | Command::Migrate { .. } => Ok(true),
     }
 }
 

@@ -66,11 +66,11 @@ impl std::fmt::Debug for Kube {
 }
 
 impl Kube {
-    fn pvcs(&self) -> Api<PersistentVolumeClaim> {
+    pub(crate) fn pvcs(&self) -> Api<PersistentVolumeClaim> {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    fn pvs(&self) -> Api<PersistentVolume> {
+    pub(crate) fn pvs(&self) -> Api<PersistentVolume> {
         Api::all(self.client.clone())
     }
 
@@ -103,7 +103,7 @@ impl Kube {
     }
 
     /// Pods (not finished) that mount one of `claims`.
-    async fn users(&self, claims: &[String]) -> Result<Vec<Pod>> {
+    pub(crate) async fn users(&self, claims: &[String]) -> Result<Vec<Pod>> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
         Ok(pods
             .list(&ListParams::default())
@@ -118,13 +118,13 @@ impl Kube {
             .collect())
     }
 
-    async fn set_unschedulable(&self, node: &str, yes: bool) -> Result<()> {
+    pub(crate) async fn set_unschedulable(&self, node: &str, yes: bool) -> Result<()> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         nodes.patch(node, &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": yes}}))).await?;
         Ok(())
     }
 
-    async fn wait_gone(&self, what: &str, mut exists: impl AsyncFnMut() -> Result<bool>) -> Result<()> {
+    pub(crate) async fn wait_gone(&self, what: &str, mut exists: impl AsyncFnMut() -> Result<bool>) -> Result<()> {
         let started = Instant::now();
         while exists().await? {
             if started.elapsed() > Duration::from_secs(600) {

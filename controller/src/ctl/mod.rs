@@ -27,6 +27,8 @@ use crate::pve::{Client, Deadline};
 use crate::vms::VmIndex;
 
 pub use capability::check_capabilities;
+pub use copy::vm_name;
+pub use holder::NewVm;
 pub use snapshot::SnapshotId;
 
 /// Shared state of the controller.

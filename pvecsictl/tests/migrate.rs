@@ -1,0 +1,104 @@
+//! migrate against pvesim and kubesim, with the API token only: the disk
+//! reaches the other Proxmox node in a carrier VM, the volume is made again
+//! with its new handle and zone, and the controller publishes and deletes
+//! the moved volume like any other.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use proxmox_csi_controller::config::CloudConfig;
+use proxmox_csi_controller::csi::controller::ControllerService;
+use proxmox_csi_controller::ctl::Controller;
+use proxmox_csi_controller::pve::Client;
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
+use pvecsictl::migrate::{self, Options};
+use pvecsictl::rebind::{Kube, OPERATION};
+use serde_json::{Value, json};
+use tonic::Request;
+
+const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
+const CLUSTER: &str = r#"
+cluster: lab
+nodes: [{ name: pve1 }, { name: pve2 }]
+storages:
+  - { id: local-lvm, type: lvmthin, total: 107374182400 }
+vms:
+  - { vmid: 111, node: pve1, name: worker-1, config: { scsihw: virtio-scsi-pci } }
+  - { vmid: 112, node: pve2, name: worker-2, config: { scsihw: virtio-scsi-pci } }
+volumes:
+  - { volid: "local-lvm:vm-9999-pvc-m", node: pve2, size: 1073741824 }
+users:
+  - userid: kubernetes-csi@pve
+    tokens: [{ name: csi, secret: 5f0c6e8a-1234-4b5c-9d7e-0123456789ab }]
+roles:
+  CSI: [VM.Audit, VM.Config.Disk, VM.Allocate, VM.Migrate, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
+acl:
+  - { path: /, roles: [CSI], tokens: ["kubernetes-csi@pve!csi"], users: [kubernetes-csi@pve] }
+"#;
+
+async fn admin(sim: &pvesim::Running, path: &str) -> Value {
+    let v: Value = reqwest::get(format!("http://{}/pvesim/{path}", sim.addr)).await.unwrap().json().await.unwrap();
+    v["data"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_moves_a_local_volume_with_the_token() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap()).plain_http().start("127.0.0.1:0").await.unwrap();
+    let cfg = CloudConfig::parse(&format!("clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n", sim.api_url())).unwrap();
+    let clients: Vec<Arc<Client>> = cfg.clusters.into_iter().map(|c| Arc::new(Client::new(c, Duration::from_secs(10), Default::default()).unwrap())).collect();
+    let ks = kubesim::start().await.unwrap();
+    ks.put("persistentvolumes", json!({"metadata": {"name": "pvc-m"}, "spec": {
+        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "persistentVolumeReclaimPolicy": "Delete",
+        "csi": {"driver": "csi.proxmox.sinextra.dev", "volumeHandle": "region-1/pve2/local-lvm/vm-9999-pvc-m", "fsType": "ext4"},
+        "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["pve2"]}]}]}},
+        "claimRef": {"kind": "PersistentVolumeClaim", "namespace": "apps", "name": "data"}}}));
+    ks.put("persistentvolumeclaims", json!({"metadata": {"name": "data", "namespace": "apps"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "pvc-m"}}));
+    let k = Kube { client: kube::Client::try_from(kube::Config::new(ks.url.parse().unwrap())).unwrap(), namespace: "apps".into() };
+
+    let plan = migrate::run(&k, &clients, 9999, "data", "pve1", Options { dry_run: true, ..Default::default() }).await.unwrap();
+    assert!(plan.iter().any(|s| s.contains("migrate the carrier VM offline from pve2 to pve1")), "{plan:?}");
+    assert!(admin(&sim, "vms").await.as_array().unwrap().len() == 2, "a dry run changes nothing");
+    let err = migrate::run(&k, &clients, 9999, "data", "pve2", Options::default()).await.unwrap_err().to_string();
+    assert!(err.contains("is on pve2 already"), "{err}");
+
+    let steps = migrate::run(&k, &clients, 9999, "data", "pve1", Options::default()).await.unwrap();
+    println!("{steps:#?}");
+    let vms = admin(&sim, "vms").await;
+    let carrier = vms.as_array().unwrap().iter().find(|v| v["config"]["name"] == "pvc-m-moved").cloned().expect("a carrier VM");
+    let cid = carrier["vmid"].as_u64().unwrap();
+    assert_eq!(carrier["node"], "pve1");
+    assert_eq!(carrier["config"]["tags"], "proxmox-csi;csi-volume");
+    assert_eq!(carrier["config"]["unused0"], format!("local-lvm:vm-{cid}-disk-0"));
+    assert_eq!(carrier["pending"], json!({}));
+    let vols = admin(&sim, "volumes").await;
+    let placed: Vec<(String, String)> = vols.as_array().unwrap().iter().map(|v| (v["volid"].as_str().unwrap().to_string(), v["node"].as_str().unwrap().to_string())).collect();
+    assert!(placed.contains(&(format!("local-lvm:vm-{cid}-disk-0"), "pve1".to_string())), "{placed:?}");
+    assert!(!placed.iter().any(|(v, _)| v.ends_with("vm-9999-pvc-m")), "the old disk is gone: {placed:?}");
+    let holder = vms.as_array().unwrap().iter().find(|v| v["config"]["name"] == "proxmox-csi-holder-pve2").cloned().unwrap();
+    assert!(!holder["config"].as_object().unwrap().keys().any(|k| k.starts_with("scsi") && k != "scsihw"), "{holder}");
+
+    let pv = ks.get("persistentvolumes", "", "pvc-m").unwrap();
+    let handle = format!("region-1/pve1/local-lvm/vm-{cid}-disk-0");
+    assert_eq!(pv["spec"]["csi"]["volumeHandle"], handle);
+    assert_eq!(pv["spec"]["csi"]["fsType"], "ext4");
+    assert_eq!(pv["spec"]["persistentVolumeReclaimPolicy"], "Delete");
+    assert!(pv["spec"]["nodeAffinity"].to_string().contains("\"pve1\""), "{pv}");
+    assert!(pv["metadata"].get("annotations").and_then(|a| a.get(OPERATION)).is_none());
+    assert_eq!(ks.get("persistentvolumeclaims", "apps", "data").unwrap()["status"]["phase"], "Bound");
+
+    // The controller takes the moved volume as any other.
+    let ctl = ControllerService(Arc::new(Controller::new(clients.clone(), 9999, Duration::from_secs(20))));
+    let cap = csi::VolumeCapability {
+        access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
+        access_mode: Some(csi::volume_capability::AccessMode { mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32 }),
+    };
+    let publish = csi::ControllerPublishVolumeRequest { volume_id: handle.clone(), node_id: "worker-1/111".into(), volume_capability: Some(cap), volume_context: HashMap::new(), ..Default::default() };
+    ctl.controller_publish_volume(Request::new(publish)).await.unwrap();
+    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: handle.clone(), node_id: "worker-1/111".into(), ..Default::default() })).await.unwrap();
+    ctl.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: handle, ..Default::default() })).await.unwrap();
+    assert!(admin(&sim, &format!("vms/{cid}")).await.is_null(), "the carrier goes with the volume");
+}
