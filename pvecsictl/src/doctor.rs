@@ -36,6 +36,7 @@ pub fn run(s: &State) -> Vec<Finding> {
     let mut out = Vec::new();
     token(s, &mut out);
     nodes(s, &mut out);
+    storages(s, &mut out);
     workers(s, &mut out);
     out
 }
@@ -93,6 +94,36 @@ fn nodes(s: &State, out: &mut Vec<Finding>) {
                 "the node has no topology.kubernetes.io/region or zone label",
                 "run the Proxmox cloud controller manager, or label the node by hand",
             )),
+        }
+    }
+}
+
+/// The storages each Proxmox node with workers sees, and the ones it does
+/// not while other nodes do (volumes there cannot reach its workers).
+fn storages(s: &State, out: &mut Vec<Finding>) {
+    let mut worker_nodes: Vec<(String, String)> = s.nodes.iter().filter_map(|n| s.vm_of(n)).map(|v| (v.region.clone(), v.res.node.clone())).collect();
+    worker_nodes.sort();
+    worker_nodes.dedup();
+    for (region, node) in worker_nodes {
+        let rows: Vec<&proxmox_csi_controller::pve::api::StorageResource> = s.storages.iter().filter(|(r, row)| *r == region && row.node == node).map(|(_, row)| row).collect();
+        let available: Vec<&str> = rows.iter().filter(|r| r.status == "available").map(|r| r.storage.as_str()).collect();
+        let elsewhere: std::collections::BTreeSet<&str> = s
+            .storages
+            .iter()
+            .filter(|(r, row)| *r == region && row.node != node && row.status == "available")
+            .map(|(_, row)| row.storage.as_str())
+            .collect();
+        let missing: Vec<&str> = elsewhere.into_iter().filter(|st| !available.contains(st)).collect();
+        let subject = format!("{region}/{node}");
+        out.push(f("storages", subject.as_str(), Severity::Ok, format!("available: {}", available.join(", ")), ""));
+        if !missing.is_empty() {
+            out.push(f(
+                "storages",
+                subject.as_str(),
+                Severity::Warning,
+                format!("not available here but on other nodes: {}", missing.join(", ")),
+                "restrict StorageClasses using them with allowedTopologies, or enable the storage on this node",
+            ));
         }
     }
 }

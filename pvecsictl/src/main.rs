@@ -62,8 +62,11 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
         /// Finish an interrupted run recorded on the volume.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "rollback")]
         resume: bool,
+        /// Bring an interrupted run back to the node it came from.
+        #[arg(long)]
+        rollback: bool,
         /// Seconds the Proxmox copy may take.
         #[arg(long, default_value_t = 10_800)]
         timeout: u64,
@@ -141,9 +144,9 @@ async fn run(args: Args) -> Result<bool> {
         .into_iter()
         .map(|c| Client::new(c, Duration::from_secs(30), Default::default()).map(Arc::new))
         .collect::<Result<_, _>>()?;
-    if let Command::Migrate { pvc, node, force, dry_run, resume, timeout } = &args.command {
+    if let Command::Migrate { pvc, node, force, dry_run, resume, rollback, timeout } = &args.command {
         let k = pvecsictl::rebind::Kube { client: kube.clone(), namespace };
-        let opts = pvecsictl::migrate::Options { force: *force, dry_run: *dry_run, resume: *resume, timeout: Some(Duration::from_secs(*timeout)) };
+        let opts = pvecsictl::migrate::Options { force: *force, dry_run: *dry_run, resume: *resume, rollback: *rollback, timeout: Some(Duration::from_secs(*timeout)) };
         let steps = pvecsictl::migrate::run(&k, &clients, cfg.controller_vmid, pvc, node, opts).await?;
         if *dry_run {
             println!("migrate would, in order:");

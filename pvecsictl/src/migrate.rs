@@ -54,6 +54,8 @@ pub struct Options {
     pub force: bool,
     pub dry_run: bool,
     pub resume: bool,
+    /// Move an interrupted (or finished) migration back where it came from.
+    pub rollback: bool,
     pub timeout: Option<Duration>,
 }
 
@@ -100,10 +102,18 @@ pub async fn run(k: &Kube, clients: &[Arc<Client>], controller_vmid: u32, claim:
     let recorded: Option<Plan> = pv.metadata.annotations.as_ref().and_then(|a| a.get(OPERATION)).and_then(|a| serde_json::from_str(a).ok());
     let handle = pv.spec.as_ref().and_then(|s| s.csi.as_ref()).map(|c| c.volume_handle.clone()).context("the volume is not a CSI volume")?;
     let id = VolumeId::parse(&handle).map_err(anyhow::Error::msg)?;
-    let mut plan = match (recorded, opts.resume) {
+    let mut plan = match (recorded, opts.resume || opts.rollback) {
+        // Rolling back is migrating back: the same steps, the nodes swapped.
+        (Some(p), true) if opts.rollback => Plan { from: p.to.clone(), to: p.from.clone(), op: "migrate back".into(), ..p },
         (Some(p), true) => p,
-        (Some(p), false) => bail!("an interrupted {} of {}/{} to {} is recorded on {pv_name}: run again with --resume", p.op, p.namespace, p.claim_name, p.to),
-        (None, true) => bail!("nothing to resume: {pv_name} records no interrupted operation"),
+        (Some(p), false) => bail!(
+            "an interrupted {} of {}/{} to {} is recorded on {pv_name}: run again with --resume to finish it or --rollback to bring it back",
+            p.op,
+            p.namespace,
+            p.claim_name,
+            p.to
+        ),
+        (None, true) => bail!("nothing to resume or roll back: {pv_name} records no interrupted operation"),
         (None, false) => {
             let from = id.zone.clone().with_context(|| format!("{handle} is on shared storage: every node reaches it, there is nothing to move"))?;
             if from == to {
@@ -126,6 +136,20 @@ pub async fn run(k: &Kube, clients: &[Arc<Client>], controller_vmid: u32, claim:
         return Ok(describe(&plan, &handle));
     }
     let client = clients.iter().find(|c| c.region() == id.region).cloned().with_context(|| format!("region {} is not in the cloud config", id.region))?;
+    if opts.rollback {
+        let ctl = Controller::new(vec![client.clone()], controller_vmid, Duration::from_secs(60));
+        let d = Deadline::after(Duration::from_secs(60));
+        if ctl.vms.by_name(&client, &carrier_name(&pv_name), d).await?.filter(|v| v.has_tag("csi-volume")).is_none() {
+            // Nothing moved in Proxmox yet: only the record and the policy to undo.
+            k.pvs()
+                .patch(&pv_name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"persistentVolumeReclaimPolicy": plan.reclaim}, "metadata": {"annotations": {OPERATION: null}}})))
+                .await?;
+            for n in &plan.cordoned {
+                let _ = k.set_unschedulable(n, false).await;
+            }
+            return Ok(vec![format!("nothing had moved; restored {pv_name} reclaimPolicy {}", plan.reclaim)]);
+        }
+    }
     let result = forward(k, client, controller_vmid, &mut plan, &pv_name, &id, opts).await;
     for n in &plan.cordoned {
         let _ = k.set_unschedulable(n, false).await;

@@ -139,6 +139,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
     assert!(has("unused disks", "VM 113 (worker-3)", Severity::Error, "unused0: local-lvm:vm-9999-pvc-unused"), "{findings:#?}");
     assert!(has("placeholder-owned disks", "VM 112 (worker-2)", Severity::Info, "scsi1"), "{findings:#?}");
     assert!(has("free SCSI slots", "VM 112 (worker-2)", Severity::Ok, "29 of scsi1–scsi30 free"), "{findings:#?}");
+    assert!(has("storages", "region-1/pve2", Severity::Ok, "available: local-lvm"), "{findings:#?}");
     assert!(doctor::failed(&findings));
 
     // The binary: a table, JSON for scripts, exit code 1 when something is wrong.

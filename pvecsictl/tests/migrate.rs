@@ -102,3 +102,45 @@ async fn migrate_moves_a_local_volume_with_the_token() {
     ctl.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: handle, ..Default::default() })).await.unwrap();
     assert!(admin(&sim, &format!("vms/{cid}")).await.is_null(), "the carrier goes with the volume");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_migration_is_resumed_or_rolled_back() {
+    for rollback in [true, false] {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap()).plain_http().start("127.0.0.1:0").await.unwrap();
+        let cfg = CloudConfig::parse(&format!("clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n", sim.api_url())).unwrap();
+        let clients: Vec<Arc<Client>> = cfg.clusters.into_iter().map(|c| Arc::new(Client::new(c, Duration::from_secs(10), Default::default()).unwrap())).collect();
+        let ks = kubesim::start().await.unwrap();
+        let pv = json!({"metadata": {"name": "pvc-m"}, "spec": {
+            "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "persistentVolumeReclaimPolicy": "Delete",
+            "csi": {"driver": "csi.proxmox.sinextra.dev", "volumeHandle": "region-1/pve2/local-lvm/vm-9999-pvc-m"},
+            "claimRef": {"kind": "PersistentVolumeClaim", "namespace": "apps", "name": "data"}}});
+        ks.put("persistentvolumes", pv.clone());
+        ks.put("persistentvolumeclaims", json!({"metadata": {"name": "data", "namespace": "apps"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "pvc-m"}}));
+        // A run that stopped right after recording its plan.
+        let plan = json!({"op": "migrate", "namespace": "apps", "claim_name": "data", "from": "pve2", "to": "pve1", "reclaim": "Delete",
+            "volume": pv, "claim": ks.get("persistentvolumeclaims", "apps", "data").unwrap(), "cordoned": []});
+        let mut stopped = ks.get("persistentvolumes", "", "pvc-m").unwrap();
+        stopped["metadata"]["annotations"] = json!({OPERATION: plan.to_string()});
+        stopped["spec"]["persistentVolumeReclaimPolicy"] = json!("Retain");
+        ks.put("persistentvolumes", stopped);
+        let k = Kube { client: kube::Client::try_from(kube::Config::new(ks.url.parse().unwrap())).unwrap(), namespace: "apps".into() };
+
+        let err = migrate::run(&k, &clients, 9999, "data", "pve1", Options::default()).await.unwrap_err().to_string();
+        assert!(err.contains("--resume") && err.contains("--rollback"), "{err}");
+        let opts = Options { resume: !rollback, rollback, ..Default::default() };
+        let steps = migrate::run(&k, &clients, 9999, "data", "pve1", opts).await.unwrap();
+        let pv = ks.get("persistentvolumes", "", "pvc-m").unwrap();
+        assert_eq!(pv["spec"]["persistentVolumeReclaimPolicy"], "Delete", "rollback={rollback}");
+        assert!(pv["metadata"].get("annotations").and_then(|a| a.get(OPERATION)).is_none(), "rollback={rollback}");
+        let handle = pv["spec"]["csi"]["volumeHandle"].as_str().unwrap().to_string();
+        if rollback {
+            assert_eq!(steps, ["nothing had moved; restored pvc-m reclaimPolicy Delete"]);
+            assert_eq!(handle, "region-1/pve2/local-lvm/vm-9999-pvc-m");
+        } else {
+            assert!(handle.starts_with("region-1/pve1/local-lvm/vm-"), "{handle}");
+            assert_eq!(ks.get("persistentvolumeclaims", "apps", "data").unwrap()["status"]["phase"], "Bound");
+        }
+    }
+}

@@ -127,7 +127,7 @@ impl Guest {
         let csi_port = free_port()?;
         let started = Instant::now();
         let qemu = Command::new("qemu-system-x86_64")
-            .args(["-machine", "q35", "-accel", "tcg", "-m", "768", "-smp", "2", "-display", "none", "-no-reboot"])
+            .args(["-machine", "q35", "-accel", "tcg", "-m", "1024", "-smp", "2", "-display", "none", "-no-reboot"])
             .arg("-kernel")
             .arg(image.join("vmlinuz"))
             .arg("-initrd")
@@ -185,7 +185,15 @@ impl Guest {
             if left.is_zero() {
                 bail!("guest console: no {marker:?} within {limit:?}; got:\n{text}");
             }
-            let n = tokio::time::timeout(left, self.console.read(&mut buf)).await.unwrap_or(Ok(0))?;
+            let n = match tokio::time::timeout(left, self.console.read(&mut buf)).await {
+                Err(_) => 0,
+                // The console closes when the guest stops (panic=-1 with -no-reboot): say what it printed last.
+                Ok(Ok(0)) | Ok(Err(_)) => {
+                    let tail: String = text.chars().rev().take(3000).collect::<Vec<_>>().into_iter().rev().collect();
+                    bail!("guest console closed while waiting for {marker:?} (the guest stopped: kernel panic or QEMU exit); last output:\n{tail}");
+                }
+                Ok(Ok(n)) => n,
+            };
             self.pending.extend_from_slice(&buf[..n]);
         }
     }
