@@ -55,18 +55,8 @@ enum Command {
     Migrate {
         pvc: String,
         node: String,
-        /// Delete the pods that use the claim (their nodes are cordoned meanwhile).
-        #[arg(short, long)]
-        force: bool,
-        /// Print the plan; change nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// Finish an interrupted run recorded on the volume.
-        #[arg(long, conflicts_with = "rollback")]
-        resume: bool,
-        /// Bring an interrupted run back to the node it came from.
-        #[arg(long)]
-        rollback: bool,
+        #[command(flatten)]
+        opts: RebindFlags,
         /// Seconds the Proxmox copy may take.
         #[arg(long, default_value_t = 10_800)]
         timeout: u64,
@@ -81,6 +71,7 @@ enum Command {
     },
 }
 
+/// The flags of rename, swap and migrate.
 #[derive(Debug, clap::Args)]
 struct RebindFlags {
     /// Delete the pods that use the claims (their nodes are cordoned meanwhile).
@@ -92,7 +83,7 @@ struct RebindFlags {
     /// Finish an interrupted run recorded on the volumes.
     #[arg(long, conflicts_with = "rollback")]
     resume: bool,
-    /// Undo an interrupted run recorded on the volumes.
+    /// Undo an interrupted run recorded on the volumes (migrate: bring it back).
     #[arg(long)]
     rollback: bool,
 }
@@ -144,11 +135,10 @@ async fn run(args: Args) -> Result<bool> {
         .into_iter()
         .map(|c| Client::new(c, Duration::from_secs(30), Default::default()).map(Arc::new))
         .collect::<Result<_, _>>()?;
-    if let Command::Migrate { pvc, node, force, dry_run, resume, rollback, timeout } = &args.command {
+    if let Command::Migrate { pvc, node, opts, timeout } = &args.command {
         let k = pvecsictl::rebind::Kube { client: kube.clone(), namespace };
-        let opts = pvecsictl::migrate::Options { force: *force, dry_run: *dry_run, resume: *resume, rollback: *rollback, timeout: Some(Duration::from_secs(*timeout)) };
-        let steps = pvecsictl::migrate::run(&k, &clients, cfg.controller_vmid, pvc, node, opts).await?;
-        if *dry_run {
+        let steps = pvecsictl::migrate::run(&k, &clients, cfg.controller_vmid, pvc, node, opts.options(), Duration::from_secs(*timeout)).await?;
+        if opts.dry_run {
             println!("migrate would, in order:");
         }
         for s in steps {

@@ -32,7 +32,7 @@ use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::rebind::{Kube, OPERATION};
+use crate::rebind::{Kube, OPERATION, Options};
 
 /// What is recorded on the volume before anything changes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,16 +47,6 @@ pub struct Plan {
     pub volume: serde_json::Value,
     pub claim: serde_json::Value,
     pub cordoned: Vec<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Options {
-    pub force: bool,
-    pub dry_run: bool,
-    pub resume: bool,
-    /// Move an interrupted (or finished) migration back where it came from.
-    pub rollback: bool,
-    pub timeout: Option<Duration>,
 }
 
 fn carrier_name(pv: &str) -> String {
@@ -78,8 +68,9 @@ pub fn describe(p: &Plan, handle: &str) -> Vec<String> {
     ]
 }
 
-/// Moves the volume of claim `claim` to Proxmox node `to`.
-pub async fn run(k: &Kube, clients: &[Arc<Client>], controller_vmid: u32, claim: &str, to: &str, opts: Options) -> Result<Vec<String>> {
+/// Moves the volume of claim `claim` to Proxmox node `to`; the Proxmox copy
+/// may take `timeout`. `rollback` brings an interrupted run back.
+pub async fn run(k: &Kube, clients: &[Arc<Client>], controller_vmid: u32, claim: &str, to: &str, opts: Options, timeout: Duration) -> Result<Vec<String>> {
     let mut needs = vec![
         ("get", "persistentvolumeclaims", true),
         ("create", "persistentvolumeclaims", true),
@@ -150,16 +141,17 @@ pub async fn run(k: &Kube, clients: &[Arc<Client>], controller_vmid: u32, claim:
             return Ok(vec![format!("nothing had moved; restored {pv_name} reclaimPolicy {}", plan.reclaim)]);
         }
     }
-    let result = forward(k, client, controller_vmid, &mut plan, &pv_name, &id, opts).await;
+    let result = forward(k, client, controller_vmid, &mut plan, &pv_name, &id, opts, timeout).await;
     for n in &plan.cordoned {
         let _ = k.set_unschedulable(n, false).await;
     }
     result
 }
 
-async fn forward(k: &Kube, client: Arc<Client>, controller_vmid: u32, plan: &mut Plan, pv_name: &str, id: &VolumeId, opts: Options) -> Result<Vec<String>> {
+#[allow(clippy::too_many_arguments)]
+async fn forward(k: &Kube, client: Arc<Client>, controller_vmid: u32, plan: &mut Plan, pv_name: &str, id: &VolumeId, opts: Options, timeout: Duration) -> Result<Vec<String>> {
     let mut steps = Vec::new();
-    let d = || Deadline::after(opts.timeout.unwrap_or(Duration::from_secs(10_800)));
+    let d = || Deadline::after(timeout);
     let claims = vec![plan.claim_name.clone()];
     let users = k.users(&claims).await?;
     if !users.is_empty() {

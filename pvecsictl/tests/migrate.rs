@@ -13,11 +13,13 @@ use proxmox_csi_controller::ctl::Controller;
 use proxmox_csi_controller::pve::Client;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
-use pvecsictl::migrate::{self, Options};
+use pvecsictl::migrate;
+use pvecsictl::rebind::Options;
 use pvecsictl::rebind::{Kube, OPERATION};
 use serde_json::{Value, json};
 use tonic::Request;
 
+const HOURS: Duration = Duration::from_secs(3600);
 const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
 const CLUSTER: &str = r#"
 cluster: lab
@@ -59,13 +61,13 @@ async fn migrate_moves_a_local_volume_with_the_token() {
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "pvc-m"}}));
     let k = Kube { client: kube::Client::try_from(kube::Config::new(ks.url.parse().unwrap())).unwrap(), namespace: "apps".into() };
 
-    let plan = migrate::run(&k, &clients, 9999, "data", "pve1", Options { dry_run: true, ..Default::default() }).await.unwrap();
+    let plan = migrate::run(&k, &clients, 9999, "data", "pve1", Options { dry_run: true, ..Default::default() }, HOURS).await.unwrap();
     assert!(plan.iter().any(|s| s.contains("migrate the carrier VM offline from pve2 to pve1")), "{plan:?}");
     assert!(admin(&sim, "vms").await.as_array().unwrap().len() == 2, "a dry run changes nothing");
-    let err = migrate::run(&k, &clients, 9999, "data", "pve2", Options::default()).await.unwrap_err().to_string();
+    let err = migrate::run(&k, &clients, 9999, "data", "pve2", Options::default(), HOURS).await.unwrap_err().to_string();
     assert!(err.contains("is on pve2 already"), "{err}");
 
-    let steps = migrate::run(&k, &clients, 9999, "data", "pve1", Options::default()).await.unwrap();
+    let steps = migrate::run(&k, &clients, 9999, "data", "pve1", Options::default(), HOURS).await.unwrap();
     println!("{steps:#?}");
     let vms = admin(&sim, "vms").await;
     let carrier = vms.as_array().unwrap().iter().find(|v| v["config"]["name"] == "pvc-m-moved").cloned().expect("a carrier VM");
@@ -127,10 +129,10 @@ async fn an_interrupted_migration_is_resumed_or_rolled_back() {
         ks.put("persistentvolumes", stopped);
         let k = Kube { client: kube::Client::try_from(kube::Config::new(ks.url.parse().unwrap())).unwrap(), namespace: "apps".into() };
 
-        let err = migrate::run(&k, &clients, 9999, "data", "pve1", Options::default()).await.unwrap_err().to_string();
+        let err = migrate::run(&k, &clients, 9999, "data", "pve1", Options::default(), HOURS).await.unwrap_err().to_string();
         assert!(err.contains("--resume") && err.contains("--rollback"), "{err}");
         let opts = Options { resume: !rollback, rollback, ..Default::default() };
-        let steps = migrate::run(&k, &clients, 9999, "data", "pve1", opts).await.unwrap();
+        let steps = migrate::run(&k, &clients, 9999, "data", "pve1", opts, HOURS).await.unwrap();
         let pv = ks.get("persistentvolumes", "", "pvc-m").unwrap();
         assert_eq!(pv["spec"]["persistentVolumeReclaimPolicy"], "Delete", "rollback={rollback}");
         assert!(pv["metadata"].get("annotations").and_then(|a| a.get(OPERATION)).is_none(), "rollback={rollback}");
