@@ -34,6 +34,7 @@ use serde_json::json;
 
 use crate::rebind::{Kube, OPERATION, Options};
 
+
 /// What is recorded on the volume before anything changes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
@@ -281,7 +282,7 @@ async fn move_disk(ctl: &Controller, client: &Arc<Client>, plan: &Plan, pv_name:
         loop {
             match client.task_state(&upid, d()).await? {
                 TaskState::Running(progress) => {
-                    eprintln!("  migrating VM {} to {}: {} ({} s)", carrier.vmid, plan.to, progress.unwrap_or_else(|| "copying".into()), started.elapsed().as_secs());
+                    eprintln!("  migrating VM {} to {}: {} {} s", carrier.vmid, plan.to, bar(progress.as_deref()), started.elapsed().as_secs());
                     tokio::time::sleep(Duration::from_secs(2)).await;
                 }
                 TaskState::Done => break,
@@ -301,6 +302,20 @@ async fn move_disk(ctl: &Controller, client: &Arc<Client>, plan: &Plan, pv_name:
     Ok(volid)
 }
 
+/// A progress bar from the task's latest `transferred … (NN.NN%)` line.
+fn bar(progress: Option<&str>) -> String {
+    let pct = progress
+        .and_then(|p| p.rsplit_once('(')?.1.split_once('%')?.0.trim().parse::<f64>().ok())
+        .map(|p| p.clamp(0.0, 100.0));
+    match pct {
+        Some(p) => {
+            let filled = (p / 5.0).round() as usize;
+            format!("[{}{}] {p:5.1}%", "#".repeat(filled), "-".repeat(20 - filled))
+        }
+        None => "[copying]".to_string(),
+    }
+}
+
 async fn attached(ctl: &Controller, client: &Client, volid: &str, d: Deadline) -> Result<Option<u32>> {
     for vm in ctl.vms.all(client, d).await? {
         if vm.has_tag("proxmox-csi") {
@@ -312,4 +327,14 @@ async fn attached(ctl: &Controller, client: &Client, volid: &str, d: Deadline) -
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn progress_bars() {
+        assert_eq!(super::bar(Some("transferred 512.0 MiB of 1.0 GiB (50.00%)")), "[##########----------]  50.0%");
+        assert_eq!(super::bar(Some("drive-scsi0: transferred 1.0 GiB of 1.0 GiB (100.00%) in 3s")), "[####################] 100.0%");
+        assert_eq!(super::bar(None), "[copying]");
+    }
 }
