@@ -70,7 +70,8 @@ impl Attachments {
             let mut found = HashMap::new();
             // The controller's own VMs hold disks that are not attachments:
             // copies being made, replicated volumes' holders (see ctl).
-            let copies = |v: &crate::pve::api::VmResource| ["csi-snapshot", "csi-volume", "csi-replicated"].iter().any(|t| v.has_tag(t));
+            use crate::ctl::{REPLICATED_TAG, SNAPSHOT_TAG, VOLUME_TAG};
+            let copies = |v: &crate::pve::api::VmResource| [SNAPSHOT_TAG, VOLUME_TAG, REPLICATED_TAG].iter().any(|t| v.has_tag(t));
             for vm in index.all(client, d).await?.into_iter().filter(|v| !copies(v)) {
                 let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
                 for (k, v) in &cfg.values {

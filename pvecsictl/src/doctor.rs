@@ -2,7 +2,9 @@
 
 use serde::Serialize;
 
-use crate::state::{State, is_disk_slot};
+use proxmox_csi_controller::drive::is_disk_key;
+
+use crate::state::State;
 
 /// The privileges of the minimal CSI role.
 pub const MINIMAL_ROLE: &[&str] = &["VM.Audit", "VM.Config.Disk", "Datastore.Allocate", "Datastore.AllocateSpace", "Datastore.Audit"];
@@ -155,7 +157,7 @@ fn workers(s: &State, out: &mut Vec<Finding>) {
         let held: Vec<&String> = vm
             .config
             .iter()
-            .filter(|(k, v)| is_disk_slot(k) && v.split(',').next().is_some_and(|vol| vol.contains(&placeholder)))
+            .filter(|(k, v)| is_disk_key(k) && v.split(',').next().is_some_and(|vol| vol.contains(&placeholder)))
             .map(|(k, _)| k)
             .collect();
         if !held.is_empty() {

@@ -20,11 +20,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::{Node, PersistentVolume};
-use kube::Api;
+use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use proxmox_csi_controller::attach::Op;
-use proxmox_csi_controller::ctl::{Controller, NewVm};
+use proxmox_csi_controller::ctl::{CSI_TAG, Controller, NewVm, VOLUME_TAG};
+use proxmox_csi_controller::drive::is_disk_key;
 use proxmox_csi_controller::pve::tasks::TaskState;
 use proxmox_csi_controller::pve::{Client, Deadline};
 use proxmox_csi_controller::volume::VolumeId;
@@ -131,7 +131,7 @@ pub async fn run(k: &Kube, clients: &[Arc<Client>], controller_vmid: u32, claim:
     if opts.rollback {
         let ctl = Controller::new(vec![client.clone()], controller_vmid, Duration::from_secs(60));
         let d = Deadline::after(Duration::from_secs(60));
-        if ctl.vms.by_name(&client, &carrier_name(&pv_name), d).await?.filter(|v| v.has_tag("csi-volume")).is_none() {
+        if ctl.vms.by_name(&client, &carrier_name(&pv_name), d).await?.filter(|v| v.has_tag(VOLUME_TAG)).is_none() {
             // Nothing moved in Proxmox yet: only the record and the policy to undo.
             k.pvs()
                 .patch(&pv_name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"persistentVolumeReclaimPolicy": plan.reclaim}, "metadata": {"annotations": {OPERATION: null}}})))
@@ -154,31 +154,13 @@ async fn forward(k: &Kube, client: Arc<Client>, controller_vmid: u32, plan: &mut
     let mut steps = Vec::new();
     let d = || Deadline::after(timeout);
     let claims = vec![plan.claim_name.clone()];
-    let users = k.users(&claims).await?;
-    if !users.is_empty() {
-        let names: Vec<String> = users.iter().filter_map(|p| p.metadata.name.clone()).collect();
-        if !opts.force {
-            bail!("claim {} is used by pods {}: stop them or use --force (cordons their nodes and deletes them)", plan.claim_name, names.join(", "));
-        }
-        let nodes: Api<Node> = Api::all(k.client.clone());
-        for node in users.iter().filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone())) {
-            if !nodes.get(&node).await?.spec.and_then(|s| s.unschedulable).unwrap_or(false) && !plan.cordoned.contains(&node) {
-                k.set_unschedulable(&node, true).await?;
-                plan.cordoned.push(node.clone());
-                steps.push(format!("cordoned {node}"));
-            }
-        }
-    }
+    let users = k.cordon_users(&claims, opts.force, &mut plan.cordoned, &mut steps).await?;
     let record = serde_json::to_string(plan)?;
     let annotate = async |v: serde_json::Value| k.pvs().patch(pv_name, &PatchParams::default(), &Patch::Merge(v)).await;
     if k.pvs().get_opt(pv_name).await?.is_some() {
         annotate(json!({"metadata": {"annotations": {OPERATION: record}}, "spec": {"persistentVolumeReclaimPolicy": "Retain"}})).await?;
     }
-    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(k.client.clone(), &k.namespace);
-    for p in &users {
-        pods.delete(&p.metadata.name.clone().unwrap_or_default(), &DeleteParams::default()).await?;
-    }
-    k.wait_gone("pods using the claim", async || Ok(!k.users(&claims).await?.is_empty())).await?;
+    k.remove_users(&users, &claims, &mut steps).await?;
 
     let ctl = Controller::new(vec![client.clone()], controller_vmid, Duration::from_secs(120));
     let new_volid = move_disk(&ctl, &client, plan, pv_name, id, d, &mut steps).await?;
@@ -248,7 +230,7 @@ async fn forward(k: &Kube, client: Arc<Client>, controller_vmid: u32, plan: &mut
 /// Returns the disk's new volid. Each step is skipped when done already.
 async fn move_disk(ctl: &Controller, client: &Arc<Client>, plan: &Plan, pv_name: &str, id: &VolumeId, d: impl Fn() -> Deadline, steps: &mut Vec<String>) -> Result<String> {
     let name = carrier_name(pv_name);
-    let carrier = match ctl.vms.by_name(client, &name, d()).await?.filter(|v| v.has_tag("csi-volume")) {
+    let carrier = match ctl.vms.by_name(client, &name, d()).await?.filter(|v| v.has_tag(VOLUME_TAG)) {
         Some(vm) => vm,
         None => {
             // Detached from every worker first (the attacher does it once the pods are gone).
@@ -260,7 +242,7 @@ async fn move_disk(ctl: &Controller, client: &Arc<Client>, plan: &Plan, pv_name:
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
             let description = format!("Proxmox CSI volume {pv_name}, moved from {} to {} by pvecsictl. It is kept stopped, as unused0.\nDelete it through Kubernetes, not here.\n", plan.from, plan.to);
-            let vm = ctl.new_vm(client, &plan.from, &NewVm { name: &name, kind: "csi-volume", description }, d()).await?;
+            let vm = ctl.new_vm(client, &plan.from, &NewVm { name: &name, kind: VOLUME_TAG, description }, d()).await?;
             steps.push(format!("created carrier VM {} on {}", vm.vmid, plan.from));
             vm
         }
@@ -318,11 +300,11 @@ fn bar(progress: Option<&str>) -> String {
 
 async fn attached(ctl: &Controller, client: &Client, volid: &str, d: Deadline) -> Result<Option<u32>> {
     for vm in ctl.vms.all(client, d).await? {
-        if vm.has_tag("proxmox-csi") {
+        if vm.has_tag(CSI_TAG) {
             continue;
         }
         let cfg = client.vm_config(&vm.node, vm.vmid, d).await?.values;
-        if cfg.iter().any(|(k, v)| crate::state::is_disk_slot(k) && v.split(',').next() == Some(volid)) {
+        if cfg.iter().any(|(k, v)| is_disk_key(k) && v.split(',').next() == Some(volid)) {
             return Ok(Some(vm.vmid));
         }
     }

@@ -103,7 +103,7 @@ impl Kube {
     }
 
     /// Pods (not finished) that mount one of `claims`.
-    pub(crate) async fn users(&self, claims: &[String]) -> Result<Vec<Pod>> {
+    async fn users(&self, claims: &[String]) -> Result<Vec<Pod>> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
         Ok(pods
             .list(&ListParams::default())
@@ -116,6 +116,40 @@ impl Kube {
                 })
             })
             .collect())
+    }
+
+    /// The pods using `claims`, with their nodes cordoned (each one this
+    /// run cordons is added to `cordoned`); refused without `force`.
+    pub(crate) async fn cordon_users(&self, claims: &[String], force: bool, cordoned: &mut Vec<String>, steps: &mut Vec<String>) -> Result<Vec<Pod>> {
+        let users = self.users(claims).await?;
+        if users.is_empty() {
+            return Ok(users);
+        }
+        let names: Vec<String> = users.iter().filter_map(|p| p.metadata.name.clone()).collect();
+        if !force {
+            bail!("claims {} are used by pods {}: stop them or use --force (cordons their nodes and deletes them)", claims.join(", "), names.join(", "));
+        }
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        for node in users.iter().filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone())) {
+            let already = nodes.get(&node).await?.spec.and_then(|s| s.unschedulable).unwrap_or(false);
+            if !already && !cordoned.contains(&node) {
+                self.set_unschedulable(&node, true).await?;
+                cordoned.push(node.clone());
+                steps.push(format!("cordoned {node}"));
+            }
+        }
+        Ok(users)
+    }
+
+    /// Deletes `users` and waits until no pod uses `claims`.
+    pub(crate) async fn remove_users(&self, users: &[Pod], claims: &[String], steps: &mut Vec<String>) -> Result<()> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        for p in users {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            pods.delete(&name, &DeleteParams::default()).await?;
+            steps.push(format!("deleted pod {name}"));
+        }
+        self.wait_gone("pods using the claims", async || Ok(!self.users(claims).await?.is_empty())).await
     }
 
     pub(crate) async fn set_unschedulable(&self, node: &str, yes: bool) -> Result<()> {
@@ -285,30 +319,9 @@ async fn record(k: &Kube, plan: &Plan) -> Result<()> {
 async fn forward(k: &Kube, plan: &mut Plan, force: bool) -> Result<Vec<String>> {
     let mut steps = Vec::new();
     let olds: Vec<String> = plan.moves.iter().map(|m| m.from.clone()).collect();
-    let users = k.users(&olds).await?;
-    if !users.is_empty() {
-        let names: Vec<String> = users.iter().filter_map(|p| p.metadata.name.clone()).collect();
-        if !force {
-            bail!("claims {} are used by pods {}: stop them or use --force (cordons their nodes and deletes them)", olds.join(", "), names.join(", "));
-        }
-        let nodes: Api<Node> = Api::all(k.client.clone());
-        for node in users.iter().filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone())) {
-            let already = nodes.get(&node).await?.spec.and_then(|s| s.unschedulable).unwrap_or(false);
-            if !already && !plan.cordoned.contains(&node) {
-                k.set_unschedulable(&node, true).await?;
-                plan.cordoned.push(node.clone());
-                steps.push(format!("cordoned {node}"));
-            }
-        }
-    }
+    let users = k.cordon_users(&olds, force, &mut plan.cordoned, &mut steps).await?;
     record(k, plan).await?;
-    let pods: Api<Pod> = Api::namespaced(k.client.clone(), &k.namespace);
-    for p in &users {
-        let name = p.metadata.name.clone().unwrap_or_default();
-        pods.delete(&name, &DeleteParams::default()).await?;
-        steps.push(format!("deleted pod {name}"));
-    }
-    k.wait_gone("pods using the claims", async || Ok(!k.users(&olds).await?.is_empty())).await?;
+    k.remove_users(&users, &olds, &mut steps).await?;
 
     for m in &plan.moves {
         k.pvs().patch(&m.volume, &PatchParams::default(), &Patch::Merge(json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}}))).await?;

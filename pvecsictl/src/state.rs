@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use kube::Api;
 use kube::api::ListParams;
+use proxmox_csi_controller::drive::is_disk_key;
 use proxmox_csi_controller::pve::api::{StorageResource, VmResource};
 use proxmox_csi_controller::pve::{Client, Deadline};
 use reqwest::Method;
@@ -162,13 +163,9 @@ impl State {
             .filter(|v| {
                 v.config
                     .iter()
-                    .any(|(k, line)| (is_disk_slot(k) || k.starts_with("unused")) && line.split(',').next() == Some(volid))
+                    .any(|(k, line)| (is_disk_key(k) || k.starts_with("unused")) && line.split(',').next() == Some(volid))
             })
             .map(|v| v.res.vmid)
             .collect()
     }
-}
-
-pub fn is_disk_slot(k: &str) -> bool {
-    ["scsi", "virtio", "sata", "ide"].iter().any(|b| k.strip_prefix(b).is_some_and(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit())))
 }

@@ -77,7 +77,7 @@ pub fn vm_name(csi_name: &str) -> String {
 }
 
 fn describe(spec: &CopySpec, created: i64) -> String {
-    let what = if spec.kind == "csi-snapshot" { "snapshot" } else { "volume" };
+    let what = if spec.kind == super::snapshot::SNAPSHOT_TAG { "snapshot" } else { "volume" };
     format!(
         "Proxmox CSI {what} {name}, a copy of {src}. It is kept stopped, as unused0.\n\
          Delete it through Kubernetes, not here.\n\
@@ -288,7 +288,7 @@ mod tests {
         assert_eq!(drive_size(&DriveLine::parse("l:vm-1-disk-0")), None);
         let spec = CopySpec {
             name: "snap-1".into(),
-            kind: "csi-snapshot",
+            kind: crate::ctl::SNAPSHOT_TAG,
             node: "pve1".into(),
             storage: "local-lvm".into(),
             source: "local-lvm:vm-9999-pvc-a".into(),

@@ -27,9 +27,11 @@ use crate::pve::{Client, Deadline};
 use crate::vms::VmIndex;
 
 pub use capability::check_capabilities;
+pub use clone::VOLUME_TAG;
 pub use copy::vm_name;
-pub use holder::NewVm;
-pub use snapshot::SnapshotId;
+pub use holder::{NewVm, TAG as CSI_TAG};
+pub use replicate::REPLICATED_TAG;
+pub use snapshot::{SNAPSHOT_TAG, SnapshotId};
 
 /// Shared state of the controller.
 #[derive(Debug)]

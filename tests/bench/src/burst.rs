@@ -25,14 +25,6 @@ pub struct Outcome {
     pub attached: usize,
 }
 
-fn mount_cap() -> csi::VolumeCapability {
-    use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
-    use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume { fs_type: "ext4".into(), ..Default::default() })),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    }
-}
 
 /// Creates `n` volumes on pve1 (latency off), then sets the costs.
 async fn prepared(n: usize) -> Result<(Sim, Vec<csi::Volume>)> {
@@ -49,7 +41,7 @@ async fn prepared(n: usize) -> Result<(Sim, Vec<csi::Volume>)> {
         let r = csi::CreateVolumeRequest {
             name: format!("pvc-burst-{i:02}"),
             capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
-            volume_capabilities: vec![mount_cap()],
+            volume_capabilities: vec![crate::mount_cap("ext4")],
             parameters: HashMap::from([("storage".to_string(), "local-lvm".to_string())]),
             accessibility_requirements: Some(csi::TopologyRequirement { requisite: vec![topo.clone()], preferred: vec![topo] }),
             ..Default::default()
@@ -76,7 +68,7 @@ pub async fn ours(n: usize) -> Result<Outcome> {
         let req = csi::ControllerPublishVolumeRequest {
             volume_id: v.volume_id.clone(),
             node_id: "worker-200/200".into(),
-            volume_capability: Some(mount_cap()),
+            volume_capability: Some(crate::mount_cap("ext4")),
             volume_context: v.volume_context.clone(),
             ..Default::default()
         };

@@ -25,14 +25,6 @@ use crate::sim::{SECRET, TOKEN};
 
 const PASSPHRASE: &str = "bench passphrase, not a secret";
 
-fn cap() -> csi::VolumeCapability {
-    use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
-    use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume { fs_type: "xfs".into(), ..Default::default() })),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    }
-}
 
 /// Creates and hot-plugs a 1 GiB volume into the guest; its id and WWN.
 async fn plugged(ctl: &ControllerService, name: &str) -> Result<(String, String)> {
@@ -40,7 +32,7 @@ async fn plugged(ctl: &ControllerService, name: &str) -> Result<(String, String)
         .create_volume(Request::new(csi::CreateVolumeRequest {
             name: name.into(),
             capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
-            volume_capabilities: vec![cap()],
+            volume_capabilities: vec![crate::mount_cap("xfs")],
             parameters: HashMap::from([("storage".to_string(), "local-lvm".to_string())]),
             ..Default::default()
         }))
@@ -52,7 +44,7 @@ async fn plugged(ctl: &ControllerService, name: &str) -> Result<(String, String)
         .controller_publish_volume(Request::new(csi::ControllerPublishVolumeRequest {
             volume_id: v.volume_id.clone(),
             node_id: "worker-2/112".into(),
-            volume_capability: Some(cap()),
+            volume_capability: Some(crate::mount_cap("xfs")),
             ..Default::default()
         }))
         .await?
@@ -103,7 +95,7 @@ pub async fn compare(rounds: usize) -> Result<(f64, f64)> {
             volume_id: id.clone(),
             publish_context: HashMap::from([("wwn".to_string(), wwn)]),
             staging_target_path: staging.clone(),
-            volume_capability: Some(cap()),
+            volume_capability: Some(crate::mount_cap("xfs")),
             secrets: HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]),
             ..Default::default()
         };

@@ -39,14 +39,6 @@ pub struct Run {
     pub peak_rss_kib: u64,
 }
 
-fn cap() -> csi::VolumeCapability {
-    use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
-    use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume { fs_type: "ext4".into(), ..Default::default() })),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    }
-}
 
 fn zone_of(i: usize) -> String {
     format!("pve{}", i % NODES + 1)
@@ -62,7 +54,7 @@ fn create_req(i: usize) -> csi::CreateVolumeRequest {
     csi::CreateVolumeRequest {
         name: format!("pvc-scale-{i:05}"),
         capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
-        volume_capabilities: vec![cap()],
+        volume_capabilities: vec![crate::mount_cap("ext4")],
         parameters: HashMap::from([("storage".to_string(), "local-lvm".to_string())]),
         accessibility_requirements: Some(csi::TopologyRequirement { requisite: vec![topo.clone()], preferred: vec![topo] }),
         ..Default::default()
@@ -127,7 +119,7 @@ pub async fn run(sizes: &[usize], concurrency: usize, latency_ms: u64) -> Result
         let pubs = window.iter().map(|(i, id)| {
             let mut ctl = ctl.clone();
             let (node_id, _) = vm_for(*i, round + *i / NODES);
-            let req = csi::ControllerPublishVolumeRequest { volume_id: id.clone(), node_id, volume_capability: Some(cap()), ..Default::default() };
+            let req = csi::ControllerPublishVolumeRequest { volume_id: id.clone(), node_id, volume_capability: Some(crate::mount_cap("ext4")), ..Default::default() };
             async move { timed(ctl.controller_publish_volume(req)).await.map(|(_, ms)| ms) }
         });
         for r in futures::future::join_all(pubs).await {

@@ -76,14 +76,6 @@ struct Campaign {
     out: Outcome,
 }
 
-fn cap() -> csi::VolumeCapability {
-    use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
-    use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume { fs_type: "ext4".into(), ..Default::default() })),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    }
-}
 
 fn final_code(c: Code) -> bool {
     matches!(c, Code::InvalidArgument | Code::NotFound | Code::AlreadyExists | Code::FailedPrecondition | Code::OutOfRange | Code::Unimplemented | Code::PermissionDenied)
@@ -214,7 +206,7 @@ impl Campaign {
                 let req = csi::CreateVolumeRequest {
                     name: name.clone(),
                     capacity_range: Some(csi::CapacityRange { required_bytes: bytes as i64, limit_bytes: 0 }),
-                    volume_capabilities: vec![cap()],
+                    volume_capabilities: vec![crate::mount_cap("ext4")],
                     parameters: HashMap::from([("storage".to_string(), "local-lvm".to_string())]),
                     accessibility_requirements: Some(csi::TopologyRequirement {
                         requisite: vec![csi::Topology {
@@ -243,7 +235,7 @@ impl Campaign {
                 let req = csi::ControllerPublishVolumeRequest {
                     volume_id: self.vols[i].id.clone(),
                     node_id: format!("worker-{vmid}/{vmid}"),
-                    volume_capability: Some(cap()),
+                    volume_capability: Some(crate::mount_cap("ext4")),
                     ..Default::default()
                 };
                 let ok = self.retry(format!("ControllerPublishVolume {} to {vmid}", self.vols[i].name), |mut c| {
@@ -272,7 +264,7 @@ impl Campaign {
                 let req = csi::ControllerExpandVolumeRequest {
                     volume_id: self.vols[i].id.clone(),
                     capacity_range: Some(csi::CapacityRange { required_bytes: bytes as i64, limit_bytes: 0 }),
-                    volume_capability: Some(cap()),
+                    volume_capability: Some(crate::mount_cap("ext4")),
                     ..Default::default()
                 };
                 let ok = self.retry(format!("ControllerExpandVolume {} to {bytes}", self.vols[i].name), |mut c| {
