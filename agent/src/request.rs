@@ -65,6 +65,15 @@ impl Rules {
         }
         Ok(v.to_string())
     }
+
+    /// A `volume_path` of NodeGetVolumeStats or NodeExpandVolume: one that
+    /// could not hold a volume of ours (relative, outside kubelet's tree)
+    /// names no volume, the spec's NOT_FOUND.
+    fn volume_path(&self, v: &str) -> Result<String, AgentError> {
+        required("volume_path", v)?;
+        self.path("volume_path", v)
+            .map_err(|e| AgentError::NotFound(format!("no volume is published at {v:?}: {e}")))
+    }
 }
 
 /// The access type and mode, checked: single-node modes only.
@@ -226,6 +235,7 @@ impl Rules {
     pub fn publish(&self, r: &csi::NodePublishVolumeRequest) -> Result<hostd::PublishRequest, AgentError> {
         let volume_id = volume_id(&r.volume_id)?.to_string();
         let target_path = self.path("target_path", &r.target_path)?;
+        let (access, mode) = capability("volume_capability", r.volume_capability.as_ref())?;
         if r.staging_target_path.is_empty() {
             // The spec's answer when STAGE_UNSTAGE_VOLUME is advertised.
             return Err(AgentError::Unstaged(
@@ -233,7 +243,6 @@ impl Rules {
             ));
         }
         let staging_path = self.path("staging_target_path", &r.staging_target_path)?;
-        let (access, mode) = capability("volume_capability", r.volume_capability.as_ref())?;
         let (block, mount_flags) = match access {
             AccessType::Block(_) => (true, Vec::new()),
             AccessType::Mount(m) => {
@@ -248,6 +257,7 @@ impl Rules {
             read_only: r.readonly || mode == Mode::SingleNodeReaderOnly,
             block,
             mount_flags,
+            single_writer: mode == Mode::SingleNodeSingleWriter,
         })
     }
 
@@ -272,7 +282,7 @@ impl Rules {
         })?;
         Ok(hostd::ExpandRequest {
             volume_id: volume_id(&r.volume_id)?.to_string(),
-            volume_path: self.path("volume_path", &r.volume_path)?,
+            volume_path: self.volume_path(&r.volume_path)?,
             required_bytes,
             encryption: passphrase("secrets", &r.secrets)?,
         })
@@ -281,7 +291,7 @@ impl Rules {
     pub fn stats(&self, r: &csi::NodeGetVolumeStatsRequest) -> Result<hostd::StatsRequest, AgentError> {
         Ok(hostd::StatsRequest {
             volume_id: volume_id(&r.volume_id)?.to_string(),
-            volume_path: self.path("volume_path", &r.volume_path)?,
+            volume_path: self.volume_path(&r.volume_path)?,
         })
     }
 }

@@ -7,6 +7,7 @@ pub mod ids;
 pub mod endpoint;
 pub mod logging;
 pub mod metrics;
+pub mod rpc;
 pub mod secret;
 pub mod shutdown;
 

@@ -14,7 +14,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use crate::drive::{self, DriveLine, SLOTS};
 use crate::error::CtlError;
 use crate::pve::client::backoff;
-use crate::pve::{Client, Deadline, PveError};
+use crate::pve::{Client, Deadline, ErrorKind, PveError};
 
 #[derive(Debug, Clone)]
 pub enum Op {
@@ -176,9 +176,7 @@ async fn run_batch(att: &Attacher, client: &Client, node: &str, vmid: u32, mut j
         match outcome {
             Ok(()) => return,
             Err(e) => {
-                let retry = matches!(&e, PveError::Api { message, .. } if message.contains("checksum mismatch"))
-                    || matches!(&e, PveError::Task { exitstatus, .. } if exitstatus.contains("checksum mismatch"))
-                    || e.is_transient();
+                let retry = e.kind() == ErrorKind::DigestMismatch || e.is_transient();
                 let wait = backoff(attempt);
                 if retry && deadline.remaining() > wait {
                     tracing::debug!(vmid, error = %e, "config write raced or Proxmox busy; retrying");
@@ -231,6 +229,17 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
         match &job.op {
             Op::Attach { volid, handle, opts } => {
                 if let Some(slot) = slots.first() {
+                    // Published again: the same answer, unless the access differs
+                    // (the spec's ALREADY_EXISTS for an incompatible capability).
+                    let read_only = |o: &BTreeMap<String, String>| o.get("ro").is_some_and(|v| v == "1");
+                    let now = cfg.values.get(slot).map(|l| read_only(&DriveLine::parse(l).opts)).unwrap_or(false);
+                    if now != read_only(opts) {
+                        let (has, asked) = if now { ("read-only", "read-write") } else { ("read-write", "read-only") };
+                        done.push((i, Err(CtlError::AlreadyExists(format!(
+                            "volume {handle} is published to VM {vmid} {has} ({slot}); it cannot also be published {asked}: unpublish it first"
+                        )))));
+                        continue;
+                    }
                     done.push((i, Ok(Some(read_back(&cfg.values, slot)))));
                     continue;
                 }
@@ -284,15 +293,15 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
     form.push(("digest", cfg.digest.clone()));
     att.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let result = client.update_config(node, vmid, &form, d).await;
-    // A task that failed after its UPID (a hot-plug problem, or anything
-    // else but a lost race or a busy VM, which the caller retries) may have
-    // left part of the change: verify and revert as for a failed hot-plug.
+    // A task that failed after its UPID may have left part of the change
+    // (qemu-server writes each new disk key in its own step, and a hot-plug
+    // failure leaves that key pending): whatever the error's kind, even a
+    // transient one, verify and revert before answering. Only a lost digest
+    // race wrote nothing (qemu-server checks the digest first).
     let hotplug_failure = match &result {
         Ok(()) => None,
-        Err(e @ PveError::Task { exitstatus, .. }) if !exitstatus.contains("checksum mismatch") && !e.is_transient() => {
-            Some(exitstatus.clone())
-        }
-        Err(PveError::Api { message, .. }) if message.contains("hotplug problem") => Some(message.clone()),
+        Err(e @ PveError::Task { exitstatus, .. }) if e.kind() != ErrorKind::DigestMismatch => Some(exitstatus.clone()),
+        Err(e @ PveError::Api { message, .. }) if e.kind() == ErrorKind::HotplugFailed => Some(message.clone()),
         Err(_) => return result,
     };
 

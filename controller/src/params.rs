@@ -166,9 +166,18 @@ impl StorageParams {
         c
     }
 
-    /// Back from a volume context (strict too: it was written by us).
+    /// Back from a volume context at publish. The context is the PV's
+    /// volumeAttributes, which others write too: the external-provisioner
+    /// adds `storage.kubernetes.io/csiProvisionerIdentity` to every PV
+    /// (external-provisioner pkg/controller/controller.go, Provision), and
+    /// the Go driver's contexts carry `resizeRequired`, `resizeSizeBytes`,
+    /// `iops_*`, `mbps_*` (proxmox-csi-plugin pkg/csi/parameters.go,
+    /// StorageParameters and ModifyVolumeParameters.MergeMap). Only the keys
+    /// we know are read; the rest is not ours to police.
     pub fn from_context(ctx: &HashMap<String, String>) -> Result<Self, ParamError> {
-        Self::parse(ctx)
+        let known: HashMap<String, String> =
+            ctx.iter().filter(|(k, _)| KEYS.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
+        Self::parse(&known)
     }
 
     /// Drive options for the VM config: `backup`, `iothread`, `replicate`,
@@ -243,6 +252,23 @@ mod tests {
         assert_eq!(ctx["ssd"], "1");
         let back = StorageParams::from_context(&ctx.into_iter().collect()).unwrap();
         assert_eq!(back, p);
+    }
+
+    #[test]
+    fn a_context_keeps_only_the_keys_we_know() {
+        let ctx = map(&[
+            ("storage", "local-lvm"),
+            ("ssd", "1"),
+            ("storage.kubernetes.io/csiProvisionerIdentity", "1730000000000-8081-csi.proxmox.sinextra.dev"),
+            ("resizeRequired", "true"),
+            ("resizeSizeBytes", "1073741824"),
+            ("iops_rd", "100"),
+            ("mbps_wr", "10"),
+        ]);
+        let p = StorageParams::from_context(&ctx).unwrap();
+        assert_eq!((p.storage.as_str(), p.ssd), ("local-lvm", Some(true)));
+        // A StorageClass is still parsed strictly.
+        assert!(StorageParams::parse(&ctx).is_err());
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub enum HostdError {
     },
     #[error("volume {0} is not staged")]
     NotStaged(String),
+    #[error("volume {volume_id} is SINGLE_NODE_SINGLE_WRITER and already published read-write at {other}")]
+    PublishedElsewhere { volume_id: String, other: PathBuf },
     #[error("{0}")]
     Unsupported(String),
     #[error("{action} {target}: {reason}")]
@@ -62,7 +64,7 @@ impl HostdError {
             Self::DeviceNotFound { .. } => Code::Unavailable,
             Self::DeviceRefused { .. } | Self::HoldsData { .. } => Code::FailedPrecondition,
             Self::StagedDifferently { .. } => Code::AlreadyExists,
-            Self::NotStaged(_) => Code::FailedPrecondition,
+            Self::NotStaged(_) | Self::PublishedElsewhere { .. } => Code::FailedPrecondition,
             Self::Unsupported(_) => Code::Unimplemented,
             Self::Failed { .. } => Code::Internal,
         }

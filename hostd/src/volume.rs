@@ -354,6 +354,18 @@ impl Volumes {
                 ),
             });
         }
+        // One read-write publication at a time (the spec's answer for a
+        // second one is FAILED_PRECONDITION): another read-write mount of
+        // the staged filesystem in a pod's directory is that publication.
+        if req.single_writer && !req.read_only && !req.block {
+            let pods = self.paths.root().join("pods");
+            if let Some(other) = table
+                .iter()
+                .find(|m| m.majmin == staged.majmin && !m.read_only && m.mount_point != source && m.mount_point.starts_with(&pods))
+            {
+                return Err(HostdError::PublishedElsewhere { volume_id: req.volume_id.clone(), other: other.mount_point.clone() });
+            }
+        }
         if req.block {
             ensure_file(&target)?;
         } else {

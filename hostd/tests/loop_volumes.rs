@@ -241,6 +241,7 @@ async fn filesystem_volume_lifecycle_is_idempotent_and_keeps_data() {
         read_only: false,
         block: false,
         mount_flags: vec![],
+        single_writer: false,
     };
     env.client.publish(publish.clone()).await.unwrap();
     env.client.publish(publish.clone()).await.unwrap();
@@ -289,6 +290,7 @@ async fn filesystem_volume_lifecycle_is_idempotent_and_keeps_data() {
             read_only: true,
             block: false,
             mount_flags: vec![],
+            single_writer: false,
         })
         .await
         .unwrap();
@@ -428,6 +430,7 @@ async fn raw_block_volume_is_bound_through_to_the_pod() {
         read_only: false,
         block: true,
         mount_flags: vec![],
+        single_writer: false,
     };
     env.client.publish(publish.clone()).await.unwrap();
     env.client.publish(publish).await.unwrap();
@@ -508,6 +511,7 @@ async fn bad_requests_get_the_right_codes() {
             read_only: false,
             block: false,
             mount_flags: vec![],
+            single_writer: false,
         })
         .await
         .unwrap_err();

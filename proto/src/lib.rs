@@ -16,3 +16,27 @@ pub mod hostd {
 
 /// Path of our own `csi.proto`, for tests that inspect the source.
 pub const CSI_PROTO_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/proto/csi.proto");
+
+/// What the driver as a whole offers. The controller and the node plugin
+/// are one CSI plugin deployed in two parts, and both report this list
+/// (as the Go driver does), so a CO or csi-sanity asking either part sees
+/// the same plugin.
+pub mod plugin {
+    use crate::csi::v1 as csi;
+    use csi::plugin_capability::{self, service, volume_expansion};
+
+    pub fn capabilities() -> Vec<csi::PluginCapability> {
+        let service = |t: service::Type| csi::PluginCapability {
+            r#type: Some(plugin_capability::Type::Service(plugin_capability::Service { r#type: t as i32 })),
+        };
+        vec![
+            service(service::Type::ControllerService),
+            service(service::Type::VolumeAccessibilityConstraints),
+            csi::PluginCapability {
+                r#type: Some(plugin_capability::Type::VolumeExpansion(plugin_capability::VolumeExpansion {
+                    r#type: volume_expansion::Type::Online as i32,
+                })),
+            },
+        ]
+    }
+}

@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use proxmox_csi_proto::csi::v1 as csi;
-use proxmox_csi_proto::csi::v1::plugin_capability::{self, service};
 use proxmox_csi_proto::hostd::v1::HealthRequest;
 use proxmox_csi_proto::hostd::v1::hostd_client::HostdClient;
 use tonic::transport::Channel;
@@ -43,13 +42,8 @@ impl csi::identity_server::Identity for Identity {
         &self,
         _: Request<csi::GetPluginCapabilitiesRequest>,
     ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
-        // The node plugin serves no Controller service; it reports topology.
         Ok(Response::new(csi::GetPluginCapabilitiesResponse {
-            capabilities: vec![csi::PluginCapability {
-                r#type: Some(plugin_capability::Type::Service(plugin_capability::Service {
-                    r#type: service::Type::VolumeAccessibilityConstraints as i32,
-                })),
-            }],
+            capabilities: proxmox_csi_proto::plugin::capabilities(),
         }))
     }
 

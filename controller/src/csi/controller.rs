@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_service_capability::{self, rpc};
+use proxmox_csi_common::rpc::traced;
 use tonic::{Request, Response, Status};
 
 use crate::ctl::{Controller, SnapshotId, deadline};
@@ -45,60 +46,88 @@ pub const CAPABILITIES: &[rpc::Type] = &[
 #[tonic::async_trait]
 impl csi::controller_server::Controller for ControllerService {
     async fn create_volume(&self, req: Request<csi::CreateVolumeRequest>) -> Result<Response<csi::CreateVolumeResponse>, Status> {
-        let d = self.deadline(&req);
-        let volume = self.0.create_volume(req.get_ref(), d).await?;
-        tracing::info!(name = req.get_ref().name, volume_id = volume.volume_id, bytes = volume.capacity_bytes, "volume created");
-        Ok(Response::new(csi::CreateVolumeResponse { volume: Some(volume) }))
+        let id = req.get_ref().name.clone();
+        traced("CreateVolume", &id, async move {
+            let d = self.deadline(&req);
+            let volume = self.0.create_volume(req.get_ref(), d).await?;
+            tracing::info!(name = req.get_ref().name, volume_id = volume.volume_id, bytes = volume.capacity_bytes, "volume created");
+            Ok(Response::new(csi::CreateVolumeResponse { volume: Some(volume) }))
+        })
+        .await
     }
 
     async fn delete_volume(&self, req: Request<csi::DeleteVolumeRequest>) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
-        let d = self.deadline(&req);
-        self.0.delete_volume(&req.get_ref().volume_id, d).await?;
-        tracing::info!(volume_id = req.get_ref().volume_id, "volume deleted");
-        Ok(Response::new(csi::DeleteVolumeResponse {}))
+        let id = req.get_ref().volume_id.clone();
+        traced("DeleteVolume", &id, async move {
+            let d = self.deadline(&req);
+            self.0.delete_volume(&req.get_ref().volume_id, d).await?;
+            tracing::info!(volume_id = req.get_ref().volume_id, "volume deleted");
+            Ok(Response::new(csi::DeleteVolumeResponse {}))
+        })
+        .await
     }
 
     async fn controller_publish_volume(
         &self,
         req: Request<csi::ControllerPublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
-        let d = self.deadline(&req);
-        let publish_context = self.0.publish(req.get_ref(), d).await?;
-        tracing::info!(volume_id = req.get_ref().volume_id, node_id = req.get_ref().node_id, ?publish_context, "volume published");
-        Ok(Response::new(csi::ControllerPublishVolumeResponse { publish_context }))
+        let id = req.get_ref().volume_id.clone();
+        traced("ControllerPublishVolume", &id, async move {
+            let d = self.deadline(&req);
+            let publish_context = self.0.publish(req.get_ref(), d).await?;
+            tracing::info!(volume_id = req.get_ref().volume_id, node_id = req.get_ref().node_id, ?publish_context, "volume published");
+            Ok(Response::new(csi::ControllerPublishVolumeResponse { publish_context }))
+        })
+        .await
     }
 
     async fn controller_unpublish_volume(
         &self,
         req: Request<csi::ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
-        let d = self.deadline(&req);
-        self.0.unpublish(req.get_ref(), d).await?;
-        tracing::info!(volume_id = req.get_ref().volume_id, node_id = req.get_ref().node_id, "volume unpublished");
-        Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}))
+        let id = req.get_ref().volume_id.clone();
+        traced("ControllerUnpublishVolume", &id, async move {
+            let d = self.deadline(&req);
+            self.0.unpublish(req.get_ref(), d).await?;
+            tracing::info!(volume_id = req.get_ref().volume_id, node_id = req.get_ref().node_id, "volume unpublished");
+            Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}))
+        })
+        .await
     }
 
     async fn validate_volume_capabilities(
         &self,
         req: Request<csi::ValidateVolumeCapabilitiesRequest>,
     ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
-        let d = self.deadline(&req);
-        Ok(Response::new(self.0.validate(req.get_ref(), d).await?))
+        let id = req.get_ref().volume_id.clone();
+        traced("ValidateVolumeCapabilities", &id, async move {
+            let d = self.deadline(&req);
+            Ok(Response::new(self.0.validate(req.get_ref(), d).await?))
+        })
+        .await
     }
 
     async fn list_volumes(&self, req: Request<csi::ListVolumesRequest>) -> Result<Response<csi::ListVolumesResponse>, Status> {
-        let d = self.deadline(&req);
-        Ok(Response::new(self.0.list(req.get_ref(), d).await?))
+        let id = "";
+        traced("ListVolumes", &id, async move {
+            let d = self.deadline(&req);
+            Ok(Response::new(self.0.list(req.get_ref(), d).await?))
+        })
+        .await
     }
 
     async fn get_capacity(&self, req: Request<csi::GetCapacityRequest>) -> Result<Response<csi::GetCapacityResponse>, Status> {
-        let d = self.deadline(&req);
-        let (available, max) = self.0.capacity(req.get_ref(), d).await?;
-        Ok(Response::new(csi::GetCapacityResponse {
-            available_capacity: available as i64,
-            maximum_volume_size: Some(max as i64),
-            minimum_volume_size: None,
-        }))
+        let id = "";
+        traced("GetCapacity", &id, async move {
+            let d = self.deadline(&req);
+            let (available, max) = self.0.capacity(req.get_ref(), d).await?;
+            Ok(Response::new(csi::GetCapacityResponse {
+                available_capacity: available as i64,
+                maximum_volume_size: Some(max as i64),
+                minimum_volume_size: None,
+            }))
+        })
+        .await
     }
 
     async fn controller_get_capabilities(
@@ -111,67 +140,95 @@ impl csi::controller_server::Controller for ControllerService {
     }
 
     async fn create_snapshot(&self, req: Request<csi::CreateSnapshotRequest>) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
-        let d = self.deadline(&req);
-        let snapshot = self.0.create_snapshot(req.get_ref(), d).await?;
-        tracing::info!(name = req.get_ref().name, snapshot_id = snapshot.snapshot_id, ready = snapshot.ready_to_use, "snapshot");
-        Ok(Response::new(csi::CreateSnapshotResponse { snapshot: Some(snapshot) }))
+        let id = req.get_ref().source_volume_id.clone();
+        traced("CreateSnapshot", &id, async move {
+            let d = self.deadline(&req);
+            let snapshot = self.0.create_snapshot(req.get_ref(), d).await?;
+            tracing::info!(name = req.get_ref().name, snapshot_id = snapshot.snapshot_id, ready = snapshot.ready_to_use, "snapshot");
+            Ok(Response::new(csi::CreateSnapshotResponse { snapshot: Some(snapshot) }))
+        })
+        .await
     }
 
     async fn delete_snapshot(&self, req: Request<csi::DeleteSnapshotRequest>) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
-        let d = self.deadline(&req);
-        self.0.delete_snapshot(&req.get_ref().snapshot_id, d).await?;
-        tracing::info!(snapshot_id = req.get_ref().snapshot_id, "snapshot deleted");
-        Ok(Response::new(csi::DeleteSnapshotResponse {}))
+        let id = req.get_ref().snapshot_id.clone();
+        traced("DeleteSnapshot", &id, async move {
+            let d = self.deadline(&req);
+            self.0.delete_snapshot(&req.get_ref().snapshot_id, d).await?;
+            tracing::info!(snapshot_id = req.get_ref().snapshot_id, "snapshot deleted");
+            Ok(Response::new(csi::DeleteSnapshotResponse {}))
+        })
+        .await
     }
 
     async fn list_snapshots(&self, req: Request<csi::ListSnapshotsRequest>) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
-        let d = self.deadline(&req);
-        Ok(Response::new(self.0.list_snapshots(req.get_ref(), d).await?))
+        let id = "";
+        traced("ListSnapshots", &id, async move {
+            let d = self.deadline(&req);
+            Ok(Response::new(self.0.list_snapshots(req.get_ref(), d).await?))
+        })
+        .await
     }
 
     async fn get_snapshot(&self, req: Request<csi::GetSnapshotRequest>) -> Result<Response<csi::GetSnapshotResponse>, Status> {
-        let d = self.deadline(&req);
-        let raw = &req.get_ref().snapshot_id;
-        if raw.is_empty() {
-            return Err(crate::error::CtlError::invalid("snapshot_id", "is required").into());
-        }
-        let id = SnapshotId::parse(raw).map_err(|e| crate::error::CtlError::invalid("snapshot_id", e))?;
-        let snapshot = self
-            .0
-            .snapshot(&id, d)
-            .await?
-            .ok_or_else(|| crate::error::CtlError::NotFound(format!("snapshot {raw} does not exist")))?;
-        Ok(Response::new(csi::GetSnapshotResponse { snapshot: Some(snapshot) }))
+        let id = req.get_ref().snapshot_id.clone();
+        traced("GetSnapshot", &id, async move {
+            let d = self.deadline(&req);
+            let raw = &req.get_ref().snapshot_id;
+            if raw.is_empty() {
+                return Err(crate::error::CtlError::invalid("snapshot_id", "is required").into());
+            }
+            let id = SnapshotId::parse(raw).map_err(|e| crate::error::CtlError::invalid("snapshot_id", e))?;
+            let snapshot = self
+                .0
+                .snapshot(&id, d)
+                .await?
+                .ok_or_else(|| crate::error::CtlError::NotFound(format!("snapshot {raw} does not exist")))?;
+            Ok(Response::new(csi::GetSnapshotResponse { snapshot: Some(snapshot) }))
+        })
+        .await
     }
 
     async fn controller_expand_volume(
         &self,
         req: Request<csi::ControllerExpandVolumeRequest>,
     ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
-        let d = self.deadline(&req);
-        let (bytes, node_expansion_required) = self.0.expand(req.get_ref(), d).await?;
-        tracing::info!(volume_id = req.get_ref().volume_id, bytes, "volume expanded");
-        Ok(Response::new(csi::ControllerExpandVolumeResponse {
-            capacity_bytes: bytes as i64,
-            node_expansion_required,
-        }))
+        let id = req.get_ref().volume_id.clone();
+        traced("ControllerExpandVolume", &id, async move {
+            let d = self.deadline(&req);
+            let (bytes, node_expansion_required) = self.0.expand(req.get_ref(), d).await?;
+            tracing::info!(volume_id = req.get_ref().volume_id, bytes, "volume expanded");
+            Ok(Response::new(csi::ControllerExpandVolumeResponse {
+                capacity_bytes: bytes as i64,
+                node_expansion_required,
+            }))
+        })
+        .await
     }
 
     async fn controller_get_volume(
         &self,
         req: Request<csi::ControllerGetVolumeRequest>,
     ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
-        let d = self.deadline(&req);
-        Ok(Response::new(self.0.get_volume(&req.get_ref().volume_id, d).await?))
+        let id = req.get_ref().volume_id.clone();
+        traced("ControllerGetVolume", &id, async move {
+            let d = self.deadline(&req);
+            Ok(Response::new(self.0.get_volume(&req.get_ref().volume_id, d).await?))
+        })
+        .await
     }
 
     async fn controller_modify_volume(
         &self,
         req: Request<csi::ControllerModifyVolumeRequest>,
     ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
-        let d = self.deadline(&req);
-        self.0.modify(req.get_ref(), d).await?;
-        tracing::info!(volume_id = req.get_ref().volume_id, parameters = ?req.get_ref().mutable_parameters, "volume modified");
-        Ok(Response::new(csi::ControllerModifyVolumeResponse {}))
+        let id = req.get_ref().volume_id.clone();
+        traced("ControllerModifyVolume", &id, async move {
+            let d = self.deadline(&req);
+            self.0.modify(req.get_ref(), d).await?;
+            tracing::info!(volume_id = req.get_ref().volume_id, parameters = ?req.get_ref().mutable_parameters, "volume modified");
+            Ok(Response::new(csi::ControllerModifyVolumeResponse {}))
+        })
+        .await
     }
 }

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use proxmox_csi_proto::csi::v1 as csi;
-use proxmox_csi_proto::csi::v1::plugin_capability::{self, service, volume_expansion};
 use tonic::{Request, Response, Status};
 
 use crate::pve;
@@ -48,22 +47,6 @@ impl Identity {
     }
 }
 
-fn service(t: service::Type) -> csi::PluginCapability {
-    csi::PluginCapability {
-        r#type: Some(plugin_capability::Type::Service(plugin_capability::Service {
-            r#type: t as i32,
-        })),
-    }
-}
-
-fn expansion(t: volume_expansion::Type) -> csi::PluginCapability {
-    csi::PluginCapability {
-        r#type: Some(plugin_capability::Type::VolumeExpansion(
-            plugin_capability::VolumeExpansion { r#type: t as i32 },
-        )),
-    }
-}
-
 #[tonic::async_trait]
 impl csi::identity_server::Identity for Identity {
     async fn get_plugin_info(
@@ -82,11 +65,7 @@ impl csi::identity_server::Identity for Identity {
         _: Request<csi::GetPluginCapabilitiesRequest>,
     ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
         Ok(Response::new(csi::GetPluginCapabilitiesResponse {
-            capabilities: vec![
-                service(service::Type::ControllerService),
-                service(service::Type::VolumeAccessibilityConstraints),
-                expansion(volume_expansion::Type::Online),
-            ],
+            capabilities: proxmox_csi_proto::plugin::capabilities(),
         }))
     }
 

@@ -37,20 +37,20 @@ struct Resolved {
 impl Controller {
     async fn resolve_source(&self, source: &Source, d: Deadline) -> Result<Resolved, CtlError> {
         let field = "volume_content_source";
-        let volume = |id: VolumeId| async move {
-            let client = self.client(&id.region)?;
+        let volume = |id: VolumeId, raw: String| async move {
+            let client = self.client_of("volume", &raw, &id.region)?;
             let (node, info) = self.existing(&client, &id, d).await?;
             Ok::<_, CtlError>(Resolved { shared: id.zone.is_none(), volid: id.volid(), region: id.region, node, size: info.size })
         };
         match source {
             Source::Volume(v) => {
-                let id = VolumeId::parse(&v.volume_id).map_err(|e| CtlError::invalid(format!("{field}.volume"), e))?;
-                volume(id).await
+                let id = super::volume_ref(&format!("{field}.volume.volume_id"), &v.volume_id)?;
+                volume(id, v.volume_id.clone()).await
             }
-            Source::Snapshot(s) => match SnapshotId::parse(&s.snapshot_id).map_err(|e| CtlError::invalid(format!("{field}.snapshot"), e))? {
-                SnapshotId::Volume(id) => volume(id).await,
+            Source::Snapshot(s) => match super::snapshot_ref(&format!("{field}.snapshot.snapshot_id"), &s.snapshot_id)? {
+                SnapshotId::Volume(id) => volume(id, s.snapshot_id.clone()).await,
                 SnapshotId::Copy { region, vmid, .. } => {
-                    let client = self.client(&region)?;
+                    let client = self.client_of("snapshot", &s.snapshot_id, &region)?;
                     let gone = || CtlError::NotFound(format!("snapshot {} does not exist", s.snapshot_id));
                     let vm = self.vms.node_of(&client, vmid, d).await?.ok_or_else(gone)?;
                     let info = self.read_copy(&client, &vm, d).await?.ok_or_else(|| {

@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 
+use proxmox_csi_proto::csi::v1 as csi;
 use tokio::sync::Mutex;
 
 use super::Controller;
@@ -20,7 +21,8 @@ use crate::drive::DriveLine;
 use crate::error::CtlError;
 use crate::pve::api::VmResource;
 use crate::pve::tasks::TaskState;
-use crate::pve::{Client, Deadline};
+use crate::pve::errors::classify;
+use crate::pve::{Client, Deadline, ErrorKind};
 
 /// What to copy where.
 #[derive(Debug, Clone)]
@@ -82,9 +84,11 @@ fn describe(spec: &CopySpec, created: i64) -> String {
         "Proxmox CSI {what} {name}, a copy of {src}. It is kept stopped, as unused0.\n\
          Delete it through Kubernetes, not here.\n\
          csi-source={src}\n\
+         csi-storage={storage}\n\
          csi-created={created}\n",
         name = spec.name,
         src = spec.source_handle,
+        storage = spec.storage,
     )
 }
 
@@ -116,6 +120,28 @@ impl Controller {
     /// The copy VM named `name` (tagged `kind`), if any.
     pub async fn copy_vm(&self, client: &Client, name: &str, kind: &str, d: Deadline) -> Result<Option<VmResource>, CtlError> {
         Ok(self.vms.by_name(client, name, d).await?.filter(|v| v.has_tag(kind)))
+    }
+
+    /// A copy VM as a CSI snapshot: ready, or still copying (then its id,
+    /// source and creation time come from the VM's description).
+    pub async fn copy_snapshot(&self, client: &Client, vm: &VmResource, region: &str, d: Deadline) -> Result<csi::Snapshot, CtlError> {
+        let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
+        if let Some(info) = self.copy_info(client, vm, &cfg.values, d).await? {
+            return Ok(super::snapshot::snapshot_of(region, &info));
+        }
+        let source = described(&cfg.values, "csi-source").unwrap_or_default();
+        let storage = described(&cfg.values, "csi-storage")
+            .or_else(|| crate::volume::VolumeId::parse(&source).ok().map(|v| v.storage))
+            .unwrap_or_default();
+        let created = described(&cfg.values, "csi-created").and_then(|c| c.parse().ok()).unwrap_or(0);
+        Ok(csi::Snapshot {
+            size_bytes: 0,
+            snapshot_id: super::SnapshotId::Copy { region: region.to_string(), zone: vm.node.clone(), storage, vmid: vm.vmid }.to_string(),
+            source_volume_id: source,
+            creation_time: super::snapshot::timestamp(created),
+            ready_to_use: false,
+            group_snapshot_id: String::new(),
+        })
     }
 
     /// Reads a copy VM: ready (with what it holds), or not yet.
@@ -207,7 +233,7 @@ impl Controller {
                     TaskState::Failed(exit) => {
                         self.imports.0.lock().await.remove(&key);
                         // Another import (from before a restart) holds the VM.
-                        if exit.contains("can't lock file") {
+                        if classify(None, &exit) == ErrorKind::Busy {
                             return Ok(copying("an earlier import is still running".into()));
                         }
                         return Err(CtlError::Unavailable(format!(

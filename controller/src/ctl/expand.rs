@@ -11,7 +11,6 @@ use crate::attach::Op;
 use crate::drive;
 use crate::error::CtlError;
 use crate::pve::Deadline;
-use crate::volume::VolumeId;
 
 impl Controller {
     pub async fn expand(&self, r: &csi::ControllerExpandVolumeRequest, d: Deadline) -> Result<(u64, bool), CtlError> {
@@ -23,8 +22,8 @@ impl Controller {
             .as_ref()
             .ok_or_else(|| CtlError::invalid("capacity_range", "is required"))?;
         let size = size_for(Some(range))?;
-        let id = VolumeId::parse(&r.volume_id).map_err(|e| CtlError::invalid("volume_id", e))?;
-        let client = self.client(&id.region)?;
+        let id = super::volume_ref("volume_id", &r.volume_id)?;
+        let client = self.client_of("volume", &r.volume_id, &id.region)?;
         let (node, info) = self.existing(&client, &id, d).await?;
         // A filesystem must grow on the node; a raw block volume needs nothing more.
         let fs = !matches!(

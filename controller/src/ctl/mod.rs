@@ -25,6 +25,7 @@ use crate::error::CtlError;
 use crate::pve::api::StorageResource;
 use crate::pve::{Client, Deadline};
 use crate::vms::VmIndex;
+use crate::volume::VolumeId;
 
 pub use capability::check_capabilities;
 pub use clone::VOLUME_TAG;
@@ -48,6 +49,10 @@ pub struct Controller {
     /// `lifecycle: keep`, VolumeAttributesClasses.
     pub kube: Option<crate::kube::Kube>,
     pub driver_name: String,
+    /// The CSI node id each VM was last published to, as the caller gave it
+    /// (NodeGetInfo's id): ListVolumes and ControllerGetVolume report it,
+    /// so the external-attacher's reconcile finds its VolumeAttachments.
+    node_ids: std::sync::Mutex<HashMap<(String, u32), String>>,
 }
 
 /// 512 MiB: the Go driver's size step.
@@ -67,6 +72,7 @@ impl Controller {
             default_timeout,
             kube: None,
             driver_name: "csi.proxmox.sinextra.dev".into(),
+            node_ids: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -87,6 +93,30 @@ impl Controller {
         })
     }
 
+    /// The client of the region a volume or snapshot id names. An id is
+    /// only ever issued for a configured region, so an unknown one names
+    /// nothing: NOT_FOUND, as for any other object that does not exist.
+    pub fn client_of(&self, what: &str, raw: &str, region: &str) -> Result<Arc<Client>, CtlError> {
+        self.clients
+            .get(region)
+            .cloned()
+            .ok_or_else(|| CtlError::NotFound(format!("{what} {raw} does not exist: region {region:?} is not a cluster of the cloud config")))
+    }
+
+    pub fn remember_node_id(&self, region: &str, vmid: u32, node_id: &str) {
+        if let Ok(mut m) = self.node_ids.lock() {
+            m.insert((region.to_string(), vmid), node_id.to_string());
+        }
+    }
+
+    /// The node id of VM `vmid` for published_node_ids: the one it was
+    /// published with, else `<VM name>/<vmid>` (the node plugin's form when
+    /// the Kubernetes node is named like its VM).
+    pub fn published_node_id(&self, region: &str, vm: &crate::pve::api::VmResource) -> String {
+        let known = self.node_ids.lock().ok().and_then(|m| m.get(&(region.to_string(), vm.vmid)).cloned());
+        known.unwrap_or_else(|| format!("{}/{}", vm.name.clone().unwrap_or_default(), vm.vmid))
+    }
+
     /// Rows of `/cluster/resources?type=storage` for `storage`, cached briefly.
     pub async fn storage_rows(&self, client: &Client, storage: &str, d: Deadline) -> Result<Vec<StorageResource>, CtlError> {
         let mut cache = self.storages.lock().await;
@@ -102,6 +132,24 @@ impl Controller {
             .map(|(_, rows)| rows.iter().filter(|r| r.storage == storage).cloned().collect())
             .unwrap_or_default())
     }
+}
+
+/// A volume id from a request. An empty one is a malformed request; one
+/// this driver could never have issued names no volume (NOT_FOUND, the
+/// spec's answer for a volume that does not exist).
+pub fn volume_ref(field: &str, raw: &str) -> Result<VolumeId, CtlError> {
+    if raw.is_empty() {
+        return Err(CtlError::invalid(field, "is required"));
+    }
+    VolumeId::parse(raw).map_err(|e| CtlError::NotFound(format!("volume {raw} does not exist: {e}")))
+}
+
+/// A snapshot id from a request, as `volume_ref`.
+pub fn snapshot_ref(field: &str, raw: &str) -> Result<SnapshotId, CtlError> {
+    if raw.is_empty() {
+        return Err(CtlError::invalid(field, "is required"));
+    }
+    SnapshotId::parse(raw).map_err(|e| CtlError::NotFound(format!("snapshot {raw} does not exist: {e}")))
 }
 
 /// The deadline of a call: the caller's `grpc-timeout`, else the default.

@@ -10,7 +10,6 @@ use crate::drive::{self, DriveLine};
 use crate::error::CtlError;
 use crate::params::StorageParams;
 use crate::pve::Deadline;
-use crate::volume::VolumeId;
 
 /// Drive options a class sets; a value of 0 removes a limit.
 fn apply(line: &mut DriveLine, p: &std::collections::HashMap<String, String>) {
@@ -43,8 +42,8 @@ impl Controller {
         // Strict, like the StorageClass: unknown keys and bad values are refused.
         let mut check = StorageParams { storage: "-".into(), ..Default::default() };
         check.apply_mutable(&r.mutable_parameters)?;
-        let id = VolumeId::parse(&r.volume_id).map_err(|e| CtlError::invalid("volume_id", e))?;
-        let client = self.client(&id.region)?;
+        let id = super::volume_ref("volume_id", &r.volume_id)?;
+        let client = self.client_of("volume", &r.volume_id, &id.region)?;
         self.existing(&client, &id, d).await?;
         let Some(vmid) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), d).await? else {
             // Not attached: the next publish reads the class from the PersistentVolume.

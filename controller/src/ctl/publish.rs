@@ -48,9 +48,9 @@ impl Controller {
             .clone()
             .ok_or_else(|| CtlError::invalid("volume_capability", "is required"))?;
         check_capabilities("volume_capability", &[cap]).map_err(|e| CtlError::invalid("volume_capability", e))?;
-        let id = VolumeId::parse(&r.volume_id).map_err(|e| CtlError::invalid("volume_id", e))?;
-        let node_id = NodeId::parse(&r.node_id).map_err(|e| CtlError::invalid("node_id", e))?;
-        let client = self.client(&id.region)?;
+        let id = super::volume_ref("volume_id", &r.volume_id)?;
+        let node_id = NodeId::parse(&r.node_id).map_err(|e| CtlError::NotFound(format!("node {} does not exist: {e}", r.node_id)))?;
+        let client = self.client_of("volume", &r.volume_id, &id.region)?;
         // A static volume may have no context: its storage is in the handle.
         let mut ctx = r.volume_context.clone();
         ctx.entry("storage".into()).or_insert_with(|| id.storage.clone());
@@ -99,6 +99,7 @@ impl Controller {
             .submit(client.clone(), &vm.node, vm.vmid, op, d)
             .await?
             .ok_or_else(|| CtlError::Unavailable("attach returned no slot; retry".into()))?;
+        self.remember_node_id(&id.region, vm.vmid, &r.node_id);
         Ok(publish_context(&attached))
     }
 
@@ -106,8 +107,9 @@ impl Controller {
         if r.volume_id.is_empty() {
             return Err(CtlError::invalid("volume_id", "is required"));
         }
-        let id = VolumeId::parse(&r.volume_id).map_err(|e| CtlError::invalid("volume_id", e))?;
-        let client = self.client(&id.region)?;
+        // A volume id or node id that names nothing has nothing attached.
+        let Ok(id) = VolumeId::parse(&r.volume_id) else { return Ok(()) };
+        let Some(client) = self.clients.get(&id.region).cloned() else { return Ok(()) };
         let vm = if r.node_id.is_empty() {
             // From every node: the VM the volume is attached to, if any.
             match self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), d).await? {
@@ -115,7 +117,7 @@ impl Controller {
                 None => None,
             }
         } else {
-            let node_id = NodeId::parse(&r.node_id).map_err(|e| CtlError::invalid("node_id", e))?;
+            let Ok(node_id) = NodeId::parse(&r.node_id) else { return Ok(()) };
             self.vm_of_node(&client, &node_id, d).await?
         };
         // A VM (or node) that is gone counts as detached.

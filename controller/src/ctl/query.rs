@@ -14,12 +14,10 @@ use crate::volume::VolumeId;
 
 impl Controller {
     pub async fn capacity(&self, r: &csi::GetCapacityRequest, d: Deadline) -> Result<(u64, u64), CtlError> {
-        let storage = r
-            .parameters
-            .get("storage")
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| CtlError::invalid("parameters.storage", "is required"))?;
         let segs = r.accessible_topology.as_ref().map(|t| t.segments.clone()).unwrap_or_default();
+        let Some(storage) = r.parameters.get("storage").filter(|s| !s.is_empty()) else {
+            return self.capacity_of_all(segs.get(REGION), segs.get(ZONE), d).await;
+        };
         let region = match segs.get(REGION) {
             Some(r) => r.clone(),
             None if self.clients.len() == 1 => self.clients.keys().next().cloned().unwrap_or_default(),
@@ -43,6 +41,35 @@ impl Controller {
         Ok((st.avail, max))
     }
 
+    /// GetCapacity without a storage (no StorageClass names one): the free
+    /// space of every storage this driver may use in the region (or zone),
+    /// shared storages counted once, from the cluster's resource list; the
+    /// largest volume is what the emptiest single storage holds.
+    async fn capacity_of_all(&self, region: Option<&String>, zone: Option<&String>, d: Deadline) -> Result<(u64, u64), CtlError> {
+        let (mut total, mut largest) = (0u64, 0u64);
+        let mut regions: Vec<&String> = self.clients.keys().filter(|r| region.is_none_or(|want| want == *r)).collect();
+        regions.sort();
+        for region in regions {
+            let client = self.client(region)?;
+            let cluster = client.cluster();
+            let mut seen_shared = std::collections::HashSet::new();
+            for row in client.storages(d).await? {
+                let usable = row.status == "available"
+                    && row.holds_images()
+                    && cluster.storage_allowed(&row.storage)
+                    && cluster.node_allowed(&row.node)
+                    && zone.is_none_or(|z| *z == row.node);
+                if !usable || (row.shared == 1 && !seen_shared.insert(row.storage.clone())) {
+                    continue;
+                }
+                let free = row.maxdisk.saturating_sub(row.disk);
+                total = total.saturating_add(free);
+                largest = largest.max(free / super::CHUNK * super::CHUNK);
+            }
+        }
+        Ok((total, largest))
+    }
+
     pub async fn validate(&self, r: &csi::ValidateVolumeCapabilitiesRequest, d: Deadline) -> Result<csi::ValidateVolumeCapabilitiesResponse, CtlError> {
         if r.volume_id.is_empty() {
             return Err(CtlError::invalid("volume_id", "is required"));
@@ -50,8 +77,8 @@ impl Controller {
         if r.volume_capabilities.is_empty() {
             return Err(CtlError::invalid("volume_capabilities", "is required"));
         }
-        let id = VolumeId::parse(&r.volume_id).map_err(|e| CtlError::invalid("volume_id", e))?;
-        let client = self.client(&id.region)?;
+        let id = super::volume_ref("volume_id", &r.volume_id)?;
+        let client = self.client_of("volume", &r.volume_id, &id.region)?;
         let exists = match self.node_for(&client, &id, d).await? {
             Some(node) => client.volume_info(&node, &id.storage, &id.disk, d).await?.is_some(),
             None => false,
@@ -117,7 +144,7 @@ impl Controller {
                         Some(vmid) => vms
                             .iter()
                             .find(|vm| vm.vmid == vmid)
-                            .map(|vm| vec![format!("{}/{vmid}", vm.name.clone().unwrap_or_default())])
+                            .map(|vm| vec![self.published_node_id(&region, vm)])
                             .unwrap_or_default(),
                         None => Vec::new(),
                     };
@@ -166,8 +193,8 @@ impl Controller {
         if volume_id.is_empty() {
             return Err(CtlError::invalid("volume_id", "is required"));
         }
-        let id = VolumeId::parse(volume_id).map_err(|e| CtlError::invalid("volume_id", e))?;
-        let client = self.client(&id.region)?;
+        let id = super::volume_ref("volume_id", volume_id)?;
+        let client = self.client_of("volume", volume_id, &id.region)?;
         let node = self.node_for(&client, &id, d).await?;
         let info = match &node {
             Some(n) => client.volume_info(n, &id.storage, &id.disk, d).await?,
@@ -181,7 +208,7 @@ impl Controller {
         if let Some(vmid) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), d).await?
             && let Some(vm) = self.vms.node_of(&client, vmid, d).await?
         {
-            published.push(format!("{}/{vmid}", vm.name.clone().unwrap_or_default()));
+            published.push(self.published_node_id(&id.region, &vm));
             let cfg = client.vm_config(&vm.node, vmid, d).await?;
             if let Some(lock) = cfg.values.get("lock") {
                 problems.push(format!("VM {vmid} is locked ({lock})"));

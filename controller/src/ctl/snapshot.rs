@@ -61,11 +61,11 @@ impl fmt::Display for SnapshotId {
     }
 }
 
-fn timestamp(secs: i64) -> Option<prost_types::Timestamp> {
+pub(super) fn timestamp(secs: i64) -> Option<prost_types::Timestamp> {
     Some(prost_types::Timestamp { seconds: secs, nanos: 0 })
 }
 
-fn snapshot_of(region: &str, info: &CopyInfo) -> csi::Snapshot {
+pub(super) fn snapshot_of(region: &str, info: &CopyInfo) -> csi::Snapshot {
     let storage = info.volid.split(':').next().unwrap_or_default().to_string();
     csi::Snapshot {
         size_bytes: info.size as i64,
@@ -135,8 +135,9 @@ impl Controller {
         if snapshot_id.is_empty() {
             return Err(CtlError::invalid("snapshot_id", "is required"));
         }
-        let id = SnapshotId::parse(snapshot_id).map_err(|e| CtlError::invalid("snapshot_id", e))?;
-        let client = self.client(id.region())?;
+        // An id this driver could never have issued names nothing to delete.
+        let Ok(id) = SnapshotId::parse(snapshot_id) else { return Ok(()) };
+        let Some(client) = self.clients.get(id.region()).cloned() else { return Ok(()) };
         match id {
             SnapshotId::Volume(v) => {
                 let Some(node) = self.node_for(&client, &v, d).await? else { return Ok(()) };
@@ -170,18 +171,11 @@ impl Controller {
                     ..Default::default()
                 }))
             }
-            SnapshotId::Copy { region, vmid, zone, storage } => {
+            SnapshotId::Copy { region, vmid, .. } => {
                 let Some(vm) = self.vms.node_of(&client, *vmid, d).await?.filter(|v| v.has_tag(SNAPSHOT_TAG)) else {
                     return Ok(None);
                 };
-                Ok(Some(match self.read_copy(&client, &vm, d).await? {
-                    Some(info) => snapshot_of(region, &info),
-                    None => csi::Snapshot {
-                        snapshot_id: SnapshotId::Copy { region: region.clone(), zone: zone.clone(), storage: storage.clone(), vmid: *vmid }.to_string(),
-                        ready_to_use: false,
-                        ..Default::default()
-                    },
-                }))
+                Ok(Some(self.copy_snapshot(&client, &vm, region, d).await?))
             }
         }
     }
@@ -205,9 +199,7 @@ impl Controller {
             for region in regions {
                 let client = self.client(region)?;
                 for vm in self.vms.all(&client, d).await?.iter().filter(|v| v.has_tag(SNAPSHOT_TAG)) {
-                    if let Some(info) = self.read_copy(&client, vm, d).await? {
-                        all.push(snapshot_of(region, &info));
-                    }
+                    all.push(self.copy_snapshot(&client, vm, region, d).await?);
                 }
             }
         }

@@ -78,6 +78,15 @@ pub struct StorageResource {
     pub maxdisk: u64,
     #[serde(default)]
     pub disk: u64,
+    /// Content types, `,`-separated (`images` for VM disks).
+    #[serde(default)]
+    pub content: String,
+}
+
+impl StorageResource {
+    pub fn holds_images(&self) -> bool {
+        self.content.is_empty() || self.content.split(',').any(|c| c.trim() == "images")
+    }
 }
 
 /// A VM config: option → value, with `digest`.

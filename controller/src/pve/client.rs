@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
 
+use super::errors::{ErrorKind, classify};
 use super::metrics::ApiMetrics;
 use crate::config::{Cluster, Credentials};
 
@@ -71,38 +72,26 @@ impl PveError {
         }
     }
 
-    /// Worth trying again: the cause is transient on Proxmox's side. Most
-    /// 500s are permanent answers ("storage 'x' does not exist", "illegal
-    /// name"); only lock timeouts, locked VMs and server trouble are not.
-    pub fn is_transient(&self) -> bool {
-        fn busy(m: &str) -> bool {
-            m.contains("can't lock file")
-                || m.contains("got lock request timeout")
-                || m.starts_with("VM is locked")
-                || m.contains("Internal Server Error")
-                || m.contains("Connection refused")
-                || m.contains("Connection timed out")
-                || m.contains("No route to host")
-        }
+    /// What the error means (see `errors`): the HTTP status first, then
+    /// the text against the cited corpus.
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::Transport { .. } | Self::Deadline { .. } => true,
-            Self::Api { status, message, .. } => {
-                busy(message) || matches!(status.as_u16(), 502 | 503 | 504 | 595 | 596)
-            }
-            Self::Task { exitstatus, .. } => busy(exitstatus),
-            Self::Tls { .. } | Self::Decode { .. } => false,
+            Self::Transport { .. } | Self::Deadline { .. } => ErrorKind::Transient,
+            Self::Api { status, message, .. } => classify(Some(status.as_u16()), message),
+            Self::Task { exitstatus, .. } => classify(None, exitstatus),
+            Self::Tls { .. } | Self::Decode { .. } => ErrorKind::Other,
         }
+    }
+
+    /// Worth trying again: a lock, quorum, an unreachable node. Most 500s
+    /// are permanent answers ("storage 'x' does not exist", "illegal name").
+    pub fn is_transient(&self) -> bool {
+        matches!(self.kind(), ErrorKind::Busy | ErrorKind::Transient)
     }
 
     /// Proxmox said the object is not there.
     pub fn is_not_found(&self) -> bool {
-        let m = self.message();
-        m.contains("does not exist")
-            || m.contains("No such storage")
-            || m.contains("no such logical volume")
-            || m.contains("no format")
-            || m.contains("dataset does not exist")
-            || m.contains("No such file or directory")
+        self.kind() == ErrorKind::NotFound
     }
 }
 

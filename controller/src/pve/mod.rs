@@ -2,8 +2,10 @@
 
 pub mod api;
 pub mod client;
+pub mod errors;
 pub mod metrics;
 pub mod tasks;
 mod tls;
 
 pub use client::{Client, Deadline, PveError, Version};
+pub use errors::ErrorKind;

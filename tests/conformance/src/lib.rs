@@ -7,6 +7,7 @@
 
 pub mod controller;
 pub mod node;
+pub mod sanity;
 
 use tonic::{Code, Status};
 

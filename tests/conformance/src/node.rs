@@ -20,10 +20,10 @@ use crate::{Report, ensure, expect_code, ok};
 const VOL: &str = "region-1/pve2/local-lvm/vm-9999-pvc-conf";
 
 /// hostd and the node plugin, with their scratch directories and loops.
-struct Target {
-    dir: tempfile::TempDir,
-    root: PathBuf,
-    images: PathBuf,
+pub(crate) struct Target {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) root: PathBuf,
+    pub(crate) images: PathBuf,
     procs: Vec<Child>,
     loops: Vec<PathBuf>,
     node: NodeClient<Channel>,
@@ -49,17 +49,17 @@ impl Drop for Target {
 }
 
 /// A binary of the workspace, next to this test's executable.
-fn bin(name: &str) -> PathBuf {
+pub(crate) fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
     let debug = exe.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
     debug.join(name)
 }
 
-fn spawn(program: &Path, args: &[&str], log: &Path) -> std::io::Result<Child> {
+pub(crate) fn spawn(program: &Path, args: &[&str], log: &Path) -> std::io::Result<Child> {
     Command::new(program).args(args).stdout(Stdio::null()).stderr(std::fs::File::create(log)?).spawn()
 }
 
-async fn wait_for(path: &Path) -> Result<(), String> {
+pub(crate) async fn wait_for(path: &Path) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !path.exists() {
         if Instant::now() > deadline {
@@ -70,7 +70,7 @@ async fn wait_for(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-async fn start() -> Result<Target, String> {
+pub(crate) async fn start() -> Result<Target, String> {
     let hostd = bin("proxmox-csi-hostd");
     let help = Command::new(&hostd).arg("--help").output().map_err(|e| format!("{}: {e}", hostd.display()))?;
     if !String::from_utf8_lossy(&help.stdout).contains("--loop-dir") {

@@ -148,6 +148,11 @@ fn volume_size(ctx: &Ctx, vmid: u32, d: &Drive) -> u64 {
 
 /// Carries out `action` on VM `vmid`'s QEMU, if it is bound to one.
 pub async fn plug(ctx: &Arc<Ctx>, vmid: u32, action: &Action) -> Result<(), String> {
+    if let Some((host_vm, loop_dir)) = &ctx.loop_host
+        && *host_vm == vmid
+    {
+        return plug_loop(ctx, vmid, loop_dir, action);
+    }
     let socket = ctx.cluster().vms.get(&vmid).and_then(|v| v.qmp.clone());
     let Some(socket) = socket else { return Ok(()) };
     let dir = ctx
@@ -206,6 +211,51 @@ pub async fn plug(ctx: &Arc<Ctx>, vmid: u32, action: &Action) -> Result<(), Stri
             backing_file(&dir, &drive.volume, *size)?;
             s.execute("block_resize", json!({"node-name": format!("drive-{key}"), "size": size}))
                 .await?;
+            Ok(())
+        }
+    }
+}
+
+/// The loop-device host: a disk added to the VM becomes a loop device on
+/// this host, backed by `<loop_dir>/<wwn>.raw`; removed, it is detached.
+fn plug_loop(ctx: &Ctx, vmid: u32, loop_dir: &Path, action: &Action) -> Result<(), String> {
+    let dir = ctx.volume_dir.clone().ok_or("the loop host needs a volume_dir for backing files")?;
+    let link = |drive: &Drive| -> Result<PathBuf, String> {
+        let w = drive.opts.get("wwn").ok_or("a disk for the loop host needs a wwn")?;
+        Ok(loop_dir.join(format!("{}.raw", w.trim_start_matches("0x").to_ascii_lowercase())))
+    };
+    let losetup = |args: &[&str]| -> Result<String, String> {
+        let out = std::process::Command::new("losetup").args(args).output().map_err(|e| format!("losetup: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("losetup {args:?}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let devices = |file: &Path| -> Vec<String> {
+        let listed = losetup(&["-j", &file.display().to_string()]).unwrap_or_default();
+        listed.lines().filter_map(|l| l.split(':').next()).map(str::to_string).collect()
+    };
+    match action {
+        Action::Add { drive, .. } => {
+            let file = backing_file(&dir, &drive.volume, volume_size(ctx, vmid, drive))?;
+            let link = link(drive)?;
+            let _ = std::fs::remove_file(&link);
+            std::fs::hard_link(&file, &link).map_err(|e| format!("linking {}: {e}", link.display()))?;
+            losetup(&["--find", "--show", &link.display().to_string()]).map(|_| ())
+        }
+        Action::Remove { drive, .. } => {
+            let link = link(drive)?;
+            for dev in devices(&link) {
+                losetup(&["-d", &dev])?;
+            }
+            let _ = std::fs::remove_file(&link);
+            Ok(())
+        }
+        Action::Resize { drive, size, .. } => {
+            backing_file(&dir, &drive.volume, *size)?;
+            for dev in devices(&link(drive)?) {
+                losetup(&["-c", &dev])?;
+            }
             Ok(())
         }
     }

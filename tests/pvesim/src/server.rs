@@ -29,6 +29,8 @@ pub struct Ctx {
     pub locks: Arc<Locks>,
     /// Where the QMP backend keeps one sparse file per attached volume.
     pub volume_dir: Option<std::path::PathBuf>,
+    /// A VM whose disks reach this host as loop devices (see `qmp::plug`).
+    pub loop_host: Option<(u32, std::path::PathBuf)>,
 }
 
 impl Ctx {
@@ -50,6 +52,7 @@ pub struct Sim {
     tls: bool,
     schema: Option<Schema>,
     volume_dir: Option<std::path::PathBuf>,
+    loop_host: Option<(u32, std::path::PathBuf)>,
 }
 
 /// A listening simulator. Dropping it stops it and closes its connections.
@@ -83,6 +86,7 @@ impl Sim {
             tls: true,
             schema: None,
             volume_dir: None,
+            loop_host: None,
         }
     }
 
@@ -104,6 +108,15 @@ impl Sim {
         self
     }
 
+    /// VM `vmid`'s disks are "hot-plugged" into this host as loop devices
+    /// backed by `<dir>/<wwn>.raw` (a hard link to the volume's backing
+    /// file under `volume_dir`), which hostd's test resolver finds through
+    /// the kernel's device events as it finds a SCSI disk by WWN.
+    pub fn loop_host(mut self, vmid: u32, dir: std::path::PathBuf) -> Self {
+        self.loop_host = Some((vmid, dir));
+        self
+    }
+
     pub async fn start(self, listen: &str) -> anyhow::Result<Running> {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
@@ -118,6 +131,7 @@ impl Sim {
             schema: self.schema,
             locks: Arc::new(Locks::default()),
             volume_dir: self.volume_dir,
+            loop_host: self.loop_host,
         });
         let (stop, stop_rx) = watch::channel(false);
         let acceptor = certs

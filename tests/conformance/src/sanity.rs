@@ -1,0 +1,183 @@
+//! csi-sanity (kubernetes-csi/csi-test, the suite CSI drivers run in CI)
+//! against this driver: the controller binary on pvesim, and the node plugin
+//! with hostd on this host, where a disk published to the worker VM (112)
+//! arrives as a loop device (pvesim's loop host), found by hostd through the
+//! kernel's device events as it finds a SCSI disk by its WWN.
+//!
+//! csi-sanity is built from the csi-test source in `../shared/tools/csi-sanity`
+//! (its `build.sh`), under `target/csi-sanity`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Instant;
+
+use crate::node;
+
+const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
+
+/// The simulated cluster: one Proxmox node (pve2), the worker VM 112 and a
+/// second worker 113, and `storage` of `kind`.
+fn cluster(storage: &str, kind: &str) -> String {
+    let shared = if matches!(kind, "rbd" | "nfs") { ", shared: true" } else { "" };
+    format!(
+        r#"
+cluster: sanity
+nodes: [{{ name: pve2 }}]
+storages:
+  - {{ id: {storage}, type: {kind}, total: 214748364800{shared} }}
+vms:
+  - {{ vmid: 112, node: pve2, name: worker-2, config: {{ scsihw: virtio-scsi-pci }} }}
+  - {{ vmid: 113, node: pve2, name: worker-3, config: {{ scsihw: virtio-scsi-pci }} }}
+users:
+  - userid: kubernetes-csi@pve
+    tokens: [{{ name: csi, secret: {SECRET} }}]
+roles:
+  CSI: [VM.Audit, VM.Config.Disk, VM.Allocate, VM.Clone, VM.Config.Memory, VM.Config.CPU, VM.Config.HWType, VM.Config.Options, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
+acl:
+  - {{ path: /, roles: [CSI], tokens: ["kubernetes-csi@pve!csi"], users: [kubernetes-csi@pve] }}
+"#
+    )
+}
+
+/// Which specs run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Specs {
+    /// Identity and Controller specs (the node plugin answers NodeGetInfo).
+    Controller,
+    /// Everything: Identity, Controller and Node.
+    All,
+}
+
+/// What one csi-sanity run ended with.
+#[derive(Debug)]
+pub struct Outcome {
+    pub passed: bool,
+    /// Ginkgo's closing lines (`Ran N of M Specs`, `SUCCESS! -- …`).
+    pub summary: String,
+    pub output: String,
+}
+
+/// The workspace's root, from this crate's manifest directory.
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Builds csi-sanity (once; `build.sh` reuses a build of the same source).
+/// `Ok(None)`: `../shared` is not there.
+pub fn build() -> Result<Option<PathBuf>, String> {
+    let script = workspace().join("../shared/tools/csi-sanity/build.sh");
+    if !script.exists() {
+        return Ok(None);
+    }
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(workspace().join("target/csi-sanity"))
+        .output()
+        .map_err(|e| format!("{}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!("building csi-sanity failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())))
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Detaches the loop devices pvesim made for files in `dir`.
+fn detach_loops(dir: &Path) {
+    for f in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let out = Command::new("losetup").arg("-j").arg(f.path()).output();
+        let listed = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+        for dev in listed.lines().filter_map(|l| l.split(':').next()) {
+            let _ = Command::new("losetup").args(["-d", dev]).status();
+        }
+    }
+}
+
+/// Runs csi-sanity's `specs` with volumes on `storage` (a pvesim storage of
+/// type `kind`). Needs root (loop devices, mounts).
+pub async fn run(sanity: &Path, storage: &str, kind: &str, specs: Specs) -> Result<Outcome, String> {
+    let target = node::start().await?;
+    let dir = target.dir.path().to_path_buf();
+    let volumes = dir.join("volumes");
+    std::fs::create_dir_all(&volumes).map_err(|e| e.to_string())?;
+    let state = pvesim::State::from_yaml(&cluster(storage, kind)).map_err(|e| e.to_string())?;
+    let sim = pvesim::Sim::new(state)
+        .volume_dir(volumes)
+        .loop_host(112, target.images.clone())
+        .start("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let ca = dir.join("pvesim-ca.pem");
+    std::fs::write(&ca, sim.ca_pem.as_deref().unwrap_or_default()).map_err(|e| e.to_string())?;
+    let config = dir.join("cloud-config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "features:\n  controllerVmID: 9999\nclusters:\n  - url: {}\n    ca_file: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
+            sim.api_url(),
+            ca.display()
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    let ctl_sock = dir.join("sockets/controller.sock");
+    let controller = node::spawn(
+        &node::bin("proxmox-csi-controller"),
+        &["--csi-address", &format!("unix://{}", ctl_sock.display()), "--cloud-config", &config.display().to_string()],
+        &dir.join("controller.log"),
+    )
+    .map_err(|e| format!("controller: {e}"))?;
+    let _controller = Killed(controller);
+    node::wait_for(&ctl_sock).await?;
+
+    // kubelet's layouts: csi-sanity makes the last directory of each
+    // (`globalmount`, and the pod volume's directory holding `target`).
+    let root = &target.root;
+    let staging_parent = root.join("plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev/5b1e0c4f9d2a7e3c8b6a1f0e9d8c7b6a5f4e3d2c1b0a99887766554433221100");
+    let pod_volumes = root.join("pods/0b7c3f52-5e2a-4d0c-9a3e-2f1d7c6b5a40/volumes/kubernetes.io~csi");
+    for d in [&staging_parent, &pod_volumes] {
+        std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
+    }
+    let params = dir.join("parameters.yaml");
+    std::fs::write(&params, format!("storage: {storage}\n")).map_err(|e| e.to_string())?;
+    let mutable = dir.join("mutable.yaml");
+    std::fs::write(&mutable, "diskIOPS: \"500\"\n").map_err(|e| e.to_string())?;
+    let mut cmd = tokio::process::Command::new(sanity);
+    cmd.arg(format!("--csi.endpoint=unix://{}", dir.join("sockets/csi.sock").display()))
+        .arg(format!("--csi.controllerendpoint=unix://{}", ctl_sock.display()))
+        .arg(format!("--csi.stagingdir={}", staging_parent.join("globalmount").display()))
+        .arg(format!("--csi.mountdir={}", pod_volumes.join("pvc-sanity").display()))
+        .arg(format!("--csi.testvolumeparameters={}", params.display()))
+        .arg(format!("--csi.testvolumemutableparameters={}", mutable.display()))
+        .arg("--csi.testvolumesize=1073741824")
+        .arg("--csi.testvolumeexpandsize=2147483648")
+        .arg("--ginkgo.no-color")
+        .arg("--ginkgo.timeout=20m");
+    if specs == Specs::Controller {
+        cmd.arg("--ginkgo.skip=Node Service");
+    }
+    let started = Instant::now();
+    let out = cmd.output().await.map_err(|e| format!("{}: {e}", sanity.display()))?;
+    let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let summary: Vec<&str> = output
+        .lines()
+        .filter(|l| l.starts_with("Ran ") || l.contains("Passed |") || l.starts_with("SUCCESS!") || l.starts_with("FAIL!"))
+        .collect();
+    let summary = format!("{} ({:.0?})", summary.join("; "), started.elapsed());
+    drop(sim);
+    let result = Outcome { passed: out.status.success(), summary, output };
+    if !result.passed {
+        let log = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+        eprintln!("--- controller.log\n{}\n--- node.log\n{}\n--- hostd.log\n{}", log("controller.log"), log("node.log"), log("hostd.log"));
+    }
+    // Loops still in use are detached when their last user lets go.
+    detach_loops(&target.images);
+    drop(target);
+    Ok(result)
+}

@@ -1,0 +1,40 @@
+//! csi-sanity in `make test`: every spec passes; a spec is skipped only
+//! because a capability is not advertised (see the README).
+
+use conformance::sanity::{self, Specs};
+
+fn binary() -> Option<std::path::PathBuf> {
+    match sanity::build() {
+        Ok(Some(b)) => Some(b),
+        Ok(None) => {
+            assert!(std::env::var_os("CI").is_none(), "../shared/tools/csi-sanity is missing, and CI is set");
+            eprintln!("SKIPPED: ../shared/tools/csi-sanity is not beside the repository");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(std::env::var_os("CI").is_none(), "csi-sanity's runs need root, and CI is set");
+    eprintln!("SKIPPED: csi-sanity's runs need root (loop devices, mounts)");
+    false
+}
+
+async fn check(storage: &str, kind: &str, specs: Specs) {
+    let Some(bin) = binary() else { return };
+    if !root() {
+        return;
+    }
+    let o = sanity::run(&bin, storage, kind, specs).await.unwrap_or_else(|e| panic!("{e}"));
+    println!("csi-sanity {specs:?} on {kind} storage {storage}: {}", o.summary);
+    assert!(o.passed, "csi-sanity failed on {kind}:\n{}", o.output);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_specs_on_lvmthin_with_the_node_on_loop_devices() {
+    check("local-lvm", "lvmthin", Specs::All).await;
+}
