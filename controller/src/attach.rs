@@ -101,10 +101,12 @@ impl Attachments {
     }
 }
 
-#[derive(Default)]
 pub struct Attacher {
     queues: Mutex<HashMap<VmKey, mpsc::UnboundedSender<Job>>>,
     pub attachments: Arc<Attachments>,
+    /// Where VMs are: a worker whose VM moved to another Proxmox node
+    /// (HA, maintenance) finds it there.
+    index: Arc<crate::vms::VmIndex>,
     /// Config writes made, for benchmarks and tests.
     pub writes: std::sync::atomic::AtomicU64,
 }
@@ -116,6 +118,15 @@ impl std::fmt::Debug for Attacher {
 }
 
 impl Attacher {
+    pub fn new(index: Arc<crate::vms::VmIndex>) -> Self {
+        Self {
+            queues: Mutex::default(),
+            attachments: Arc::default(),
+            index,
+            writes: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
     /// Queues `op` for VM `vmid` on `node` and waits for its outcome.
     pub async fn submit(
         self: &Arc<Self>,
@@ -151,14 +162,26 @@ impl Attacher {
     }
 }
 
-async fn worker(att: Arc<Attacher>, client: Arc<Client>, node: String, vmid: u32, mut rx: mpsc::UnboundedReceiver<Job>) {
+async fn worker(att: Arc<Attacher>, client: Arc<Client>, mut node: String, vmid: u32, mut rx: mpsc::UnboundedReceiver<Job>) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         while let Ok(j) = rx.try_recv() {
             batch.push(j);
         }
-        run_batch(&att, &client, &node, vmid, batch).await;
+        run_batch(&att, &client, &mut node, vmid, batch).await;
     }
+}
+
+/// Where VM `vmid` is now, after its config was not found on `node`
+/// (pve-guest-common AbstractConfig.pm load_config: "Configuration file
+/// 'nodes/<node>/qemu-server/<vmid>.conf' does not exist" once it moved).
+async fn follow(att: &Attacher, client: &Client, node: &str, vmid: u32, d: Deadline) -> Result<Option<String>, PveError> {
+    att.index.invalidate(client.region()).await;
+    let now = att.index.node_of(client, vmid, d).await?.map(|v| v.node);
+    if let Some(n) = now.as_deref().filter(|n| *n != node) {
+        tracing::info!(vmid, from = node, to = n, "VM moved to another Proxmox node; following it");
+    }
+    Ok(now)
 }
 
 /// The slot for one attach of a batch.
@@ -168,13 +191,33 @@ struct Planned {
     serial: String,
 }
 
-async fn run_batch(att: &Attacher, client: &Client, node: &str, vmid: u32, mut jobs: Vec<Job>) {
+async fn run_batch(att: &Attacher, client: &Client, node: &mut String, vmid: u32, mut jobs: Vec<Job>) {
     let deadline = jobs.iter().map(|j| j.deadline).max_by_key(|d| d.0).unwrap_or(Deadline::after(std::time::Duration::from_secs(30)));
     let mut attempt = 0;
     loop {
         let outcome = write_once(att, client, node, vmid, &mut jobs, deadline).await;
         match outcome {
             Ok(()) => return,
+            Err(e) if e.kind() == ErrorKind::NotFound && attempt < 3 => {
+                attempt += 1;
+                match follow(att, client, node, vmid, deadline).await {
+                    Ok(Some(now)) if now != *node => *node = now,
+                    Ok(None) => {
+                        for j in jobs.drain(..) {
+                            let _ = j.reply.send(Err(CtlError::NotFound(format!("VM {vmid} no longer exists: {e}"))));
+                        }
+                        return;
+                    }
+                    // Still there: the error was about something else.
+                    Ok(Some(_)) | Err(_) => {
+                        let err = CtlError::from(e);
+                        for j in jobs.drain(..) {
+                            let _ = j.reply.send(Err(clone_err(&err)));
+                        }
+                        return;
+                    }
+                }
+            }
             Err(e) => {
                 let retry = e.kind() == ErrorKind::DigestMismatch || e.is_transient();
                 let wait = backoff(attempt);
@@ -304,6 +347,9 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
         Err(e @ PveError::Api { message, .. }) if e.kind() == ErrorKind::HotplugFailed => Some(message.clone()),
         Err(_) => return result,
     };
+    // A busy VM or cluster: what did not happen is tried again (after the
+    // check below), within the deadline.
+    let retry_rest = result.as_ref().is_err_and(PveError::is_transient);
 
     // Verify against the committed config; revert what stayed pending.
     let after = client.vm_config(node, vmid, d).await?;
@@ -336,7 +382,7 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
                 if after.values.get(&p.slot).is_some_and(|v| DriveLine::parse(v).volume == volid) {
                     att.attachments.record(client.region(), &volid, Some(vmid)).await;
                     done.push((i, Ok(Some(Attached { slot: p.slot.clone(), wwn: p.wwn.clone(), serial: p.serial.clone() }))));
-                } else {
+                } else if !retry_rest {
                     done.push((i, Err(CtlError::Unavailable(format!(
                         "attaching {volid} to VM {vmid} as {} failed and was reverted: {why}", p.slot
                     )))));
@@ -349,7 +395,7 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
                         tracing::warn!(vmid, volid, "Proxmox kept the detached disk as unusedN: the VM owns it (a static volume)");
                     }
                     done.push((i, Ok(None)));
-                } else {
+                } else if !retry_rest {
                     done.push((i, Err(CtlError::Unavailable(format!(
                         "detaching {volid} from VM {vmid} failed and was reverted: {why}"
                     )))));
@@ -358,6 +404,9 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
         }
     }
     answer(jobs, done);
+    if retry_rest && !jobs.is_empty() {
+        return result;
+    }
     Ok(())
 }
 

@@ -59,6 +59,24 @@ impl VmIndex {
         Ok(None)
     }
 
+    /// One of the controller's own VMs, `name`d and tagged `kind`. Found by
+    /// its identity tag (`name_tag`), which `/cluster/resources` shows as
+    /// soon as the VM exists, unlike its name: that comes from RRD data
+    /// pvestatd writes about every 10 s (pve-manager PVE/API2Tools.pm
+    /// extract_vm_stats; PVE/Service/pvestatd.pm update_qemu_status), so a
+    /// VM made a moment ago has none yet. VMs made before identity tags are
+    /// still found by name.
+    pub async fn own(&self, client: &Client, name: &str, kind: &str, d: Deadline) -> Result<Option<VmResource>, PveError> {
+        let tag = name_tag(name);
+        for refresh in [false, true] {
+            let rows = self.rows(client, refresh, d).await?;
+            if let Some(v) = rows.iter().find(|v| v.has_tag(kind) && (v.has_tag(&tag) || v.name.as_deref() == Some(name))) {
+                return Ok(Some(v.clone()));
+            }
+        }
+        Ok(None)
+    }
+
     /// The VM whose `smbios1` uuid is `uuid`. VMs named with the node's name
     /// as a prefix are asked first; if none is named so, every VM of the
     /// region is (one config read per VM, as with Cluster API machines whose
@@ -89,6 +107,17 @@ impl VmIndex {
     pub async fn invalidate(&self, region: &str) {
         self.by_region.lock().await.remove(region);
     }
+}
+
+/// The tag that names one of the controller's VMs: `csi-name.<name>` (a
+/// Proxmox tag, `[a-z0-9_][a-z0-9_\-+.]*`: pve-common
+/// src/PVE/JSONSchema.pm $PVE_TAG_RE; VM names are already `[a-z0-9-]`).
+pub fn name_tag(name: &str) -> String {
+    let clean: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+') { c.to_ascii_lowercase() } else { '-' })
+        .collect();
+    format!("csi-name.{clean}")
 }
 
 /// The `uuid=` of an `smbios1` config line, lower-case.

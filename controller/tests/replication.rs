@@ -24,7 +24,7 @@ users:
   - userid: kubernetes-csi@pve
     tokens: [{ name: csi, secret: 5f0c6e8a-1234-4b5c-9d7e-0123456789ab }]
 roles:
-  CSI: [VM.Audit, VM.Config.Disk, VM.Allocate, VM.Replicate, VM.Migrate, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
+  CSI: [VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Replicate, VM.Migrate, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
 acl:
   - { path: /, roles: [CSI], users: [kubernetes-csi@pve], tokens: ["kubernetes-csi@pve!csi"] }
 "#;
@@ -53,7 +53,7 @@ async fn replicated_volume_lives_in_a_holder_that_follows_the_pod() {
     assert_eq!(holder["node"], "pve1");
     assert_eq!(holder["running"], false);
     assert_eq!(holder["config"]["name"], "pvc-r");
-    assert_eq!(holder["config"]["tags"], "proxmox-csi;csi-replicated");
+    assert_eq!(holder["config"]["tags"], "proxmox-csi;csi-replicated;csi-name.pvc-r");
     assert_eq!(holder["config"]["scsi0"], format!("local-zfs:vm-{h}-pvc-r,backup=1,replicate=1,size=1G"));
     let j = jobs(&e).await;
     assert_eq!(j.len(), 1, "{j:?}");

@@ -263,7 +263,7 @@ async fn expand_capacity_list_and_get() {
     // Not attached, and the minimal role may not create the holder VM.
     let err = e.svc.controller_expand_volume(Request::new(exp(2 << 30))).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("grant VM.Allocate"), "{}", err.message());
+    assert!(err.message().contains("grant VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options"), "{}", err.message());
     // Attached: grown through the VM; asking again is a no-op.
     e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap();
     let r = e.svc.controller_expand_volume(Request::new(exp(2 << 30))).await.unwrap().into_inner();
@@ -360,7 +360,7 @@ async fn calls_per_operation() {
 
 #[tokio::test]
 async fn detached_volumes_expand_through_a_holder_vm() {
-    let e = env_with_role("[VM.Audit, VM.Config.Disk, VM.Allocate, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]").await;
+    let e = env_with_role("[VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]").await;
     let v = create(&e, "pvc-off", Some("pve2")).await;
     let r = e
         .svc

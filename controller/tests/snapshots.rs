@@ -17,7 +17,7 @@ use tonic::{Code, Request};
 
 /// The documented role for snapshots and clones: the minimal one plus
 /// VM.Allocate (copy VMs) and VM.Clone (import-from).
-const ROLE: &str = "[VM.Audit, VM.Config.Disk, VM.Allocate, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]";
+const ROLE: &str = "[VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]";
 
 fn snap_req(name: &str, source: &str) -> csi::CreateSnapshotRequest {
     csi::CreateSnapshotRequest { source_volume_id: source.into(), name: name.into(), ..Default::default() }
@@ -92,7 +92,7 @@ async fn snapshot_restore_and_clone_with_a_token() {
     let vm = e.vm(vmid).await;
     assert_eq!(vm["running"], false);
     assert_eq!(vm["config"]["name"], "snapshot-1");
-    assert_eq!(vm["config"]["tags"], "proxmox-csi;csi-snapshot");
+    assert_eq!(vm["config"]["tags"], "proxmox-csi;csi-snapshot;csi-name.snapshot-1");
     assert_eq!(vm["config"]["unused0"], format!("local-lvm:vm-{vmid}-disk-0"));
     assert!(vm["config"].get("scsi0").is_none(), "{vm}");
     assert_eq!(vm["pending"], serde_json::json!({}), "{vm}");
@@ -120,7 +120,7 @@ async fn snapshot_restore_and_clone_with_a_token() {
     assert_eq!(r.volume_id, format!("region-1/pve2/local-lvm/vm-{rid}-disk-0"));
     assert_eq!(r.capacity_bytes, 2 << 30);
     assert_eq!(r.content_source, restore.volume_content_source);
-    assert_eq!(rvm[0]["config"]["tags"], "proxmox-csi;csi-volume");
+    assert_eq!(rvm[0]["config"]["tags"], "proxmox-csi;csi-volume;csi-name.pvc-r");
     assert_eq!(rvm[0]["config"]["unused0"], format!("local-lvm:vm-{rid}-disk-0"));
     // Idempotent: the same answer, no second copy.
     let again = e.svc.create_volume(Request::new(restore)).await.unwrap().into_inner().volume.unwrap();
@@ -261,9 +261,9 @@ async fn missing_privileges_name_what_to_grant() {
     let v = create(&e, "pvc-a", Some("pve2")).await;
     let err = e.svc.create_snapshot(Request::new(snap_req("snap-x", &v.volume_id))).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("grant VM.Allocate to the CSI role"), "{}", err.message());
+    assert!(err.message().contains("grant VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options to the CSI role"), "{}", err.message());
 
-    let e = env_with_role("[VM.Audit, VM.Config.Disk, VM.Allocate, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]").await;
+    let e = env_with_role("[VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]").await;
     let v = create(&e, "pvc-a", Some("pve2")).await;
     let err = e.svc.create_snapshot(Request::new(snap_req("snap-x", &v.volume_id))).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");

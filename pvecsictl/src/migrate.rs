@@ -131,7 +131,7 @@ pub async fn run(k: &Kube, clients: &[Arc<Client>], controller_vmid: u32, claim:
     if opts.rollback {
         let ctl = Controller::new(vec![client.clone()], controller_vmid, Duration::from_secs(60));
         let d = Deadline::after(Duration::from_secs(60));
-        if ctl.vms.by_name(&client, &carrier_name(&pv_name), d).await?.filter(|v| v.has_tag(VOLUME_TAG)).is_none() {
+        if ctl.vms.own(&client, &carrier_name(&pv_name), VOLUME_TAG, d).await?.is_none() {
             // Nothing moved in Proxmox yet: only the record and the policy to undo.
             k.pvs()
                 .patch(&pv_name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"persistentVolumeReclaimPolicy": plan.reclaim}, "metadata": {"annotations": {OPERATION: null}}})))
@@ -230,7 +230,7 @@ async fn forward(k: &Kube, client: Arc<Client>, controller_vmid: u32, plan: &mut
 /// Returns the disk's new volid. Each step is skipped when done already.
 async fn move_disk(ctl: &Controller, client: &Arc<Client>, plan: &Plan, pv_name: &str, id: &VolumeId, d: impl Fn() -> Deadline, steps: &mut Vec<String>) -> Result<String> {
     let name = carrier_name(pv_name);
-    let carrier = match ctl.vms.by_name(client, &name, d()).await?.filter(|v| v.has_tag(VOLUME_TAG)) {
+    let carrier = match ctl.vms.own(client, &name, VOLUME_TAG, d()).await? {
         Some(vm) => vm,
         None => {
             // Detached from every worker first (the attacher does it once the pods are gone).

@@ -35,7 +35,7 @@ users:
   - userid: kubernetes-csi@pve
     tokens: [{ name: csi, secret: 5f0c6e8a-1234-4b5c-9d7e-0123456789ab }]
 roles:
-  CSI: [VM.Audit, VM.Config.Disk, VM.Allocate, VM.Migrate, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
+  CSI: [VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Migrate, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
 acl:
   - { path: /, roles: [CSI], tokens: ["kubernetes-csi@pve!csi"], users: [kubernetes-csi@pve] }
 "#;
@@ -73,7 +73,7 @@ async fn migrate_moves_a_local_volume_with_the_token() {
     let carrier = vms.as_array().unwrap().iter().find(|v| v["config"]["name"] == "pvc-m-moved").cloned().expect("a carrier VM");
     let cid = carrier["vmid"].as_u64().unwrap();
     assert_eq!(carrier["node"], "pve1");
-    assert_eq!(carrier["config"]["tags"], "proxmox-csi;csi-volume");
+    assert_eq!(carrier["config"]["tags"], "proxmox-csi;csi-volume;csi-name.pvc-m-moved");
     assert_eq!(carrier["config"]["unused0"], format!("local-lvm:vm-{cid}-disk-0"));
     assert_eq!(carrier["pending"], json!({}));
     let vols = admin(&sim, "volumes").await;

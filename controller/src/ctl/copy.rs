@@ -119,7 +119,7 @@ pub fn drive_size(line: &DriveLine) -> Option<u64> {
 impl Controller {
     /// The copy VM named `name` (tagged `kind`), if any.
     pub async fn copy_vm(&self, client: &Client, name: &str, kind: &str, d: Deadline) -> Result<Option<VmResource>, CtlError> {
-        Ok(self.vms.by_name(client, name, d).await?.filter(|v| v.has_tag(kind)))
+        Ok(self.vms.own(client, name, kind, d).await?)
     }
 
     /// A copy VM as a CSI snapshot: ready, or still copying (then its id,

@@ -162,7 +162,7 @@ impl Controller {
                 (volname, existing.size)
             }
             None => {
-                let volid = client.allocate(&node, &params.storage, &filename, self.controller_vmid, size, d).await?;
+                let volid = client.allocate(&node, &params.storage, &filename, if file_storage { &format } else { "raw" }, self.controller_vmid, size, d).await?;
                 (volid.split_once(':').map(|(_, n)| n.to_string()).unwrap_or(volname), size)
             }
         };

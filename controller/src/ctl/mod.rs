@@ -39,7 +39,7 @@ pub use snapshot::{SNAPSHOT_TAG, SnapshotId};
 pub struct Controller {
     pub clients: HashMap<String, Arc<Client>>,
     pub controller_vmid: u32,
-    pub vms: VmIndex,
+    pub vms: Arc<VmIndex>,
     pub attacher: Arc<Attacher>,
     imports: copy::Imports,
     storages: Mutex<HashMap<String, (std::time::Instant, Vec<StorageResource>)>>,
@@ -62,11 +62,12 @@ const STORAGE_CACHE: Duration = Duration::from_secs(30);
 
 impl Controller {
     pub fn new(clients: Vec<Arc<Client>>, controller_vmid: u32, default_timeout: Duration) -> Self {
+        let vms = Arc::new(VmIndex::default());
         Self {
             clients: clients.into_iter().map(|c| (c.region().to_string(), c)).collect(),
             controller_vmid,
-            vms: VmIndex::default(),
-            attacher: Arc::new(Attacher::default()),
+            vms: vms.clone(),
+            attacher: Arc::new(Attacher::new(vms)),
             imports: copy::Imports::default(),
             storages: Mutex::new(HashMap::new()),
             default_timeout,

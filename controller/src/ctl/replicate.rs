@@ -90,7 +90,7 @@ impl Controller {
             }
             Some(existing) => existing.size,
             None => {
-                client.allocate(&holder.node, &params.storage, &filename, holder.vmid, size, d).await?;
+                client.allocate(&holder.node, &params.storage, &filename, "raw", holder.vmid, size, d).await?;
                 size
             }
         };

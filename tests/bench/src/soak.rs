@@ -415,7 +415,7 @@ impl Campaign {
 /// Runs the campaign for `duration`; `fault_rate` is the chance of a fault
 /// before each operation.
 pub async fn run(seed: u64, duration: Duration, fault_rate: f64) -> Result<Outcome> {
-    let sim = Sim::start(&cluster(2, 2, ", VM.Allocate, VM.Clone")).await?;
+    let sim = Sim::start(&cluster(2, 2, ", VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone")).await?;
     sim.knobs(r#"{"api_latency_ms": 2, "hotplug_latency_ms": 50}"#).await?;
     let dir = tempfile::tempdir()?;
     let mut c = Campaign {

@@ -34,7 +34,7 @@ users:
   - userid: kubernetes-csi@pve
     tokens: [{ name: csi, secret: 5f0c6e8a-1234-4b5c-9d7e-0123456789ab }]
 roles:
-  CSI: [VM.Audit, VM.Config.Disk, VM.Allocate, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
+  CSI: [VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
 acl:
   - { path: /, roles: [CSI], tokens: ["kubernetes-csi@pve!csi"], users: [kubernetes-csi@pve] }
 "#;

@@ -665,7 +665,7 @@ async fn grow_online(ctl: &ControllerService, node: &mut NodeClient<Channel>, g:
 /// opened with the same passphrase (never formatted) and has the bytes.
 #[tokio::test]
 async fn snapshot_restore_keeps_the_bytes() {
-    let role = "VM.Audit, VM.Config.Disk, VM.Allocate, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit";
+    let role = "VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit";
     let Some(Lab { mut g, ctl, mut node, images, sim: _sim }) = Lab::start(Share::Shared, role).await else { return };
     let luks = HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]);
     g.sh("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/d/s").await.unwrap();

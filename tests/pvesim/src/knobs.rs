@@ -23,8 +23,16 @@ pub struct Knobs {
     pub fail_tasks: u32,
     /// The next N requests have their connection dropped without an answer.
     pub drop_connections: u32,
-    /// Share of requests (0.0–1.0) answered with a 500 before any work.
+    /// Share of requests (0.0–1.0) answered 595 before any work.
     pub error_5xx_rate: f64,
+    /// How long a new VM has no RRD data: `/cluster/resources` shows it
+    /// without `name`, `template` and usage, `status: unknown`, until
+    /// pvestatd's next round (Proxmox: every 10 s).
+    pub rrd_lag_ms: u64,
+    /// When set, a missing volume's `GET …/content/{volume}` answers this
+    /// text instead of its storage type's (a Proxmox or tool version whose
+    /// wording the driver has never seen).
+    pub missing_volume_text: String,
 }
 
 impl Default for Knobs {
@@ -39,6 +47,8 @@ impl Default for Knobs {
             fail_tasks: 0,
             drop_connections: 0,
             error_5xx_rate: 0.0,
+            rrd_lag_ms: 0,
+            missing_volume_text: String::new(),
         }
     }
 }

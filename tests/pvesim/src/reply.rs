@@ -67,6 +67,16 @@ pub fn error(e: &ApiError) -> Response {
     json_response(e.status, reason, &body)
 }
 
+/// A proxied call that never reached its daemon: status and reason only.
+pub fn proxy_failure(status: u16, reason: &str) -> Response {
+    let mut resp = Response::new(Body::empty());
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    if let Ok(phrase) = hyper::ext::ReasonPhrase::try_from(reason.as_bytes().to_vec()) {
+        resp.extensions_mut().insert(phrase);
+    }
+    resp
+}
+
 fn json_response(status: StatusCode, reason: Option<&str>, body: &Value) -> Response {
     let mut resp = Response::new(Body::from(body.to_string()));
     *resp.status_mut() = status;

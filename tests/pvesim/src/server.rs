@@ -230,10 +230,13 @@ async fn handle(ctx: Arc<Ctx>, req: Request<hyper::body::Incoming>) -> Result<Re
             return Err(Dropped);
         }
         if fail {
-            return Ok(reply::error(&crate::reply::ApiError::new(
-                500,
-                "Internal Server Error (injected by pvesim)",
-            )));
+            // What a client sees when pveproxy cannot reach the daemon behind
+            // it (pvedaemon restarting, a node going away): AnyEvent::HTTP's
+            // pseudo status 595 with the errno text as the reason and an
+            // empty body, passed through unchanged (pve-http-server
+            // src/PVE/APIServer/AnyEvent.pm proxy_request; AnyEvent::HTTP
+            // `Status => 595, Reason => "$!"`).
+            return Ok(reply::proxy_failure(595, "Connection refused"));
         }
     }
     let result = api::dispatch(&ctx, &parts.method, &parts.uri, &parts.headers, &body).await;

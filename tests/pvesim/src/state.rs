@@ -36,6 +36,17 @@ pub struct State {
     pub acl: Vec<AclEntry>,
     #[serde(default)]
     pub knobs: Knobs,
+    /// datacenter.cfg `next-id: lower=…,upper=…`: the range `/cluster/nextid`
+    /// picks from (default 100 up to, not including, 1000000).
+    #[serde(default, rename = "next-id")]
+    pub next_id: Option<NextId>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NextId {
+    pub lower: u32,
+    pub upper: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -120,6 +131,10 @@ pub struct StorageSpec {
     /// Default image format for file storages.
     #[serde(default)]
     pub format: Option<String>,
+    /// LVM (thick) with `snapshot-as-volume-chain` (PVE 9): qcow2 volumes
+    /// on LVs, qcow2 the default format.
+    #[serde(default, rename = "snapshot-as-volume-chain")]
+    pub snapshot_as_volume_chain: bool,
 }
 
 impl StorageSpec {
@@ -292,6 +307,9 @@ pub struct Cluster {
     /// Calls served, by `METHOD template`.
     pub counters: BTreeMap<String, u64>,
     pub replication: BTreeMap<String, ReplicationJob>,
+    /// When each VM created through the API was created (its RRD lag).
+    pub created: BTreeMap<u32, std::time::Instant>,
+    pub next_id: Option<NextId>,
 }
 
 /// A storage replication job (`/cluster/replication`).
@@ -338,6 +356,7 @@ impl Cluster {
             roles: s.roles,
             acl: s.acl,
             knobs: s.knobs,
+            next_id: s.next_id,
             ..Default::default()
         };
         for n in s.nodes {

@@ -95,6 +95,19 @@ pub async fn dispatch(
             vm.config.remove("lock");
             Ok(Value::Null)
         }
+        // HA or an operator moved the VM to another node (its config file
+        // moves with it: nodes/<new>/qemu-server/<id>.conf).
+        (&Method::POST, ["vms", id, "relocate"]) => {
+            let id = vmid(id)?;
+            let target = q.get("node").cloned().ok_or_else(|| ApiError::new(400, "node is required"))?;
+            let mut c = ctx.cluster();
+            if !c.nodes.contains_key(&target) {
+                return Err(ApiError::new(400, format!("no node {target}")));
+            }
+            let vm = c.vms.get_mut(&id).ok_or_else(|| ApiError::new(404, "no such VM"))?;
+            vm.node = target;
+            Ok(Value::Null)
+        }
         (&Method::PUT, ["vms", id, "running"]) => {
             let id = vmid(id)?;
             let mut c = ctx.cluster();

@@ -58,12 +58,24 @@ pub async fn resources(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             if !c.has_priv(&call.caller, &format!("/vms/{}", vm.vmid), "VM.Audit") {
                 continue;
             }
-            let mut row = json!({
-                "id": format!("qemu/{}", vm.vmid), "type": "qemu", "vmid": vm.vmid, "node": vm.node,
-                "name": vm.name(), "status": if vm.running { "running" } else { "stopped" }, "template": 0,
-                "maxcpu": 2, "cpu": 0.01, "maxmem": 4u64 << 30, "mem": 1u64 << 30, "maxdisk": 0, "disk": 0,
-                "uptime": if vm.running { 3600 } else { 0 },
-            });
+            // id, vmid, node and type come from the cluster's VM list; name,
+            // status, template and usage from RRD data, which pvestatd writes
+            // about every 10 s, so a new VM has none yet: no name, status
+            // "unknown" (pve-manager PVE/API2/Cluster.pm resources,
+            // PVE/API2Tools.pm extract_vm_stats). lock and tags are read from
+            // the config (PVE::Cluster::get_guest_config_properties).
+            let lag = std::time::Duration::from_millis(c.knobs.rrd_lag_ms);
+            let fresh = c.created.get(&vm.vmid).is_some_and(|t| t.elapsed() < lag);
+            let mut row = if fresh {
+                json!({ "id": format!("qemu/{}", vm.vmid), "type": "qemu", "vmid": vm.vmid, "node": vm.node, "status": "unknown" })
+            } else {
+                json!({
+                    "id": format!("qemu/{}", vm.vmid), "type": "qemu", "vmid": vm.vmid, "node": vm.node,
+                    "name": vm.name(), "status": if vm.running { "running" } else { "stopped" }, "template": 0,
+                    "maxcpu": 2, "cpu": 0.01, "maxmem": 4u64 << 30, "mem": 1u64 << 30, "maxdisk": 0, "disk": 0,
+                    "uptime": if vm.running { 3600 } else { 0 },
+                })
+            };
             if let Some(l) = vm.lock() {
                 row["lock"] = json!(l);
             }
@@ -108,9 +120,13 @@ pub async fn nextid(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         }
         return Ok(json!(id.to_string()));
     }
-    let free = (100u32..1_000_000)
+    // pve-manager PVE/API2/Cluster.pm nextid: the lowest free id of the
+    // datacenter's next-id range, lower inclusive, upper exclusive; answered
+    // as a JSON string (the id was a hash key).
+    let (lower, upper) = c.next_id.map_or((100, 1_000_000), |n| (n.lower, n.upper));
+    let free = (lower..upper)
         .find(|id| !c.vms.contains_key(id))
-        .ok_or_else(|| ApiError::die("unable to get any free VMID in range [100, 1000000]"))?;
+        .ok_or_else(|| ApiError::die(format!("unable to get any free VMID in range [{lower}, {upper}]")))?;
     Ok(json!(free.to_string()))
 }
 

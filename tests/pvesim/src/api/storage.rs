@@ -34,10 +34,15 @@ fn config_json(st: &StorageSpec) -> Value {
     }
     match st.kind {
         StorageType::Lvmthin => {
-            v["vgname"] = json!("pve");
+            v["vgname"] = json!(vgname(st.kind));
             v["thinpool"] = json!("data");
         }
-        StorageType::Lvm => v["vgname"] = json!("san"),
+        StorageType::Lvm => {
+            v["vgname"] = json!(vgname(st.kind));
+            if st.snapshot_as_volume_chain {
+                v["snapshot-as-volume-chain"] = json!(1);
+            }
+        }
         StorageType::Zfspool => v["pool"] = json!("rpool/data"),
         StorageType::Rbd => v["pool"] = json!("rbd"),
         StorageType::Dir => v["path"] = json!(format!("/var/lib/vz-{}", st.id)),
@@ -186,8 +191,11 @@ fn alloc_size(s: &str) -> Option<u64> {
 }
 
 /// pve-storage's per-plugin naming rules; `Ok(format)` when the name is legal.
-fn check_name(kind: StorageType, name: &str, vmid: u32, format: Option<&str>) -> Result<String, ApiError> {
+fn check_name(kind: StorageType, chain: bool, name: &str, vmid: u32, format: Option<&str>) -> Result<String, ApiError> {
     let prefix = format!("vm-{vmid}-");
+    if kind == StorageType::Lvm {
+        return check_lvm_name(chain, name, format);
+    }
     if kind.file_based() {
         let re = regex::Regex::new(r"^[^/\s]+\.(raw|qcow2|vmdk)$").map_err(|e| ApiError::die(e.to_string()))?;
         let Some(c) = re.captures(name) else {
@@ -218,10 +226,39 @@ fn check_name(kind: StorageType, name: &str, vmid: u32, format: Option<&str>) ->
     Ok("raw".into())
 }
 
+/// LVM (thick): no `vm-<vmid>-` check, only `^vm-\d+-\S+` (pve-storage
+/// src/PVE/Storage/LVMPlugin.pm parse_volname); the format defaults to
+/// qcow2 with `snapshot-as-volume-chain` (LVMPlugin.pm get_formats, since
+/// libpve-storage-perl 9.0.7), and a name must carry the format's
+/// extension (LVMPlugin.pm verify_volname_format, since 9.1.7).
+fn check_lvm_name(chain: bool, name: &str, format: Option<&str>) -> Result<String, ApiError> {
+    let ok = regex::Regex::new(r"^vm-\d+-\S+$").map(|r| r.is_match(name)).unwrap_or(false);
+    if !ok {
+        return Err(ApiError::die(format!("unable to parse lvm volume name '{name}'")));
+    }
+    let format = format.unwrap_or(if chain { "qcow2" } else { "raw" });
+    match (format, chain) {
+        ("raw", _) if name.ends_with(".qcow2") => Err(ApiError::die(format!(
+            "volume name '{name}' does not match requested format 'raw' (did you mean '{}'?)",
+            name.trim_end_matches(".qcow2")
+        ))),
+        ("raw", _) => Ok("raw".into()),
+        ("qcow2", true) if !name.ends_with(".qcow2") => Err(ApiError::die(format!(
+            "volume name '{name}' does not match requested format 'qcow2' (did you mean '{name}.qcow2'?)"
+        ))),
+        ("qcow2", true) => Ok("qcow2".into()),
+        ("qcow2", false) => Err(ApiError::die(
+            "snapshot-as-volume-chain option need to be enabled to use qcow2 format at /usr/share/perl5/PVE/Storage/LVMPlugin.pm line 770.",
+        )),
+        (other, _) => Err(ApiError::die(format!("unsupported format '{other}'"))),
+    }
+}
+
 fn duplicate(kind: StorageType, storage: &str, name: &str, vmid: u32) -> ApiError {
     ApiError::die(match kind {
         StorageType::Lvmthin | StorageType::Lvm => format!(
-            "lvcreate 'pve/{name}' error:   Logical Volume \"{name}\" already exists in volume group \"pve\""
+            "lvcreate '{vg}/{name}' error:   Logical Volume \"{name}\" already exists in volume group \"{vg}\"",
+            vg = vgname(kind)
         ),
         StorageType::Zfspool => format!("zfs error: cannot create 'rpool/data/{name}': dataset already exists"),
         StorageType::Rbd => format!("rbd create '{name}' error: rbd: create error: (17) File exists"),
@@ -234,16 +271,16 @@ fn duplicate(kind: StorageType, storage: &str, name: &str, vmid: u32) -> ApiErro
 pub async fn allocate(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let node = call.req("node")?.to_string();
     let id = call.req("storage")?.to_string();
-    let (kind, shared) = {
+    let (kind, shared, chain) = {
         let c = ctx.cluster();
         common::node(&c, &node)?;
         let st = common::storage(&c, &node, &id)?;
-        (st.kind, st.is_shared())
+        (st.kind, st.is_shared(), st.snapshot_as_volume_chain)
     };
     let vmid: u32 = call.vmid()?;
     let filename = call.req("filename")?.to_string();
     let size = alloc_size(call.req("size")?).ok_or_else(|| ApiError::param("size", "value does not match the regex pattern"))?;
-    let format = check_name(kind, &filename, vmid, call.get("format"))?;
+    let format = check_name(kind, chain, &filename, vmid, call.get("format"))?;
     let _guard = ctx.locks.storage(&id, shared, ctx.lock_timeout()).await.map_err(ApiError::die)?;
     let mut c = ctx.cluster();
     let place = c.place(&id, &node).map_err(|e| ApiError::die(e.to_string()))?;
@@ -274,10 +311,28 @@ fn resolve(call: &Call) -> Result<(String, String), ApiError> {
     }
 }
 
+/// The volume group of pvesim's LVM storages.
+fn vgname(kind: StorageType) -> &'static str {
+    if kind == StorageType::Lvm { "san" } else { "pve" }
+}
+
+/// What `GET …/content/{volume}` answers for a volume that is not there:
+/// the plugin's volume_size_info error (pve-storage API2/Storage/Content.pm
+/// info). LVM and LVM-thin: `lvs` with errmsg "can't get size of '$path'",
+/// to which PVE::Cmd::run appends lvs' last stderr line (LVMPlugin.pm
+/// volume_size_info; pve-common src/PVE/Cmd.pm run); lvm2 indents it by two
+/// spaces. ZFS: "zfs error: " + zfs's message (ZFSPoolPlugin.pm zfs_request).
+/// RBD: "rbd error: " + rbd's (RBDPlugin.pm rbd_volume_info). Files: the
+/// size probe only warns, and Content.pm dies on the missing format. LVM
+/// with volume chains probes a `.qcow2` volume as a file, as files are.
 fn missing(kind: StorageType, storage: &str, volname: &str) -> ApiError {
     ApiError::die(match kind {
         StorageType::Dir | StorageType::Nfs => format!("volume_size_info on '{storage}:{volname}' failed - no format"),
-        StorageType::Lvmthin | StorageType::Lvm => format!("no such logical volume pve/{volname}"),
+        StorageType::Lvm if volname.ends_with(".qcow2") => format!("volume_size_info on '{storage}:{volname}' failed - no format"),
+        StorageType::Lvmthin | StorageType::Lvm => {
+            let vg = vgname(kind);
+            format!("can't get size of '/dev/{vg}/{volname}':   Failed to find logical volume \"{vg}/{volname}\"")
+        }
         StorageType::Zfspool => format!("zfs error: cannot open 'rpool/data/{volname}': dataset does not exist"),
         StorageType::Rbd => format!("rbd error: rbd: error opening image {volname}: (2) No such file or directory"),
     })
@@ -297,7 +352,10 @@ pub async fn volume_get(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         return Err(ApiError::forbidden(&sp, &format!("missing privileges to access {storage}:{volname}")));
     }
     let place = c.place(&storage, node).map_err(|e| ApiError::die(e.to_string()))?;
-    let v = c.volume(&place, &volname).ok_or_else(|| missing(st.kind, &storage, &volname))?;
+    let unknown = &c.knobs.missing_volume_text;
+    let v = c
+        .volume(&place, &volname)
+        .ok_or_else(|| if unknown.is_empty() { missing(st.kind, &storage, &volname) } else { ApiError::die(unknown.clone()) })?;
     let path = match st.kind {
         StorageType::Dir | StorageType::Nfs => format!("/var/lib/vz-{storage}/images/{volname}"),
         StorageType::Zfspool => format!("/dev/zvol/rpool/data/{volname}"),

@@ -32,8 +32,16 @@ pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         let c = ctx.cluster();
         common::node(&c, &node)?;
         c.check(&call.caller, &format!("/vms/{vmid}"), &["VM.Allocate"], false)?;
+        // Each option set needs its own privilege (qemu-server
+        // src/PVE/API2/Qemu.pm create_vm → $check_vm_modify_config_perm).
+        for key in call.params.keys() {
+            if let Some(p) = option_privilege(key) {
+                c.check(&call.caller, &format!("/vms/{vmid}"), &[p], false)?;
+            }
+        }
+        // pve-cluster src/PVE/Cluster.pm check_vmid_unused, wrapped by create_vm.
         if let Some(vm) = c.vms.get(&vmid) {
-            return Err(ApiError::die(format!("VM {vmid} already exists on node '{}'", vm.node)));
+            return Err(ApiError::die(format!("unable to create VM {vmid} - VM {vmid} already exists on node '{}'", vm.node)));
         }
     }
     let config: BTreeMap<String, String> = call
@@ -50,12 +58,30 @@ pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
         let mut c = ctx.cluster();
         if c.vms.contains_key(&vmid) {
-            return Err(format!("VM {vmid} already exists on node '{node}'"));
+            return Err(format!("unable to create VM {vmid} - VM {vmid} already exists on node '{node}'"));
+        }
+        // Tags are checked in the worker (pve-guest-common
+        // src/PVE/GuestHelpers.pm assert_tag_permissions, from create_vm).
+        if config.contains_key("tags") && !c.has_priv(&call.caller, &format!("/vms/{vmid}"), "VM.Config.Options") {
+            return Err(format!("unable to create VM {vmid} - 403 Permission check failed (/vms/{vmid}, VM.Config.Options)"));
         }
         c.vms.insert(vmid, Vm { vmid, node, running: call.flag("start"), config, ..Default::default() });
+        c.created.insert(vmid, std::time::Instant::now());
         Ok(vec![])
     });
     Ok(json!(upid))
+}
+
+/// The privilege a create_vm option needs (qemu-server src/PVE/API2/Qemu.pm:
+/// $cpuoptions, $memoryoptions, $hwtypeoptions, $generaloptions).
+fn option_privilege(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "cores" | "sockets" | "vcpus" | "cpu" | "cpulimit" | "cpuunits" | "numa" => "VM.Config.CPU",
+        "memory" | "balloon" | "shares" => "VM.Config.Memory",
+        "scsihw" | "machine" | "acpi" | "kvm" | "hotplug" | "vga" | "tablet" | "smbios1" => "VM.Config.HWType",
+        "name" | "description" | "ostype" | "agent" | "onboot" | "protection" | "bios" => "VM.Config.Options",
+        _ => return None,
+    })
 }
 
 pub async fn destroy(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
