@@ -44,6 +44,21 @@ impl VmIndex {
         Ok(None)
     }
 
+    /// Where VM `vmid` is right now (the cluster's list read again): for the
+    /// rare calls that must not act on a node the VM has left.
+    pub async fn current(
+        &self,
+        client: &Client,
+        vmid: u32,
+        d: Deadline,
+    ) -> Result<Option<VmResource>, PveError> {
+        Ok(self
+            .rows(client, true, d)
+            .await?
+            .into_iter()
+            .find(|v| v.vmid == vmid))
+    }
+
     /// A VM named like the Kubernetes node (exactly, or as a prefix of an FQDN).
     pub async fn by_name(&self, client: &Client, name: &str, d: Deadline) -> Result<Option<VmResource>, PveError> {
         for refresh in [false, true] {

@@ -134,3 +134,92 @@ async fn a_new_vm_never_takes_the_placeholder_vmid() {
     assert!(e.admin("GET", "vms/9999", "").await.is_null(), "no VM under the placeholder VMID");
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
+
+/// `import-from` runs only on the node of the source's owner VM: a restore
+/// from a snapshot on shared storage is copied where the snapshot's VM is,
+/// even after that VM moved.
+#[tokio::test]
+async fn a_restore_runs_on_the_node_of_the_snapshots_vm() {
+    let e = env_with_role(ROLE).await;
+    let src = e
+        .svc
+        .create_volume(Request::new(create_req(
+            "pvc-shared",
+            1 << 30,
+            &[("storage", "nfs")],
+            None,
+        )))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let snap_req = || {
+        Request::new(csi::CreateSnapshotRequest {
+            source_volume_id: src.volume_id.clone(),
+            name: "snapshot-shared".into(),
+            ..Default::default()
+        })
+    };
+    let mut snap = e
+        .svc
+        .create_snapshot(snap_req())
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    for _ in 0..50 {
+        if snap.ready_to_use {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        snap = e
+            .svc
+            .create_snapshot(snap_req())
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+    }
+    assert!(snap.ready_to_use, "{snap:?}");
+    let copy = vms_tagged(&e, "csi-snapshot").await.remove(0);
+    let other = if copy["node"] == "pve1" {
+        "pve2"
+    } else {
+        "pve1"
+    };
+    e.admin(
+        "POST",
+        &format!("vms/{}/relocate?node={other}", copy["vmid"]),
+        "",
+    )
+    .await;
+    let mut restore = create_req("pvc-restored", 1 << 30, &[("storage", "nfs")], None);
+    restore.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Snapshot(
+            csi::volume_content_source::SnapshotSource {
+                snapshot_id: snap.snapshot_id.clone(),
+            },
+        )),
+    });
+    let mut answer = e.svc.create_volume(Request::new(restore.clone())).await;
+    for _ in 0..50 {
+        match &answer {
+            Err(s) if s.code() == tonic::Code::Aborted => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                answer = e.svc.create_volume(Request::new(restore.clone())).await;
+            }
+            _ => break,
+        }
+    }
+    let v = answer.unwrap().into_inner().volume.unwrap();
+    let restored = vms_tagged(&e, "csi-volume").await;
+    assert_eq!(restored.len(), 1);
+    assert_eq!(
+        restored[0]["node"], other,
+        "the copy ran beside the snapshot's VM"
+    );
+    assert!(v.volume_id.starts_with("region-1//nfs/"), "{}", v.volume_id);
+}

@@ -178,7 +178,7 @@ pub fn verify_unused(
             }
         }
     }
-    for m in mounts.iter().filter(|m| own.contains(&m.majmin)) {
+    if let Some(m) = mounts.iter().find(|m| own.contains(&m.majmin)) {
         if m.mount_point == Path::new("/") {
             return Err(refuse("holds the root filesystem".into()));
         }

@@ -241,7 +241,7 @@ fn run(socket: &udev::MonitorSocket, index: &DeviceIndex) -> String {
         }
         for event in socket.iter() {
             let d = event.device();
-            if !d.devtype().is_some_and(|t| t == "disk") {
+            if d.devtype().is_none_or(|t| t != "disk") {
                 continue;
             }
             // Kernel events carry no devnode; the kernel's name is the node's name.

@@ -23,8 +23,8 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use proxmox_csi_controller::attach::Op;
-use proxmox_csi_controller::ctl::{CSI_TAG, Controller, NewVm, VOLUME_TAG};
-use proxmox_csi_controller::drive::is_disk_key;
+use proxmox_csi_controller::ctl::{CSI_TAG, Controller, NewVm, VOLUME_TAG, drive_size};
+use proxmox_csi_controller::drive::{DriveLine, is_disk_key};
 use proxmox_csi_controller::pve::tasks::TaskState;
 use proxmox_csi_controller::pve::{Client, Deadline};
 use proxmox_csi_controller::volume::VolumeId;
@@ -258,13 +258,40 @@ async fn move_disk(ctl: &Controller, client: &Arc<Client>, plan: &Plan, pv_name:
         steps.push(format!("handed {} from holder VM {holder} to carrier VM {}", id.volid(), carrier.vmid));
     }
     if carrier.node != plan.to {
-        let form = [("target", plan.to.clone()), ("online", "0".to_string()), ("with-local-disks", "1".to_string())];
-        let upid: String = client.call(Method::POST, &format!("/nodes/{}/qemu/{}/migrate", carrier.node, carrier.vmid), &form, d()).await?;
+        // The disk's size, for the progress of dd's byte counts.
+        let cfg = client
+            .vm_config(&carrier.node, carrier.vmid, d())
+            .await?
+            .values;
+        let plan_bytes = ["scsi0", "unused0"]
+            .iter()
+            .find_map(|k| cfg.get(*k))
+            .and_then(|line| drive_size(&DriveLine::parse(line)))
+            .unwrap_or(0);
+        let form = [
+            ("target", plan.to.clone()),
+            ("online", "0".to_string()),
+            ("with-local-disks", "1".to_string()),
+        ];
+        let upid: String = client
+            .call(
+                Method::POST,
+                &format!("/nodes/{}/qemu/{}/migrate", carrier.node, carrier.vmid),
+                &form,
+                d(),
+            )
+            .await?;
         let started = Instant::now();
         loop {
             match client.task_state(&upid, d()).await? {
                 TaskState::Running(progress) => {
-                    eprintln!("  migrating VM {} to {}: {} {} s", carrier.vmid, plan.to, bar(progress.as_deref()), started.elapsed().as_secs());
+                    eprintln!(
+                        "  migrating VM {} to {}: {} {} s",
+                        carrier.vmid,
+                        plan.to,
+                        bar(progress.as_deref(), plan_bytes),
+                        started.elapsed().as_secs()
+                    );
                     tokio::time::sleep(Duration::from_secs(2)).await;
                 }
                 TaskState::Done => break,
@@ -284,11 +311,25 @@ async fn move_disk(ctl: &Controller, client: &Arc<Client>, plan: &Plan, pv_name:
     Ok(volid)
 }
 
-/// A progress bar from the task's latest `transferred … (NN.NN%)` line.
-fn bar(progress: Option<&str>) -> String {
-    let pct = progress
-        .and_then(|p| p.rsplit_once('(')?.1.split_once('%')?.0.trim().parse::<f64>().ok())
-        .map(|p| p.clamp(0.0, 100.0));
+/// A progress bar from the task's latest progress line (see
+/// `tasks::is_progress`): a percentage where the line has one, else the
+/// bytes dd copied against the disk's `total` bytes.
+fn bar(progress: Option<&str>, total: u64) -> String {
+    let percent = |p: &str| -> Option<f64> {
+        if let Some((before, _)) = p.split_once("% complete") {
+            return before.rsplit(' ').next()?.parse().ok();
+        }
+        if let Some((_, after)) = p.rsplit_once('(')
+            && let Some((n, _)) = after.split_once('%')
+        {
+            return n.trim().parse().ok();
+        }
+        // `[timestamp ]N bytes (…) copied, …`
+        let (head, _) = p.split_once(" bytes (")?;
+        let bytes: f64 = head.rsplit(' ').next()?.parse().ok()?;
+        (total > 0).then(|| bytes * 100.0 / total as f64)
+    };
+    let pct = progress.and_then(percent).map(|p| p.clamp(0.0, 100.0));
     match pct {
         Some(p) => {
             let filled = (p / 5.0).round() as usize;
@@ -315,8 +356,29 @@ async fn attached(ctl: &Controller, client: &Client, volid: &str, d: Deadline) -
 mod tests {
     #[test]
     fn progress_bars() {
-        assert_eq!(super::bar(Some("transferred 512.0 MiB of 1.0 GiB (50.00%)")), "[##########----------]  50.0%");
-        assert_eq!(super::bar(Some("drive-scsi0: transferred 1.0 GiB of 1.0 GiB (100.00%) in 3s")), "[####################] 100.0%");
-        assert_eq!(super::bar(None), "[copying]");
+        assert_eq!(
+            super::bar(Some("transferred 512.0 MiB of 1.0 GiB (50.00%)"), 0),
+            "[##########----------]  50.0%"
+        );
+        assert_eq!(
+            super::bar(
+                Some("drive-scsi0: transferred 1.0 GiB of 1.0 GiB (100.00%) in 3s"),
+                0
+            ),
+            "[####################] 100.0%"
+        );
+        assert_eq!(super::bar(None, 0), "[copying]");
+        // An offline migration's dd line (pve-storage Storage.pm storage_migrate), against the disk's size.
+        assert_eq!(
+            super::bar(
+                Some("2026-11-30 14:00:05 536870912 bytes (537 MB, 512 MiB) copied, 4 s, 134 MB/s"),
+                1 << 30
+            ),
+            "[##########----------]  50.0%"
+        );
+        assert_eq!(
+            super::bar(Some("Exporting image: 25% complete..."), 0),
+            "[#####---------------]  25.0%"
+        );
     }
 }

@@ -198,8 +198,7 @@ impl csi::node_server::Node for Node {
         &self,
         _: Request<csi::NodeGetInfoRequest>,
     ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
-        let id = "";
-        traced("NodeGetInfo", &id, async move {
+        traced("NodeGetInfo", "", async move {
             let identity = self
                 .hostd()
                 .node_identity(hostd::NodeIdentityRequest {})

@@ -107,18 +107,22 @@ impl csi::controller_server::Controller for ControllerService {
         .await
     }
 
-    async fn list_volumes(&self, req: Request<csi::ListVolumesRequest>) -> Result<Response<csi::ListVolumesResponse>, Status> {
-        let id = "";
-        traced("ListVolumes", &id, async move {
+    async fn list_volumes(
+        &self,
+        req: Request<csi::ListVolumesRequest>,
+    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
+        traced("ListVolumes", "", async move {
             let d = self.deadline(&req);
             Ok(Response::new(self.0.list(req.get_ref(), d).await?))
         })
         .await
     }
 
-    async fn get_capacity(&self, req: Request<csi::GetCapacityRequest>) -> Result<Response<csi::GetCapacityResponse>, Status> {
-        let id = "";
-        traced("GetCapacity", &id, async move {
+    async fn get_capacity(
+        &self,
+        req: Request<csi::GetCapacityRequest>,
+    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
+        traced("GetCapacity", "", async move {
             let d = self.deadline(&req);
             let (available, max) = self.0.capacity(req.get_ref(), d).await?;
             Ok(Response::new(csi::GetCapacityResponse {
@@ -161,9 +165,11 @@ impl csi::controller_server::Controller for ControllerService {
         .await
     }
 
-    async fn list_snapshots(&self, req: Request<csi::ListSnapshotsRequest>) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
-        let id = "";
-        traced("ListSnapshots", &id, async move {
+    async fn list_snapshots(
+        &self,
+        req: Request<csi::ListSnapshotsRequest>,
+    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        traced("ListSnapshots", "", async move {
             let d = self.deadline(&req);
             Ok(Response::new(self.0.list_snapshots(req.get_ref(), d).await?))
         })

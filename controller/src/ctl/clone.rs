@@ -31,6 +31,8 @@ struct Resolved {
     node: String,
     /// Whether the source's storage is shared (any node can read it).
     shared: bool,
+    /// The source's owner VM exists: the copy must run on its node.
+    pinned: bool,
     size: u64,
 }
 
@@ -40,25 +42,53 @@ impl Controller {
         let volume = |id: VolumeId, raw: String| async move {
             let client = self.client_of("volume", &raw, &id.region)?;
             let (node, info) = self.existing(&client, &id, d).await?;
-            Ok::<_, CtlError>(Resolved { shared: id.zone.is_none(), volid: id.volid(), region: id.region, node, size: info.size })
+            let owner = self.owner_node(&client, &id.disk, d).await?;
+            Ok::<_, CtlError>(Resolved {
+                shared: id.zone.is_none(),
+                volid: id.volid(),
+                region: id.region,
+                pinned: owner.is_some(),
+                node: owner.unwrap_or(node),
+                size: info.size,
+            })
         };
         match source {
             Source::Volume(v) => {
                 let id = super::volume_ref(&format!("{field}.volume.volume_id"), &v.volume_id)?;
                 volume(id, v.volume_id.clone()).await
             }
-            Source::Snapshot(s) => match super::snapshot_ref(&format!("{field}.snapshot.snapshot_id"), &s.snapshot_id)? {
-                SnapshotId::Volume(id) => volume(id, s.snapshot_id.clone()).await,
-                SnapshotId::Copy { region, vmid, .. } => {
-                    let client = self.client_of("snapshot", &s.snapshot_id, &region)?;
-                    let gone = || CtlError::NotFound(format!("snapshot {} does not exist", s.snapshot_id));
-                    let vm = self.vms.node_of(&client, vmid, d).await?.ok_or_else(gone)?;
-                    let info = self.read_copy(&client, &vm, d).await?.ok_or_else(|| {
-                        CtlError::Unavailable(format!("snapshot {} is not ready yet (its copy is running)", s.snapshot_id))
-                    })?;
-                    let storage = info.volid.split(':').next().unwrap_or_default();
-                    let shared = self.storage_rows(&client, storage, d).await?.iter().any(|r| r.shared == 1);
-                    Ok(Resolved { region, volid: info.volid, node: info.node, shared, size: info.size })
+            Source::Snapshot(s) => {
+                match super::snapshot_ref(&format!("{field}.snapshot.snapshot_id"), &s.snapshot_id)?
+                {
+                    SnapshotId::Volume(id) => volume(id, s.snapshot_id.clone()).await,
+                    SnapshotId::Copy { region, vmid, .. } => {
+                        let client = self.client_of("snapshot", &s.snapshot_id, &region)?;
+                        let gone = || {
+                            CtlError::NotFound(format!("snapshot {} does not exist", s.snapshot_id))
+                        };
+                        // The copy runs on the copy VM's node: where it is now.
+                        let vm = self.vms.current(&client, vmid, d).await?.ok_or_else(gone)?;
+                        let info = self.read_copy(&client, &vm, d).await?.ok_or_else(|| {
+                            CtlError::Unavailable(format!(
+                                "snapshot {} is not ready yet (its copy is running)",
+                                s.snapshot_id
+                            ))
+                        })?;
+                        let storage = info.volid.split(':').next().unwrap_or_default();
+                        let shared = self
+                            .storage_rows(&client, storage, d)
+                            .await?
+                            .iter()
+                            .any(|r| r.shared == 1);
+                        Ok(Resolved {
+                            region,
+                            volid: info.volid,
+                            node: info.node,
+                            shared,
+                            pinned: true,
+                            size: info.size,
+                        })
+                    }
                 }
             },
         }
@@ -96,7 +126,7 @@ impl Controller {
             .collect();
         let target_shared = usable.iter().any(|row| row.shared == 1);
         // The copy runs on a node that reads the source and writes the target.
-        let candidates: Vec<String> = if src.shared {
+        let candidates: Vec<String> = if src.shared && !src.pinned {
             usable.iter().map(|row| row.node.clone()).collect()
         } else {
             usable.iter().filter(|row| row.node == src.node).map(|row| row.node.clone()).collect()

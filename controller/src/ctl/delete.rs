@@ -24,6 +24,32 @@ impl Controller {
             .map(|r| r.node))
     }
 
+    /// The node of the VM that owns `disk` (`vm-<vmid>-…`), if that VM
+    /// exists: an `import-from` copy of the disk must run there
+    /// (qemu-server API2/Qemu.pm $import_from_volid: "owner VM N not on
+    /// local node"). The placeholder VMID normally has no VM.
+    pub async fn owner_node(
+        &self,
+        client: &Client,
+        disk: &str,
+        d: Deadline,
+    ) -> Result<Option<String>, CtlError> {
+        let Some(owner) = crate::volume::owner_of(disk) else {
+            return Ok(None);
+        };
+        if owner == self.controller_vmid {
+            // Normally no VM: the cached list settles it without a refresh.
+            return Ok(self
+                .vms
+                .all(client, d)
+                .await?
+                .into_iter()
+                .find(|v| v.vmid == owner)
+                .map(|vm| vm.node));
+        }
+        Ok(self.vms.node_of(client, owner, d).await?.map(|vm| vm.node))
+    }
+
     /// The node to reach an existing volume through, and its size; NotFound
     /// (naming the volume) when it does not exist.
     pub async fn existing(&self, client: &Client, id: &VolumeId, d: Deadline) -> Result<(String, VolumeInfo), CtlError> {
@@ -71,6 +97,9 @@ impl Controller {
             && let Some(vm) = self.vms.node_of(&client, owner, d).await?
             && (vm.has_tag(super::clone::VOLUME_TAG) || vm.has_tag(super::replicate::REPLICATED_TAG))
         {
+            if vm.has_tag(super::replicate::REPLICATED_TAG) {
+                self.remove_replication(&client, &vm, d).await?;
+            }
             return self.destroy_copy(&client, &vm, d).await;
         }
         client.delete_volume(&node, &id.storage, &id.disk, d).await?;

@@ -29,7 +29,7 @@ use crate::volume::VolumeId;
 
 pub use capability::check_capabilities;
 pub use clone::VOLUME_TAG;
-pub use copy::vm_name;
+pub use copy::{drive_size, vm_name};
 pub use holder::{NewVm, TAG as CSI_TAG};
 pub use replicate::REPLICATED_TAG;
 pub use snapshot::{SNAPSHOT_TAG, SnapshotId};

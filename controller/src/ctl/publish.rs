@@ -67,8 +67,12 @@ impl Controller {
         let vm = self
             .vm_of_node(&client, &node_id, d)
             .await?
-            .ok_or_else(|| CtlError::NotFound(format!("node {node_id}: no VM found in region {}", id.region)))?;
-        self.follow_replica(&client, &id, &vm.node, d).await?;
+            .ok_or_else(|| {
+                CtlError::NotFound(format!(
+                    "node {node_id}: no VM found in region {}",
+                    id.region
+                ))
+            })?;
         if let Some(zone) = &id.zone
             && *zone != vm.node
         {
@@ -78,14 +82,29 @@ impl Controller {
                 r.volume_id, vm.vmid, vm.node, vm.node
             )));
         }
-        if client.volume_info(&vm.node, &id.storage, &id.disk, d).await?.is_none() {
-            return Err(CtlError::NotFound(format!("volume {} does not exist", r.volume_id)));
-        }
-        if let Some(other) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), d).await?
+        // Attached elsewhere? Asked before anything moves: a replicated
+        // volume's holder migrates offline, which leaves the source as the
+        // replica, so the writes of a VM still using it would be lost.
+        if let Some(other) = self
+            .attacher
+            .attachments
+            .vm_of(&client, &self.vms, &id.volid(), d)
+            .await?
             && other != vm.vmid
         {
             return Err(CtlError::FailedPrecondition(format!(
                 "volume {} is attached to VM {other}; it can be attached to one VM at a time",
+                r.volume_id
+            )));
+        }
+        self.follow_replica(&client, &id, &vm.node, d).await?;
+        if client
+            .volume_info(&vm.node, &id.storage, &id.disk, d)
+            .await?
+            .is_none()
+        {
+            return Err(CtlError::NotFound(format!(
+                "volume {} does not exist",
                 r.volume_id
             )));
         }

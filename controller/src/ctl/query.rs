@@ -144,7 +144,7 @@ impl Controller {
                         Some(vmid) => vms
                             .iter()
                             .find(|vm| vm.vmid == vmid)
-                            .map(|vm| vec![self.published_node_id(&region, vm)])
+                            .map(|vm| vec![self.published_node_id(region, vm)])
                             .unwrap_or_default(),
                         None => Vec::new(),
                     };

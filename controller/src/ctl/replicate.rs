@@ -28,10 +28,26 @@ pub const REPLICATED_TAG: &str = "csi-replicated";
 #[derive(Debug, Deserialize)]
 struct Job {
     id: String,
-    #[serde(default)]
+    /// Proxmox answers it as a JSON string (the parser makes it a hash
+    /// key: pve-guest-common src/PVE/ReplicationConfig.pm); a number too.
+    #[serde(default, deserialize_with = "number_or_string")]
     guest: u32,
     #[serde(default)]
     target: String,
+    /// Set while the job is being removed (`full`: with its replicas).
+    #[serde(default)]
+    remove_job: Option<String>,
+}
+
+fn number_or_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    match serde_json::Value::deserialize(d)? {
+        serde_json::Value::Number(n) => n
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| serde::de::Error::custom("not a VMID")),
+        serde_json::Value::String(s) => s.parse().map_err(serde::de::Error::custom),
+        other => Err(serde::de::Error::custom(format!("not a VMID: {other}"))),
+    }
 }
 
 fn denied(what: &str, privilege: &str) -> impl Fn(PveError) -> CtlError {
@@ -143,6 +159,63 @@ impl Controller {
             tracing::info!(job = id, target = zone, "replication job created");
         }
         Ok(())
+    }
+
+    /// Removes the replication jobs of `holder` with their replicas, and
+    /// waits until they are gone. Destroying the holder with `purge=1` only
+    /// deletes the job entries (pve-guest-common ReplicationConfig.pm
+    /// remove_vmid_jobs): the replicas on the targets would stay behind.
+    /// Removing a job only marks it (`remove_job: full`); the scheduler's
+    /// next run (at most a minute) deletes the replicas, then the job
+    /// (pve-manager API2/ReplicationConfig.pm delete; pve-guest-common
+    /// Replication.pm replicate). If that takes longer than the call may
+    /// wait, the answer is Unavailable and the next call waits on.
+    pub async fn remove_replication(
+        &self,
+        client: &Client,
+        holder: &VmResource,
+        d: Deadline,
+    ) -> Result<(), CtlError> {
+        let mut attempt = 0;
+        loop {
+            let jobs: Vec<Job> = client
+                .call(Method::GET, "/cluster/replication", &[], d)
+                .await?;
+            let mine: Vec<&Job> = jobs.iter().filter(|j| j.guest == holder.vmid).collect();
+            if mine.is_empty() {
+                return Ok(());
+            }
+            for j in mine.iter().filter(|j| j.remove_job.is_none()) {
+                client
+                    .call::<Option<serde_json::Value>>(
+                        Method::DELETE,
+                        &format!("/cluster/replication/{}", j.id),
+                        &[],
+                        d,
+                    )
+                    .await
+                    .map_err(denied(
+                        &format!("removing replication job {}", j.id),
+                        "VM.Replicate",
+                    ))?;
+                tracing::info!(
+                    job = j.id,
+                    target = j.target,
+                    "replication job removal requested (with its replicas)"
+                );
+            }
+            let wait =
+                crate::pve::client::backoff(attempt).max(std::time::Duration::from_millis(500));
+            if d.remaining() <= wait {
+                let ids: Vec<&str> = mine.iter().map(|j| j.id.as_str()).collect();
+                return Err(CtlError::Unavailable(format!(
+                    "replication jobs {ids:?} of holder VM {} are being removed with their replicas (Proxmox's scheduler runs each minute); retry",
+                    holder.vmid
+                )));
+            }
+            tokio::time::sleep(wait).await;
+            attempt += 1;
+        }
     }
 
     /// Before a publish on `node`: moves the holder of a replicated volume

@@ -77,18 +77,48 @@ pub(super) fn snapshot_of(region: &str, info: &CopyInfo) -> csi::Snapshot {
     }
 }
 
-/// VolumeSnapshotClass parameters: only `storage` (default: the volume's).
-fn snapshot_storage(params: &HashMap<String, String>) -> Result<Option<String>, CtlError> {
+/// VolumeSnapshotClass parameters.
+#[derive(Debug, Default)]
+struct SnapshotClass {
+    /// Where the copy is kept (default: the volume's storage).
+    storage: Option<String>,
+    /// `attached: refuse`: no snapshot of a volume attached to a VM, whose
+    /// copy would be read from a live disk.
+    refuse_attached: bool,
+}
+
+fn snapshot_class(params: &HashMap<String, String>) -> Result<SnapshotClass, CtlError> {
+    let mut class = SnapshotClass::default();
     for (k, v) in params {
         match k.as_str() {
-            "storage" if !v.is_empty() => {}
+            "storage" if !v.is_empty() => class.storage = Some(v.clone()),
             "storage" => return Err(CtlError::invalid("parameters.storage", "must not be empty")),
-            // The external-snapshotter passes its own keys with this prefix.
+            "attached" => {
+                class.refuse_attached = match v.as_str() {
+                    "allow" | "" => false,
+                    "refuse" => true,
+                    other => {
+                        return Err(CtlError::invalid(
+                            "parameters.attached",
+                            format!("{other:?} is not allowed; allowed: allow, refuse"),
+                        ));
+                    }
+                }
+            }
+            // The Go driver's class key; the copy stays on the volume's node.
+            "zone" => tracing::debug!(
+                zone = v,
+                "VolumeSnapshotClass zone is the Go driver's; snapshots stay on the volume's node"
+            ),
+            // The external-snapshotter's own keys (csi.storage.k8s.io/snapshotter-secret-*).
             k if k.starts_with("csi.storage.k8s.io/") => {}
-            other => return Err(CtlError::invalid(format!("parameters.{other}"), "unknown parameter; allowed: storage")),
+            other => tracing::warn!(
+                parameter = other,
+                "unknown VolumeSnapshotClass parameter, ignored; known: storage, attached"
+            ),
         }
     }
-    Ok(params.get("storage").cloned())
+    Ok(class)
 }
 
 impl Controller {
@@ -99,13 +129,44 @@ impl Controller {
         if r.source_volume_id.is_empty() {
             return Err(CtlError::invalid("source_volume_id", "is required"));
         }
-        let src = VolumeId::parse(&r.source_volume_id).map_err(|e| CtlError::invalid("source_volume_id", e))?;
-        let storage = snapshot_storage(&r.parameters)?.unwrap_or_else(|| src.storage.clone());
+        let src = VolumeId::parse(&r.source_volume_id)
+            .map_err(|e| CtlError::invalid("source_volume_id", e))?;
+        let class = snapshot_class(&r.parameters)?;
+        let storage = class.storage.clone().unwrap_or_else(|| src.storage.clone());
         let client = self.client(&src.region)?;
         if !client.cluster().storage_allowed(&storage) {
             return Err(CtlError::invalid("parameters.storage", format!("{storage:?} is not in allowed_storages of region {}", src.region)));
         }
         let (node, info) = self.existing(&client, &src, d).await?;
+        let node = self
+            .owner_node(&client, &src.disk, d)
+            .await?
+            .unwrap_or(node);
+        // A copy of an attached volume is `qemu-img convert` of a disk the
+        // guest is writing: not even crash-consistent (docs/snapshots.md).
+        if self
+            .copy_vm(&client, &vm_name(&r.name), SNAPSHOT_TAG, d)
+            .await?
+            .is_none()
+            && let Some(vmid) = self
+                .attacher
+                .attachments
+                .vm_of(&client, &self.vms, &src.volid(), d)
+                .await?
+        {
+            if class.refuse_attached {
+                return Err(CtlError::FailedPrecondition(format!(
+                    "volume {} is attached to VM {vmid}, and the VolumeSnapshotClass refuses snapshots of attached volumes \
+                     (attached: refuse): a copy of a disk in use is not crash-consistent; stop the pod or scale it down first",
+                    r.source_volume_id
+                )));
+            }
+            tracing::warn!(
+                volume_id = r.source_volume_id,
+                vmid,
+                "snapshot of an attached volume: the copy is read from a live disk and is not crash-consistent"
+            );
+        }
         let spec = CopySpec {
             name: vm_name(&r.name),
             kind: SNAPSHOT_TAG,
@@ -239,12 +300,34 @@ mod tests {
     }
 
     #[test]
-    fn class_parameters_are_strict() {
-        let p = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>();
-        assert_eq!(snapshot_storage(&p(&[])).unwrap(), None);
-        assert_eq!(snapshot_storage(&p(&[("storage", "zfs")])).unwrap().as_deref(), Some("zfs"));
-        assert!(snapshot_storage(&p(&[("csi.storage.k8s.io/snapshotter-secret-name", "x")])).is_ok());
-        let e = snapshot_storage(&p(&[("pool", "x")])).unwrap_err().to_string();
-        assert_eq!(e, "parameters.pool: unknown parameter; allowed: storage");
+    fn class_parameters() {
+        let p = |kv: &[(&str, &str)]| {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<HashMap<_, _>>()
+        };
+        assert_eq!(snapshot_class(&p(&[])).unwrap().storage, None);
+        assert_eq!(
+            snapshot_class(&p(&[("storage", "zfs")]))
+                .unwrap()
+                .storage
+                .as_deref(),
+            Some("zfs")
+        );
+        assert!(snapshot_class(&p(&[("csi.storage.k8s.io/snapshotter-secret-name", "x")])).is_ok());
+        // The Go driver's `zone` and unknown keys are accepted (a class is immutable).
+        assert!(snapshot_class(&p(&[("zone", "pve1"), ("pool", "x")])).is_ok());
+        assert!(
+            snapshot_class(&p(&[("attached", "refuse")]))
+                .unwrap()
+                .refuse_attached
+        );
+        let e = snapshot_class(&p(&[("attached", "never")]))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "parameters.attached: \"never\" is not allowed; allowed: allow, refuse"
+        );
     }
 }

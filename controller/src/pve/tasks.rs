@@ -36,6 +36,18 @@ pub enum TaskState {
     Failed(String),
 }
 
+/// A progress line of a task log: import-from's and the live mirror's
+/// `transferred X of Y (NN.NN%)` (qemu-server QemuServer/QemuImage.pm
+/// convert, QemuServer/BlockJob.pm monitor), dd's `N bytes (…) copied, …`
+/// relayed by storage_migrate for offline migrations (pve-storage Storage.pm),
+/// rbd export's `NN% complete`.
+pub fn is_progress(line: &str) -> bool {
+    line.starts_with("transferred ")
+        || line.contains(": transferred ")
+        || (line.contains(" bytes (") && line.contains(" copied, "))
+        || line.contains("% complete")
+}
+
 impl Client {
     /// One look at `upid`: running (with its latest `transferred …` line),
     /// done, or failed with Proxmox's exit status.
@@ -49,7 +61,12 @@ impl Client {
         let log: Vec<LogLine> = self
             .call(Method::GET, &format!("/nodes/{node}/tasks/{upid}/log"), &[("limit", "0".to_string())], deadline)
             .await?;
-        Ok(TaskState::Running(log.into_iter().rev().find(|l| l.t.starts_with("transferred")).map(|l| l.t)))
+        Ok(TaskState::Running(
+            log.into_iter()
+                .rev()
+                .find(|l| is_progress(&l.t))
+                .map(|l| l.t),
+        ))
     }
 
     /// Waits for `upid` to stop. `OK` and `WARNINGS: n` succeed; anything

@@ -150,9 +150,10 @@ async fn capabilities(t: &Target, r: &mut Report) -> Vec<Rpc> {
             .into_inner()
             .capabilities
             .iter()
-            .filter_map(|c| match &c.r#type {
-                Some(csi::controller_service_capability::Type::Rpc(x)) => Some(x.r#type()),
-                None => None,
+            .filter_map(|c| {
+                c.r#type
+                    .as_ref()
+                    .map(|csi::controller_service_capability::Type::Rpc(x)| x.r#type())
             })
             .collect(),
         Err(e) => {

@@ -273,9 +273,10 @@ async fn info(n: &mut NodeClient<Channel>, r: &mut Report) {
             .into_inner()
             .capabilities
             .iter()
-            .filter_map(|c| match &c.r#type {
-                Some(csi::node_service_capability::Type::Rpc(x)) => Some(x.r#type()),
-                None => None,
+            .filter_map(|c| {
+                c.r#type
+                    .as_ref()
+                    .map(|csi::node_service_capability::Type::Rpc(x)| x.r#type())
             })
             .collect(),
         Err(e) => return r.clause("NodeGetCapabilities: answers", Err(e)),

@@ -138,8 +138,7 @@ pub fn mount_line(path: &Path) -> String {
     std::fs::read_to_string("/proc/self/mounts")
         .unwrap_or_default()
         .lines()
-        .filter(|l| l.split(' ').nth(1) == Some(path.to_str().unwrap_or("-")))
-        .last()
+        .rfind(|l| l.split(' ').nth(1) == Some(path.to_str().unwrap_or("-")))
         .unwrap_or("(not mounted)")
         .to_string()
 }

@@ -248,7 +248,7 @@ fn check_property_string(
             Some((k, v)) => (k.to_string(), v),
             None => match &default_key {
                 Some(d) => (d.clone(), part),
-                None => return Err(format!("invalid format - value without key, but schema does not define a default key\n")),
+                None => return Err("invalid format - value without key, but schema does not define a default key\n".to_string()),
             },
         };
         let mut sub = format

@@ -374,7 +374,20 @@ fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call) -> Result<U
                 let gib = match &import {
                     Some(src) => {
                         let (s, n) = common::split_volid(src)?;
-                        let place = c.place(s, &vm_node).map_err(|e| ApiError::die(e.to_string()))?;
+                        // qemu-server src/PVE/API2/Qemu.pm $import_from_volid:
+                        // an owner VM must be on this node (its config is
+                        // locked while the copy runs), wrapped by create_disks.
+                        if let Some(owner) = owner_of(n)
+                            && let Some(o) = c.vms.get(&owner)
+                            && o.node != vm_node
+                        {
+                            return Err(ApiError::die(format!(
+                                "cannot import from '{src}' - owner VM {owner} not on local node"
+                            )));
+                        }
+                        let place = c
+                            .place(s, &vm_node)
+                            .map_err(|e| ApiError::die(e.to_string()))?;
                         let size = c
                             .volume(&place, n)
                             .map(|v| v.size)
@@ -474,10 +487,14 @@ fn apply_pending(c: &mut Cluster, vmid: u32, up: &mut Update) {
             released.push((old.clone(), *force));
             vm2.config.remove(key);
             vm2.pending_delete.remove(key);
-        } else if drive::hotpluggable(key) && vm.hotplug_disk() {
-            if let Ok(d) = Drive::parse(old) {
-                up.plugs.push(Plug::Remove { key: key.clone(), drive: d });
-            }
+        } else if drive::hotpluggable(key)
+            && vm.hotplug_disk()
+            && let Ok(d) = Drive::parse(old)
+        {
+            up.plugs.push(Plug::Remove {
+                key: key.clone(),
+                drive: d,
+            });
         }
     }
     if let Some(v) = c.vms.get_mut(&vmid) {

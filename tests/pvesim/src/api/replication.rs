@@ -42,6 +42,25 @@ fn digest(id: &str, j: &ReplicationJob) -> String {
         .collect()
 }
 
+/// The volumes of `vm` a replication job copies: its own disks on local
+/// ZFS without `replicate=0`.
+pub fn replicated_volumes(c: &Cluster, vm: &crate::state::Vm) -> Vec<String> {
+    vm.config
+        .iter()
+        .filter(|(k, _)| drive::is_drive_key(k) || k.starts_with("unused"))
+        .filter_map(|(_, v)| Drive::parse(v).ok())
+        .filter(|d| d.opts.get("replicate").map(String::as_str) != Some("0"))
+        .filter_map(|d| {
+            let (storage, volname) = d.volid()?;
+            let st = c.storages.get(storage)?;
+            (owner_of(volname) == Some(vm.vmid)
+                && !st.is_shared()
+                && st.kind == crate::state::StorageType::Zfspool)
+                .then(|| d.volume.clone())
+        })
+        .collect()
+}
+
 fn need(c: &Cluster, caller: &str, guest: u32, privilege: &str) -> Result<(), ApiError> {
     c.check(caller, &format!("/vms/{guest}"), &[privilege], false)
 }
@@ -143,6 +162,27 @@ pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     if !found {
         return Err(ApiError::die("No replicatable volumes found"));
     }
+    // The first sync (pvescheduler runs due jobs every minute, pve-manager
+    // PVE/Service/pvescheduler.pm): the guest's replicated volumes appear on
+    // the target under the same names (pve-guest-common src/PVE/Replication.pm
+    // replicate). pvesim syncs at once.
+    let node = vm.node.clone();
+    for volid in replicated_volumes(&c, &vm) {
+        let Some((storage, volname)) = volid.split_once(':') else {
+            continue;
+        };
+        let copy = c
+            .volumes
+            .get(&(storage.to_string(), node.clone()))
+            .and_then(|m| m.get(volname))
+            .cloned();
+        if let Some(v) = copy {
+            c.volumes
+                .entry((storage.to_string(), target.clone()))
+                .or_default()
+                .insert(volname.to_string(), v);
+        }
+    }
     c.replication.insert(
         id,
         ReplicationJob {
@@ -207,12 +247,35 @@ pub async fn delete(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     if call.flag("force") {
         c.replication.remove(&id);
     } else if let Some(j) = c.replication.get_mut(&id) {
-        // Only marked; the scheduler removes it a little later.
-        j.remove_job = Some(if call.flag("keep") { "local" } else { "full" }.into());
+        // Only marked (pve-manager PVE/API2/ReplicationConfig.pm delete); the
+        // scheduler's next run removes it: with `full`, first the replicas on
+        // the target, and only while the guest exists on this cluster
+        // (pve-guest-common src/PVE/Replication.pm replicate, remove_job;
+        // PVE/API2/Replication.pm run_jobs skips guests that are gone).
+        let full = !call.flag("keep");
+        j.remove_job = Some(if full { "full" } else { "local" }.into());
         let ctx = ctx.clone();
         tokio::spawn(async move {
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-            ctx.cluster().replication.remove(&id);
+            let mut c = ctx.cluster();
+            let Some(job) = c.replication.get(&id).cloned() else {
+                return;
+            };
+            let Some(vm) = c.vms.get(&job.guest).cloned() else {
+                return;
+            };
+            if full {
+                for volid in replicated_volumes(&c, &vm) {
+                    if let Some((storage, volname)) = volid.split_once(':')
+                        && let Some(m) = c
+                            .volumes
+                            .get_mut(&(storage.to_string(), job.target.clone()))
+                    {
+                        m.remove(volname);
+                    }
+                }
+            }
+            c.replication.remove(&id);
         });
     }
     Ok(Value::Null)

@@ -445,10 +445,10 @@ pub async fn volume_delete(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError>
             (None, k) => Err(missing(k, &storage, &volname).message),
         }
     });
-    if let Some(secs) = delay {
-        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(secs), done).await {
-            return r.map(|()| Value::Null).map_err(ApiError::die);
-        }
+    if let Some(secs) = delay
+        && let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(secs), done).await
+    {
+        return r.map(|()| Value::Null).map_err(ApiError::die);
     }
     Ok(json!(upid))
 }

@@ -187,8 +187,10 @@ pub async fn migrate(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     }
     let task = Task::new(&node, "qmigrate", &vmid.to_string(), &call.caller);
     let upid = task.upid.clone();
+    let log_upid = upid.clone();
     spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
         let _g = ctx.locks.vm(vmid, ctx.lock_timeout()).await?;
+        copy_local_disks(&ctx, vmid, &log_upid).await;
         let mut c = ctx.cluster();
         let vm = c.vms.get(&vmid).cloned().ok_or("VM vanished")?;
         let locals = local_disks(&c, &vm);
@@ -198,7 +200,17 @@ pub async fn migrate(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
                 locals[0].1
             ));
         }
-        // Local volumes travel with the VM (copied, then removed at the source).
+        // Local volumes travel with the VM (copied, then removed at the
+        // source). A replicated volume already has its replica on a job's
+        // target: the migration syncs it, the source copy stays as the new
+        // replica and the job now points back (qemu-server
+        // src/PVE/QemuMigrate.pm phase3_cleanup → switch_replication_job_target).
+        let replicated = super::replication::replicated_volumes(&c, &vm);
+        let job = c
+            .replication
+            .iter()
+            .find(|(_, j)| j.guest == vmid && j.target == target)
+            .map(|(id, _)| id.clone());
         for (_, volid) in &locals {
             let (storage, volname) = volid.split_once(':').ok_or("bad volid")?;
             if !c.storages.get(storage).is_some_and(|s| s.enabled_on(&target)) {
@@ -206,9 +218,25 @@ pub async fn migrate(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             }
             let from = (storage.to_string(), node.clone());
             let to = (storage.to_string(), target.clone());
-            if let Some(v) = c.volumes.get_mut(&from).and_then(|m| m.remove(volname)) {
-                c.volumes.entry(to).or_default().insert(volname.to_string(), v);
+            let keep_replica = job.is_some() && replicated.contains(volid);
+            let moved = c.volumes.get_mut(&from).and_then(|m| {
+                if keep_replica {
+                    m.get(volname).cloned()
+                } else {
+                    m.remove(volname)
+                }
+            });
+            if let Some(v) = moved {
+                c.volumes
+                    .entry(to)
+                    .or_default()
+                    .insert(volname.to_string(), v);
             }
+        }
+        if let Some(id) = job
+            && let Some(j) = c.replication.get_mut(&id)
+        {
+            j.target = node.clone();
         }
         if let Some(v) = c.vms.get_mut(&vmid) {
             v.node = target.clone();
@@ -216,6 +244,85 @@ pub async fn migrate(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         Ok(vec![format!("migration finished successfully (duration 00:00:01)")])
     });
     Ok(json!(upid))
+}
+
+/// The offline copy of a migrating VM's local disks, with the lines its
+/// task log really shows: QemuMigrate's `copying local disk images`, then
+/// for each volume `pvesm export | pvesm import` whose `dd status=progress`
+/// lines storage_migrate relays (pve-storage src/PVE/Storage.pm
+/// storage_migrate; Plugin.pm volume_export), and `successfully imported`
+/// (pvesm.pm volume_imported_message). No `transferred … (NN%)` here: that
+/// is the live mirror's and import-from's line. Paced by `copy_ms_per_gib`.
+async fn copy_local_disks(ctx: &Arc<Ctx>, vmid: u32, upid: &str) {
+    let (per_gib, disks) = {
+        let c = ctx.cluster();
+        let Some(vm) = c.vms.get(&vmid) else { return };
+        let disks: Vec<(String, u64)> = local_disks(&c, vm)
+            .into_iter()
+            .filter_map(|(_, volid)| {
+                let (s, n) = volid.split_once(':')?;
+                let size = c
+                    .volumes
+                    .get(&(s.to_string(), vm.node.clone()))?
+                    .get(n)?
+                    .size;
+                Some((volid, size))
+            })
+            .collect();
+        (c.knobs.copy_ms_per_gib, disks)
+    };
+    let log = |line: String| {
+        let stamped = format!("{} {line}", chrono_like_now());
+        if let Some(t) = ctx.cluster().tasks.get_mut(upid) {
+            t.log.push(stamped);
+        }
+    };
+    if disks.is_empty() {
+        return;
+    }
+    log("copying local disk images".into());
+    for (volid, size) in disks {
+        let total = std::time::Duration::from_millis(
+            (size as f64 / (1u64 << 30) as f64 * per_gib as f64) as u64,
+        );
+        let steps = 5u32;
+        for i in 1..=steps {
+            tokio::time::sleep(total / steps).await;
+            let bytes = size / u64::from(steps) * u64::from(i);
+            let secs = (total / steps * i).as_secs().max(1);
+            log(format!(
+                "{bytes} bytes ({:.1} GB, {:.1} GiB) copied, {secs} s, {:.0} MB/s",
+                bytes as f64 / 1e9,
+                bytes as f64 / (1u64 << 30) as f64,
+                bytes as f64 / 1e6 / secs as f64
+            ));
+        }
+        log(format!("successfully imported '{volid}'"));
+        log(format!("volume '{volid}' is '{volid}' on the target"));
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS`, the prefix of a migration log line
+/// (pve-guest-common src/PVE/AbstractMigrate.pm, strftime("%F %H:%M:%S")).
+fn chrono_like_now() -> String {
+    let secs = crate::state::now();
+    let (days, rem) = (secs / 86400, secs % 86400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 pub async fn move_disk(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
