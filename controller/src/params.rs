@@ -1,6 +1,9 @@
-//! StorageClass (and VolumeAttributesClass) parameters, parsed strictly:
-//! an unknown key, a bad boolean or a value outside its set is an error that
-//! names the key and what is allowed. The keys are the Go driver's.
+//! StorageClass (and VolumeAttributesClass) parameters, with the Go
+//! driver's keys and meanings. A StorageClass is immutable, so what the Go
+//! driver accepted keeps working: an unknown key is logged and ignored (Go
+//! ignores it), the legacy `fstype` the external-provisioner passes through
+//! is the provisioner's business. What Go fails on (a bad boolean or
+//! number) is an error that names the key and what is allowed.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -37,6 +40,8 @@ pub struct StorageParams {
     pub replicate: bool,
     pub replicate_schedule: Option<String>,
     pub replicate_zones: Vec<String>,
+    /// Keys this driver does not know, ignored (a warning each).
+    pub ignored: Vec<String>,
 }
 
 /// Go's strconv.ParseBool.
@@ -83,7 +88,12 @@ impl StorageParams {
             let v = value.as_str();
             match key.as_str() {
                 "storage" => p.storage = v.to_string(),
-                "storageFormat" => p.format = Some(one_of(key, v, &["raw", "qcow2"])?),
+                // Go: anything but qcow2 is raw (pkg/csi/controller.go).
+                "storageFormat" => p.format = Some(if v == "qcow2" { "qcow2" } else { "raw" }.to_string()),
+                // The external-provisioner's legacy key, passed through
+                // (pkg/controller/controller.go prepareProvision); the
+                // filesystem reaches the node in the volume capability.
+                "fstype" | "fsType" | "FSType" => {}
                 "cache" => p.cache = Some(one_of(key, v, &["none", "writethrough", "writeback", "unsafe", "directsync"])?),
                 "ssd" => p.ssd = Some(parse_bool(key, v)?),
                 "discard" => p.discard = Some(one_of(key, v, &["on", "ignore"])?),
@@ -100,13 +110,12 @@ impl StorageParams {
                     p.replicate_zones = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
                 }
                 other => {
-                    return Err(ParamError {
-                        key: other.into(),
-                        reason: format!("unknown parameter; allowed: {}", KEYS.join(", ")),
-                    });
+                    tracing::warn!(parameter = other, "unknown StorageClass parameter, ignored; known: {}", KEYS.join(", "));
+                    p.ignored.push(other.to_string());
                 }
             }
         }
+        p.ignored.sort();
         if p.storage.is_empty() {
             return Err(ParamError {
                 key: "storage".into(),
@@ -267,8 +276,8 @@ mod tests {
         ]);
         let p = StorageParams::from_context(&ctx).unwrap();
         assert_eq!((p.storage.as_str(), p.ssd), ("local-lvm", Some(true)));
-        // A StorageClass is still parsed strictly.
-        assert!(StorageParams::parse(&ctx).is_err());
+        // Read as a StorageClass, the foreign keys would be ignored with a warning each.
+        assert_eq!(StorageParams::parse(&ctx).unwrap().ignored.len(), 5);
     }
 
     #[test]
@@ -283,7 +292,11 @@ mod tests {
         let e = |pairs: &[(&str, &str)]| StorageParams::parse(&map(pairs)).unwrap_err().to_string();
         assert_eq!(e(&[("storage", "s"), ("ssd", "yes")]), "parameter ssd: \"yes\" is not a boolean; allowed: true, false, 1, 0");
         assert!(e(&[("storage", "s"), ("cache", "fast")]).starts_with("parameter cache: \"fast\" is not allowed; allowed: none, writethrough"));
-        assert!(e(&[("storage", "s"), ("stroage", "x")]).starts_with("parameter stroage: unknown parameter; allowed: storage, storageFormat"));
+        // As the Go driver: an unknown key is ignored (and logged), the
+        // provisioner's legacy `fstype` too, any format but qcow2 is raw.
+        let p = StorageParams::parse(&map(&[("storage", "s"), ("stroage", "x"), ("fstype", "xfs"), ("storageFormat", "vmdk")])).unwrap();
+        assert_eq!(p.ignored, ["stroage"]);
+        assert_eq!(p.format.as_deref(), Some("raw"));
         assert_eq!(e(&[("ssd", "1")]), "parameter storage: parameter storage must be provided");
         assert_eq!(e(&[("storage", "s"), ("diskIOPS", "lots")]), "parameter diskIOPS: \"lots\" is not a number");
     }

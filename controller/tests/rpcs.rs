@@ -42,7 +42,6 @@ async fn create_is_idempotent_and_strict() {
     // Strict parameters, access modes, topology.
     let cases: Vec<(csi::CreateVolumeRequest, Code, &str)> = vec![
         (create_req("x", 1, &[("storage", "local-lvm"), ("ssd", "sure")], None), Code::InvalidArgument, "parameters.ssd: \"sure\" is not a boolean"),
-        (create_req("x", 1, &[("storage", "local-lvm"), ("speed", "fast")], None), Code::InvalidArgument, "parameters.speed: unknown parameter; allowed: storage"),
         (create_req("x", 1, &[], None), Code::InvalidArgument, "parameters.storage: parameter storage must be provided"),
         (create_req("x", 1, &[("storage", "nope")], None), Code::InvalidArgument, "parameters.storage: storage \"nope\" is not available"),
         (create_req("", 1, &[("storage", "local-lvm")], None), Code::InvalidArgument, "name: is required"),

@@ -2,7 +2,6 @@
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +13,7 @@ use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use callers::{attacher, provisioner};
 use pvesim::{Running, Sim, State};
 use serde_json::Value;
 use tonic::Request;
@@ -140,19 +140,27 @@ pub fn mount_cap() -> csi::VolumeCapability {
     }
 }
 
+/// The claim behind a volume named `name` (`pvc-<uid>`, as the provisioner
+/// names volumes; another name becomes `pvc-<name>`).
+pub fn claim(name: &str, bytes: i64) -> provisioner::Claim {
+    provisioner::Claim::new(name, name.strip_prefix("pvc-").unwrap_or(name), bytes)
+}
+
+/// CreateVolume as the external-provisioner sends it for a claim of
+/// `bytes` with a StorageClass of `params`, the pod's node in `zone` (or
+/// only the region). An empty `name` is a malformed request no caller
+/// sends, for the spec's checks.
 pub fn create_req(name: &str, bytes: i64, params: &[(&str, &str)], zone: Option<&str>) -> csi::CreateVolumeRequest {
-    let mut segments = HashMap::from([("topology.kubernetes.io/region".to_string(), "region-1".to_string())]);
+    let mut term = vec![("topology.kubernetes.io/region", "region-1")];
     if let Some(z) = zone {
-        segments.insert("topology.kubernetes.io/zone".into(), z.into());
+        term.push(("topology.kubernetes.io/zone", z));
     }
-    csi::CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: bytes, limit_bytes: 0 }),
-        volume_capabilities: vec![mount_cap()],
-        parameters: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-        accessibility_requirements: Some(csi::TopologyRequirement { requisite: vec![csi::Topology { segments: segments.clone() }], preferred: vec![csi::Topology { segments }] }),
-        ..Default::default()
+    let requirement = provisioner::requirement(&[&term], 0);
+    let mut r = provisioner::create_volume(&provisioner::StorageClass::new(params), &claim(name, bytes), Some(requirement));
+    if name.is_empty() {
+        r.name.clear();
     }
+    r
 }
 
 pub async fn create(e: &Env, name: &str, zone: Option<&str>) -> csi::Volume {
@@ -165,18 +173,18 @@ pub async fn create(e: &Env, name: &str, zone: Option<&str>) -> csi::Volume {
         .unwrap()
 }
 
+/// The PersistentVolume the provisioner writes for `v` (its
+/// volumeAttributes: the provisioner's identity key and the context).
+pub fn pv_of(v: &csi::Volume) -> callers::PersistentVolume {
+    let name = v.volume_id.rsplit('/').next().unwrap_or_default().trim_start_matches("vm-9999-").to_string();
+    provisioner::persistent_volume(&provisioner::StorageClass::default(), &claim(&name, v.capacity_bytes), v)
+}
+
+/// ControllerPublish as the external-attacher sends it for `v`'s PV.
 pub fn publish_req(v: &csi::Volume, node: &str) -> csi::ControllerPublishVolumeRequest {
-    csi::ControllerPublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        node_id: node.into(),
-        volume_capability: Some(mount_cap()),
-        readonly: false,
-        secrets: HashMap::new(),
-        volume_context: v.volume_context.clone(),
-    }
+    attacher::controller_publish(&pv_of(v), node)
 }
 
 pub fn unpublish_req(v: &csi::Volume, node: &str) -> csi::ControllerUnpublishVolumeRequest {
-    csi::ControllerUnpublishVolumeRequest { volume_id: v.volume_id.clone(), node_id: node.into(), secrets: HashMap::new() }
+    attacher::controller_unpublish(&pv_of(v), node)
 }
-

@@ -20,13 +20,19 @@ use crate::{Report, ensure, expect_code, ok};
 const VOL: &str = "region-1/pve2/local-lvm/vm-9999-pvc-conf";
 
 /// hostd and the node plugin, with their scratch directories and loops.
-pub(crate) struct Target {
-    pub(crate) dir: tempfile::TempDir,
-    pub(crate) root: PathBuf,
-    pub(crate) images: PathBuf,
+pub struct Target {
+    pub dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub images: PathBuf,
     procs: Vec<Child>,
     loops: Vec<PathBuf>,
     node: NodeClient<Channel>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target").field("root", &self.root).field("images", &self.images).finish_non_exhaustive()
+    }
 }
 
 impl Drop for Target {

@@ -100,42 +100,91 @@ fn detach_loops(dir: &Path) {
     }
 }
 
+/// The driver on this host: the controller binary on pvesim, hostd and the
+/// node plugin (worker-2, VM 112), disks reaching the node as loop devices.
+pub struct Lab {
+    pub target: node::Target,
+    pub sim: pvesim::Running,
+    _controller: Killed,
+    pub controller_socket: PathBuf,
+    pub node_socket: PathBuf,
+}
+
+impl Lab {
+    /// Volumes on `storage`, a pvesim storage of type `kind`. Needs root.
+    pub async fn start(storage: &str, kind: &str) -> Result<Lab, String> {
+        let target = node::start().await?;
+        let dir = target.dir.path().to_path_buf();
+        let volumes = dir.join("volumes");
+        std::fs::create_dir_all(&volumes).map_err(|e| e.to_string())?;
+        let state = pvesim::State::from_yaml(&cluster(storage, kind)).map_err(|e| e.to_string())?;
+        let sim = pvesim::Sim::new(state)
+            .volume_dir(volumes)
+            .loop_host(112, target.images.clone())
+            .start("127.0.0.1:0")
+            .await
+            .map_err(|e| e.to_string())?;
+        let ca = dir.join("pvesim-ca.pem");
+        std::fs::write(&ca, sim.ca_pem.as_deref().unwrap_or_default()).map_err(|e| e.to_string())?;
+        let config = dir.join("cloud-config.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "features:\n  controllerVmID: 9999\nclusters:\n  - url: {}\n    ca_file: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
+                sim.api_url(),
+                ca.display()
+            ),
+        )
+        .map_err(|e| e.to_string())?;
+        let controller_socket = dir.join("sockets/controller.sock");
+        let controller = node::spawn(
+            &node::bin("proxmox-csi-controller"),
+            &["--csi-address", &format!("unix://{}", controller_socket.display()), "--cloud-config", &config.display().to_string()],
+            &dir.join("controller.log"),
+        )
+        .map_err(|e| format!("controller: {e}"))?;
+        let controller = Killed(controller);
+        node::wait_for(&controller_socket).await?;
+        let node_socket = dir.join("sockets/csi.sock");
+        Ok(Lab { target, sim, _controller: controller, controller_socket, node_socket })
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.target.dir.path()
+    }
+
+    /// kubelet's root directory of the node.
+    pub fn kubelet_root(&self) -> &Path {
+        &self.target.root
+    }
+
+    /// The logs of the controller, the node plugin and hostd.
+    pub fn logs(&self) -> String {
+        let log = |name: &str| std::fs::read_to_string(self.dir().join(name)).unwrap_or_default();
+        format!("--- controller.log\n{}\n--- node.log\n{}\n--- hostd.log\n{}", log("controller.log"), log("node.log"), log("hostd.log"))
+    }
+}
+
+impl std::fmt::Debug for Lab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lab").field("target", &self.target).field("controller_socket", &self.controller_socket).finish_non_exhaustive()
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        // Loops still in use are detached when their last user lets go.
+        detach_loops(&self.target.images);
+    }
+}
+
 /// Runs csi-sanity's `specs` with volumes on `storage` (a pvesim storage of
 /// type `kind`). Needs root (loop devices, mounts).
 pub async fn run(sanity: &Path, storage: &str, kind: &str, specs: Specs) -> Result<Outcome, String> {
-    let target = node::start().await?;
-    let dir = target.dir.path().to_path_buf();
-    let volumes = dir.join("volumes");
-    std::fs::create_dir_all(&volumes).map_err(|e| e.to_string())?;
-    let state = pvesim::State::from_yaml(&cluster(storage, kind)).map_err(|e| e.to_string())?;
-    let sim = pvesim::Sim::new(state)
-        .volume_dir(volumes)
-        .loop_host(112, target.images.clone())
-        .start("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let ca = dir.join("pvesim-ca.pem");
-    std::fs::write(&ca, sim.ca_pem.as_deref().unwrap_or_default()).map_err(|e| e.to_string())?;
-    let config = dir.join("cloud-config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "features:\n  controllerVmID: 9999\nclusters:\n  - url: {}\n    ca_file: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
-            sim.api_url(),
-            ca.display()
-        ),
-    )
-    .map_err(|e| e.to_string())?;
-    let ctl_sock = dir.join("sockets/controller.sock");
-    let controller = node::spawn(
-        &node::bin("proxmox-csi-controller"),
-        &["--csi-address", &format!("unix://{}", ctl_sock.display()), "--cloud-config", &config.display().to_string()],
-        &dir.join("controller.log"),
-    )
-    .map_err(|e| format!("controller: {e}"))?;
-    let _controller = Killed(controller);
-    node::wait_for(&ctl_sock).await?;
-
+    let lab = Lab::start(storage, kind).await?;
+    let dir = lab.dir().to_path_buf();
+    let ctl_sock = lab.controller_socket.clone();
+    let target = &lab.target;
     // kubelet's layouts: csi-sanity makes the last directory of each
     // (`globalmount`, and the pod volume's directory holding `target`).
     let root = &target.root;
@@ -170,14 +219,9 @@ pub async fn run(sanity: &Path, storage: &str, kind: &str, specs: Specs) -> Resu
         .filter(|l| l.starts_with("Ran ") || l.contains("Passed |") || l.starts_with("SUCCESS!") || l.starts_with("FAIL!"))
         .collect();
     let summary = format!("{} ({:.0?})", summary.join("; "), started.elapsed());
-    drop(sim);
     let result = Outcome { passed: out.status.success(), summary, output };
     if !result.passed {
-        let log = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
-        eprintln!("--- controller.log\n{}\n--- node.log\n{}\n--- hostd.log\n{}", log("controller.log"), log("node.log"), log("hostd.log"));
+        eprintln!("{}", lab.logs());
     }
-    // Loops still in use are detached when their last user lets go.
-    detach_loops(&target.images);
-    drop(target);
     Ok(result)
 }

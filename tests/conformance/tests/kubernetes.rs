@@ -1,0 +1,148 @@
+//! A volume's life as Kubernetes drives it, every request built by its real
+//! sender's builder (tests/callers): the provisioner creates and writes the
+//! PV, the attacher publishes from the PV (its volumeAttributes carry the
+//! provisioner's identity key, and here also the Go driver's extra keys, as
+//! a PV made by the Go driver has), kubelet stages and publishes on its own
+//! paths, the resizer and kubelet grow it, the attacher's reconcile finds it
+//! published to NodeGetInfo's node id, and everything is undone in
+//! kubelet's order. The controller runs on pvesim; the node plugin and hostd
+//! on this host, the disk reaching them as a loop device.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use callers::kubelet::{Kubelet, Pod};
+use callers::{attacher, provisioner, resizer};
+use conformance::sanity::Lab;
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::controller_client::ControllerClient;
+use proxmox_csi_proto::csi::v1::node_client::NodeClient;
+use tonic::Code;
+
+fn root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(std::env::var_os("CI").is_none(), "the node side needs root, and CI is set");
+    eprintln!("SKIPPED: the node side needs root (loop devices, mounts)");
+    false
+}
+
+fn mkdirs(dirs: Vec<String>) {
+    for d in dirs {
+        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{d}: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_through_kubernetes_callers() {
+    if !root() {
+        return;
+    }
+    let lab = Lab::start("local-lvm", "lvmthin").await.unwrap();
+    let result = life(&lab).await;
+    if let Err(e) = result {
+        panic!("{e}\n{}", lab.logs());
+    }
+}
+
+async fn life(lab: &Lab) -> Result<(), String> {
+    let ctl_ch = proxmox_csi_common::client::unix_channel(lab.controller_socket.clone()).await.map_err(|e| e.to_string())?;
+    let node_ch = proxmox_csi_common::client::unix_channel(lab.node_socket.clone()).await.map_err(|e| e.to_string())?;
+    let mut ctl = ControllerClient::new(ctl_ch);
+    let mut node = NodeClient::new(node_ch);
+    let status = |what: &'static str| move |s: tonic::Status| format!("{what}: {:?} {}", s.code(), s.message());
+
+    // The node registers: its id goes into CSINode, its topology onto the Node.
+    let info = node.node_get_info(csi::NodeGetInfoRequest {}).await.map_err(status("NodeGetInfo"))?.into_inner();
+    let segments = info.accessible_topology.clone().unwrap_or_default().segments;
+    let term: Vec<(&str, &str)> = segments.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+
+    // The provisioner: a StorageClass with the legacy `fstype` key and mount options.
+    let sc = provisioner::StorageClass::new(&[("storage", "local-lvm"), ("ssd", "true"), ("fstype", "xfs")]).mount_options(&["noatime"]);
+    let claim = provisioner::Claim::new("data", "7d1c5a9e-2b4f-4c8e-9a61-3f0e8d2c1b7a", 1 << 30);
+    let create = provisioner::create_volume(&sc, &claim, Some(provisioner::requirement(&[&term], 0)));
+    let volume = ctl.create_volume(create).await.map_err(status("CreateVolume"))?.into_inner().volume.ok_or("no volume")?;
+    let mut pv = provisioner::persistent_volume(&sc, &claim, &volume);
+    // What a PV the Go driver made also carries (proxmox-csi-plugin pkg/csi/parameters.go).
+    for (k, v) in [("resizeRequired", "true"), ("resizeSizeBytes", "1073741824"), ("iops_rd", "100"), ("mbps_wr", "10")] {
+        pv.attributes.insert(k.into(), v.into());
+    }
+    assert!(pv.attributes.contains_key(provisioner::IDENTITY_KEY));
+
+    // The attacher, from the PV, to the node id of CSINode.
+    let published = ctl
+        .controller_publish_volume(attacher::controller_publish(&pv, &info.node_id))
+        .await
+        .map_err(status("ControllerPublishVolume"))?
+        .into_inner()
+        .publish_context;
+    // Its reconcile: ListVolumes names the same node id, so nothing is published again.
+    let listed = ctl.list_volumes(attacher::list_volumes("")).await.map_err(status("ListVolumes"))?.into_inner();
+    if !attacher::published(&listed.entries, &pv.handle, &info.node_id) {
+        return Err(format!("ListVolumes does not show {} published to {}: {listed:?}", pv.handle, info.node_id));
+    }
+
+    // kubelet: stage, publish, the pod writes.
+    let kubelet = Kubelet::new(&lab.kubelet_root().display().to_string());
+    let pod = Pod::new("4f2a9c1e-8b7d-4e3f-a2c1-0d9e8f7a6b5c");
+    mkdirs(kubelet.stage_dirs(&pv));
+    node.node_stage_volume(kubelet.node_stage(&pv, &published, HashMap::new())).await.map_err(status("NodeStageVolume"))?;
+    mkdirs(kubelet.publish_dirs(&pod, &pv));
+    node.node_publish_volume(kubelet.node_publish(&pv, &pod, &published)).await.map_err(status("NodePublishVolume"))?;
+    let target = kubelet.target_path(&pod, &pv);
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let line = mounts.lines().find(|l| l.split(' ').nth(1) == Some(target.as_str())).ok_or("the target is not mounted")?;
+    if line.split(' ').nth(2) != Some("xfs") || !line.contains("noatime") {
+        return Err(format!("the legacy fstype and the mount options were not applied: {line}"));
+    }
+    let payload: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(Path::new(&target).join("data.bin"), &payload).map_err(|e| e.to_string())?;
+
+    // The resizer grows it; kubelet grows the filesystem.
+    let grown = ctl.controller_expand_volume(resizer::controller_expand(&pv, 2 << 30)).await.map_err(status("ControllerExpandVolume"))?.into_inner();
+    if grown.capacity_bytes < 2 << 30 || !grown.node_expansion_required {
+        return Err(format!("ControllerExpandVolume: {grown:?}"));
+    }
+    let expanded = node.node_expand_volume(kubelet.node_expand(&pv, &pod, 2 << 30)).await.map_err(status("NodeExpandVolume"))?.into_inner();
+    if expanded.capacity_bytes < 2 << 30 {
+        return Err(format!("NodeExpandVolume: {expanded:?}"));
+    }
+    let stats = node.node_get_volume_stats(kubelet.node_stats(&pv, &pod)).await.map_err(status("NodeGetVolumeStats"))?.into_inner();
+    let total = stats.usage.first().map(|u| u.total).unwrap_or(0);
+    if total < (19 << 30) / 10 {
+        return Err(format!("the filesystem did not grow: {stats:?}"));
+    }
+
+    // Undone in kubelet's order, then the attacher, then the provisioner.
+    node.node_unpublish_volume(kubelet.node_unpublish(&pv, &pod)).await.map_err(status("NodeUnpublishVolume"))?;
+    node.node_unstage_volume(kubelet.node_unstage(&pv)).await.map_err(status("NodeUnstageVolume"))?;
+    ctl.controller_unpublish_volume(attacher::controller_unpublish(&pv, &info.node_id)).await.map_err(status("ControllerUnpublishVolume"))?;
+    let listed = ctl.list_volumes(attacher::list_volumes("")).await.map_err(status("ListVolumes"))?.into_inner();
+    if attacher::published(&listed.entries, &pv.handle, &info.node_id) {
+        return Err("still listed as published after ControllerUnpublishVolume".into());
+    }
+    ctl.delete_volume(provisioner::delete_volume(&pv)).await.map_err(status("DeleteVolume"))?;
+    let gone = ctl
+        .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
+            volume_id: pv.handle.clone(),
+            volume_capabilities: vec![callers::capability(
+                csi::volume_capability::access_mode::Mode::SingleNodeWriter,
+                callers::VolumeMode::Filesystem,
+                "xfs",
+                &[],
+            )],
+            ..Default::default()
+        })
+        .await;
+    match gone {
+        Err(s) if s.code() == Code::NotFound => {}
+        other => return Err(format!("the deleted volume still answers: {other:?}")),
+    }
+    // The controller logged the RPC that failed, with its method and code.
+    let log = std::fs::read_to_string(lab.dir().join("controller.log")).unwrap_or_default();
+    if !log.lines().any(|l| l.contains("RPC failed") && l.contains("ValidateVolumeCapabilities") && l.contains("NotFound")) {
+        return Err("no log line for the failed ValidateVolumeCapabilities".into());
+    }
+    Ok(())
+}
