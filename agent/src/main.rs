@@ -35,7 +35,7 @@ struct Args {
     #[arg(long, default_value = "/var/lib/kubelet")]
     kubelet_root: PathBuf,
     /// Volumes per node when the Node has no csi.proxmox.sinextra.dev/max-volume-attachments label.
-    #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(i64).range(1..=30))]
+    #[arg(long, default_value_t = proxmox_csi_common::DEFAULT_MAX_VOLUMES, value_parser = clap::value_parser!(i64).range(1..=30))]
     max_volumes: i64,
     /// Region, instead of reading the Node's labels (needs --zone).
     #[arg(long, requires = "zone")]

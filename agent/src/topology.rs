@@ -10,7 +10,7 @@ pub const REGION: &str = "topology.kubernetes.io/region";
 pub const ZONE: &str = "topology.kubernetes.io/zone";
 const REGION_FALLBACK: &str = "topology.proxmox.sinextra.dev/region";
 const ZONE_FALLBACK: &str = "topology.proxmox.sinextra.dev/node";
-pub const MAX_VOLUMES_LABEL: &str = "csi.proxmox.sinextra.dev/max-volume-attachments";
+pub use proxmox_csi_common::MAX_VOLUMES_LABEL;
 /// scsi1–scsi30: the slots a CSI disk can take (scsi0 is the boot disk).
 pub const SCSI_SLOTS: i64 = 30;
 

@@ -3,6 +3,13 @@
 
 use std::fmt;
 
+/// The Node label that sets how many volumes of this driver a node takes;
+/// NodeGetInfo reports it as max_volumes_per_node and ControllerPublishVolume
+/// refuses one more (the Go driver's label and default, pkg/csi/driver.go
+/// NodeLabelMaxVolumeAttachments, DefaultMaxVolumesPerNode).
+pub const MAX_VOLUMES_LABEL: &str = "csi.proxmox.sinextra.dev/max-volume-attachments";
+pub const DEFAULT_MAX_VOLUMES: i64 = 24;
+
 /// A CSI node id: `<node>` or `<node>/<vmid>`, as the Go driver writes it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct NodeId {

@@ -12,5 +12,5 @@ pub mod secret;
 pub mod shutdown;
 
 pub use endpoint::{Endpoint, EndpointError, Listener};
-pub use ids::NodeId;
+pub use ids::{DEFAULT_MAX_VOLUMES, MAX_VOLUMES_LABEL, NodeId};
 pub use secret::Secret;

@@ -23,6 +23,9 @@ pub enum Op {
         volid: String,
         handle: String,
         opts: BTreeMap<String, String>,
+        /// How many volumes of this driver the VM may hold (the node's
+        /// max_volumes_per_node); `None` for the controller's own VMs.
+        limit: Option<u32>,
     },
     Detach { volid: String },
 }
@@ -270,7 +273,7 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
     for (i, job) in jobs.iter().enumerate() {
         let slots = drive::slots_with(&cfg.values, job.op.volid());
         match &job.op {
-            Op::Attach { volid, handle, opts } => {
+            Op::Attach { volid, handle, opts, limit } => {
                 if let Some(slot) = slots.first() {
                     // Published again: the same answer, unless the access differs
                     // (the spec's ALREADY_EXISTS for an incompatible capability).
@@ -287,6 +290,25 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
                     continue;
                 }
                 if planned.contains_key(volid) {
+                    continue;
+                }
+                // Volumes of this driver on the VM (disks another VMID owns:
+                // the placeholder or a copy VM), with those planned here.
+                let ours = cfg.values.iter().filter(|(k, v)| drive::is_disk_key(k) && {
+                        let volume = DriveLine::parse(v).volume;
+                        let volname = volume.split_once(':').map_or(volume.as_str(), |(_, n)| n);
+                        crate::volume::owner_of(volname).is_some_and(|o| o != vmid)
+                    }).count()
+                    + planned.len();
+                if let Some(max) = limit
+                    && ours >= *max as usize
+                {
+                    done.push((i, Err(CtlError::ResourceExhausted(format!(
+                        "VM {vmid} holds {ours} volumes of this driver, the most its node takes (max_volumes_per_node {max}: \
+                         the Node label {}, default {}); detach one first",
+                        proxmox_csi_common::MAX_VOLUMES_LABEL,
+                        proxmox_csi_common::DEFAULT_MAX_VOLUMES
+                    )))));
                     continue;
                 }
                 let Some(slot) = SLOTS.map(|n| format!("scsi{n}")).find(|s| !taken.contains(s)) else {

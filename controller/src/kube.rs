@@ -79,6 +79,16 @@ impl Kube {
         Ok(from_provider.or(from_annotation).map(NodeVm::Id).or(system_uuid.map(NodeVm::SystemUuid)))
     }
 
+    /// The Node's max-volume-attachments label, when set to a valid count.
+    pub async fn max_volumes(&self, name: &str) -> Result<Option<i64>, CtlError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node = nodes.get_opt(name).await.map_err(|e| unavailable(&format!("reading Node {name}"), e))?;
+        Ok(node
+            .and_then(|n| n.metadata.labels)
+            .and_then(|l| l.get(proxmox_csi_common::MAX_VOLUMES_LABEL).and_then(|v| v.parse::<i64>().ok()))
+            .filter(|v| (1..=30).contains(v)))
+    }
+
     /// The PersistentVolume whose CSI volume handle is `handle`.
     pub async fn pv_for_handle(&self, driver: &str, handle: &str) -> Result<Option<PvFacts>, CtlError> {
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());

@@ -80,6 +80,7 @@ pub fn owner_of(disk: &str) -> Option<u32> {
 /// The disk name of a new volume: `vm-<vmid>-<name>`, or on file storage
 /// `vm-<vmid>-<name>.<format>` (Proxmox adds the `<vmid>/` directory).
 pub fn disk_filename(vmid: u32, name: &str, file_storage: bool, format: &str) -> String {
+    let name = disk_name(name);
     if file_storage {
         format!("vm-{vmid}-{name}.{format}")
     } else {
@@ -87,9 +88,35 @@ pub fn disk_filename(vmid: u32, name: &str, file_storage: bool, format: &str) ->
     }
 }
 
+/// A CSI volume name as the part of a disk name every storage accepts:
+/// LVM's `[a-z0-9][a-z0-9-_.]*[a-z0-9]` (case-insensitive; pve-storage
+/// src/PVE/Storage/Plugin.pm parse_lvm_name) is the narrowest. The
+/// provisioner's `pvc-<uid>` is kept as it is (the Go driver's disk names);
+/// any other name has the other characters replaced and a hash of the name
+/// appended, so two names never share a disk.
+pub fn disk_name(name: &str) -> String {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if !name.is_empty() && name.chars().all(allowed) && name.ends_with(|c: char| c.is_ascii_alphanumeric()) {
+        return name.to_string();
+    }
+    use sha2::Digest;
+    let hash: String = sha2::Sha256::digest(name.as_bytes()).iter().take(4).map(|b| format!("{b:02x}")).collect();
+    let clean: String = name.chars().map(|c| if allowed(c) { c } else { '-' }).collect();
+    format!("{}-{hash}", clean.trim_matches(|c: char| !c.is_ascii_alphanumeric()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn disk_names_are_valid_on_every_storage() {
+        assert_eq!(disk_name("pvc-5bc58ec7-1c2d-4e5f-8a9b-0c1d2e3f4a5b"), "pvc-5bc58ec7-1c2d-4e5f-8a9b-0c1d2e3f4a5b");
+        let odd = disk_name("sanity-vol+1-83CE3ED4");
+        assert!(odd.starts_with("sanity-vol-1-83CE3ED4-") && odd.len() == "sanity-vol-1-83CE3ED4-".len() + 8, "{odd}");
+        assert_ne!(disk_name("a+b"), disk_name("a-b"));
+        assert!(disk_name("x/").chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    }
 
     #[test]
     fn parses_and_prints_the_go_drivers_handles() {

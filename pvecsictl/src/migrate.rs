@@ -250,7 +250,7 @@ async fn move_disk(ctl: &Controller, client: &Arc<Client>, plan: &Plan, pv_name:
     let cfg = client.vm_config(&carrier.node, carrier.vmid, d()).await?.values;
     if !cfg.contains_key("scsi0") && !cfg.contains_key("unused0") {
         let holder = ctl.holder(client, &plan.from, d()).await?;
-        let attach = Op::Attach { volid: id.volid(), handle: id.to_string(), opts: BTreeMap::new() };
+        let attach = Op::Attach { volid: id.volid(), handle: id.to_string(), opts: BTreeMap::new(), limit: None };
         let slot = ctl.attacher.submit(client.clone(), &plan.from, holder, attach, d()).await?.context("holder attach gave no slot")?.slot;
         let form = [("disk", slot.clone()), ("target-vmid", carrier.vmid.to_string()), ("target-disk", "scsi0".to_string())];
         let upid: String = client.call(Method::POST, &format!("/nodes/{}/qemu/{holder}/move_disk", plan.from), &form, d()).await?;

@@ -45,7 +45,7 @@ impl Controller {
             // Offline: Proxmox resizes disks only through a VM, so the disk
             // visits the node's (stopped) holder VM for the resize.
             let holder = self.holder(&client, &node, d).await?;
-            let attach = Op::Attach { volid: id.volid(), handle: r.volume_id.clone(), opts: Default::default() };
+            let attach = Op::Attach { volid: id.volid(), handle: r.volume_id.clone(), opts: Default::default(), limit: None };
             let slot = self
                 .attacher
                 .submit(client.clone(), &node, holder, attach, d)

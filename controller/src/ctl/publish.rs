@@ -108,10 +108,16 @@ impl Controller {
                 r.volume_id
             )));
         }
+        let limit = match &self.kube {
+            Some(k) => k.max_volumes(&node_id.name).await?,
+            None => None,
+        }
+        .unwrap_or(proxmox_csi_common::DEFAULT_MAX_VOLUMES);
         let op = Op::Attach {
             volid: id.volid(),
             handle: r.volume_id.clone(),
             opts: params.drive_options(r.readonly),
+            limit: u32::try_from(limit).ok(),
         };
         let attached = self
             .attacher

@@ -18,7 +18,12 @@ const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
 /// The simulated cluster: one Proxmox node (pve2), the worker VM 112 and a
 /// second worker 113, and `storage` of `kind`.
 fn cluster(storage: &str, kind: &str) -> String {
-    let shared = if matches!(kind, "rbd" | "nfs") { ", shared: true" } else { "" };
+    let shared = match kind {
+        "rbd" | "nfs" => ", shared: true",
+        // PVE 9's LVM with qcow2 volume chains, where qcow2 is the default format.
+        "lvm" => ", snapshot-as-volume-chain: true",
+        _ => "",
+    };
     format!(
         r#"
 cluster: sanity
@@ -208,9 +213,17 @@ pub async fn run(sanity: &Path, storage: &str, kind: &str, specs: Specs) -> Resu
         .arg("--csi.testvolumeexpandsize=2147483648")
         .arg("--ginkgo.no-color")
         .arg("--ginkgo.timeout=20m");
-    if specs == Specs::Controller {
-        cmd.arg("--ginkgo.skip=Node Service");
+    match specs {
+        Specs::Controller => {
+            cmd.arg("--ginkgo.skip=Node Service");
+        }
+        // Publishes as many volumes as NodeGetInfo's max_volumes_per_node,
+        // then one more, which must fail.
+        Specs::All => {
+            cmd.arg("--csi.testnodevolumeattachlimit");
+        }
     }
+    cmd.arg("--ginkgo.v");
     let started = Instant::now();
     let out = cmd.output().await.map_err(|e| format!("{}: {e}", sanity.display()))?;
     let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -218,7 +231,16 @@ pub async fn run(sanity: &Path, storage: &str, kind: &str, specs: Specs) -> Resu
         .lines()
         .filter(|l| l.starts_with("Ran ") || l.contains("Passed |") || l.starts_with("SUCCESS!") || l.starts_with("FAIL!"))
         .collect();
-    let summary = format!("{} ({:.0?})", summary.join("; "), started.elapsed());
+    // Ginkgo's verbose report marks a skipped spec `[SKIPPED]` with its reason on a later line.
+    let skipped: Vec<String> = output
+        .lines()
+        .filter(|l| l.trim_start().starts_with("[SKIPPED] ") && !l.contains(" in [BeforeEach]"))
+        .map(|l| l.trim().trim_start_matches("[SKIPPED] ").to_string())
+        .collect();
+    let mut reasons: Vec<String> = skipped.clone();
+    reasons.sort();
+    reasons.dedup();
+    let summary = format!("{} ({:.0?}); skipped because: {reasons:?}", summary.join("; "), started.elapsed());
     let result = Outcome { passed: out.status.success(), summary, output };
     if !result.passed {
         eprintln!("{}", lab.logs());

@@ -38,3 +38,31 @@ async fn check(storage: &str, kind: &str, specs: Specs) {
 async fn all_specs_on_lvmthin_with_the_node_on_loop_devices() {
     check("local-lvm", "lvmthin", Specs::All).await;
 }
+
+// The Controller specs on every storage type pvesim models (the node answers
+// NodeGetInfo; its own specs ran above).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_specs_on_lvm_with_volume_chains() {
+    check("san", "lvm", Specs::Controller).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_specs_on_zfspool() {
+    check("local-zfs", "zfspool", Specs::Controller).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_specs_on_shared_rbd() {
+    check("ceph", "rbd", Specs::Controller).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_specs_on_dir() {
+    check("local", "dir", Specs::Controller).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_specs_on_shared_nfs() {
+    check("nfs", "nfs", Specs::Controller).await;
+}
