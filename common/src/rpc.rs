@@ -33,6 +33,12 @@ where
     .await
 }
 
+/// Runs `handler` in the RPC's span only, for a service that logs each
+/// outcome itself (hostd's audit line).
+pub async fn in_span<T, F: Future<Output = T>>(method: &'static str, volume_id: &str, handler: F) -> T {
+    handler.instrument(tracing::info_span!("rpc", method, volume_id)).await
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use proxmox_csi_proto::hostd::v1 as pb;
 use tonic::transport::server::UdsConnectInfo;
+use proxmox_csi_common::rpc::{in_span, traced};
 use tonic::{Request, Response, Status};
 
 use crate::error::HostdError;
@@ -79,10 +80,14 @@ impl pb::hostd_server::Hostd for HostdService {
     async fn stage(&self, req: Request<pb::StageRequest>) -> Result<Response<pb::StageResponse>, Status> {
         let peer = peer_uid(&req);
         let req = req.into_inner();
-        let _guard = self.locks.lock(&req.volume_id).await;
-        let result = self.volumes.stage(&req).await;
-        self.audit("Stage", peer, &req.volume_id, &req.staging_path, &result);
-        Ok(Response::new(result?))
+        let id = req.volume_id.clone();
+        in_span("Stage", &id, async move {
+            let _guard = self.locks.lock(&req.volume_id).await;
+            let result = self.volumes.stage(&req).await;
+            self.audit("Stage", peer, &req.volume_id, &req.staging_path, &result);
+            Ok(Response::new(result?))
+        })
+        .await
     }
 
     async fn unstage(
@@ -91,11 +96,15 @@ impl pb::hostd_server::Hostd for HostdService {
     ) -> Result<Response<pb::UnstageResponse>, Status> {
         let peer = peer_uid(&req);
         let req = req.into_inner();
-        let _guard = self.locks.lock(&req.volume_id).await;
-        let result = self.volumes.unstage(&req);
-        self.audit("Unstage", peer, &req.volume_id, &req.staging_path, &result);
-        result?;
-        Ok(Response::new(pb::UnstageResponse {}))
+        let id = req.volume_id.clone();
+        in_span("Unstage", &id, async move {
+            let _guard = self.locks.lock(&req.volume_id).await;
+            let result = self.volumes.unstage(&req);
+            self.audit("Unstage", peer, &req.volume_id, &req.staging_path, &result);
+            result?;
+            Ok(Response::new(pb::UnstageResponse {}))
+        })
+        .await
     }
 
     async fn publish(
@@ -104,11 +113,15 @@ impl pb::hostd_server::Hostd for HostdService {
     ) -> Result<Response<pb::PublishResponse>, Status> {
         let peer = peer_uid(&req);
         let req = req.into_inner();
-        let _guard = self.locks.lock(&req.volume_id).await;
-        let result = self.volumes.publish(&req);
-        self.audit("Publish", peer, &req.volume_id, &req.target_path, &result);
-        result?;
-        Ok(Response::new(pb::PublishResponse {}))
+        let id = req.volume_id.clone();
+        in_span("Publish", &id, async move {
+            let _guard = self.locks.lock(&req.volume_id).await;
+            let result = self.volumes.publish(&req);
+            self.audit("Publish", peer, &req.volume_id, &req.target_path, &result);
+            result?;
+            Ok(Response::new(pb::PublishResponse {}))
+        })
+        .await
     }
 
     async fn unpublish(
@@ -117,11 +130,15 @@ impl pb::hostd_server::Hostd for HostdService {
     ) -> Result<Response<pb::UnpublishResponse>, Status> {
         let peer = peer_uid(&req);
         let req = req.into_inner();
-        let _guard = self.locks.lock(&req.volume_id).await;
-        let result = self.volumes.unpublish(&req);
-        self.audit("Unpublish", peer, &req.volume_id, &req.target_path, &result);
-        result?;
-        Ok(Response::new(pb::UnpublishResponse {}))
+        let id = req.volume_id.clone();
+        in_span("Unpublish", &id, async move {
+            let _guard = self.locks.lock(&req.volume_id).await;
+            let result = self.volumes.unpublish(&req);
+            self.audit("Unpublish", peer, &req.volume_id, &req.target_path, &result);
+            result?;
+            Ok(Response::new(pb::UnpublishResponse {}))
+        })
+        .await
     }
 
     async fn expand(
@@ -130,30 +147,38 @@ impl pb::hostd_server::Hostd for HostdService {
     ) -> Result<Response<pb::ExpandResponse>, Status> {
         let peer = peer_uid(&req);
         let req = req.into_inner();
-        let _guard = self.locks.lock(&req.volume_id).await;
-        let result = self.volumes.expand(&req).await;
-        self.audit("Expand", peer, &req.volume_id, &req.volume_path, &result);
-        Ok(Response::new(result?))
+        let id = req.volume_id.clone();
+        in_span("Expand", &id, async move {
+            let _guard = self.locks.lock(&req.volume_id).await;
+            let result = self.volumes.expand(&req).await;
+            self.audit("Expand", peer, &req.volume_id, &req.volume_path, &result);
+            Ok(Response::new(result?))
+        })
+        .await
     }
 
     async fn stats(&self, req: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
         let req = req.into_inner();
-        Ok(Response::new(self.volumes.stats(&req)?))
+        let id = req.volume_id.clone();
+        traced("Stats", &id, async move { Ok(Response::new(self.volumes.stats(&req)?)) }).await
     }
 
     async fn node_identity(
         &self,
         _: Request<pb::NodeIdentityRequest>,
     ) -> Result<Response<pb::NodeIdentityResponse>, Status> {
-        let id = identity::read(&self.dmi_dir)
-            .map_err(|e| Status::internal(format!("NodeIdentity: {e}")))?;
-        Ok(Response::new(pb::NodeIdentityResponse {
-            system_uuid: id.system_uuid,
-            system_serial: id.system_serial,
-            vmid: id.vmid.unwrap_or_default(),
-            product_name: id.product_name,
-            other_scsi_disks: u32::try_from(self.volumes.other_scsi_disks()).unwrap_or(u32::MAX),
-        }))
+        traced("NodeIdentity", "", async move {
+            let id = identity::read(&self.dmi_dir)
+                .map_err(|e| Status::internal(format!("NodeIdentity: {e}")))?;
+            Ok(Response::new(pb::NodeIdentityResponse {
+                system_uuid: id.system_uuid,
+                system_serial: id.system_serial,
+                vmid: id.vmid.unwrap_or_default(),
+                product_name: id.product_name,
+                other_scsi_disks: u32::try_from(self.volumes.other_scsi_disks()).unwrap_or(u32::MAX),
+            }))
+        })
+        .await
     }
 
     async fn health(

@@ -183,6 +183,12 @@ impl Drop for Lab {
     }
 }
 
+/// Waits for the writeback of what a run wrote (file systems on loop
+/// devices, their backing files), so that it does not stall what runs next.
+pub fn settle() {
+    let _ = Command::new("sync").status();
+}
+
 /// Runs csi-sanity's `specs` with volumes on `storage` (a pvesim storage of
 /// type `kind`). Needs root (loop devices, mounts).
 pub async fn run(sanity: &Path, storage: &str, kind: &str, specs: Specs) -> Result<Outcome, String> {
@@ -245,5 +251,7 @@ pub async fn run(sanity: &Path, storage: &str, kind: &str, specs: Specs) -> Resu
     if !result.passed {
         eprintln!("{}", lab.logs());
     }
+    drop(lab);
+    settle();
     Ok(result)
 }

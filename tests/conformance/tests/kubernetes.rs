@@ -44,6 +44,8 @@ async fn a_volume_through_kubernetes_callers() {
     if let Err(e) = result {
         panic!("{e}\n{}", lab.logs());
     }
+    drop(lab);
+    conformance::sanity::settle();
 }
 
 async fn life(lab: &Lab) -> Result<(), String> {
