@@ -63,44 +63,113 @@ struct VmKey {
 /// our own attaches and detaches.
 #[derive(Debug, Default)]
 pub struct Attachments {
-    map: Mutex<HashMap<String, HashMap<String, u32>>>,
+    map: Mutex<HashMap<String, Region>>,
+}
+
+#[derive(Debug, Default)]
+struct Region {
+    found: HashMap<String, u32>,
+    /// VMs whose config could not be read (their node down, answering
+    /// 595): vmid → (node, why). Read again at each lookup.
+    unreadable: BTreeMap<u32, (String, String)>,
+}
+
+/// How long one VM's config read may take while the index is built: a VM
+/// on a node that is down must not hold up every other.
+const READ_ONE: std::time::Duration = std::time::Duration::from_secs(3);
+
+impl Region {
+    /// Reads VM `vm`'s disks into the index; a node that does not answer
+    /// leaves the VM unreadable instead of failing the whole index.
+    async fn read(&mut self, client: &Client, vm: &crate::pve::api::VmResource, d: Deadline) -> Result<(), PveError> {
+        let short = Deadline(d.0.min(std::time::Instant::now() + READ_ONE));
+        match client.vm_config(&vm.node, vm.vmid, short).await {
+            Ok(cfg) => {
+                self.unreadable.remove(&vm.vmid);
+                for (k, v) in &cfg.values {
+                    if drive::is_disk_key(k) {
+                        self.found.insert(DriveLine::parse(v).volume, vm.vmid);
+                    }
+                }
+                Ok(())
+            }
+            Err(e) if e.is_transient() => {
+                tracing::warn!(vmid = vm.vmid, node = vm.node, error = %e, "VM config unreadable; its disks are unknown until its node answers");
+                self.unreadable.insert(vm.vmid, (vm.node.clone(), e.to_string()));
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
 }
 
 impl Attachments {
-    pub async fn vm_of(&self, client: &Client, index: &crate::vms::VmIndex, volid: &str, d: Deadline) -> Result<Option<u32>, PveError> {
+    /// The VM `volid` is attached to. `zone` is the node of a local
+    /// volume (`None`: shared storage): while some VM cannot be read, a
+    /// volume not found is only known to be free if no unreadable VM could
+    /// hold it, i.e. none on its node; otherwise the answer is "unknown"
+    /// (transient), never a guess.
+    pub async fn vm_of(&self, client: &Client, index: &crate::vms::VmIndex, volid: &str, zone: Option<&str>, d: Deadline) -> Result<Option<u32>, PveError> {
         let mut map = self.map.lock().await;
         if !map.contains_key(client.region()) {
-            let mut found = HashMap::new();
+            let mut region = Region::default();
             // The controller's own VMs hold disks that are not attachments:
             // copies being made, replicated volumes' holders (see ctl).
             use crate::ctl::{REPLICATED_TAG, SNAPSHOT_TAG, VOLUME_TAG};
             let copies = |v: &crate::pve::api::VmResource| [SNAPSHOT_TAG, VOLUME_TAG, REPLICATED_TAG].iter().any(|t| v.has_tag(t));
             for vm in index.all(client, d).await?.into_iter().filter(|v| !copies(v)) {
-                let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
-                for (k, v) in &cfg.values {
-                    if drive::is_disk_key(k) {
-                        found.insert(DriveLine::parse(v).volume, vm.vmid);
-                    }
-                }
+                region.read(client, &vm, d).await?;
             }
-            map.insert(client.region().to_string(), found);
+            map.insert(client.region().to_string(), region);
         }
-        Ok(map.get(client.region()).and_then(|m| m.get(volid)).copied())
+        let Some(region) = map.get_mut(client.region()) else { return Ok(None) };
+        if let Some(vmid) = region.found.get(volid) {
+            return Ok(Some(*vmid));
+        }
+        let retry: Vec<crate::pve::api::VmResource> = region
+            .unreadable
+            .keys()
+            .map(|vmid| index.node_of(client, *vmid, d))
+            .collect::<futures::future::JoinAll<_>>()
+            .await
+            .into_iter()
+            .filter_map(|r| r.ok().flatten())
+            .collect();
+        for vm in &retry {
+            region.read(client, vm, d).await?;
+        }
+        if let Some(vmid) = region.found.get(volid) {
+            return Ok(Some(*vmid));
+        }
+        let could_hold: Vec<String> = region
+            .unreadable
+            .iter()
+            .filter(|(_, (node, _))| zone.is_none_or(|z| z == node))
+            .map(|(vmid, (node, why))| format!("VM {vmid} on {node} ({why})"))
+            .collect();
+        if could_hold.is_empty() {
+            Ok(None)
+        } else {
+            Err(PveError::Unknown {
+                region: client.region().to_string(),
+                what: format!("whether {volid} is attached is unknown: the config of {} could not be read", could_hold.join(", ")),
+            })
+        }
     }
 
     async fn record(&self, region: &str, volid: &str, vmid: Option<u32>) {
         let mut map = self.map.lock().await;
         if let Some(m) = map.get_mut(region) {
             match vmid {
-                Some(v) => m.insert(volid.to_string(), v),
-                None => m.remove(volid),
+                Some(v) => m.found.insert(volid.to_string(), v),
+                None => m.found.remove(volid),
             };
         }
     }
 
     /// Every known attachment of a region.
     pub async fn snapshot(&self, region: &str) -> HashMap<String, u32> {
-        self.map.lock().await.get(region).cloned().unwrap_or_default()
+        self.map.lock().await.get(region).map(|r| r.found.clone()).unwrap_or_default()
     }
 }
 

@@ -223,3 +223,24 @@ async fn a_restore_runs_on_the_node_of_the_snapshots_vm() {
     );
     assert!(v.volume_id.starts_with("region-1//nfs/"), "{}", v.volume_id);
 }
+
+/// A node down (its calls answer 595) makes only what it could hold
+/// unknown: volumes local to other nodes attach as usual; a shared volume
+/// is refused as Unavailable naming the VM that could not be read, and
+/// works once the node is back.
+#[tokio::test]
+async fn a_node_down_leaves_the_rest_of_the_attachment_index_usable() {
+    let e = env().await;
+    let local = create(&e, "pvc-local", Some("pve2")).await;
+    let shared = e.svc.create_volume(Request::new(create_req("pvc-shared", 1 << 30, &[("storage", "nfs")], None))).await.unwrap().into_inner().volume.unwrap();
+    // worker-1 (VM 111) lives on pve1, which goes down before the index is built.
+    e.admin("PUT", "nodes/pve1/online?value=0", "").await;
+    e.svc.controller_publish_volume(Request::new(publish_req(&local, "worker-2/112"))).await.unwrap();
+    let mut req = Request::new(publish_req(&shared, "worker-2/112"));
+    req.metadata_mut().insert("grpc-timeout", "10S".parse().unwrap());
+    let err = e.svc.controller_publish_volume(req).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("VM 111 on pve1"), "{}", err.message());
+    e.admin("PUT", "nodes/pve1/online?value=1", "").await;
+    e.svc.controller_publish_volume(Request::new(publish_req(&shared, "worker-2/112"))).await.unwrap();
+}

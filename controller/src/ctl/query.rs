@@ -140,13 +140,18 @@ impl Controller {
                         storage: storage.into(),
                         disk: disk.into(),
                     };
-                    let published = match self.attacher.attachments.vm_of(&client, &self.vms, &volid, d).await? {
+                    let published = match self.attacher.attachments.vm_of(&client, &self.vms, &volid, (row.shared != 1).then_some(row.node.as_str()), d).await {
+                        // Unknown while a node is down: listed, not as published.
+                        Err(crate::pve::PveError::Unknown { .. }) => Vec::new(),
+                        Err(e) => return Err(e.into()),
+                        Ok(found) => match found {
                         Some(vmid) => vms
                             .iter()
                             .find(|vm| vm.vmid == vmid)
                             .map(|vm| vec![self.published_node_id(region, vm)])
                             .unwrap_or_default(),
                         None => Vec::new(),
+                        },
                     };
                     entries.push(csi::list_volumes_response::Entry {
                         volume: Some(csi::Volume {
@@ -205,7 +210,7 @@ impl Controller {
         };
         let mut problems = Vec::new();
         let mut published = Vec::new();
-        if let Some(vmid) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), d).await?
+        if let Some(vmid) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), id.zone.as_deref(), d).await?
             && let Some(vm) = self.vms.node_of(&client, vmid, d).await?
         {
             published.push(self.published_node_id(&id.region, &vm));

@@ -47,6 +47,10 @@ pub enum PveError {
         upid: String,
         exitstatus: String,
     },
+    /// Something could not be learnt because part of the cluster did not
+    /// answer (a node down): worth asking again later.
+    #[error("Proxmox cluster {region}: {what}")]
+    Unknown { region: String, what: String },
     #[error("Proxmox cluster {region}: {what}: gave up at the deadline; last error: {last}")]
     Deadline {
         region: String,
@@ -76,7 +80,7 @@ impl PveError {
     /// the text against the cited corpus.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::Transport { .. } | Self::Deadline { .. } => ErrorKind::Transient,
+            Self::Transport { .. } | Self::Deadline { .. } | Self::Unknown { .. } => ErrorKind::Transient,
             Self::Api { status, message, .. } => classify(Some(status.as_u16()), message),
             Self::Task { exitstatus, .. } => classify(None, exitstatus),
             Self::Tls { .. } | Self::Decode { .. } => ErrorKind::Other,

@@ -95,6 +95,13 @@ pub async fn dispatch(
             vm.config.remove("lock");
             Ok(Value::Null)
         }
+        // A node goes down or comes back: calls proxied to it answer 595.
+        (&Method::PUT, ["nodes", name, "online"]) => {
+            let mut c = ctx.cluster();
+            let node = c.nodes.get_mut(*name).ok_or_else(|| ApiError::new(404, "no such node"))?;
+            node.online = q.get("value").map(String::as_str) != Some("0");
+            Ok(Value::Null)
+        }
         // HA or an operator moved the VM to another node (its config file
         // moves with it: nodes/<new>/qemu-server/<id>.conf).
         (&Method::POST, ["vms", id, "relocate"]) => {
