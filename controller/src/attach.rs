@@ -263,13 +263,27 @@ struct Planned {
     serial: String,
 }
 
+/// How a round ended.
+enum Round {
+    /// Every change it wrote was answered; jobs left wait for the next round.
+    Done,
+    /// A write of several changes failed as a whole: they are tried one by
+    /// one, so that one bad volume neither fails nor starves the others.
+    Split,
+}
+
 async fn run_batch(att: &Attacher, client: &Client, node: &mut String, vmid: u32, mut jobs: Vec<Job>) {
     let deadline = jobs.iter().map(|j| j.deadline).max_by_key(|d| d.0).unwrap_or(Deadline::after(std::time::Duration::from_secs(30)));
     let mut attempt = 0;
-    loop {
-        let outcome = write_once(att, client, node, vmid, &mut jobs, deadline).await;
+    let mut per_write = usize::MAX;
+    while !jobs.is_empty() {
+        let outcome = write_once(att, client, node, vmid, &mut jobs, per_write, deadline).await;
         match outcome {
-            Ok(()) => return,
+            Ok(Round::Done) => {}
+            Ok(Round::Split) => {
+                tracing::info!(vmid, jobs = jobs.len(), "a config write of several disks failed; trying them one by one");
+                per_write = 1;
+            }
             Err(e) if e.kind() == ErrorKind::NotFound && attempt < 3 => {
                 attempt += 1;
                 match follow(att, client, node, vmid, deadline).await {
@@ -317,9 +331,10 @@ fn clone_err(e: &CtlError) -> CtlError {
     }
 }
 
-/// One read-plan-write-verify round. Jobs answered are removed from `jobs`;
-/// an `Err` leaves the rest for the caller to retry or fail.
-async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs: &mut Vec<Job>, d: Deadline) -> Result<(), PveError> {
+/// One read-plan-write-verify round of at most `per_write` changes. Jobs
+/// answered are removed from `jobs`; an `Err` (a lost digest race, a busy
+/// VM, the VM not where it was) leaves the rest for the caller to retry.
+async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs: &mut Vec<Job>, per_write: usize, d: Deadline) -> Result<Round, PveError> {
     let cfg = client.vm_config(node, vmid, d).await?;
     let pending = client.vm_pending(node, vmid, d).await?;
     let pending_keys: BTreeSet<String> = pending
@@ -338,6 +353,7 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
     let mut deletes: Vec<String> = Vec::new();
     // Keyed by volume: a publish retried while the first is queued shares its plan.
     let mut planned: HashMap<String, Planned> = HashMap::new();
+    let mut planned_detaches: BTreeSet<String> = BTreeSet::new();
     let mut done: Vec<(usize, Result<Option<Attached>, CtlError>)> = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
         let slots = drive::slots_with(&cfg.values, job.op.volid());
@@ -358,7 +374,7 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
                     done.push((i, Ok(Some(read_back(&cfg.values, slot)))));
                     continue;
                 }
-                if planned.contains_key(volid) {
+                if planned.contains_key(volid) || sets.len() + deletes.len() >= per_write {
                     continue;
                 }
                 // Volumes of this driver on the VM (disks another VMID owns:
@@ -401,10 +417,11 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
                 sets.push((slot.clone(), line.render()));
                 planned.insert(volid.clone(), Planned { slot, wwn, serial });
             }
-            Op::Detach { .. } => {
+            Op::Detach { volid } => {
                 if slots.is_empty() {
                     done.push((i, Ok(None)));
-                } else {
+                } else if planned_detaches.contains(volid) || sets.len() + deletes.len() < per_write {
+                    planned_detaches.insert(volid.clone());
                     for s in slots {
                         if !deletes.contains(&s) {
                             deletes.push(s);
@@ -417,8 +434,9 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
     // Answer what needed no write.
     answer(jobs, done);
     if sets.is_empty() && deletes.is_empty() {
-        return Ok(());
+        return Ok(Round::Done);
     }
+    let multi = sets.len() + deletes.len() > 1;
 
     let mut form: Vec<(&str, String)> = sets.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     if !deletes.is_empty() {
@@ -436,7 +454,18 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
         Ok(()) => None,
         Err(e @ PveError::Task { exitstatus, .. }) if e.kind() != ErrorKind::DigestMismatch => Some(exitstatus.clone()),
         Err(e @ PveError::Api { message, .. }) if e.kind() == ErrorKind::HotplugFailed => Some(message.clone()),
-        Err(_) => return result,
+        Err(e) if e.is_transient() || e.kind() == ErrorKind::DigestMismatch => return result.map(|()| Round::Done),
+        // Refused as a whole (nothing written): one change at a time tells
+        // which one Proxmox refuses.
+        Err(_) if multi => return Ok(Round::Split),
+        Err(e) => {
+            let err = CtlError::Internal(e.to_string());
+            let mine = |j: &Job| planned.contains_key(j.op.volid()) || planned_detaches.contains(j.op.volid());
+            let failed: Vec<(usize, Result<Option<Attached>, CtlError>)> =
+                jobs.iter().enumerate().filter(|(_, j)| mine(j)).map(|(i, _)| (i, Err(clone_err(&err)))).collect();
+            answer(jobs, failed);
+            return Ok(Round::Done);
+        }
     };
     // A busy VM or cluster: what did not happen is tried again (after the
     // check below), within the deadline.
@@ -463,6 +492,7 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
             tracing::error!(vmid, keys = %ours.join(","), error = %e, "reverting a change Proxmox left pending failed");
         }
     }
+    let failed = hotplug_failure.is_some();
     let why = hotplug_failure.unwrap_or_else(|| "Proxmox left the change pending".to_string());
     let mut done = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
@@ -473,20 +503,23 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
                 if after.values.get(&p.slot).is_some_and(|v| DriveLine::parse(v).volume == volid) {
                     att.attachments.record(client.region(), &volid, Some(vmid)).await;
                     done.push((i, Ok(Some(Attached { slot: p.slot.clone(), wwn: p.wwn.clone(), serial: p.serial.clone() }))));
-                } else if !retry_rest {
+                } else if !retry_rest && !multi {
                     done.push((i, Err(CtlError::Unavailable(format!(
                         "attaching {volid} to VM {vmid} as {} failed and was reverted: {why}", p.slot
                     )))));
                 }
             }
             Op::Detach { .. } => {
+                if !planned_detaches.contains(&volid) {
+                    continue;
+                }
                 if drive::slots_with(&after.values, &volid).is_empty() {
                     att.attachments.record(client.region(), &volid, None).await;
                     if after.values.iter().any(|(k, v)| k.starts_with("unused") && DriveLine::parse(v).volume == volid) {
                         tracing::warn!(vmid, volid, "Proxmox kept the detached disk as unusedN: the VM owns it (a static volume)");
                     }
                     done.push((i, Ok(None)));
-                } else if !retry_rest {
+                } else if !retry_rest && !multi {
                     done.push((i, Err(CtlError::Unavailable(format!(
                         "detaching {volid} from VM {vmid} failed and was reverted: {why}"
                     )))));
@@ -496,9 +529,12 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
     }
     answer(jobs, done);
     if retry_rest && !jobs.is_empty() {
-        return result;
+        return result.map(|()| Round::Done);
     }
-    Ok(())
+    if multi && failed && !jobs.is_empty() {
+        return Ok(Round::Split);
+    }
+    Ok(Round::Done)
 }
 
 fn answer(jobs: &mut Vec<Job>, mut done: Vec<(usize, Result<Option<Attached>, CtlError>)>) {

@@ -244,3 +244,33 @@ async fn a_node_down_leaves_the_rest_of_the_attachment_index_usable() {
     e.admin("PUT", "nodes/pve1/online?value=1", "").await;
     e.svc.controller_publish_volume(Request::new(publish_req(&shared, "worker-2/112"))).await.unwrap();
 }
+
+/// qemu-server writes a config update key by key and stops at the first
+/// key it cannot take: the publishes written together with a volume Proxmox
+/// refuses still land, each on its own write, and only that one fails.
+#[tokio::test]
+async fn a_refused_volume_does_not_fail_the_others_of_its_write() {
+    let e = env().await;
+    let mut vols = Vec::new();
+    for i in 0..4 {
+        vols.push(create(&e, &format!("pvc-b{i}"), Some("pve2")).await);
+    }
+    e.knobs(r#"{"hotplug_latency_ms": 200, "refuse_volumes": ["local-lvm:vm-9999-pvc-b2"]}"#).await;
+    let calls = vols.iter().map(|v| {
+        let svc = e.svc.clone();
+        let req = publish_req(v, "worker-2/112");
+        async move { svc.controller_publish_volume(Request::new(req)).await }
+    });
+    let results = futures::future::join_all(calls).await;
+    for (i, r) in results.iter().enumerate() {
+        match (i, r) {
+            (2, Err(s)) => assert!(s.message().contains("no such logical volume pve/vm-9999-pvc-b2"), "{s:?}"),
+            (2, Ok(_)) => panic!("the refused volume was published"),
+            (_, r) => assert!(r.is_ok(), "pvc-b{i}: {r:?}"),
+        }
+    }
+    let vm = e.vm(112).await;
+    let attached: Vec<&str> = vm["config"].as_object().unwrap().values().filter_map(Value::as_str).filter(|v| v.contains("pvc-b")).collect();
+    assert_eq!(attached.len(), 3, "{attached:?}");
+    assert_eq!(vm["pending"], serde_json::json!({}));
+}

@@ -33,6 +33,10 @@ pub struct Knobs {
     /// text instead of its storage type's (a Proxmox or tool version whose
     /// wording the driver has never seen).
     pub missing_volume_text: String,
+    /// Volumes (`storage:name`) whose step of a config update fails, as a
+    /// volume Proxmox cannot activate does; the keys written before it stay
+    /// pending (qemu-server API2/Qemu.pm $updatefn writes key by key).
+    pub refuse_volumes: Vec<String>,
 }
 
 impl Default for Knobs {
@@ -49,6 +53,7 @@ impl Default for Knobs {
             error_5xx_rate: 0.0,
             rrd_lag_ms: 0,
             missing_volume_text: String::new(),
+            refuse_volumes: Vec::new(),
         }
     }
 }

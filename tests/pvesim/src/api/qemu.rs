@@ -368,6 +368,11 @@ fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call) -> Result<U
         let mut value = value;
         if drive::is_drive_key(&key) {
             let mut d = Drive::parse(&value).map_err(|e| ApiError::param(&key, e))?;
+            // LvmThinPlugin.pm activate_volume's text for an LV it cannot find.
+            if c.knobs.refuse_volumes.contains(&d.volume) {
+                let lv = d.volume.split_once(':').map_or(d.volume.as_str(), |(_, n)| n);
+                return Err(ApiError::die(format!("no such logical volume pve/{lv}")));
+            }
             if let Some((storage, gib)) = d.allocation() {
                 // `<storage>:0,import-from=<volid>` copies an existing volume.
                 let import = d.opts.remove("import-from");
