@@ -12,6 +12,17 @@ pub struct Knobs {
     pub task_latency_ms: u64,
     /// Extra time of a config write that hot-plugs or unplugs a disk.
     pub hotplug_latency_ms: u64,
+    /// Time of each disk plugged or unplugged, one after the other under
+    /// the VM's lock: qemu-server plugs key by key (vm_deviceplug: about 30
+    /// QMP round trips and two `lvs` probes a disk).
+    pub hotplug_ms_per_disk: u64,
+    /// How long the guest takes to eject a SCSI controller. With `scsihw:
+    /// virtio-scsi-single` every disk has its own controller `virtioscsiN`,
+    /// whose unplug qemu-server checks once a second until it is gone, at
+    /// most 15 s (5 s on PVE 8), then fails `error on hot-unplugging device
+    /// 'virtioscsiN' - still busy in guest?` (QemuServer.pm
+    /// qemu_devicedelverify, vm_deviceunplug, qemu_deletescsihw).
+    pub guest_eject_ms: u64,
     /// How long an `import-from` copy takes per GiB (qemu-img), holding
     /// the VM's config lock as Proxmox does.
     pub copy_ms_per_gib: u64,
@@ -45,6 +56,8 @@ impl Default for Knobs {
             api_latency_ms: 0,
             task_latency_ms: 0,
             hotplug_latency_ms: 0,
+            hotplug_ms_per_disk: 0,
+            guest_eject_ms: 0,
             copy_ms_per_gib: 0,
             lock_timeout_ms: 10_000,
             fail_hotplugs: 0,

@@ -535,3 +535,47 @@ async fn allocations_wait_for_the_storage_lock() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(c.call("POST", "/nodes/pve2/storage/local-lvm/content", &[("filename", "vm-9999-pvc-l"), ("vmid", "9999"), ("size", "1G")]).await.status, 200);
 }
+
+/// Hot-plug costs per disk, and the guest's eject of each disk's own
+/// controller under virtio-scsi-single (qemu-server QemuServer.pm
+/// qemu_devicedelverify: checks once a second, at most 15 s on PVE 9).
+#[tokio::test]
+async fn hotplug_costs_per_disk_and_the_guests_eject() {
+    let sim = start().await;
+    let c = Client::new(&sim, TOKEN);
+    for n in ["a", "b", "c"] {
+        c.call("POST", "/nodes/pve2/storage/local-lvm/content", &[("filename", &format!("vm-9999-pvc-{n}")), ("vmid", "9999"), ("size", "1G")]).await.ok();
+    }
+    // scsihw is not hot-pluggable: set it while the VM is stopped.
+    c.call("PUT", "/pvesim/vms/112/running", &[("value", "0")]).await;
+    let upid = c.call("POST", "/nodes/pve2/qemu/112/config", &[("scsihw", "virtio-scsi-single")]).await.ok();
+    assert_eq!(c.wait_task(upid.as_str().unwrap()).await["exitstatus"], "OK");
+    c.call("PUT", "/pvesim/vms/112/running", &[("value", "1")]).await;
+    c.knobs(r#"{"hotplug_ms_per_disk": 300, "guest_eject_ms": 1500}"#).await;
+
+    // Three disks in one write: three plugs, one after the other.
+    let started = std::time::Instant::now();
+    let upid = c
+        .call("POST", "/nodes/pve2/qemu/112/config", &[("scsi1", "local-lvm:vm-9999-pvc-a"), ("scsi2", "local-lvm:vm-9999-pvc-b"), ("scsi3", "local-lvm:vm-9999-pvc-c")])
+        .await
+        .ok();
+    assert_eq!(c.wait_task(upid.as_str().unwrap()).await["exitstatus"], "OK");
+    let plugged = started.elapsed();
+    assert!(plugged >= std::time::Duration::from_millis(900), "{plugged:?}");
+
+    // An unplug waits for the guest's eject, in whole seconds of polling.
+    let started = std::time::Instant::now();
+    let upid = c.call("POST", "/nodes/pve2/qemu/112/config", &[("delete", "scsi1")]).await.ok();
+    assert_eq!(c.wait_task(upid.as_str().unwrap()).await["exitstatus"], "OK");
+    assert!(started.elapsed() >= std::time::Duration::from_secs(2), "{:?}", started.elapsed());
+
+    // A guest that does not eject within 15 s: the key stays, the error names the controller.
+    c.knobs(r#"{"hotplug_ms_per_disk": 0, "guest_eject_ms": 60000}"#).await;
+    let upid = c.call("POST", "/nodes/pve2/qemu/112/config", &[("delete", "scsi2")]).await.ok();
+    let st = c.wait_task(upid.as_str().unwrap()).await;
+    assert!(
+        st["exitstatus"].as_str().unwrap().contains("scsi2: hotplug problem - error on hot-unplugging device 'virtioscsi2' - still busy in guest?"),
+        "{st}"
+    );
+    assert!(c.config("pve2", 112, true).await.get("scsi2").is_some());
+}

@@ -521,12 +521,34 @@ async fn hotplug(ctx: &Arc<Ctx>, vmid: u32, plugs: Vec<Plug>, force: bool) -> BT
     if latency > 0 {
         tokio::time::sleep(Duration::from_millis(latency)).await;
     }
+    let (per_disk, eject, single, v8) = {
+        let c = ctx.cluster();
+        let single = c.vms.get(&vmid).and_then(|v| v.config.get("scsihw")).is_some_and(|h| h == "virtio-scsi-single");
+        (c.knobs.hotplug_ms_per_disk, c.knobs.guest_eject_ms, single, c.version.starts_with('8'))
+    };
     for plug in plugs {
         let key = match &plug {
             Plug::Add { key, .. } | Plug::Remove { key, .. } => key.clone(),
         };
         if errors.contains_key(&key) {
             continue;
+        }
+        if per_disk > 0 {
+            tokio::time::sleep(Duration::from_millis(per_disk)).await;
+        }
+        if single && matches!(plug, Plug::Remove { .. }) && key.starts_with("scsi") {
+            // The controller's unplug, checked once a second (the first
+            // check at once), up to the timeout of this qemu-server version.
+            let timeout_s: u64 = if v8 { 5 } else { 15 };
+            let polls = eject.div_ceil(1000);
+            if polls > timeout_s {
+                tokio::time::sleep(Duration::from_secs(timeout_s + 1)).await;
+                let n = key.trim_start_matches("scsi");
+                let suffix = if v8 { "" } else { " - still busy in guest?" };
+                errors.insert(key.clone(), format!("hotplug problem - error on hot-unplugging device 'virtioscsi{n}'{suffix}"));
+                continue;
+            }
+            tokio::time::sleep(Duration::from_secs(polls)).await;
         }
         let failed = crate::knobs::take(&mut ctx.cluster().knobs.fail_hotplugs);
         let result = if failed {
