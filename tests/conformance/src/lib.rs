@@ -47,6 +47,18 @@ impl Report {
     }
 }
 
+/// Whether this runs as root, which the node side needs (loop devices,
+/// mounts). Without root it says so and the caller skips; under CI that is
+/// a failure.
+pub fn as_root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(std::env::var_os("CI").is_none(), "this test needs root (loop devices, mounts), and CI is set");
+    eprintln!("SKIPPED: this test needs root (loop devices, mounts)");
+    false
+}
+
 /// The spec's error scheme: the code, a human-readable message, and empty
 /// details.
 pub fn expect_code<T: std::fmt::Debug>(r: Result<T, Status>, want: Code) -> Result<(), String> {

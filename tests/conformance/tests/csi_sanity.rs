@@ -15,18 +15,9 @@ fn binary() -> Option<std::path::PathBuf> {
     }
 }
 
-fn root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(std::env::var_os("CI").is_none(), "csi-sanity's runs need root, and CI is set");
-    eprintln!("SKIPPED: csi-sanity's runs need root (loop devices, mounts)");
-    false
-}
-
 async fn check(storage: &str, kind: &str, specs: Specs) {
     let Some(bin) = binary() else { return };
-    if !root() {
+    if !conformance::as_root() {
         return;
     }
     let o = sanity::run(&bin, storage, kind, specs).await.unwrap_or_else(|e| panic!("{e}"));

@@ -19,15 +19,6 @@ use proxmox_csi_proto::csi::v1::controller_client::ControllerClient;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use tonic::Code;
 
-fn root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(std::env::var_os("CI").is_none(), "the node side needs root, and CI is set");
-    eprintln!("SKIPPED: the node side needs root (loop devices, mounts)");
-    false
-}
-
 fn mkdirs(dirs: Vec<String>) {
     for d in dirs {
         std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{d}: {e}"));
@@ -36,7 +27,7 @@ fn mkdirs(dirs: Vec<String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_through_kubernetes_callers() {
-    if !root() {
+    if !conformance::as_root() {
         return;
     }
     let lab = Lab::start("local-lvm", "lvmthin").await.unwrap();
@@ -146,5 +137,73 @@ async fn life(lab: &Lab) -> Result<(), String> {
     if !log.lines().any(|l| l.contains("RPC failed") && l.contains("ValidateVolumeCapabilities") && l.contains("NotFound")) {
         return Err("no log line for the failed ValidateVolumeCapabilities".into());
     }
+    Ok(())
+}
+
+/// A raw block volume on kubelet's block layouts: staging
+/// `plugins/kubernetes.io/csi/volumeDevices/staging/<pv>` (kubelet makes
+/// it), the pod's device file `…/volumeDevices/publish/<pv>/<pod uid>` (the
+/// driver makes it; kubelet makes its parent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_volume_through_kubernetes_callers() {
+    if !conformance::as_root() {
+        return;
+    }
+    let lab = Lab::start("local-lvm", "lvmthin").await.unwrap();
+    if let Err(e) = block_life(&lab).await {
+        panic!("{e}\n{}", lab.logs());
+    }
+    drop(lab);
+    conformance::sanity::settle();
+}
+
+async fn block_life(lab: &Lab) -> Result<(), String> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let ctl_ch = proxmox_csi_common::client::unix_channel(lab.controller_socket.clone()).await.map_err(|e| e.to_string())?;
+    let node_ch = proxmox_csi_common::client::unix_channel(lab.node_socket.clone()).await.map_err(|e| e.to_string())?;
+    let mut ctl = ControllerClient::new(ctl_ch);
+    let mut node = NodeClient::new(node_ch);
+    let status = |what: &'static str| move |s: tonic::Status| format!("{what}: {:?} {}", s.code(), s.message());
+    let info = node.node_get_info(csi::NodeGetInfoRequest {}).await.map_err(status("NodeGetInfo"))?.into_inner();
+    let segments = info.accessible_topology.clone().unwrap_or_default().segments;
+    let term: Vec<(&str, &str)> = segments.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+
+    let sc = provisioner::StorageClass::new(&[("storage", "local-lvm")]);
+    let claim = provisioner::Claim::new("raw", "0a7c2e94-5d1b-4f3a-8c6e-9b2d1f0e4a73", 1 << 30).block();
+    let create = provisioner::create_volume(&sc, &claim, Some(provisioner::requirement(&[&term], 0)));
+    let volume = ctl.create_volume(create).await.map_err(status("CreateVolume"))?.into_inner().volume.ok_or("no volume")?;
+    let pv = provisioner::persistent_volume(&sc, &claim, &volume);
+    let published = ctl
+        .controller_publish_volume(attacher::controller_publish(&pv, &info.node_id))
+        .await
+        .map_err(status("ControllerPublishVolume"))?
+        .into_inner()
+        .publish_context;
+
+    let kubelet = Kubelet::new(&lab.kubelet_root().display().to_string());
+    let pod = Pod::new("9c3e1a7b-2f4d-4b8e-a6c5-1d0f9e8b7a62");
+    mkdirs(kubelet.stage_dirs(&pv));
+    node.node_stage_volume(kubelet.node_stage(&pv, &published, HashMap::new())).await.map_err(status("NodeStageVolume"))?;
+    mkdirs(kubelet.publish_dirs(&pod, &pv));
+    node.node_publish_volume(kubelet.node_publish(&pv, &pod, &published)).await.map_err(status("NodePublishVolume"))?;
+    // The pod's device: bytes written at 100 MiB are there when read back.
+    let target = kubelet.target_path(&pod, &pv);
+    let mut dev = std::fs::OpenOptions::new().read(true).write(true).open(&target).map_err(|e| format!("{target}: {e}"))?;
+    let pattern = b"proxmox-csi block volume";
+    dev.seek(SeekFrom::Start(100 << 20)).and_then(|_| dev.write_all(pattern)).and_then(|_| dev.sync_all()).map_err(|e| e.to_string())?;
+    let mut back = vec![0u8; pattern.len()];
+    dev.seek(SeekFrom::Start(100 << 20)).and_then(|_| dev.read_exact(&mut back)).map_err(|e| e.to_string())?;
+    drop(dev);
+    if back != pattern {
+        return Err("the block device did not keep its bytes".into());
+    }
+
+    node.node_unpublish_volume(kubelet.node_unpublish(&pv, &pod)).await.map_err(status("NodeUnpublishVolume"))?;
+    if Path::new(&target).exists() {
+        return Err(format!("{target} is still there after NodeUnpublishVolume"));
+    }
+    node.node_unstage_volume(kubelet.node_unstage(&pv)).await.map_err(status("NodeUnstageVolume"))?;
+    ctl.controller_unpublish_volume(attacher::controller_unpublish(&pv, &info.node_id)).await.map_err(status("ControllerUnpublishVolume"))?;
+    ctl.delete_volume(provisioner::delete_volume(&pv)).await.map_err(status("DeleteVolume"))?;
     Ok(())
 }
