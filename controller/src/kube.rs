@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
-use k8s_openapi::api::storage::v1::VolumeAttributesClass;
+use k8s_openapi::api::storage::v1::{CSINode, VolumeAttributesClass};
 use kube::Api;
 use kube::api::ListParams;
 
@@ -77,6 +77,21 @@ impl Kube {
             .map(|i| i.system_uuid.trim().to_ascii_lowercase())
             .filter(|u| !u.is_empty());
         Ok(from_provider.or(from_annotation).map(NodeVm::Id).or(system_uuid.map(NodeVm::SystemUuid)))
+    }
+
+    /// The node ids this driver registered in CSINode objects: what the
+    /// external-attacher publishes to and compares ListVolumes with
+    /// (pkg/controller/util.go GetNodeIDFromCSINode).
+    pub async fn csi_node_ids(&self, driver: &str) -> Result<Vec<String>, CtlError> {
+        let nodes: Api<CSINode> = Api::all(self.client.clone());
+        let list = nodes.list(&ListParams::default()).await.map_err(|e| unavailable("listing CSINodes", e))?;
+        Ok(list
+            .items
+            .into_iter()
+            .flat_map(|n| n.spec.drivers)
+            .filter(|d| d.name == driver)
+            .map(|d| d.node_id)
+            .collect())
     }
 
     /// The Node's max-volume-attachments label, when set to a valid count.

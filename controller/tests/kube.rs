@@ -6,12 +6,14 @@
 mod common;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::routing::get;
 use common::*;
+use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::kube::Kube;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
@@ -69,13 +71,26 @@ async fn vac(Path(name): Path<String>) -> (StatusCode, Json<Value>) {
     )
 }
 
+/// What the node plugins registered: worker-y's id has no VM id (its Node's
+/// annotation names VM 112).
+async fn csinodes() -> Json<Value> {
+    let csinode = |name: &str, id: &str| {
+        json!({"metadata": {"name": name}, "spec": {"drivers": [{"name": "csi.proxmox.sinextra.dev", "nodeID": id, "topologyKeys": ["topology.kubernetes.io/zone"]}]}})
+    };
+    Json(json!({
+        "kind": "CSINodeList", "apiVersion": "storage.k8s.io/v1", "metadata": {"resourceVersion": "1"},
+        "items": [csinode("worker-y", "worker-y"), csinode("worker-x", "worker-x")],
+    }))
+}
+
 async fn kube_api() -> kube::Client {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let app = axum::Router::new()
         .route("/api/v1/nodes/{name}", get(node))
         .route("/api/v1/persistentvolumes", get(pvs))
-        .route("/apis/storage.k8s.io/v1/volumeattributesclasses/{name}", get(vac));
+        .route("/apis/storage.k8s.io/v1/volumeattributesclasses/{name}", get(vac))
+        .route("/apis/storage.k8s.io/v1/csinodes", get(csinodes));
     tokio::spawn(async move { axum::serve(listener, app).await });
     let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
     kube::Client::try_from(config).unwrap()
@@ -98,6 +113,15 @@ async fn nodes_pvs_and_classes_from_kubernetes() {
     // The PV's class applies at attach.
     let line = e.vm(112).await["config"][&slot].as_str().unwrap().to_string();
     assert!(line.contains("iops_rd=500") && line.contains("iops_wr=500"), "{line}");
+
+    // A controller that never published (restarted) lists the volumes
+    // published to the ids in CSINode, as the attacher compares them.
+    let fresh = ControllerService(Arc::new(
+        common::controller_on(&e).with_kube(Kube::new(kube_api().await), "csi.proxmox.sinextra.dev"),
+    ));
+    let listed = fresh.list_volumes(Request::new(callers::attacher::list_volumes(""))).await.unwrap().into_inner();
+    assert!(callers::attacher::published(&listed.entries, FAST, "worker-y"), "{listed:?}");
+    assert!(callers::attacher::published(&listed.entries, KEEP, "worker-x"), "{listed:?}");
 
     // ModifyVolume on the attached disk: limits changed and removed at once.
     e.svc

@@ -274,3 +274,22 @@ async fn a_refused_volume_does_not_fail_the_others_of_its_write() {
     assert_eq!(attached.len(), 3, "{attached:?}");
     assert_eq!(vm["pending"], serde_json::json!({}));
 }
+
+/// A copy of an attached volume is read from a live disk: a
+/// VolumeSnapshotClass with `attached: refuse` refuses it, naming the VM;
+/// detached, the same snapshot is taken.
+#[tokio::test]
+async fn a_class_may_refuse_snapshots_of_attached_volumes() {
+    let e = env_with_role(ROLE).await;
+    let v = create(&e, "pvc-live", Some("pve2")).await;
+    e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap();
+    let pv = pv_of(&v);
+    let req = || Request::new(callers::snapshotter::create_snapshot("5e1d2c3b-4a59-4687-9a0b-1c2d3e4f5a6b", "live", &pv, &[("attached", "refuse")]));
+    let err = e.svc.create_snapshot(req()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("attached to VM 112") && err.message().contains("attached: refuse"), "{}", err.message());
+    assert!(vms_tagged(&e, "csi-snapshot").await.is_empty());
+    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112"))).await.unwrap();
+    e.svc.create_snapshot(req()).await.unwrap();
+    assert_eq!(vms_tagged(&e, "csi-snapshot").await.len(), 1);
+}

@@ -9,10 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
-use proxmox_csi_controller::ctl::Controller;
-use proxmox_csi_controller::pve;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
@@ -240,13 +237,7 @@ async fn two_controllers_racing_on_one_vm_both_land() {
 
 /// A second controller (its own queues and caches) on the same pvesim.
 async fn env_sharing(e: &Env) -> ControllerService {
-    let cfg = CloudConfig::parse(&format!(
-        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
-        e.sim.api_url()
-    ))
-    .unwrap();
-    let clients = cfg.clusters.into_iter().map(|c| Arc::new(pve::Client::new(c, Duration::from_secs(10), Default::default()).unwrap())).collect();
-    ControllerService(Arc::new(Controller::new(clients, 9999, Duration::from_secs(20))))
+    ControllerService(Arc::new(controller_on(e)))
 }
 
 #[tokio::test]

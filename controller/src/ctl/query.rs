@@ -103,6 +103,7 @@ impl Controller {
     /// Volumes owned by the placeholder VMID, with the VMs they are attached to.
     pub async fn list(&self, r: &csi::ListVolumesRequest, d: Deadline) -> Result<csi::ListVolumesResponse, CtlError> {
         let mut entries = Vec::new();
+        let registered = self.registered_node_ids().await;
         let mut regions: Vec<&String> = self.clients.keys().collect();
         regions.sort();
         for region in regions {
@@ -148,7 +149,7 @@ impl Controller {
                         Some(vmid) => vms
                             .iter()
                             .find(|vm| vm.vmid == vmid)
-                            .map(|vm| vec![self.published_node_id(region, vm)])
+                            .map(|vm| vec![self.published_node_id(region, vm, &registered)])
                             .unwrap_or_default(),
                         None => Vec::new(),
                         },
@@ -213,7 +214,7 @@ impl Controller {
         if let Some(vmid) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), id.zone.as_deref(), d).await?
             && let Some(vm) = self.vms.node_of(&client, vmid, d).await?
         {
-            published.push(self.published_node_id(&id.region, &vm));
+            published.push(self.published_node_id(&id.region, &vm, &self.registered_node_ids().await));
             let cfg = client.vm_config(&vm.node, vmid, d).await?;
             if let Some(lock) = cfg.values.get("lock") {
                 problems.push(format!("VM {vmid} is locked ({lock})"));

@@ -98,6 +98,17 @@ async fn build(cluster: &str, f: impl FnOnce(Controller) -> Controller) -> Env {
     Env { sim, svc: ControllerService(Arc::new(ctl)), http: reqwest::Client::new() }
 }
 
+/// A second controller (its own queues, caches and memory) on `e`'s pvesim.
+pub fn controller_on(e: &Env) -> Controller {
+    let cfg = CloudConfig::parse(&format!(
+        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
+        e.sim.api_url()
+    ))
+    .unwrap();
+    let clients = cfg.clusters.into_iter().map(|c| Arc::new(pve::Client::new(c, Duration::from_secs(10), Default::default()).unwrap())).collect();
+    Controller::new(clients, 9999, Duration::from_secs(20))
+}
+
 impl Env {
     pub async fn admin(&self, method: &str, path: &str, body: &str) -> Value {
         let url = format!("http://{}/pvesim/{path}", self.sim.addr);
