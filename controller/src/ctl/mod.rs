@@ -9,6 +9,7 @@ mod delete;
 mod expand;
 mod holder;
 mod modify;
+mod node_ids;
 mod publish;
 mod query;
 mod replicate;
@@ -26,7 +27,6 @@ use crate::pve::api::StorageResource;
 use crate::pve::{Client, Deadline};
 use crate::vms::VmIndex;
 use crate::volume::VolumeId;
-use proxmox_csi_common::NodeId;
 
 pub use capability::check_capabilities;
 pub use clone::VOLUME_TAG;
@@ -53,7 +53,7 @@ pub struct Controller {
     /// The CSI node id each VM was last published to, as the caller gave it
     /// (NodeGetInfo's id): ListVolumes and ControllerGetVolume report it,
     /// so the external-attacher's reconcile finds its VolumeAttachments.
-    node_ids: std::sync::Mutex<HashMap<(String, u32), String>>,
+    node_ids: node_ids::Published,
 }
 
 /// 512 MiB: the Go driver's size step.
@@ -74,7 +74,7 @@ impl Controller {
             default_timeout,
             kube: None,
             driver_name: "csi.proxmox.sinextra.dev".into(),
-            node_ids: std::sync::Mutex::new(HashMap::new()),
+            node_ids: node_ids::Published::default(),
         }
     }
 
@@ -103,53 +103,6 @@ impl Controller {
             .get(region)
             .cloned()
             .ok_or_else(|| CtlError::NotFound(format!("{what} {raw} does not exist: region {region:?} is not a cluster of the cloud config")))
-    }
-
-    pub fn remember_node_id(&self, region: &str, vmid: u32, node_id: &str) {
-        if let Ok(mut m) = self.node_ids.lock() {
-            m.insert((region.to_string(), vmid), node_id.to_string());
-        }
-    }
-
-    /// The node id of VM `vm` for published_node_ids: the one it was
-    /// published with; else the CSINode id (`registered`, from
-    /// `registered_node_ids`) naming its VM id, or its name; else
-    /// `<VM name>/<vmid>` (the node plugin's form when the Kubernetes node
-    /// is named like its VM).
-    pub fn published_node_id(&self, region: &str, vm: &crate::pve::api::VmResource, registered: &[(NodeId, Option<u32>)]) -> String {
-        let known = self.node_ids.lock().ok().and_then(|m| m.get(&(region.to_string(), vm.vmid)).cloned());
-        let name = vm.name.clone().unwrap_or_default();
-        known
-            .or_else(|| registered.iter().find(|(_, v)| *v == Some(vm.vmid)).map(|(n, _)| n.to_string()))
-            .or_else(|| registered.iter().find(|(n, v)| v.is_none() && n.name == name).map(|(n, _)| n.to_string()))
-            .unwrap_or_else(|| format!("{name}/{}", vm.vmid))
-    }
-
-    /// The node ids in CSINode objects, when the Kubernetes API is there,
-    /// each with its VM id: the one in the id, else the one its Node names
-    /// (providerID, instance-id annotation). A failure to read them is
-    /// logged: the ids fall back as above.
-    pub async fn registered_node_ids(&self) -> Vec<(NodeId, Option<u32>)> {
-        let Some(k) = &self.kube else { return Vec::new() };
-        let ids = match k.csi_node_ids(&self.driver_name).await {
-            Ok(ids) => ids,
-            Err(e) => {
-                tracing::warn!(error = %e, "reading CSINodes for published node ids");
-                return Vec::new();
-            }
-        };
-        let mut out = Vec::new();
-        for id in ids.iter().filter_map(|i| NodeId::parse(i).ok()) {
-            let vmid = match id.vmid {
-                Some(v) => Some(v),
-                None => match k.node_vm(&id.name).await {
-                    Ok(Some(crate::kube::NodeVm::Id(v))) => Some(v),
-                    _ => None,
-                },
-            };
-            out.push((id, vmid));
-        }
-        out
     }
 
     /// Rows of `/cluster/resources?type=storage` for `storage`, cached briefly.
