@@ -293,3 +293,26 @@ async fn a_class_may_refuse_snapshots_of_attached_volumes() {
     e.svc.create_snapshot(req()).await.unwrap();
     assert_eq!(vms_tagged(&e, "csi-snapshot").await.len(), 1);
 }
+
+/// Quorum lost: pmxcfs is read-only, so creating on shared storage and
+/// attaching are refused by Proxmox; the controller answers Unavailable (the
+/// sidecar retries) and everything works once quorum is back.
+#[tokio::test]
+async fn quorum_loss_is_unavailable_and_passes() {
+    let e = env().await;
+    let local = create(&e, "pvc-q", Some("pve2")).await;
+    e.knobs(r#"{"no_quorum": true}"#).await;
+    let mut req = Request::new(create_req("pvc-q-shared", 1 << 30, &[("storage", "nfs")], None));
+    req.metadata_mut().insert("grpc-timeout", "2S".parse().unwrap());
+    let err = e.svc.create_volume(req).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("no quorum"), "{}", err.message());
+    let mut req = Request::new(publish_req(&local, "worker-2/112"));
+    req.metadata_mut().insert("grpc-timeout", "2S".parse().unwrap());
+    let err = e.svc.controller_publish_volume(req).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    e.knobs(r#"{"no_quorum": false}"#).await;
+    e.svc.create_volume(Request::new(create_req("pvc-q-shared", 1 << 30, &[("storage", "nfs")], None))).await.unwrap();
+    e.svc.controller_publish_volume(Request::new(publish_req(&local, "worker-2/112"))).await.unwrap();
+    assert_eq!(e.vm(112).await["pending"], serde_json::json!({}));
+}

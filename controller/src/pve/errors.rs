@@ -59,7 +59,8 @@ pub const CORPUS: &[Known] = &[
     known("hotplug problem", HotplugFailed, "qemu-server PVE/QemuServer.pm vmconfig_hotplug_pending: \"hotplug problem - $msg\" per key"),
     known("already exists", AlreadyExists, "pve-storage src/PVE/Storage/Plugin.pm alloc_image: \"disk image '$path' already exists\"; qemu-server PVE/API2/Qemu.pm create_vm: \"VM $vmid already exists\""),
     // The cluster itself.
-    known("no quorum", Transient, "pve-cluster src/PVE/Cluster.pm check_cfs_quorum: \"cluster not ready - no quorum?\""),
+    known("no quorum", Transient, "pve-cluster src/PVE/Cluster.pm check_cfs_quorum: \"cluster not ready - no quorum?\"; cfs_lock: \"cfs-lock '$lockid' error: no quorum!\""),
+    known("unable to open file '/etc/pve/", Transient, "pve-common src/PVE/File.pm file_set_contents: \"unable to open file '$tmpname' - $!\", a config write to pmxcfs (/etc/pve), which is read-only while the cluster has no quorum"),
 ];
 
 /// HTTP statuses that are transient whatever the text: the HTTP stack's
@@ -103,6 +104,8 @@ mod tests {
             (Some(500), "detected modified configuration - file changed by other user? Try again.", DigestMismatch),
             (Some(500), "hotplug problem - scsi3: unable to hotplug scsi3", HotplugFailed),
             (Some(500), "cluster not ready - no quorum?", Transient),
+            (Some(500), "cfs-lock 'storage-nfs' error: no quorum!", Transient),
+            (None, "unable to open file '/etc/pve/nodes/pve2/qemu-server/112.conf.tmp.4711' - Permission denied", Transient),
             (Some(403), "Permission check failed (/vms/100, VM.Config.Disk)", PermissionDenied),
             (Some(595), "Connection refused", Transient),
             (Some(596), "Connection timed out", Transient),

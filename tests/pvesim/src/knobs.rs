@@ -48,6 +48,13 @@ pub struct Knobs {
     /// volume Proxmox cannot activate does; the keys written before it stay
     /// pending (qemu-server API2/Qemu.pm $updatefn writes key by key).
     pub refuse_volumes: Vec<String>,
+    /// The cluster lost quorum: /etc/pve is read-only. Creating and
+    /// migrating VMs answer `cluster not ready - no quorum?` (pve-cluster
+    /// PVE/Cluster.pm check_cfs_quorum, called by qemu-server create_vm and
+    /// migrate_vm); a cluster-wide lock (shared storage) fails with
+    /// `cfs-lock '<id>' error: no quorum!` (Cluster.pm cfs_lock); writing a
+    /// VM config fails as the file system refuses it.
+    pub no_quorum: bool,
 }
 
 impl Default for Knobs {
@@ -67,6 +74,7 @@ impl Default for Knobs {
             rrd_lag_ms: 0,
             missing_volume_text: String::new(),
             refuse_volumes: Vec::new(),
+            no_quorum: false,
         }
     }
 }

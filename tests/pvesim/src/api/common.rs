@@ -21,6 +21,14 @@ pub fn no_config(node: &str, vmid: u32) -> ApiError {
     ))
 }
 
+/// pve-cluster PVE/Cluster.pm check_cfs_quorum.
+pub fn quorum(c: &Cluster) -> Result<(), ApiError> {
+    if c.knobs.no_quorum {
+        return Err(ApiError::die("cluster not ready - no quorum?"));
+    }
+    Ok(())
+}
+
 pub fn vm<'a>(c: &'a Cluster, node_name: &str, vmid: u32) -> Result<&'a Vm, ApiError> {
     node(c, node_name)?;
     c.vms

@@ -607,6 +607,15 @@ async fn locked_update(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call, upid:
         .await
         .map_err(ApiError::die)?;
     import_delay(ctx, node, vmid, call, upid).await;
+    // Without quorum pmxcfs refuses writes: write_config's temporary file
+    // cannot be made (pve-common src/PVE/File.pm file_set_contents; the
+    // errno is pmxcfs's read-only answer).
+    if ctx.cluster().knobs.no_quorum {
+        return Err(ApiError::die(format!(
+            "unable to open file '/etc/pve/nodes/{node}/qemu-server/{vmid}.conf.tmp.{}' - Permission denied",
+            std::process::id()
+        )));
+    }
     let up = stage_update(&mut ctx.cluster(), node, vmid, call)?;
     copy_backing_files(ctx, &up.copies)?;
     let errors = hotplug(ctx, vmid, up.plugs, call.flag("force")).await;

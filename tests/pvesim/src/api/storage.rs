@@ -281,6 +281,10 @@ pub async fn allocate(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let filename = call.req("filename")?.to_string();
     let size = alloc_size(call.req("size")?).ok_or_else(|| ApiError::param("size", "value does not match the regex pattern"))?;
     let format = check_name(kind, chain, &filename, vmid, call.get("format"))?;
+    // A shared storage is locked cluster-wide (PVE::Storage::cluster_lock_storage → cfs_lock_storage).
+    if shared && ctx.cluster().knobs.no_quorum {
+        return Err(ApiError::die(format!("cfs-lock 'storage-{id}' error: no quorum!")));
+    }
     let _guard = ctx.locks.storage(&id, shared, ctx.lock_timeout()).await.map_err(ApiError::die)?;
     let mut c = ctx.cluster();
     let place = c.place(&id, &node).map_err(|e| ApiError::die(e.to_string()))?;

@@ -32,6 +32,7 @@ pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         let c = ctx.cluster();
         common::node(&c, &node)?;
         c.check(&call.caller, &format!("/vms/{vmid}"), &["VM.Allocate"], false)?;
+        common::quorum(&c)?;
         // Each option set needs its own privilege (qemu-server
         // src/PVE/API2/Qemu.pm create_vm → $check_vm_modify_config_perm).
         for key in call.params.keys() {
@@ -175,6 +176,7 @@ pub async fn migrate(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         let c = ctx.cluster();
         let vm = common::vm(&c, &node, vmid)?;
         common::node(&c, &target)?;
+        common::quorum(&c)?;
         if target == node {
             return Err(ApiError::param("target", "target is local node."));
         }
