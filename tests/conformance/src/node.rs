@@ -55,17 +55,17 @@ impl Drop for Target {
 }
 
 /// A binary of the workspace, next to this test's executable.
-pub(crate) fn bin(name: &str) -> PathBuf {
+pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
     let debug = exe.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
     debug.join(name)
 }
 
-pub(crate) fn spawn(program: &Path, args: &[&str], log: &Path) -> std::io::Result<Child> {
+pub fn spawn(program: &Path, args: &[&str], log: &Path) -> std::io::Result<Child> {
     Command::new(program).args(args).stdout(Stdio::null()).stderr(std::fs::File::create(log)?).spawn()
 }
 
-pub(crate) async fn wait_for(path: &Path) -> Result<(), String> {
+pub async fn wait_for(path: &Path) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !path.exists() {
         if Instant::now() > deadline {
@@ -76,7 +76,7 @@ pub(crate) async fn wait_for(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-pub(crate) async fn start() -> Result<Target, String> {
+pub async fn start() -> Result<Target, String> {
     let hostd = bin("proxmox-csi-hostd");
     let help = Command::new(&hostd).arg("--help").output().map_err(|e| format!("{}: {e}", hostd.display()))?;
     if !String::from_utf8_lossy(&help.stdout).contains("--loop-dir") {

@@ -189,6 +189,29 @@ pub fn settle() {
     let _ = Command::new("sync").status();
 }
 
+/// Runs a csi-sanity command (verbose, so that skipped specs show their
+/// reason) and sums up its outcome.
+pub async fn execute(mut cmd: tokio::process::Command, sanity: &Path) -> Result<Outcome, String> {
+    cmd.arg("--ginkgo.v");
+    let started = Instant::now();
+    let out = cmd.output().await.map_err(|e| format!("{}: {e}", sanity.display()))?;
+    let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let summary: Vec<&str> = output
+        .lines()
+        .filter(|l| l.starts_with("Ran ") || l.contains("Passed |") || l.starts_with("SUCCESS!") || l.starts_with("FAIL!"))
+        .collect();
+    // Ginkgo's verbose report marks a skipped spec `[SKIPPED]` with its reason on a later line.
+    let mut reasons: Vec<String> = output
+        .lines()
+        .filter(|l| l.trim_start().starts_with("[SKIPPED] ") && !l.contains(" in [BeforeEach]"))
+        .map(|l| l.trim().trim_start_matches("[SKIPPED] ").to_string())
+        .collect();
+    reasons.sort();
+    reasons.dedup();
+    let summary = format!("{} ({:.0?}); skipped because: {reasons:?}", summary.join("; "), started.elapsed());
+    Ok(Outcome { passed: out.status.success(), summary, output })
+}
+
 /// Runs csi-sanity's `specs` with volumes on `storage` (a pvesim storage of
 /// type `kind`). Needs root (loop devices, mounts).
 pub async fn run(sanity: &Path, storage: &str, kind: &str, specs: Specs) -> Result<Outcome, String> {
@@ -229,25 +252,7 @@ pub async fn run(sanity: &Path, storage: &str, kind: &str, specs: Specs) -> Resu
             cmd.arg("--csi.testnodevolumeattachlimit");
         }
     }
-    cmd.arg("--ginkgo.v");
-    let started = Instant::now();
-    let out = cmd.output().await.map_err(|e| format!("{}: {e}", sanity.display()))?;
-    let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let summary: Vec<&str> = output
-        .lines()
-        .filter(|l| l.starts_with("Ran ") || l.contains("Passed |") || l.starts_with("SUCCESS!") || l.starts_with("FAIL!"))
-        .collect();
-    // Ginkgo's verbose report marks a skipped spec `[SKIPPED]` with its reason on a later line.
-    let skipped: Vec<String> = output
-        .lines()
-        .filter(|l| l.trim_start().starts_with("[SKIPPED] ") && !l.contains(" in [BeforeEach]"))
-        .map(|l| l.trim().trim_start_matches("[SKIPPED] ").to_string())
-        .collect();
-    let mut reasons: Vec<String> = skipped.clone();
-    reasons.sort();
-    reasons.dedup();
-    let summary = format!("{} ({:.0?}); skipped because: {reasons:?}", summary.join("; "), started.elapsed());
-    let result = Outcome { passed: out.status.success(), summary, output };
+    let result = execute(cmd, sanity).await?;
     if !result.passed {
         eprintln!("{}", lab.logs());
     }
