@@ -150,11 +150,12 @@ impl CloudConfig {
         let provider = match raw.features.provider.as_deref() {
             None | Some("") | Some("default") => Provider::Default,
             Some("capmox") => Provider::Capmox,
+            // Go's Provider is a free string; anything but capmox behaves as
+            // default there (pkg/config/config.go), and its chart suggests
+            // `proxmox`: the same here, with a warning, not a crash loop.
             Some(other) => {
-                return Err(ConfigError::Feature {
-                    key: "provider",
-                    reason: format!("{other:?} is not one of: default, capmox"),
-                });
+                tracing::warn!(provider = other, "features.provider is neither default nor capmox; using default, as the Go driver does");
+                Provider::Default
             }
         };
         let controller_vmid = controller_vmid(&raw.features)?;
