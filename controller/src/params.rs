@@ -21,7 +21,7 @@ const KEYS: &[&str] = &[
 ];
 
 /// Keys a VolumeAttributesClass may set.
-const MUTABLE_KEYS: &[&str] = &["diskIOPS", "diskMBps", "backup", "cache"];
+const MUTABLE_KEYS: &[&str] = &["diskIOPS", "diskMBps", "backup", "cache", "replicateSchedule", "replicateZones"];
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StorageParams {
@@ -133,6 +133,10 @@ impl StorageParams {
                 "diskMBps" => self.mbps = Some(number::<u64>(key, v)?).filter(|n| *n > 0),
                 "backup" => self.backup = parse_bool(key, v)?,
                 "cache" => self.cache = Some(one_of(key, v, &["none", "writethrough", "writeback", "unsafe", "directsync"])?),
+                // The Go driver's VolumeAttributesClass keys for replication,
+                // parsed and not acted on there (pkg/csi/parameters.go
+                // ModifyVolumeParameters): accepted and ignored alike.
+                "replicateSchedule" | "replicateZones" => {}
                 other => {
                     return Err(ParamError {
                         key: other.into(),
