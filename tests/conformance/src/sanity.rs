@@ -68,8 +68,14 @@ fn workspace() -> PathBuf {
 }
 
 /// Builds csi-sanity (once; `build.sh` reuses a build of the same source).
-/// `Ok(None)`: `../shared` is not there.
+/// `Ok(None)`: `../shared` is not there. Tests running at the same time
+/// wait for one build: two `build.sh` runs would share one directory.
 pub fn build() -> Result<Option<PathBuf>, String> {
+    static BUILT: std::sync::OnceLock<Result<Option<PathBuf>, String>> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_once).clone()
+}
+
+fn build_once() -> Result<Option<PathBuf>, String> {
     let script = workspace().join("../shared/tools/csi-sanity/build.sh");
     if !script.exists() {
         return Ok(None);
