@@ -6,12 +6,12 @@
 //! CSI call as the sidecars do, until it succeeds. At the end Proxmox's
 //! state is checked against what the driver was told.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use proxmox_csi_proto::csi::v1 as csi;
+use callers::{attacher, provisioner, resizer, snapshotter};
 use proxmox_csi_proto::csi::v1::controller_client::ControllerClient;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -30,6 +30,9 @@ const CONVERGE: Duration = Duration::from_secs(90);
 struct Vol {
     name: String,
     id: String,
+    /// The PersistentVolume the provisioner wrote: what the attacher,
+    /// resizer and snapshotter build their requests from.
+    pv: Option<callers::PersistentVolume>,
     zone: &'static str,
     bytes: u64,
     on: Option<u32>,
@@ -203,28 +206,17 @@ impl Campaign {
                 let name = format!("pvc-soak-{:04}", self.next);
                 let zone = if self.rng.random_bool(0.5) { "pve1" } else { "pve2" };
                 let bytes: u64 = self.rng.random_range(1..=3) << 30;
-                let req = csi::CreateVolumeRequest {
-                    name: name.clone(),
-                    capacity_range: Some(csi::CapacityRange { required_bytes: bytes as i64, limit_bytes: 0 }),
-                    volume_capabilities: vec![crate::mount_cap("ext4")],
-                    parameters: HashMap::from([("storage".to_string(), "local-lvm".to_string())]),
-                    accessibility_requirements: Some(csi::TopologyRequirement {
-                        requisite: vec![csi::Topology {
-                            segments: HashMap::from([
-                                ("topology.kubernetes.io/region".to_string(), "region-1".to_string()),
-                                ("topology.kubernetes.io/zone".to_string(), zone.to_string()),
-                            ]),
-                        }],
-                        preferred: vec![],
-                    }),
-                    ..Default::default()
-                };
+                let sc = provisioner::StorageClass::new(&[("storage", "local-lvm"), ("csi.storage.k8s.io/fstype", "ext4")]);
+                let claim = provisioner::Claim::new(&name, name.trim_start_matches("pvc-"), bytes as i64);
+                let term = [("topology.kubernetes.io/region", "region-1"), ("topology.kubernetes.io/zone", zone)];
+                let req = provisioner::create_volume(&sc, &claim, Some(provisioner::requirement(&[&term], 0)));
                 let r = self.retry(format!("CreateVolume {name}"), |mut c| {
                     let req = req.clone();
                     async move { c.create_volume(req).await }
                 });
                 if let Some(v) = r.await.and_then(|r| r.into_inner().volume) {
-                    self.vols.push(Vol { name, id: v.volume_id, zone, bytes, on: None, snapshots: Vec::new() });
+                    let pv = provisioner::persistent_volume(&sc, &claim, &v);
+                    self.vols.push(Vol { name, id: v.volume_id, pv: Some(pv), zone, bytes, on: None, snapshots: Vec::new() });
                 }
             }
             "publish" => {
@@ -232,12 +224,8 @@ impl Campaign {
                 let zone = self.vols[i].zone;
                 let vms: Vec<u32> = VMS.iter().filter(|(_, n)| *n == zone).map(|(v, _)| *v).collect();
                 let vmid = vms[self.rng.random_range(0..vms.len())];
-                let req = csi::ControllerPublishVolumeRequest {
-                    volume_id: self.vols[i].id.clone(),
-                    node_id: format!("worker-{vmid}/{vmid}"),
-                    volume_capability: Some(crate::mount_cap("ext4")),
-                    ..Default::default()
-                };
+                let Some(pv) = self.vols[i].pv.clone() else { return };
+                let req = attacher::controller_publish(&pv, &format!("worker-{vmid}/{vmid}"));
                 let ok = self.retry(format!("ControllerPublishVolume {} to {vmid}", self.vols[i].name), |mut c| {
                     let req = req.clone();
                     async move { c.controller_publish_volume(req).await }
@@ -249,7 +237,8 @@ impl Campaign {
             "unpublish" => {
                 let i = busy[self.rng.random_range(0..busy.len())];
                 let vmid = self.vols[i].on.unwrap_or_default();
-                let req = csi::ControllerUnpublishVolumeRequest { volume_id: self.vols[i].id.clone(), node_id: format!("worker-{vmid}/{vmid}"), ..Default::default() };
+                let Some(pv) = self.vols[i].pv.clone() else { return };
+                let req = attacher::controller_unpublish(&pv, &format!("worker-{vmid}/{vmid}"));
                 let ok = self.retry(format!("ControllerUnpublishVolume {} from {vmid}", self.vols[i].name), |mut c| {
                     let req = req.clone();
                     async move { c.controller_unpublish_volume(req).await }
@@ -261,12 +250,8 @@ impl Campaign {
             "expand" => {
                 let i = live[self.rng.random_range(0..live.len())];
                 let bytes = self.vols[i].bytes + (512 << 20);
-                let req = csi::ControllerExpandVolumeRequest {
-                    volume_id: self.vols[i].id.clone(),
-                    capacity_range: Some(csi::CapacityRange { required_bytes: bytes as i64, limit_bytes: 0 }),
-                    volume_capability: Some(crate::mount_cap("ext4")),
-                    ..Default::default()
-                };
+                let Some(pv) = self.vols[i].pv.clone() else { return };
+                let req = resizer::controller_expand(&pv, bytes as i64);
                 let ok = self.retry(format!("ControllerExpandVolume {} to {bytes}", self.vols[i].name), |mut c| {
                     let req = req.clone();
                     async move { c.controller_expand_volume(req).await }
@@ -278,11 +263,9 @@ impl Campaign {
             "modify" => {
                 let i = live[self.rng.random_range(0..live.len())];
                 let iops = self.rng.random_range(0..5) * 1000;
-                let req = csi::ControllerModifyVolumeRequest {
-                    volume_id: self.vols[i].id.clone(),
-                    mutable_parameters: HashMap::from([("diskIOPS".to_string(), iops.to_string())]),
-                    ..Default::default()
-                };
+                let Some(pv) = self.vols[i].pv.clone() else { return };
+                let iops = iops.to_string();
+                let req = resizer::controller_modify(&pv, &[("diskIOPS", iops.as_str())]);
                 let _ = self
                     .retry(format!("ControllerModifyVolume {} diskIOPS={iops}", self.vols[i].name), |mut c| {
                         let req = req.clone();
@@ -293,8 +276,10 @@ impl Campaign {
             "snapshot" => {
                 let i = live[self.rng.random_range(0..live.len())];
                 self.next += 1;
-                let name = format!("snapshot-soak-{:04}", self.next);
-                let req = csi::CreateSnapshotRequest { source_volume_id: self.vols[i].id.clone(), name: name.clone(), ..Default::default() };
+                let uid = format!("soak-{:04}", self.next);
+                let name = format!("snapshot-{uid}");
+                let Some(pv) = self.vols[i].pv.clone() else { return };
+                let req = snapshotter::create_snapshot(&uid, &uid, &pv, &[]);
                 // The snapshotter asks again until ready_to_use.
                 let started = Instant::now();
                 loop {
@@ -319,7 +304,7 @@ impl Campaign {
             "delete snapshot" => {
                 let i = (0..self.vols.len()).find(|i| !self.vols[*i].snapshots.is_empty()).unwrap_or_default();
                 let (name, id) = self.vols[i].snapshots.remove(0);
-                let req = csi::DeleteSnapshotRequest { snapshot_id: id, ..Default::default() };
+                let req = snapshotter::delete_snapshot(&id);
                 let _ = self
                     .retry(format!("DeleteSnapshot {name}"), |mut c| {
                         let req = req.clone();
@@ -330,7 +315,8 @@ impl Campaign {
             _ => {
                 let i = idle[self.rng.random_range(0..idle.len())];
                 let v = self.vols[i].clone();
-                let req = csi::DeleteVolumeRequest { volume_id: v.id.clone(), ..Default::default() };
+                let Some(pv) = v.pv.clone() else { return };
+                let req = provisioner::delete_volume(&pv);
                 let ok = self.retry(format!("DeleteVolume {}", v.name), |mut c| {
                     let req = req.clone();
                     async move { c.delete_volume(req).await }
