@@ -19,8 +19,13 @@ use tonic::{Code, Request};
 /// VM.Allocate (copy VMs) and VM.Clone (import-from).
 const ROLE: &str = "[VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]";
 
+/// CreateSnapshot as the external-snapshotter sends it for the
+/// VolumeSnapshot whose uid makes `name` (`snapshot-<uid>`) of the volume
+/// `source`.
 fn snap_req(name: &str, source: &str) -> csi::CreateSnapshotRequest {
-    csi::CreateSnapshotRequest { source_volume_id: source.into(), name: name.into(), ..Default::default() }
+    let v = csi::Volume { volume_id: source.into(), capacity_bytes: 1 << 30, ..Default::default() };
+    let uid = name.strip_prefix("snapshot-").unwrap_or(name);
+    callers::snapshotter::create_snapshot(uid, uid, &pv_of(&v), &[])
 }
 
 fn from(source: Source, name: &str, bytes: i64) -> csi::CreateVolumeRequest {
@@ -104,9 +109,9 @@ async fn snapshot_restore_and_clone_with_a_token() {
     let err = e.svc.create_snapshot(Request::new(snap_req("snapshot-1", &other.volume_id))).await.unwrap_err();
     assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
     assert!(err.message().contains("already exists as a copy of region-1/pve2/local-lvm/vm-9999-pvc-a"), "{}", err.message());
-    let err = e.svc.create_snapshot(Request::new(snap_req("s", "region-1/pve2/local-lvm/vm-9999-nope"))).await.unwrap_err();
+    let err = e.svc.create_snapshot(Request::new(snap_req("snapshot-s", "region-1/pve2/local-lvm/vm-9999-nope"))).await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
-    let mut bad = snap_req("s", &v.volume_id);
+    let mut bad = snap_req("snapshot-s", &v.volume_id);
     bad.parameters = HashMap::from([("attached".to_string(), "never".to_string())]);
     let err = e.svc.create_snapshot(Request::new(bad)).await.unwrap_err();
     assert_eq!(
@@ -144,11 +149,11 @@ async fn snapshot_restore_and_clone_with_a_token() {
     assert!(!ids.iter().any(|i| i.contains("snapshot-vm") || i.ends_with(&format!("vm-{vmid}-disk-0"))), "snapshots are not volumes: {ids:?}");
 
     // Deleting the attached restore is refused; detached, its copy VM goes with it.
-    let err = e.svc.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: r.volume_id.clone(), ..Default::default() })).await.unwrap_err();
+    let err = e.svc.delete_volume(Request::new(callers::provisioner::delete_volume(&pv_of(&r)))).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     e.svc.controller_unpublish_volume(Request::new(unpublish_req(&r, "worker-2"))).await.unwrap();
     for _ in 0..2 {
-        e.svc.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: r.volume_id.clone(), ..Default::default() })).await.unwrap();
+        e.svc.delete_volume(Request::new(callers::provisioner::delete_volume(&pv_of(&r)))).await.unwrap();
     }
     assert!(vms_named(&e, "pvc-r").await.is_empty());
     assert!(!volumes(&e).await.contains(&format!("local-lvm:vm-{rid}-disk-0")));
@@ -162,7 +167,7 @@ async fn snapshot_restore_and_clone_with_a_token() {
 
     // Delete the snapshot: the VM and its disk are gone; a repeat is fine.
     for _ in 0..2 {
-        e.svc.delete_snapshot(Request::new(csi::DeleteSnapshotRequest { snapshot_id: snap.snapshot_id.clone(), ..Default::default() })).await.unwrap();
+        e.svc.delete_snapshot(Request::new(callers::snapshotter::delete_snapshot(&snap.snapshot_id))).await.unwrap();
     }
     assert!(e.admin("GET", &format!("vms/{vmid}"), "").await.is_null());
     assert!(!volumes(&e).await.contains(&format!("local-lvm:vm-{vmid}-disk-0")));
@@ -180,8 +185,8 @@ async fn list_and_get_snapshots_page_and_filter() {
     let e = env_with_role(ROLE).await;
     let a = create(&e, "pvc-a", Some("pve2")).await;
     let b = create(&e, "pvc-b", Some("pve1")).await;
-    let sa = until_ready(&e, "snap-a", &a.volume_id).await.pop().unwrap();
-    let sb = until_ready(&e, "snap-b", &b.volume_id).await.pop().unwrap();
+    let sa = until_ready(&e, "snapshot-a", &a.volume_id).await.pop().unwrap();
+    let sb = until_ready(&e, "snapshot-b", &b.volume_id).await.pop().unwrap();
     assert_eq!(sb.snapshot_id.split('/').nth(1), Some("pve1"), "the copy stays on the source's node");
 
     let list = |max: i32, token: &str, source: &str, id: &str| csi::ListSnapshotsRequest {
@@ -268,30 +273,30 @@ async fn a_failed_copy_is_reported_and_started_again() {
     let e = env_with_role(ROLE).await;
     let v = create(&e, "pvc-a", Some("pve2")).await;
     e.knobs(r#"{"task_latency_ms": 300}"#).await;
-    let s = create_snapshot(&e, "snap-f", &v.volume_id).await;
+    let s = create_snapshot(&e, "snapshot-f", &v.volume_id).await;
     assert!(!s.ready_to_use);
     // The import task is waiting to start: make it fail after its UPID.
     e.knobs(r#"{"fail_tasks": 1}"#).await;
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let err = e.svc.create_snapshot(Request::new(snap_req("snap-f", &v.volume_id))).await.unwrap_err();
+    let err = e.svc.create_snapshot(Request::new(snap_req("snapshot-f", &v.volume_id))).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     assert!(err.message().contains("task failed (injected by pvesim); the next call starts it again"), "{}", err.message());
-    let ready = until_ready(&e, "snap-f", &v.volume_id).await.pop().unwrap();
+    let ready = until_ready(&e, "snapshot-f", &v.volume_id).await.pop().unwrap();
     assert_eq!(ready.snapshot_id, s.snapshot_id);
-    assert_eq!(vms_named(&e, "snap-f").await.len(), 1);
+    assert_eq!(vms_named(&e, "snapshot-f").await.len(), 1);
 }
 
 #[tokio::test]
 async fn missing_privileges_name_what_to_grant() {
     let e = env().await;
     let v = create(&e, "pvc-a", Some("pve2")).await;
-    let err = e.svc.create_snapshot(Request::new(snap_req("snap-x", &v.volume_id))).await.unwrap_err();
+    let err = e.svc.create_snapshot(Request::new(snap_req("snapshot-x", &v.volume_id))).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("grant VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options to the CSI role"), "{}", err.message());
 
     let e = env_with_role("[VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]").await;
     let v = create(&e, "pvc-a", Some("pve2")).await;
-    let err = e.svc.create_snapshot(Request::new(snap_req("snap-x", &v.volume_id))).await.unwrap_err();
+    let err = e.svc.create_snapshot(Request::new(snap_req("snapshot-x", &v.volume_id))).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("Permission check failed (/vms/9999, VM.Clone)"), "{}", err.message());
     assert!(err.message().contains("grant VM.Clone"), "{}", err.message());
@@ -302,14 +307,14 @@ async fn calls_per_snapshot_operation() {
     let e = env_with_role(ROLE).await;
     let v = create(&e, "pvc-a", Some("pve2")).await;
     // Warm the caches as a running controller has them.
-    until_ready(&e, "snap-warm", &v.volume_id).await;
+    until_ready(&e, "snapshot-warm", &v.volume_id).await;
     let mut n = Vec::new();
     let b = e.calls().await;
-    let seen = until_ready(&e, "snap-n", &v.volume_id).await;
+    let seen = until_ready(&e, "snapshot-n", &v.volume_id).await;
     n.push(("snapshot, every call until ready", e.calls().await - b, seen.len()));
     let s = seen.last().unwrap().clone();
     let b = e.calls().await;
-    create_snapshot(&e, "snap-n", &v.volume_id).await;
+    create_snapshot(&e, "snapshot-n", &v.volume_id).await;
     n.push(("snapshot, repeated when ready", e.calls().await - b, 1));
     let before = counters(&e).await;
     let r = e.svc.create_volume(Request::new(from(Source::Snapshot(SnapshotSource { snapshot_id: s.snapshot_id.clone() }), "pvc-n", 2 << 30))).await.unwrap().into_inner().volume.unwrap();
@@ -320,10 +325,10 @@ async fn calls_per_snapshot_operation() {
     eprintln!("RESTORE {by_endpoint:?}");
     n.push(("restore (grown to 2 GiB)", used, 1));
     let b = e.calls().await;
-    e.svc.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: r.volume_id.clone(), ..Default::default() })).await.unwrap();
+    e.svc.delete_volume(Request::new(callers::provisioner::delete_volume(&pv_of(&r)))).await.unwrap();
     n.push(("delete restored volume", e.calls().await - b, 1));
     let b = e.calls().await;
-    e.svc.delete_snapshot(Request::new(csi::DeleteSnapshotRequest { snapshot_id: s.snapshot_id.clone(), ..Default::default() })).await.unwrap();
+    e.svc.delete_snapshot(Request::new(callers::snapshotter::delete_snapshot(&s.snapshot_id))).await.unwrap();
     n.push(("delete snapshot", e.calls().await - b, 1));
     eprintln!("CALLS {n:?}");
     // Budgets: snapshot ≤ 18 over its calls (the first one also builds the
