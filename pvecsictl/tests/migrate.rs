@@ -3,7 +3,6 @@
 //! with its new handle and zone, and the controller publishes and deletes
 //! the moved volume like any other.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +10,6 @@ use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::ctl::Controller;
 use proxmox_csi_controller::pve::Client;
-use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use pvecsictl::migrate;
 use pvecsictl::rebind::Options;
@@ -94,14 +92,11 @@ async fn migrate_moves_a_local_volume_with_the_token() {
 
     // The controller takes the moved volume as any other.
     let ctl = ControllerService(Arc::new(Controller::new(clients.clone(), 9999, Duration::from_secs(20))));
-    let cap = csi::VolumeCapability {
-        access_type: Some(csi::volume_capability::AccessType::Mount(Default::default())),
-        access_mode: Some(csi::volume_capability::AccessMode { mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32 }),
-    };
-    let publish = csi::ControllerPublishVolumeRequest { volume_id: handle.clone(), node_id: "worker-1/111".into(), volume_capability: Some(cap), volume_context: HashMap::new(), ..Default::default() };
-    ctl.controller_publish_volume(Request::new(publish)).await.unwrap();
-    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: handle.clone(), node_id: "worker-1/111".into(), ..Default::default() })).await.unwrap();
-    ctl.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: handle, ..Default::default() })).await.unwrap();
+    // Requests as the attacher and provisioner send them for the PV pvecsictl wrote.
+    let moved = callers::PersistentVolume::from_json(&pv);
+    ctl.controller_publish_volume(Request::new(callers::attacher::controller_publish(&moved, "worker-1/111"))).await.unwrap();
+    ctl.controller_unpublish_volume(Request::new(callers::attacher::controller_unpublish(&moved, "worker-1/111"))).await.unwrap();
+    ctl.delete_volume(Request::new(callers::provisioner::delete_volume(&moved))).await.unwrap();
     assert!(admin(&sim, &format!("vms/{cid}")).await.is_null(), "the carrier goes with the volume");
 }
 

@@ -61,6 +61,46 @@ pub struct PersistentVolume {
     pub capacity_bytes: i64,
 }
 
+impl PersistentVolume {
+    /// A PersistentVolume as the Kubernetes API returns it (JSON), for
+    /// requests about a PV this driver's tools wrote (pvecsictl).
+    pub fn from_json(pv: &serde_json::Value) -> Self {
+        let spec = &pv["spec"];
+        let csi = &spec["csi"];
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        let access_modes = spec["accessModes"]
+            .as_array()
+            .map(|modes| {
+                modes
+                    .iter()
+                    .filter_map(|m| match m.as_str() {
+                        Some("ReadWriteOnce") => Some(AccessMode::ReadWriteOnce),
+                        Some("ReadWriteOncePod") => Some(AccessMode::ReadWriteOncePod),
+                        Some("ReadOnlyMany") => Some(AccessMode::ReadOnlyMany),
+                        Some("ReadWriteMany") => Some(AccessMode::ReadWriteMany),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self {
+            name: text(&pv["metadata"]["name"]),
+            driver: text(&csi["driver"]),
+            handle: text(&csi["volumeHandle"]),
+            fs_type: text(&csi["fsType"]),
+            attributes: csi["volumeAttributes"]
+                .as_object()
+                .map(|m| m.iter().map(|(k, v)| (k.clone(), text(v))).collect())
+                .unwrap_or_default(),
+            read_only: csi["readOnly"].as_bool().unwrap_or(false),
+            access_modes,
+            mount_options: spec["mountOptions"].as_array().map(|o| o.iter().map(text).collect()).unwrap_or_default(),
+            volume_mode: if spec["volumeMode"] == "Block" { VolumeMode::Block } else { VolumeMode::Filesystem },
+            capacity_bytes: 0,
+        }
+    }
+}
+
 /// kubernetes-csi/csi-lib-utils accessmodes/access_modes.go ToCSIAccessMode,
 /// vendored by the sidecars: `modes` taken together; `snmw` is whether the
 /// plugin advertises SINGLE_NODE_MULTI_WRITER.
