@@ -91,7 +91,9 @@ fn build_once() -> Result<Option<PathBuf>, String> {
     Ok(Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())))
 }
 
-struct Killed(Child);
+/// A child process killed when this is dropped (a test that panics too).
+#[derive(Debug)]
+pub struct Killed(pub Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {

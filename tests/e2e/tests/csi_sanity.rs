@@ -103,12 +103,13 @@ acl:
     )
     .unwrap();
     let ctl_sock = dir.path().join("controller.sock");
-    let mut controller = conformance::node::spawn(
+    let controller = conformance::node::spawn(
         &conformance::node::bin("proxmox-csi-controller"),
         &["--csi-address", &format!("unix://{}", ctl_sock.display()), "--cloud-config", &config.display().to_string()],
         &dir.path().join("controller.log"),
     )
     .unwrap();
+    let controller = sanity::Killed(controller);
     conformance::node::wait_for(&ctl_sock).await.unwrap();
 
     let guest = Arc::new(Mutex::new(guest));
@@ -144,8 +145,7 @@ acl:
         .arg("--ginkgo.timeout=20m");
     let outcome: Outcome = sanity::execute(cmd, &sanity_bin).await.unwrap();
     println!("csi-sanity Node specs in the guest: {}", outcome.summary);
-    let _ = controller.kill();
-    let _ = controller.wait();
+    drop(controller);
     if !outcome.passed {
         let log = std::fs::read_to_string(dir.path().join("controller.log")).unwrap_or_default();
         let node_log = guest.lock().await.sh("cat /run/node.log; tail -n 40 /run/hostd.log").await.unwrap_or_default();
