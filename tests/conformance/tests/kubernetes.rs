@@ -18,6 +18,7 @@ use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_client::ControllerClient;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use tonic::Code;
+use tonic::transport::Channel;
 
 fn mkdirs(dirs: Vec<String>) {
     for d in dirs {
@@ -39,15 +40,24 @@ async fn a_volume_through_kubernetes_callers() {
     conformance::sanity::settle();
 }
 
-async fn life(lab: &Lab) -> Result<(), String> {
+/// The CSI error of `what`, as a test failure.
+fn status(what: &'static str) -> impl Fn(tonic::Status) -> String {
+    move |s: tonic::Status| format!("{what}: {:?} {}", s.code(), s.message())
+}
+
+/// Clients of the controller and the node plugin, and the node as it
+/// registers: NodeGetInfo's id (CSINode's) and its topology term.
+async fn connect(lab: &Lab) -> Result<(ControllerClient<Channel>, NodeClient<Channel>, csi::NodeGetInfoResponse), String> {
     let ctl_ch = proxmox_csi_common::client::unix_channel(lab.controller_socket.clone()).await.map_err(|e| e.to_string())?;
     let node_ch = proxmox_csi_common::client::unix_channel(lab.node_socket.clone()).await.map_err(|e| e.to_string())?;
-    let mut ctl = ControllerClient::new(ctl_ch);
     let mut node = NodeClient::new(node_ch);
-    let status = |what: &'static str| move |s: tonic::Status| format!("{what}: {:?} {}", s.code(), s.message());
-
-    // The node registers: its id goes into CSINode, its topology onto the Node.
     let info = node.node_get_info(csi::NodeGetInfoRequest {}).await.map_err(status("NodeGetInfo"))?.into_inner();
+    Ok((ControllerClient::new(ctl_ch), node, info))
+}
+
+async fn life(lab: &Lab) -> Result<(), String> {
+    // The node registers: its id goes into CSINode, its topology onto the Node.
+    let (mut ctl, mut node, info) = connect(lab).await?;
     let segments = info.accessible_topology.clone().unwrap_or_default().segments;
     let term: Vec<(&str, &str)> = segments.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
 
@@ -159,12 +169,7 @@ async fn a_block_volume_through_kubernetes_callers() {
 
 async fn block_life(lab: &Lab) -> Result<(), String> {
     use std::io::{Read, Seek, SeekFrom, Write};
-    let ctl_ch = proxmox_csi_common::client::unix_channel(lab.controller_socket.clone()).await.map_err(|e| e.to_string())?;
-    let node_ch = proxmox_csi_common::client::unix_channel(lab.node_socket.clone()).await.map_err(|e| e.to_string())?;
-    let mut ctl = ControllerClient::new(ctl_ch);
-    let mut node = NodeClient::new(node_ch);
-    let status = |what: &'static str| move |s: tonic::Status| format!("{what}: {:?} {}", s.code(), s.message());
-    let info = node.node_get_info(csi::NodeGetInfoRequest {}).await.map_err(status("NodeGetInfo"))?.into_inner();
+    let (mut ctl, mut node, info) = connect(lab).await?;
     let segments = info.accessible_topology.clone().unwrap_or_default().segments;
     let term: Vec<(&str, &str)> = segments.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
 
