@@ -45,6 +45,14 @@ pub enum NodeVm {
     SystemUuid(String),
 }
 
+/// A Node as the controller needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub vm: Option<NodeVm>,
+    /// The max-volume-attachments label, when set to a valid count.
+    pub max_volumes: Option<i64>,
+}
+
 /// The VM id in `proxmox://<region>/<vmid>` (or a bare VM id).
 pub fn vmid_from_provider_id(v: &str) -> Option<u32> {
     let rest = v.strip_prefix("proxmox://").map(|r| r.rsplit('/').next().unwrap_or_default()).unwrap_or(v);
@@ -60,10 +68,23 @@ impl Kube {
     /// instance-id annotation, then its SMBIOS system UUID (matched against
     /// the VMs' `smbios1: uuid=…`). `Ok(None)`: the node is gone or says nothing.
     pub async fn node_vm(&self, name: &str) -> Result<Option<NodeVm>, CtlError> {
+        Ok(self.node(name).await?.and_then(|n| n.vm))
+    }
+
+    /// What the controller reads from one Node, in one GET: its VM (see
+    /// `node_vm`) and its max-volume-attachments label. `Ok(None)`: gone.
+    pub async fn node(&self, name: &str) -> Result<Option<NodeFacts>, CtlError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let Some(node) = nodes.get_opt(name).await.map_err(|e| unavailable(&format!("reading Node {name}"), e))? else {
             return Ok(None);
         };
+        let max_volumes = node
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(proxmox_csi_common::MAX_VOLUMES_LABEL))
+            .and_then(|v| v.parse::<i64>().ok())
+            .filter(|v| (1..=30).contains(v));
         let from_provider = node.spec.as_ref().and_then(|s| s.provider_id.as_deref()).and_then(vmid_from_provider_id);
         let from_annotation = node
             .metadata
@@ -76,7 +97,8 @@ impl Kube {
             .and_then(|s| s.node_info)
             .map(|i| i.system_uuid.trim().to_ascii_lowercase())
             .filter(|u| !u.is_empty());
-        Ok(from_provider.or(from_annotation).map(NodeVm::Id).or(system_uuid.map(NodeVm::SystemUuid)))
+        let vm = from_provider.or(from_annotation).map(NodeVm::Id).or(system_uuid.map(NodeVm::SystemUuid));
+        Ok(Some(NodeFacts { vm, max_volumes }))
     }
 
     /// The node ids this driver registered in CSINode objects: what the
@@ -92,16 +114,6 @@ impl Kube {
             .filter(|d| d.name == driver)
             .map(|d| d.node_id)
             .collect())
-    }
-
-    /// The Node's max-volume-attachments label, when set to a valid count.
-    pub async fn max_volumes(&self, name: &str) -> Result<Option<i64>, CtlError> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let node = nodes.get_opt(name).await.map_err(|e| unavailable(&format!("reading Node {name}"), e))?;
-        Ok(node
-            .and_then(|n| n.metadata.labels)
-            .and_then(|l| l.get(proxmox_csi_common::MAX_VOLUMES_LABEL).and_then(|v| v.parse::<i64>().ok()))
-            .filter(|v| (1..=30).contains(v)))
     }
 
     /// The PersistentVolume whose CSI volume handle is `handle`.

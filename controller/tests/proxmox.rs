@@ -13,7 +13,6 @@ use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use serde_json::Value;
 use tonic::Request;
 
-const ROLE: &str = "[VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]";
 
 async fn count(e: &Env, key: &str) -> u64 {
     e.admin("GET", "counters", "").await[key].as_u64().unwrap_or(0)
@@ -91,13 +90,12 @@ async fn a_worker_vm_that_moved_keeps_attaching_and_detaching() {
 /// snapshot make no second copy.
 #[tokio::test]
 async fn no_duplicate_copy_vm_while_names_lag() {
-    let e = env_with_role(ROLE).await;
+    let e = env_with_role(COPY_ROLE).await;
     let v = create(&e, "pvc-src", Some("pve2")).await;
     e.knobs(r#"{"rrd_lag_ms": 10000, "copy_ms_per_gib": 3000}"#).await;
-    let req = || Request::new(csi::CreateSnapshotRequest { source_volume_id: v.volume_id.clone(), name: "snapshot-lag".into(), ..Default::default() });
-    let first = e.svc.create_snapshot(req()).await.unwrap().into_inner().snapshot.unwrap();
+    let first = create_snapshot(&e, "snapshot-lag", &v.volume_id).await;
     for _ in 0..3 {
-        let again = e.svc.create_snapshot(req()).await.unwrap().into_inner().snapshot.unwrap();
+        let again = create_snapshot(&e, "snapshot-lag", &v.volume_id).await;
         assert_eq!(again.snapshot_id, first.snapshot_id);
     }
     assert_eq!(vms_tagged(&e, "csi-snapshot").await.len(), 1, "one copy VM, however often CreateSnapshot is called");
@@ -114,19 +112,12 @@ async fn a_new_vm_never_takes_the_placeholder_vmid() {
     let cluster = CLUSTER
         .replace(
             "CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]",
-            &format!("CSI: {ROLE}"),
+            &format!("CSI: {COPY_ROLE}"),
         )
         + "next-id: { lower: 9999, upper: 20000 }\n";
     let e = env_from(&cluster).await;
     let v = create(&e, "pvc-src", Some("pve2")).await;
-    let s = e
-        .svc
-        .create_snapshot(Request::new(csi::CreateSnapshotRequest { source_volume_id: v.volume_id.clone(), name: "snapshot-id".into(), ..Default::default() }))
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let s = create_snapshot(&e, "snapshot-id", &v.volume_id).await;
     let copies = vms_tagged(&e, "csi-snapshot").await;
     assert_eq!(copies.len(), 1);
     assert_eq!(copies[0]["vmid"], 10000, "{copies:?}");
@@ -140,7 +131,7 @@ async fn a_new_vm_never_takes_the_placeholder_vmid() {
 /// even after that VM moved.
 #[tokio::test]
 async fn a_restore_runs_on_the_node_of_the_snapshots_vm() {
-    let e = env_with_role(ROLE).await;
+    let e = env_with_role(COPY_ROLE).await;
     let src = e
         .svc
         .create_volume(Request::new(create_req(
@@ -154,35 +145,7 @@ async fn a_restore_runs_on_the_node_of_the_snapshots_vm() {
         .into_inner()
         .volume
         .unwrap();
-    let snap_req = || {
-        Request::new(csi::CreateSnapshotRequest {
-            source_volume_id: src.volume_id.clone(),
-            name: "snapshot-shared".into(),
-            ..Default::default()
-        })
-    };
-    let mut snap = e
-        .svc
-        .create_snapshot(snap_req())
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
-    for _ in 0..50 {
-        if snap.ready_to_use {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        snap = e
-            .svc
-            .create_snapshot(snap_req())
-            .await
-            .unwrap()
-            .into_inner()
-            .snapshot
-            .unwrap();
-    }
+    let snap = until_ready(&e, "snapshot-shared", &src.volume_id).await.pop().unwrap();
     assert!(snap.ready_to_use, "{snap:?}");
     let copy = vms_tagged(&e, "csi-snapshot").await.remove(0);
     let other = if copy["node"] == "pve1" {
@@ -196,25 +159,8 @@ async fn a_restore_runs_on_the_node_of_the_snapshots_vm() {
         "",
     )
     .await;
-    let mut restore = create_req("pvc-restored", 1 << 30, &[("storage", "nfs")], None);
-    restore.volume_content_source = Some(csi::VolumeContentSource {
-        r#type: Some(csi::volume_content_source::Type::Snapshot(
-            csi::volume_content_source::SnapshotSource {
-                snapshot_id: snap.snapshot_id.clone(),
-            },
-        )),
-    });
-    let mut answer = e.svc.create_volume(Request::new(restore.clone())).await;
-    for _ in 0..50 {
-        match &answer {
-            Err(s) if s.code() == tonic::Code::Aborted => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                answer = e.svc.create_volume(Request::new(restore.clone())).await;
-            }
-            _ => break,
-        }
-    }
-    let v = answer.unwrap().into_inner().volume.unwrap();
+    let source = csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource { snapshot_id: snap.snapshot_id.clone() });
+    let v = until_created(&e, from_source(source, "pvc-restored", 1 << 30, &[("storage", "nfs")], None)).await;
     let restored = vms_tagged(&e, "csi-volume").await;
     assert_eq!(restored.len(), 1);
     assert_eq!(
@@ -280,7 +226,7 @@ async fn a_refused_volume_does_not_fail_the_others_of_its_write() {
 /// detached, the same snapshot is taken.
 #[tokio::test]
 async fn a_class_may_refuse_snapshots_of_attached_volumes() {
-    let e = env_with_role(ROLE).await;
+    let e = env_with_role(COPY_ROLE).await;
     let v = create(&e, "pvc-live", Some("pve2")).await;
     e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap();
     let pv = pv_of(&v);

@@ -7,7 +7,7 @@ mod common;
 use common::*;
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
@@ -15,23 +15,10 @@ use proxmox_csi_proto::csi::v1::volume_content_source::{SnapshotSource, Type as 
 use serde_json::Value;
 use tonic::{Code, Request};
 
-/// The documented role for snapshots and clones: the minimal one plus
-/// VM.Allocate (copy VMs) and VM.Clone (import-from).
-const ROLE: &str = "[VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]";
 
-/// CreateSnapshot as the external-snapshotter sends it for the
-/// VolumeSnapshot whose uid makes `name` (`snapshot-<uid>`) of the volume
-/// `source`.
-fn snap_req(name: &str, source: &str) -> csi::CreateSnapshotRequest {
-    let v = csi::Volume { volume_id: source.into(), capacity_bytes: 1 << 30, ..Default::default() };
-    let uid = name.strip_prefix("snapshot-").unwrap_or(name);
-    callers::snapshotter::create_snapshot(uid, uid, &pv_of(&v), &[])
-}
 
 fn from(source: Source, name: &str, bytes: i64) -> csi::CreateVolumeRequest {
-    let mut r = create_req(name, bytes, &[("storage", "local-lvm")], Some("pve2"));
-    r.volume_content_source = Some(csi::VolumeContentSource { r#type: Some(source) });
-    r
+    from_source(source, name, bytes, &[("storage", "local-lvm")], Some("pve2"))
 }
 
 fn with_timeout<T>(msg: T, ms: u64) -> Request<T> {
@@ -40,25 +27,6 @@ fn with_timeout<T>(msg: T, ms: u64) -> Request<T> {
     r
 }
 
-async fn create_snapshot(e: &Env, name: &str, source: &str) -> csi::Snapshot {
-    e.svc.create_snapshot(Request::new(snap_req(name, source))).await.unwrap().into_inner().snapshot.unwrap()
-}
-
-/// Calls CreateSnapshot until the snapshot is ready; the answers seen.
-async fn until_ready(e: &Env, name: &str, source: &str) -> Vec<csi::Snapshot> {
-    let started = Instant::now();
-    let mut seen = Vec::new();
-    loop {
-        let s = create_snapshot(e, name, source).await;
-        let ready = s.ready_to_use;
-        seen.push(s);
-        if ready {
-            return seen;
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "snapshot never became ready: {seen:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 async fn vms_named(e: &Env, name: &str) -> Vec<Value> {
     let all = e.admin("GET", "vms", "").await;
@@ -77,7 +45,7 @@ async fn volumes(e: &Env) -> Vec<String> {
 
 #[tokio::test]
 async fn snapshot_restore_and_clone_with_a_token() {
-    let e = env_with_role(ROLE).await;
+    let e = env_with_role(COPY_ROLE).await;
     // 1 GiB takes 2 s to copy, so that the snapshot is seen unready.
     e.knobs(r#"{"copy_ms_per_gib": 2000}"#).await;
     let v = create(&e, "pvc-a", Some("pve2")).await;
@@ -182,7 +150,7 @@ async fn snapshot_restore_and_clone_with_a_token() {
 
 #[tokio::test]
 async fn list_and_get_snapshots_page_and_filter() {
-    let e = env_with_role(ROLE).await;
+    let e = env_with_role(COPY_ROLE).await;
     let a = create(&e, "pvc-a", Some("pve2")).await;
     let b = create(&e, "pvc-b", Some("pve1")).await;
     let sa = until_ready(&e, "snapshot-a", &a.volume_id).await.pop().unwrap();
@@ -252,7 +220,7 @@ async fn list_and_get_snapshots_page_and_filter() {
 
 #[tokio::test]
 async fn a_slow_copy_answers_aborted_with_progress_and_the_retry_finishes_it() {
-    let e = env_with_role(ROLE).await;
+    let e = env_with_role(COPY_ROLE).await;
     let v = create(&e, "pvc-a", Some("pve2")).await;
     e.knobs(r#"{"copy_ms_per_gib": 4000}"#).await;
     let req = from(Source::Volume(VolumeSource { volume_id: v.volume_id.clone() }), "pvc-slow", 1 << 30);
@@ -270,7 +238,7 @@ async fn a_slow_copy_answers_aborted_with_progress_and_the_retry_finishes_it() {
 
 #[tokio::test]
 async fn a_failed_copy_is_reported_and_started_again() {
-    let e = env_with_role(ROLE).await;
+    let e = env_with_role(COPY_ROLE).await;
     let v = create(&e, "pvc-a", Some("pve2")).await;
     e.knobs(r#"{"task_latency_ms": 300}"#).await;
     let s = create_snapshot(&e, "snapshot-f", &v.volume_id).await;
@@ -304,7 +272,7 @@ async fn missing_privileges_name_what_to_grant() {
 
 #[tokio::test]
 async fn calls_per_snapshot_operation() {
-    let e = env_with_role(ROLE).await;
+    let e = env_with_role(COPY_ROLE).await;
     let v = create(&e, "pvc-a", Some("pve2")).await;
     // Warm the caches as a running controller has them.
     until_ready(&e, "snapshot-warm", &v.volume_id).await;

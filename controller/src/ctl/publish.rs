@@ -10,7 +10,7 @@ use proxmox_csi_proto::csi::v1 as csi;
 use super::{Controller, check_capabilities};
 use crate::attach::{Attached, Op};
 use crate::error::CtlError;
-use crate::kube::NodeVm;
+use crate::kube::{NodeFacts, NodeVm};
 use crate::params::StorageParams;
 use crate::pve::api::VmResource;
 use crate::pve::{Client, Deadline};
@@ -20,11 +20,11 @@ impl Controller {
     /// The VM of a CSI node: the VM id in the node id, else the Node's
     /// providerID or instance-id annotation, else the VM whose SMBIOS uuid
     /// is the Node's system UUID, else a VM named like the node.
-    async fn vm_of_node(&self, client: &Client, node_id: &NodeId, d: Deadline) -> Result<Option<VmResource>, CtlError> {
-        let named = match (node_id.vmid, &self.kube) {
-            (Some(v), _) => Some(NodeVm::Id(v)),
-            (None, Some(k)) => k.node_vm(&node_id.name).await?,
-            (None, None) => None,
+    /// `node` is the Kubernetes Node, when the API is there.
+    async fn vm_of_node(&self, client: &Client, node_id: &NodeId, node: Option<&NodeFacts>, d: Deadline) -> Result<Option<VmResource>, CtlError> {
+        let named = match node_id.vmid {
+            Some(v) => Some(NodeVm::Id(v)),
+            None => node.and_then(|n| n.vm.clone()),
         };
         Ok(match named {
             Some(NodeVm::Id(vmid)) => self.vms.node_of(client, vmid, d).await?,
@@ -34,6 +34,15 @@ impl Controller {
             },
             None => self.vms.by_name(client, &node_id.name, d).await?,
         })
+    }
+
+    /// The Kubernetes Node of `node_id`, read once per call (its VM and its
+    /// volume limit), when the API is there.
+    async fn node_facts(&self, node_id: &NodeId) -> Result<Option<NodeFacts>, CtlError> {
+        match &self.kube {
+            Some(k) => k.node(&node_id.name).await,
+            None => Ok(None),
+        }
     }
 
     pub async fn publish(&self, r: &csi::ControllerPublishVolumeRequest, d: Deadline) -> Result<HashMap<String, String>, CtlError> {
@@ -64,8 +73,9 @@ impl Controller {
             params.apply_mutable(&k.attributes_class(vac).await?)?;
         }
 
+        let facts = self.node_facts(&node_id).await?;
         let vm = self
-            .vm_of_node(&client, &node_id, d)
+            .vm_of_node(&client, &node_id, facts.as_ref(), d)
             .await?
             .ok_or_else(|| {
                 CtlError::NotFound(format!(
@@ -108,11 +118,7 @@ impl Controller {
                 r.volume_id
             )));
         }
-        let limit = match &self.kube {
-            Some(k) => k.max_volumes(&node_id.name).await?,
-            None => None,
-        }
-        .unwrap_or(proxmox_csi_common::DEFAULT_MAX_VOLUMES);
+        let limit = facts.and_then(|f| f.max_volumes).unwrap_or(proxmox_csi_common::DEFAULT_MAX_VOLUMES);
         let op = Op::Attach {
             volid: id.volid(),
             handle: r.volume_id.clone(),
@@ -143,7 +149,9 @@ impl Controller {
             }
         } else {
             let Ok(node_id) = NodeId::parse(&r.node_id) else { return Ok(()) };
-            self.vm_of_node(&client, &node_id, d).await?
+            // Only a node id without a VM id needs its Node here.
+            let facts = if node_id.vmid.is_none() { self.node_facts(&node_id).await? } else { None };
+            self.vm_of_node(&client, &node_id, facts.as_ref(), d).await?
         };
         // A VM (or node) that is gone counts as detached.
         let Some(vm) = vm else { return Ok(()) };

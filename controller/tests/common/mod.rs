@@ -199,3 +199,59 @@ pub fn publish_req(v: &csi::Volume, node: &str) -> csi::ControllerPublishVolumeR
 pub fn unpublish_req(v: &csi::Volume, node: &str) -> csi::ControllerUnpublishVolumeRequest {
     attacher::controller_unpublish(&pv_of(v), node)
 }
+
+/// The documented role for snapshots and clones: the minimal one plus the
+/// helper-VM privileges (copy VMs) and VM.Clone (import-from).
+pub const COPY_ROLE: &str = "[VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]";
+
+/// CreateVolume as the provisioner sends it for a claim with a dataSource
+/// (a VolumeSnapshot's handle, or a source PV's).
+pub fn from_source(source: csi::volume_content_source::Type, name: &str, bytes: i64, params: &[(&str, &str)], zone: Option<&str>) -> csi::CreateVolumeRequest {
+    let mut r = create_req(name, bytes, params, zone);
+    r.volume_content_source = Some(csi::VolumeContentSource { r#type: Some(source) });
+    r
+}
+
+/// CreateSnapshot as the external-snapshotter sends it for the
+/// VolumeSnapshot whose uid makes `name` (`snapshot-<uid>`) of the volume
+/// `source`.
+pub fn snap_req(name: &str, source: &str) -> csi::CreateSnapshotRequest {
+    let v = csi::Volume { volume_id: source.into(), capacity_bytes: 1 << 30, ..Default::default() };
+    let uid = name.strip_prefix("snapshot-").unwrap_or(name);
+    callers::snapshotter::create_snapshot(uid, uid, &pv_of(&v), &[])
+}
+
+pub async fn create_snapshot(e: &Env, name: &str, source: &str) -> csi::Snapshot {
+    e.svc.create_snapshot(Request::new(snap_req(name, source))).await.unwrap().into_inner().snapshot.unwrap()
+}
+
+/// Calls CreateSnapshot until the snapshot is ready, as the snapshotter
+/// does; the answers seen.
+pub async fn until_ready(e: &Env, name: &str, source: &str) -> Vec<csi::Snapshot> {
+    let started = std::time::Instant::now();
+    let mut seen = Vec::new();
+    loop {
+        let s = create_snapshot(e, name, source).await;
+        let ready = s.ready_to_use;
+        seen.push(s);
+        if ready {
+            return seen;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "snapshot never became ready: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Calls CreateVolume again while it answers Aborted (a copy still
+/// running), as the provisioner does; the volume.
+pub async fn until_created(e: &Env, req: csi::CreateVolumeRequest) -> csi::Volume {
+    let started = std::time::Instant::now();
+    loop {
+        match e.svc.create_volume(Request::new(req.clone())).await {
+            Err(s) if s.code() == tonic::Code::Aborted && started.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            r => return r.unwrap().into_inner().volume.unwrap(),
+        }
+    }
+}
