@@ -274,7 +274,7 @@ async fn copy_local_disks(ctx: &Arc<Ctx>, vmid: u32, upid: &str) {
         (c.knobs.copy_ms_per_gib, disks)
     };
     let log = |line: String| {
-        let stamped = format!("{} {line}", chrono_like_now());
+        let stamped = format!("{} {line}", log_time());
         if let Some(t) = ctx.cluster().tasks.get_mut(upid) {
             t.log.push(stamped);
         }
@@ -306,25 +306,8 @@ async fn copy_local_disks(ctx: &Arc<Ctx>, vmid: u32, upid: &str) {
 
 /// `YYYY-MM-DD HH:MM:SS`, the prefix of a migration log line
 /// (pve-guest-common src/PVE/AbstractMigrate.pm, strftime("%F %H:%M:%S")).
-fn chrono_like_now() -> String {
-    let secs = crate::state::now();
-    let (days, rem) = (secs / 86400, secs % 86400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+fn log_time() -> String {
+    jiff::Timestamp::now().strftime("%F %H:%M:%S").to_string()
 }
 
 pub async fn move_disk(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
