@@ -55,6 +55,22 @@ async fn connect(lab: &Lab) -> Result<(ControllerClient<Channel>, NodeClient<Cha
     Ok((ControllerClient::new(ctl_ch), node, info))
 }
 
+/// kubelet mounting a volume for a pod: the staging directory, NodeStage,
+/// the target's parent, NodePublish.
+async fn stage_and_publish(
+    node: &mut NodeClient<Channel>,
+    kubelet: &Kubelet,
+    pv: &callers::PersistentVolume,
+    pod: &Pod,
+    published: &HashMap<String, String>,
+) -> Result<(), String> {
+    mkdirs(kubelet.stage_dirs(pv));
+    node.node_stage_volume(kubelet.node_stage(pv, published, HashMap::new())).await.map_err(status("NodeStageVolume"))?;
+    mkdirs(kubelet.publish_dirs(pod, pv));
+    node.node_publish_volume(kubelet.node_publish(pv, pod, published)).await.map_err(status("NodePublishVolume"))?;
+    Ok(())
+}
+
 async fn life(lab: &Lab) -> Result<(), String> {
     // The node registers: its id goes into CSINode, its topology onto the Node.
     let (mut ctl, mut node, info) = connect(lab).await?;
@@ -89,10 +105,7 @@ async fn life(lab: &Lab) -> Result<(), String> {
     // kubelet: stage, publish, the pod writes.
     let kubelet = Kubelet::new(&lab.kubelet_root().display().to_string());
     let pod = Pod::new("4f2a9c1e-8b7d-4e3f-a2c1-0d9e8f7a6b5c");
-    mkdirs(kubelet.stage_dirs(&pv));
-    node.node_stage_volume(kubelet.node_stage(&pv, &published, HashMap::new())).await.map_err(status("NodeStageVolume"))?;
-    mkdirs(kubelet.publish_dirs(&pod, &pv));
-    node.node_publish_volume(kubelet.node_publish(&pv, &pod, &published)).await.map_err(status("NodePublishVolume"))?;
+    stage_and_publish(&mut node, &kubelet, &pv, &pod, &published).await?;
     let target = kubelet.target_path(&pod, &pv);
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
     let line = mounts.lines().find(|l| l.split(' ').nth(1) == Some(target.as_str())).ok_or("the target is not mounted")?;
@@ -187,10 +200,7 @@ async fn block_life(lab: &Lab) -> Result<(), String> {
 
     let kubelet = Kubelet::new(&lab.kubelet_root().display().to_string());
     let pod = Pod::new("9c3e1a7b-2f4d-4b8e-a6c5-1d0f9e8b7a62");
-    mkdirs(kubelet.stage_dirs(&pv));
-    node.node_stage_volume(kubelet.node_stage(&pv, &published, HashMap::new())).await.map_err(status("NodeStageVolume"))?;
-    mkdirs(kubelet.publish_dirs(&pod, &pv));
-    node.node_publish_volume(kubelet.node_publish(&pv, &pod, &published)).await.map_err(status("NodePublishVolume"))?;
+    stage_and_publish(&mut node, &kubelet, &pv, &pod, &published).await?;
     // The pod's device: bytes written at 100 MiB are there when read back.
     let target = kubelet.target_path(&pod, &pv);
     let mut dev = std::fs::OpenOptions::new().read(true).write(true).open(&target).map_err(|e| format!("{target}: {e}"))?;

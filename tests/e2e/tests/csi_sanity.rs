@@ -9,21 +9,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use conformance::sanity::{self, Outcome};
-use e2e::guest::Guest;
+use e2e::guest::{Guest, SECRET, guest_cluster, qemu_present};
 use pvesim::{Sim, State};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::Mutex;
 
-const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
-
-fn qemu_present() -> bool {
-    let ok = std::process::Command::new("qemu-system-x86_64").arg("--version").output().is_ok();
-    if !ok {
-        assert!(std::env::var_os("CI").is_none(), "qemu-system-x86_64 is missing and CI is set");
-        eprintln!("SKIPPED: qemu-system-x86_64 not installed");
-    }
-    ok
-}
 
 /// Serves one shell command per connection in the guest: the answer is its
 /// exit code on the first line, then its output.
@@ -80,21 +70,8 @@ async fn csi_sanity_node_specs_in_the_guest() {
     let dir = tempfile::tempdir().unwrap();
     let images = dir.path().join("images");
     std::fs::create_dir_all(&images).unwrap();
-    let state = format!(
-        r#"
-nodes: [{{ name: pve2 }}]
-storages: [{{ id: local-lvm, type: lvmthin, total: 107374182400 }}]
-vms:
-  - {{ vmid: 112, node: pve2, name: worker-2, qmp: "{}", config: {{ scsihw: virtio-scsi-pci }} }}
-users:
-  - {{ userid: kubernetes-csi@pve, tokens: [{{ name: csi, secret: {SECRET} }}] }}
-roles:
-  CSI: [VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
-acl:
-  - {{ path: /, roles: [CSI], tokens: ["kubernetes-csi@pve!csi"], users: [kubernetes-csi@pve] }}
-"#,
-        guest.qmp.display()
-    );
+    let role = "VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit";
+    let state = guest_cluster(&guest.qmp, role);
     let sim = Sim::new(State::from_yaml(&state).unwrap()).plain_http().volume_dir(images).start("127.0.0.1:0").await.unwrap();
     let config = dir.path().join("cloud-config.yaml");
     std::fs::write(

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use e2e::guest::{Guest, Share};
+use e2e::guest::{Guest, SECRET, Share, guest_cluster, qemu_present};
 use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::ctl::Controller;
@@ -21,17 +21,8 @@ use pvesim::{Sim, State};
 use tonic::Request;
 use tonic::transport::Channel;
 
-const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
 const PASSPHRASE: &str = "correct horse battery staple";
 
-fn qemu_present() -> bool {
-    let ok = std::process::Command::new("qemu-system-x86_64").arg("--version").output().is_ok();
-    if !ok {
-        assert!(std::env::var_os("CI").is_none(), "qemu-system-x86_64 is missing and CI is set");
-        eprintln!("SKIPPED: qemu-system-x86_64 not installed");
-    }
-    ok
-}
 
 fn cap(fs: &str) -> csi::VolumeCapability {
     csi::VolumeCapability {
@@ -249,21 +240,7 @@ impl Lab {
 }
 
 async fn setup_with_role(g: &Guest, images: &std::path::Path, role: &str) -> (pvesim::Running, ControllerService) {
-    let state = format!(
-        r#"
-nodes: [{{ name: pve2 }}]
-storages: [{{ id: local-lvm, type: lvmthin, total: 107374182400 }}]
-vms:
-  - {{ vmid: 112, node: pve2, name: worker-2, qmp: "{}", config: {{ scsihw: virtio-scsi-pci }} }}
-users:
-  - {{ userid: kubernetes-csi@pve, tokens: [{{ name: csi, secret: {SECRET} }}] }}
-roles:
-  CSI: [{role}]
-acl:
-  - {{ path: /, roles: [CSI], tokens: ["kubernetes-csi@pve!csi"], users: [kubernetes-csi@pve] }}
-"#,
-        g.qmp.display()
-    );
+    let state = guest_cluster(&g.qmp, role);
     let sim = Sim::new(State::from_yaml(&state).unwrap()).plain_http().volume_dir(images.to_path_buf()).start("127.0.0.1:0").await.unwrap();
     let cfg = CloudConfig::parse(&format!(
         "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
