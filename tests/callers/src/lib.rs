@@ -9,15 +9,24 @@
 //!   Unpublish from that PV, the ListVolumes reconcile);
 //! - `resizer`: kubernetes-csi/external-resizer (ControllerExpand, Modify);
 //! - `snapshotter`: kubernetes-csi/external-snapshotter (CreateSnapshot,
-//!   DeleteSnapshot);
+//!   DeleteSnapshot, ListSnapshots of a pre-provisioned snapshot);
+//! - `health`: kubernetes-csi/external-health-monitor (ControllerGetVolume,
+//!   its ListVolumes sweep);
+//! - `sanity`: kubernetes-csi/csi-test, the only sender of
+//!   ValidateVolumeCapabilities and paged ListVolumes/ListSnapshots;
 //! - `kubelet`: kubernetes/kubernetes pkg/volume/csi (NodeStage, NodePublish,
 //!   NodeExpand, NodeGetVolumeStats, NodeUnpublish, NodeUnstage and their
 //!   directory layouts).
+//!
+//! A test of a malformed request builds it here and then breaks the one
+//! field it is about, so that everything else is as the caller sends it.
 
 pub mod attacher;
+pub mod health;
 pub mod kubelet;
 pub mod provisioner;
 pub mod resizer;
+pub mod sanity;
 pub mod snapshotter;
 
 pub use proxmox_csi_proto::csi::v1 as csi;

@@ -56,3 +56,15 @@ pub fn delete_snapshot(snapshot_handle: &str) -> csi::DeleteSnapshotRequest {
         secrets: HashMap::new(),
     }
 }
+
+/// ListSnapshotsRequest of a pre-provisioned VolumeSnapshotContent
+/// (pkg/snapshotter/snapshotter.go GetSnapshotStatus): only its handle.
+pub fn list_snapshot(snapshot_handle: &str) -> csi::ListSnapshotsRequest {
+    csi::ListSnapshotsRequest {
+        max_entries: 0,
+        starting_token: String::new(),
+        source_volume_id: String::new(),
+        snapshot_id: snapshot_handle.into(),
+        secrets: HashMap::new(),
+    }
+}
