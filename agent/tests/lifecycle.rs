@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use callers::kubelet::{Kubelet, Pod};
+use callers::provisioner::{self, Claim, StorageClass};
+use callers::PersistentVolume;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
-use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
-use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -155,21 +156,17 @@ impl Env {
         wwn
     }
 
-    fn staging(&self, vol: &str) -> String {
-        let p = self.root.join("plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev").join(vol);
-        std::fs::create_dir_all(&p).unwrap();
-        p.join("globalmount").display().to_string()
+    /// kubelet on this environment's root directory.
+    fn kubelet(&self) -> Kubelet {
+        Kubelet::new(&self.root.display().to_string())
     }
 
-    fn target(&self, pod: &str, kind: &str, pv: &str) -> String {
-        let p = self.root.join("pods").join(pod).join(kind).join("kubernetes.io~csi");
-        std::fs::create_dir_all(&p).unwrap();
-        let t = p.join(pv);
-        if kind == "volumes" {
-            std::fs::create_dir_all(&t).unwrap();
-            return t.join("mount").display().to_string();
+    /// The directories kubelet makes before NodeStage and NodePublish.
+    fn kubelet_dirs(&self, pv: &PersistentVolume, pod: &Pod) {
+        let k = self.kubelet();
+        for d in k.stage_dirs(pv).into_iter().chain(k.publish_dirs(pod, pv)) {
+            std::fs::create_dir_all(d).unwrap();
         }
-        t.display().to_string()
     }
 
     fn agent_log(&self) -> String {
@@ -177,46 +174,35 @@ impl Env {
     }
 }
 
-fn mount_cap(fs: &str) -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs.into(),
-            mount_flags: vec![],
-            volume_mount_group: String::new(),
-        })),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+/// The PV the provisioner writes for claim `uid` of a StorageClass on
+/// local-lvm with `ssd: "1"` and filesystem `fs` (empty: a block claim),
+/// from the controller's answer (`vm-9999-pvc-<uid>`, context `ssd`).
+fn pv(uid: &str, fs: &str) -> PersistentVolume {
+    let mut sc = StorageClass::new(&[("storage", "local-lvm"), ("ssd", "1")]);
+    let mut claim = Claim::new(uid, uid, 320 << 20);
+    if fs.is_empty() {
+        claim = claim.block();
+    } else {
+        sc.parameters.insert("csi.storage.k8s.io/fstype".into(), fs.into());
     }
-}
-
-fn block_cap() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Block(BlockVolume {})),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    }
-}
-
-fn stage(vol: &str, wwn: &str, staging: &str, cap: csi::VolumeCapability) -> csi::NodeStageVolumeRequest {
-    csi::NodeStageVolumeRequest {
-        volume_id: vol.into(),
-        publish_context: HashMap::from([("wwn".into(), format!("0x{wwn}"))]),
-        staging_target_path: staging.into(),
-        volume_capability: Some(cap),
-        secrets: HashMap::new(),
+    let volume = csi::Volume {
+        volume_id: format!("region-1/pve2/local-lvm/vm-9999-pvc-{uid}"),
+        capacity_bytes: 320 << 20,
         volume_context: HashMap::from([("ssd".into(), "1".into())]),
-    }
+        ..Default::default()
+    };
+    provisioner::persistent_volume(&sc, &claim, &volume)
 }
 
-fn publish(vol: &str, staging: &str, target: &str, cap: csi::VolumeCapability) -> csi::NodePublishVolumeRequest {
-    csi::NodePublishVolumeRequest {
-        volume_id: vol.into(),
-        publish_context: HashMap::new(),
-        staging_target_path: staging.into(),
-        target_path: target.into(),
-        volume_capability: Some(cap),
-        readonly: false,
-        secrets: HashMap::new(),
-        volume_context: HashMap::new(),
-    }
+/// The controller's publish context for the disk with `wwn`, as the
+/// attacher stores it in the VolumeAttachment (ctl/publish.rs), without
+/// the drive serial: a loop device has none.
+fn attached(wwn: &str) -> HashMap<String, String> {
+    HashMap::from([
+        ("wwn".into(), format!("0x{wwn}")),
+        ("lun".into(), "1".into()),
+        ("DevicePath".into(), format!("/dev/disk/by-id/wwn-0x{wwn}")),
+    ])
 }
 
 fn mounted(p: &str) -> Option<(String, String)> {
@@ -235,19 +221,21 @@ async fn mount_and_block_volumes_through_an_unprivileged_agent() {
     }
     let mut env = Env::start().await;
 
+    let k = env.kubelet();
     // Mount volume, xfs so that it can also grow online on this host.
     let wwn = env.disk(1);
-    let vol = "region-1/pve2/local-lvm/vm-9999-pvc-a";
-    let staging = env.staging("pv-a");
-    let target = env.target("pod-a", "volumes", "pv-a");
+    let (vol, pod) = (pv("a", "xfs"), Pod::new("pod-a"));
+    env.kubelet_dirs(&vol, &pod);
+    let (staging, target) = (k.staging_path(&vol), k.target_path(&pod, &vol));
+    // kubelet repeats a call whose answer it did not see: each twice.
     for _ in 0..2 {
-        env.node.node_stage_volume(stage(vol, &wwn, &staging, mount_cap("xfs"))).await.unwrap();
+        env.node.node_stage_volume(k.node_stage(&vol, &attached(&wwn), HashMap::new())).await.unwrap();
     }
     let (fs, opts) = mounted(&staging).unwrap();
     assert_eq!(fs, "xfs");
     assert!(opts.contains("noatime"), "ssd=1 must mount with noatime: {opts}");
     for _ in 0..2 {
-        env.node.node_publish_volume(publish(vol, &staging, &target, mount_cap("xfs"))).await.unwrap();
+        env.node.node_publish_volume(k.node_publish(&vol, &pod, &attached(&wwn))).await.unwrap();
     }
     std::fs::write(Path::new(&target).join("payload"), b"written through the pod's mount").unwrap();
     assert_eq!(
@@ -255,16 +243,7 @@ async fn mount_and_block_volumes_through_an_unprivileged_agent() {
         b"written through the pod's mount"
     );
 
-    let stats = env
-        .node
-        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
-            volume_id: vol.into(),
-            volume_path: target.clone(),
-            staging_target_path: staging.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = env.node.node_get_volume_stats(k.node_stats(&vol, &pod)).await.unwrap().into_inner();
     assert_eq!(stats.usage.len(), 2, "bytes and inodes");
     assert!(stats.usage[0].total > 200 << 20 && stats.usage[0].used > 0, "{stats:?}");
     assert!(!stats.volume_condition.unwrap().abnormal);
@@ -273,52 +252,26 @@ async fn mount_and_block_volumes_through_an_unprivileged_agent() {
     let img = env.images.join(format!("{wwn}.raw"));
     std::fs::OpenOptions::new().write(true).open(&img).unwrap().set_len(640 << 20).unwrap();
     assert!(Command::new("losetup").arg("-c").arg(&env.loops[0]).status().unwrap().success());
-    let grown = env
-        .node
-        .node_expand_volume(csi::NodeExpandVolumeRequest {
-            volume_id: vol.into(),
-            volume_path: target.clone(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: 640 << 20, limit_bytes: 0 }),
-            staging_target_path: staging.clone(),
-            volume_capability: Some(mount_cap("xfs")),
-            secrets: HashMap::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let grown = env.node.node_expand_volume(k.node_expand(&vol, &pod, 640 << 20, HashMap::new())).await.unwrap().into_inner();
     assert_eq!(grown.capacity_bytes, 640 << 20);
 
     for _ in 0..2 {
-        env.node
-            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: vol.into(), target_path: target.clone() })
-            .await
-            .unwrap();
-        env.node
-            .node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.into(), staging_target_path: staging.clone() })
-            .await
-            .unwrap();
+        env.node.node_unpublish_volume(k.node_unpublish(&vol, &pod)).await.unwrap();
+        env.node.node_unstage_volume(k.node_unstage(&vol)).await.unwrap();
     }
     assert_eq!(mounted(&staging), None);
     assert!(!Path::new(&target).exists());
-    let e = env
-        .node
-        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
-            volume_id: vol.into(),
-            volume_path: target.clone(),
-            staging_target_path: String::new(),
-        })
-        .await
-        .unwrap_err();
+    let e = env.node.node_get_volume_stats(k.node_stats(&vol, &pod)).await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
 
-    // Raw block volume.
+    // Raw block volume, on kubelet's volumeDevices layout.
     let wwn = env.disk(2);
-    let vol = "region-1/pve2/local-lvm/vm-9999-pvc-b";
-    let staging = env.staging("pv-b");
-    let target = env.target("pod-b", "volumeDevices", "pv-b");
+    let (vol, pod) = (pv("b", ""), Pod::new("pod-b"));
+    env.kubelet_dirs(&vol, &pod);
+    let target = k.target_path(&pod, &vol);
     for _ in 0..2 {
-        env.node.node_stage_volume(stage(vol, &wwn, &staging, block_cap())).await.unwrap();
-        env.node.node_publish_volume(publish(vol, &staging, &target, block_cap())).await.unwrap();
+        env.node.node_stage_volume(k.node_stage(&vol, &attached(&wwn), HashMap::new())).await.unwrap();
+        env.node.node_publish_volume(k.node_publish(&vol, &pod, &attached(&wwn))).await.unwrap();
     }
     {
         let mut f = std::fs::OpenOptions::new().write(true).open(&target).unwrap();
@@ -327,14 +280,8 @@ async fn mount_and_block_volumes_through_an_unprivileged_agent() {
         f.sync_all().unwrap();
     }
     for _ in 0..2 {
-        env.node
-            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: vol.into(), target_path: target.clone() })
-            .await
-            .unwrap();
-        env.node
-            .node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.into(), staging_target_path: staging.clone() })
-            .await
-            .unwrap();
+        env.node.node_unpublish_volume(k.node_unpublish(&vol, &pod)).await.unwrap();
+        env.node.node_unstage_volume(k.node_unstage(&vol)).await.unwrap();
     }
     let mut buf = [0u8; 11];
     let mut f = std::fs::File::open(env.images.join(format!("{wwn}.raw"))).unwrap();
@@ -375,9 +322,12 @@ async fn node_info_and_bad_requests() {
     let caps = env.node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await.unwrap().into_inner();
     assert_eq!(caps.capabilities.len(), 5);
 
+    // kubelet's request for a good volume, each case breaking one field.
+    let k = env.kubelet();
     let wwn = env.disk(3);
-    let staging = env.staging("pv-c");
-    let good = stage("vol-c", &wwn, &staging, mount_cap("ext4"));
+    let (vol, pod) = (pv("c", "ext4"), Pod::new("pod-c"));
+    env.kubelet_dirs(&vol, &pod);
+    let good = k.node_stage(&vol, &attached(&wwn), HashMap::new());
     let mut cases: Vec<(csi::NodeStageVolumeRequest, &str)> = Vec::new();
     let mut r = good.clone();
     r.volume_id.clear();
@@ -385,33 +335,26 @@ async fn node_info_and_bad_requests() {
     let mut r = good.clone();
     r.staging_target_path = "/etc/kubernetes/x".into();
     cases.push((r, "staging_target_path: \"/etc/kubernetes/x\" is not under kubelet's directory"));
-    let mut r = good.clone();
-    r.volume_capability.as_mut().unwrap().access_mode = Some(AccessMode { mode: Mode::MultiNodeMultiWriter as i32 });
-    cases.push((r, "volume_capability.access_mode: MULTI_NODE_MULTI_WRITER is not supported"));
-    let r = stage("vol-c", &wwn, &staging, mount_cap("ntfs"));
-    cases.push((r, "volume_capability.mount.fs_type: \"ntfs\" is not supported; allowed: ext4, xfs"));
-    let mut r = good.clone();
-    r.publish_context.clear();
-    cases.push((r, "publish_context.wwn: is required"));
-    for (req, want) in cases {
-        let e = env.node.node_stage_volume(req).await.unwrap_err();
-        assert_eq!(e.code(), Code::InvalidArgument, "{want}: {e:?}");
-        assert!(e.message().starts_with(want), "want {want:?}, got {:?}", e.message());
-    }
+    // A ReadWriteMany PV.
+    let rwx = PersistentVolume { access_modes: vec![callers::AccessMode::ReadWriteMany], ..vol.clone() };
+    cases.push((k.node_stage(&rwx, &attached(&wwn), HashMap::new()), "volume_capability.access_mode: MULTI_NODE_MULTI_WRITER is not supported"));
+    // A PV whose fsType this driver does not make.
+    let ntfs = PersistentVolume { fs_type: "ntfs".into(), ..vol.clone() };
+    cases.push((k.node_stage(&ntfs, &attached(&wwn), HashMap::new()), "volume_capability.mount.fs_type: \"ntfs\" is not supported; allowed: ext4, xfs"));
+    // An attachment without metadata.
+    cases.push((k.node_stage(&vol, &HashMap::new(), HashMap::new()), "publish_context.wwn: is required"));
     // Nothing was formatted by any of those.
     let mut head = vec![0u8; 1 << 20];
     std::fs::File::open(env.images.join(format!("{wwn}.raw"))).unwrap().read_exact(&mut head).unwrap();
     assert!(head.iter().all(|b| *b == 0));
 
     // Publish before stage: FailedPrecondition, per the spec.
-    let target = env.target("pod-c", "volumes", "pv-c");
-    let e = env.node.node_publish_volume(publish("vol-c", &staging, &target, mount_cap("ext4"))).await.unwrap_err();
+    let e = env.node.node_publish_volume(k.node_publish(&vol, &pod, &attached(&wwn))).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
 
     // A secret never reaches the agent's log.
-    let mut r = good.clone();
-    r.secrets.insert("encryption-passphrase".into(), "hunter2-secret".into());
-    r.volume_capability = Some(mount_cap("btrfs"));
-    let _ = env.node.node_stage_volume(r).await;
+    let btrfs = PersistentVolume { fs_type: "btrfs".into(), ..vol.clone() };
+    let secret = HashMap::from([("encryption-passphrase".to_string(), "hunter2-secret".to_string())]);
+    let _ = env.node.node_stage_volume(k.node_stage(&btrfs, &attached(&wwn), secret)).await;
     assert!(!env.agent_log().contains("hunter2-secret"));
 }

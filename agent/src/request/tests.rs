@@ -1,5 +1,8 @@
 use super::*;
-use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, BlockVolume, MountVolume};
+use callers::kubelet::{Kubelet, Pod};
+use callers::provisioner::{self, Claim, StorageClass};
+use callers::{PersistentVolume, VolumeMode};
+use proxmox_csi_proto::csi::v1::volume_capability::AccessMode;
 
 fn rules() -> Rules {
     Rules {
@@ -7,32 +10,37 @@ fn rules() -> Rules {
     }
 }
 
-fn mount_cap(fs: &str, mode: Mode) -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs.into(),
-            mount_flags: vec![],
-            volume_mount_group: String::new(),
-        })),
-        access_mode: Some(AccessMode { mode: mode as i32 }),
-    }
+/// The PV the provisioner writes for a 1 GiB xfs claim of a StorageClass
+/// with `ssd: "1"` and `blockSize: "4096"` (the controller's context).
+fn pv() -> PersistentVolume {
+    let sc = StorageClass::new(&[("storage", "local-lvm"), ("ssd", "1"), ("blockSize", "4096"), ("csi.storage.k8s.io/fstype", "xfs")]);
+    let claim = Claim::new("data", "1", 1 << 30);
+    let volume = csi::Volume {
+        volume_id: "region-1/pve2/local-lvm/vm-9999-pvc-1".into(),
+        capacity_bytes: 1 << 30,
+        volume_context: HashMap::from([("ssd".into(), "1".into()), ("blockSize".into(), "4096".into())]),
+        ..Default::default()
+    };
+    provisioner::persistent_volume(&sc, &claim, &volume)
 }
 
+fn kubelet() -> Kubelet {
+    Kubelet::new("/var/lib/kubelet")
+}
+
+/// kubelet's NodeStage of `pv()` after the controller attached it.
 fn stage_req() -> csi::NodeStageVolumeRequest {
-    csi::NodeStageVolumeRequest {
-        volume_id: "region-1/pve2/local-lvm/vm-9999-pvc-1".into(),
-        publish_context: HashMap::from([
-            ("wwn".into(), "0x5000c500a1b2c3d4".into()),
-            ("serial".into(), "pvc-1".into()),
-        ]),
-        staging_target_path: "/var/lib/kubelet/plugins/kubernetes.io/csi/drv/abc/globalmount".into(),
-        volume_capability: Some(mount_cap("xfs", Mode::SingleNodeWriter)),
-        secrets: HashMap::new(),
-        volume_context: HashMap::from([
-            ("ssd".into(), "1".into()),
-            ("blockSize".into(), "4096".into()),
-        ]),
-    }
+    let attached = HashMap::from([
+        ("wwn".into(), "0x5000c500a1b2c3d4".into()),
+        ("serial".into(), "pvc-1".into()),
+    ]);
+    kubelet().node_stage(&pv(), &attached, HashMap::new())
+}
+
+/// A capability whose access mode is `mode` (replacing the PV's).
+fn with_mode(mut cap: csi::VolumeCapability, mode: Mode) -> csi::VolumeCapability {
+    cap.access_mode = Some(AccessMode { mode: mode as i32 });
+    cap
 }
 
 #[test]
@@ -73,8 +81,12 @@ fn every_bad_stage_input_names_its_field() {
         (|r| r.staging_target_path = "/etc/kubernetes".into(), "staging_target_path: \"/etc/kubernetes\" is not under kubelet's directory /var/lib/kubelet"),
         (|r| r.staging_target_path = "/var/lib/kubelet/../../etc".into(), "staging_target_path: \"/var/lib/kubelet/../../etc\" contains '..'"),
         (|r| r.volume_capability = None, "volume_capability: is required"),
-        (|r| r.volume_capability = Some(mount_cap("ext4", Mode::MultiNodeMultiWriter)), "volume_capability.access_mode: MULTI_NODE_MULTI_WRITER is not supported"),
-        (|r| r.volume_capability = Some(mount_cap("btrfs", Mode::SingleNodeWriter)), "volume_capability.mount.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs"),
+        (|r| r.volume_capability = r.volume_capability.take().map(|c| with_mode(c, Mode::MultiNodeMultiWriter)), "volume_capability.access_mode: MULTI_NODE_MULTI_WRITER is not supported"),
+        (|r| {
+            if let Some(AccessType::Mount(m)) = r.volume_capability.as_mut().and_then(|c| c.access_type.as_mut()) {
+                m.fs_type = "btrfs".into();
+            }
+        }, "volume_capability.mount.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs"),
         (|r| r.publish_context.clear(), "publish_context.wwn: is required"),
         (|r| { r.publish_context = HashMap::from([("DevicePath".into(), "/dev/sdb".into())]) }, "publish_context.DevicePath: \"/dev/sdb\" does not name a disk by WWN"),
         (|r| { r.volume_context.insert("inodeSize".into(), "big".into()); }, "volume_context.inodeSize: \"big\" is not a number"),
@@ -102,25 +114,17 @@ fn every_bad_stage_input_names_its_field() {
 
 #[test]
 fn reader_only_and_readonly_publish_mount_read_only() {
-    let p = csi::NodePublishVolumeRequest {
-        volume_id: "v".into(),
-        publish_context: HashMap::new(),
-        staging_target_path: "/var/lib/kubelet/plugins/kubernetes.io/csi/d/x/globalmount".into(),
-        target_path: "/var/lib/kubelet/pods/u/volumes/kubernetes.io~csi/pv/mount".into(),
-        volume_capability: Some(mount_cap("ext4", Mode::SingleNodeReaderOnly)),
-        readonly: false,
-        secrets: HashMap::new(),
-        volume_context: HashMap::new(),
-    };
+    let (k, pod) = (kubelet(), Pod::new("u"));
+    // SINGLE_NODE_READER_ONLY: no Kubernetes access mode maps to it, other
+    // COs (and csi-sanity) send it.
+    let mut p = k.node_publish(&pv(), &pod, &HashMap::new());
+    p.volume_capability = p.volume_capability.take().map(|c| with_mode(c, Mode::SingleNodeReaderOnly));
     assert!(rules().publish(&p).unwrap().read_only);
-    let mut w = p.clone();
-    w.volume_capability = Some(mount_cap("ext4", Mode::SingleNodeWriter));
+    let w = k.node_publish(&pv(), &pod, &HashMap::new());
     assert!(!rules().publish(&w).unwrap().read_only);
-    w.readonly = true;
-    assert!(rules().publish(&w).unwrap().read_only);
-    w.volume_capability = Some(csi::VolumeCapability {
-        access_type: Some(AccessType::Block(BlockVolume {})),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    });
-    assert!(rules().publish(&w).unwrap().block);
+    // The pod's claim reference says readOnly.
+    let ro = k.node_publish(&pv(), &Pod { read_only: true, ..pod.clone() }, &HashMap::new());
+    assert!(rules().publish(&ro).unwrap().read_only);
+    let block = PersistentVolume { volume_mode: VolumeMode::Block, fs_type: String::new(), ..pv() };
+    assert!(rules().publish(&k.node_publish(&block, &pod, &HashMap::new())).unwrap().block);
 }

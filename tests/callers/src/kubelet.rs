@@ -178,12 +178,15 @@ impl Kubelet {
 
     /// NodeExpandVolumeRequest after the controller grew the disk: the pod's
     /// target as `volume_path`, the staging path beside it, the new size as
-    /// `required_bytes`, a capability built as for NodeStage.
+    /// `required_bytes`, a capability built as for NodeStage, and the
+    /// Secret the StorageClass names in `csi.storage.k8s.io/node-expand-secret-name`
+    /// (empty without one; a LUKS volume needs its passphrase here).
     pub fn node_expand(
         &self,
         pv: &PersistentVolume,
         pod: &Pod,
         new_bytes: i64,
+        secrets: HashMap<String, String>,
     ) -> csi::NodeExpandVolumeRequest {
         csi::NodeExpandVolumeRequest {
             volume_id: pv.handle.clone(),
@@ -194,7 +197,7 @@ impl Kubelet {
             }),
             staging_target_path: self.staging_path(pv),
             volume_capability: Some(Self::capability(pv)),
-            secrets: HashMap::new(),
+            secrets,
         }
     }
 

@@ -120,7 +120,7 @@ async fn life(lab: &Lab) -> Result<(), String> {
     if grown.capacity_bytes < 2 << 30 || !grown.node_expansion_required {
         return Err(format!("ControllerExpandVolume: {grown:?}"));
     }
-    let expanded = node.node_expand_volume(kubelet.node_expand(&pv, &pod, 2 << 30)).await.map_err(status("NodeExpandVolume"))?.into_inner();
+    let expanded = node.node_expand_volume(kubelet.node_expand(&pv, &pod, 2 << 30, HashMap::new())).await.map_err(status("NodeExpandVolume"))?.into_inner();
     if expanded.capacity_bytes < 2 << 30 {
         return Err(format!("NodeExpandVolume: {expanded:?}"));
     }
@@ -140,16 +140,7 @@ async fn life(lab: &Lab) -> Result<(), String> {
     }
     ctl.delete_volume(provisioner::delete_volume(&pv)).await.map_err(status("DeleteVolume"))?;
     let gone = ctl
-        .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
-            volume_id: pv.handle.clone(),
-            volume_capabilities: vec![callers::capability(
-                csi::volume_capability::access_mode::Mode::SingleNodeWriter,
-                callers::VolumeMode::Filesystem,
-                "xfs",
-                &[],
-            )],
-            ..Default::default()
-        })
+        .validate_volume_capabilities(callers::sanity::validate_volume_capabilities(&pv))
         .await;
     match gone {
         Err(s) if s.code() == Code::NotFound => {}

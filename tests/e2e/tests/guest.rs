@@ -2,11 +2,17 @@
 //! as Proxmox does, udev in the guest names it by WWN, hostd opens LUKS with
 //! dm-crypt, makes xfs, mounts; data survives unplug and re-attach; online
 //! growth goes through block_resize, cryptsetup resize and xfs_growfs.
+//! Every request is built by its real sender's builder (tests/callers): the
+//! provisioner, the attacher, the resizer, the snapshotter and kubelet, on
+//! kubelet's own directory layout in the guest.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use callers::kubelet::{Kubelet, Pod};
+use callers::provisioner::{Claim, StorageClass};
+use callers::{PersistentVolume, attacher, provisioner, resizer, snapshotter};
 use e2e::guest::{Guest, SECRET, Share, guest_cluster, qemu_present};
 use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
@@ -15,20 +21,61 @@ use proxmox_csi_controller::pve;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
-use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
-use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use pvesim::{Sim, State};
 use tonic::Request;
 use tonic::transport::Channel;
 
 const PASSPHRASE: &str = "correct horse battery staple";
 
+/// The node id CSINode lists for the guest bound to VM 112.
+const WORKER_2: &str = "worker-2/112";
 
-fn cap(fs: &str) -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume { fs_type: fs.into(), ..Default::default() })),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
+/// kubelet in the guest (`--root-dir` /var/lib/kubelet).
+fn kubelet() -> Kubelet {
+    Kubelet::new("/var/lib/kubelet")
+}
+
+/// A StorageClass on `storage`; `fs` empty for one that serves only block claims.
+fn class(storage: &str, fs: &str) -> StorageClass {
+    if fs.is_empty() {
+        StorageClass::new(&[("storage", storage)])
+    } else {
+        StorageClass::new(&[("storage", storage), ("csi.storage.k8s.io/fstype", fs)])
     }
+}
+
+/// A 1 GiB claim with uid `uid`: its volume is `pvc-<uid>`.
+fn claim(uid: &str) -> Claim {
+    Claim::new(uid, uid, 1 << 30)
+}
+
+/// The Secret a LUKS StorageClass names for node-stage and node-expand.
+fn luks() -> HashMap<String, String> {
+    HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())])
+}
+
+/// The provisioner: CreateVolume for `claim` with the pod's node on pve2
+/// (delayed binding), and the PV it writes.
+async fn provision(ctl: &ControllerService, sc: &StorageClass, claim: &Claim) -> PersistentVolume {
+    let term = [("topology.kubernetes.io/region", "region-1"), ("topology.kubernetes.io/zone", "pve2")];
+    let req = provisioner::create_volume(sc, claim, Some(provisioner::requirement(&[&term], 0)));
+    let volume = ctl.create_volume(Request::new(req)).await.unwrap().into_inner().volume.unwrap();
+    provisioner::persistent_volume(sc, claim, &volume)
+}
+
+/// The attacher: ControllerPublish of `pv` to `node_id`; the publish context.
+async fn attach(ctl: &ControllerService, pv: &PersistentVolume, node_id: &str) -> HashMap<String, String> {
+    ctl.controller_publish_volume(Request::new(attacher::controller_publish(pv, node_id))).await.unwrap().into_inner().publish_context
+}
+
+async fn detach(ctl: &ControllerService, pv: &PersistentVolume, node_id: &str) {
+    ctl.controller_unpublish_volume(Request::new(attacher::controller_unpublish(pv, node_id))).await.unwrap();
+}
+
+/// The directories kubelet makes before a call, made in the guest.
+async fn mkdirs(g: &mut Guest, dirs: Vec<String>) {
+    let quoted: Vec<String> = dirs.iter().map(|d| format!("'{d}'")).collect();
+    g.sh(&format!("mkdir -p {}", quoted.join(" "))).await.unwrap();
 }
 
 async fn node_client(port: u16) -> NodeClient<Channel> {
@@ -46,80 +93,19 @@ async fn node_client(port: u16) -> NodeClient<Channel> {
     }
 }
 
-struct Step<'a> {
-    vol: &'a csi::Volume,
-    staging: String,
-    target: String,
-    secrets: HashMap<String, String>,
-    fs: &'a str,
-}
-
-impl Step<'_> {
-    fn stage(&self, pc: &HashMap<String, String>) -> csi::NodeStageVolumeRequest {
-        csi::NodeStageVolumeRequest {
-            volume_id: self.vol.volume_id.clone(),
-            publish_context: pc.clone(),
-            staging_target_path: self.staging.clone(),
-            volume_capability: Some(cap(self.fs)),
-            secrets: self.secrets.clone(),
-            volume_context: self.vol.volume_context.clone(),
-        }
-    }
-
-    fn publish(&self) -> csi::NodePublishVolumeRequest {
-        csi::NodePublishVolumeRequest {
-            volume_id: self.vol.volume_id.clone(),
-            staging_target_path: self.staging.clone(),
-            target_path: self.target.clone(),
-            volume_capability: Some(cap(self.fs)),
-            ..Default::default()
-        }
-    }
-}
-
 #[tokio::test]
 async fn luks_xfs_volume_in_a_guest_vm() {
     let Some(Lab { mut g, ctl, mut node, sim: _sim, images: _images }) = Lab::start(Share::Shared, MINIMAL_ROLE).await else { return };
     eprintln!("MEASURE boot to shell: {:?}", g.boot_time);
 
-    let topo = csi::Topology {
-        segments: HashMap::from([
-            ("topology.kubernetes.io/region".to_string(), "region-1".to_string()),
-            ("topology.kubernetes.io/zone".to_string(), "pve2".to_string()),
-        ]),
-    };
-    let vol = ctl
-        .create_volume(Request::new(csi::CreateVolumeRequest {
-            name: "pvc-e2e".into(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
-            volume_capabilities: vec![cap("xfs")],
-            parameters: HashMap::from([("storage".into(), "local-lvm".into())]),
-            accessibility_requirements: Some(csi::TopologyRequirement { requisite: vec![topo.clone()], preferred: vec![topo] }),
-            ..Default::default()
-        }))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    let step = Step {
-        vol: &vol,
-        staging: "/var/lib/kubelet/plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev/e2e/globalmount".into(),
-        target: "/var/lib/kubelet/pods/p1/volumes/kubernetes.io~csi/pvc-e2e/mount".into(),
-        secrets: HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]),
-        fs: "xfs",
-    };
-    g.sh("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev/e2e /var/lib/kubelet/pods/p1/volumes/kubernetes.io~csi/pvc-e2e").await.unwrap();
+    let k = kubelet();
+    let pv = provision(&ctl, &class("local-lvm", "xfs"), &claim("e2e")).await;
+    let pod = Pod::new("5c1d7e2a-3b4f-4a6c-9d8e-1f2a3b4c5d6e");
+    let target = k.target_path(&pod, &pv);
+    let staging = k.staging_path(&pv);
 
-    let publish = csi::ControllerPublishVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        node_id: "worker-2/112".into(),
-        volume_capability: Some(cap("xfs")),
-        volume_context: vol.volume_context.clone(),
-        ..Default::default()
-    };
     let t = Instant::now();
-    let pc = ctl.controller_publish_volume(Request::new(publish.clone())).await.unwrap().into_inner().publish_context;
+    let pc = attach(&ctl, &pv, WORKER_2).await;
     eprintln!("MEASURE ControllerPublish (QMP hot-plug): {:?}", t.elapsed());
     let wwn = pc["wwn"].clone();
     // udev in the guest names the disk by WWN, with the serial we set.
@@ -129,8 +115,9 @@ async fn luks_xfs_volume_in_a_guest_vm() {
     let serial = g.sh(&format!("udevadm info --query=property --name={dev} | grep ID_SCSI_SERIAL")).await.unwrap();
     assert!(serial.contains(&pc["serial"]), "{serial}");
 
+    mkdirs(&mut g, k.stage_dirs(&pv)).await;
     let t = Instant::now();
-    let staged = tokio::time::timeout(Duration::from_secs(60), node.node_stage_volume(step.stage(&pc))).await;
+    let staged = tokio::time::timeout(Duration::from_secs(60), node.node_stage_volume(k.node_stage(&pv, &pc, luks()))).await;
     if !matches!(staged, Ok(Ok(_))) {
         let why = g.sh("tail -5 /run/hostd.log; ps | grep -v ']$'; ls -l /dev/mapper; dmsetup info -c; dmsetup udevcookies; ls /lib/udev/rules.d; for p in $(pidof proxmox-csi-hostd); do cat /proc/$p/task/*/wchan; echo; done").await.unwrap_or_default();
         panic!("NodeStage failed: {staged:?}\nguest:\n{why}");
@@ -140,36 +127,18 @@ async fn luks_xfs_volume_in_a_guest_vm() {
     assert!(staged.contains("\"wait\"") && staged.contains("\"luks_format\"") && staged.contains("\"mkfs\""), "{staged}");
     eprintln!("MEASURE NodeStage phases: {}", staged.split("timings_ms=").nth(1).unwrap_or("?"));
     let mounts = g.sh("grep globalmount /proc/mounts").await.unwrap();
-    assert!(mounts.contains("/dev/mapper/pvecsi-") && mounts.contains(" xfs "), "{mounts}");
-    let luks = g.sh(&format!("cryptsetup luksDump {dev} | grep -E 'Version|cipher:|Cipher key'")).await.unwrap();
-    assert!(luks.contains("aes-xts-plain64") && luks.contains("512 bits"), "{luks}");
-    node.node_publish_volume(step.publish()).await.unwrap();
-    let sum = g.sh(&format!("dd if=/dev/urandom of={}/data bs=1M count=8 2>/dev/null && sync && sha256sum {}/data | cut -d' ' -f1", step.target, step.target)).await.unwrap();
+    assert!(mounts.contains(&staging) && mounts.contains("/dev/mapper/pvecsi-") && mounts.contains(" xfs "), "{mounts}");
+    let luks_dump = g.sh(&format!("cryptsetup luksDump {dev} | grep -E 'Version|cipher:|Cipher key'")).await.unwrap();
+    assert!(luks_dump.contains("aes-xts-plain64") && luks_dump.contains("512 bits"), "{luks_dump}");
+    mkdirs(&mut g, k.publish_dirs(&pod, &pv)).await;
+    node.node_publish_volume(k.node_publish(&pv, &pod, &pc)).await.unwrap();
+    let sum = g.sh(&format!("dd if=/dev/urandom of={target}/data bs=1M count=8 2>/dev/null && sync && sha256sum {target}/data | cut -d' ' -f1")).await.unwrap();
     assert_eq!(sum.len(), 64, "{sum}");
 
     // Online growth: Proxmox resizes (block_resize), the node grows LUKS and xfs.
-    let grown = ctl
-        .controller_expand_volume(Request::new(csi::ControllerExpandVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 }),
-            volume_capability: Some(cap("xfs")),
-            ..Default::default()
-        }))
-        .await
-        .unwrap()
-        .into_inner();
+    let grown = ctl.controller_expand_volume(Request::new(resizer::controller_expand(&pv, 2 << 30))).await.unwrap().into_inner();
     assert!(grown.node_expansion_required);
-    let ne = node
-        .node_expand_volume(csi::NodeExpandVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            volume_path: step.target.clone(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 }),
-            staging_target_path: step.staging.clone(),
-            volume_capability: Some(cap("xfs")),
-            secrets: step.secrets.clone(),
-        })
-        .await;
-    let ne = match ne {
+    let ne = match node.node_expand_volume(k.node_expand(&pv, &pod, 2 << 30, luks())).await {
         Ok(r) => r.into_inner(),
         Err(e) => {
             let why = g.sh("tail -5 /run/hostd.log; tail -5 /run/node.log; ps | grep proxmox; dmesg | tail -5").await.unwrap_or_default();
@@ -177,34 +146,34 @@ async fn luks_xfs_volume_in_a_guest_vm() {
         }
     };
     assert!(ne.capacity_bytes > (1 << 30) + (900 << 20), "{ne:?}");
-    let df = g.sh(&format!("df -kP {} | tail -1 | awk '{{print $2}}'", step.target)).await.unwrap();
+    let df = g.sh(&format!("df -kP {target} | tail -1 | awk '{{print $2}}'")).await.unwrap();
     let kib: u64 = df.trim().parse().unwrap();
     assert!(kib > 1_900_000, "filesystem is {kib} KiB after growing to 2 GiB");
 
-    // Down: unpublish, unstage (LUKS closed), detach (the guest sees it go).
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), target_path: step.target.clone() }).await.unwrap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: step.staging.clone() }).await.unwrap();
+    // Down in kubelet's order: unpublish, unstage (LUKS closed), then the
+    // attacher's detach (the guest sees it go).
+    node.node_unpublish_volume(k.node_unpublish(&pv, &pod)).await.unwrap();
+    node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
     let mapper = g.sh("ls /dev/mapper").await.unwrap();
     assert!(!mapper.contains("pvecsi-"), "{mapper}");
-    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), node_id: "worker-2/112".into(), ..Default::default() })).await.unwrap();
+    detach(&ctl, &pv, WORKER_2).await;
     let (code, _) = g.sh_status(&format!("udevadm settle; test -e /dev/disk/by-id/wwn-{wwn}")).await.unwrap();
     assert_ne!(code, 0, "the wwn link must disappear after the unplug");
 
     // Back again: the LUKS volume is opened, not formatted, and the data is there.
-    let pc = ctl.controller_publish_volume(Request::new(publish)).await.unwrap().into_inner().publish_context;
+    let pc = attach(&ctl, &pv, WORKER_2).await;
     assert_eq!(pc["wwn"], wwn, "the same WWN read back from the config");
-    node.node_stage_volume(step.stage(&pc)).await.unwrap();
-    node.node_publish_volume(step.publish()).await.unwrap();
-    let again = g.sh(&format!("sha256sum {}/data | cut -d' ' -f1", step.target)).await.unwrap();
+    node.node_stage_volume(k.node_stage(&pv, &pc, luks())).await.unwrap();
+    node.node_publish_volume(k.node_publish(&pv, &pod, &pc)).await.unwrap();
+    let again = g.sh(&format!("sha256sum {target}/data | cut -d' ' -f1")).await.unwrap();
     assert_eq!(again, sum, "data survived unplug and re-attach");
-    // A wrong passphrase is refused without touching the header.
     let hostd_log = g.sh("cat /run/hostd.log").await.unwrap();
     assert!(!hostd_log.contains(PASSPHRASE), "the passphrase reached hostd's log");
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), target_path: step.target.clone() }).await.unwrap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: step.staging.clone() }).await.unwrap();
-    let mut wrong = step.stage(&pc);
-    wrong.secrets.insert("encryption-passphrase".into(), "not it".into());
-    let err = node.node_stage_volume(wrong).await.unwrap_err();
+    node.node_unpublish_volume(k.node_unpublish(&pv, &pod)).await.unwrap();
+    node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
+    // A wrong passphrase (the Secret changed) is refused without touching the header.
+    let wrong = HashMap::from([("encryption-passphrase".to_string(), "not it".to_string())]);
+    let err = node.node_stage_volume(k.node_stage(&pv, &pc, wrong)).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("passphrase does not open"), "{}", err.message());
 }
@@ -251,56 +220,29 @@ async fn setup_with_role(g: &Guest, images: &std::path::Path, role: &str) -> (pv
     (sim, ControllerService(Arc::new(Controller::new(clients, 9999, Duration::from_secs(60)))))
 }
 
-async fn create_vol(ctl: &ControllerService, name: &str, fs: &str) -> csi::Volume {
-    ctl.create_volume(Request::new(csi::CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
-        volume_capabilities: vec![cap(fs)],
-        parameters: HashMap::from([("storage".into(), "local-lvm".into())]),
-        ..Default::default()
-    }))
-    .await
-    .unwrap()
-    .into_inner()
-    .volume
-    .unwrap()
-}
-
-fn publish_to_112(v: &csi::Volume, fs: &str) -> csi::ControllerPublishVolumeRequest {
-    csi::ControllerPublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        node_id: "worker-2/112".into(),
-        volume_capability: Some(cap(fs)),
-        volume_context: v.volume_context.clone(),
-        ..Default::default()
-    }
-}
-
 #[tokio::test]
 async fn ext4_growth_surprise_unplug_and_24_disks() {
     let Some(Lab { mut g, ctl, mut node, sim: _sim, images: _images }) = Lab::start(Share::Shared, MINIMAL_ROLE).await else { return };
-    g.sh("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/d/a /var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/a").await.unwrap();
+    let k = kubelet();
 
     // ext4, plain: online growth with resize2fs (root in the guest has CAP_SYS_RESOURCE).
-    let vol = create_vol(&ctl, "pvc-ext4", "ext4").await;
+    let pv = provision(&ctl, &class("local-lvm", "ext4"), &claim("ext4")).await;
+    let pod = Pod::new("8e2f4a6b-1c3d-4e5f-a7b9-0c1d2e3f4a5b");
+    let target = k.target_path(&pod, &pv);
     // The WWN is known before the attach: stage first, so that hostd is
-    // already waiting when QEMU's device_add happens.
-    let wwn = proxmox_csi_controller::drive::wwn_for(&vol.volume_id, 0);
-    let early = HashMap::from([("wwn".to_string(), wwn.clone()), ("serial".to_string(), proxmox_csi_controller::drive::serial_for(&vol.volume_id))]);
-    let step = Step {
-        vol: &vol,
-        staging: "/var/lib/kubelet/plugins/kubernetes.io/csi/d/a/globalmount".into(),
-        target: "/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/a/mount".into(),
-        secrets: HashMap::new(),
-        fs: "ext4",
-    };
+    // already waiting when QEMU's device_add happens. (kubelet waits for
+    // the attachment; this measures hostd's wait, with the context the
+    // controller is about to answer.)
+    let wwn = proxmox_csi_controller::drive::wwn_for(&pv.handle, 0);
+    let early = HashMap::from([("wwn".to_string(), wwn.clone()), ("serial".to_string(), proxmox_csi_controller::drive::serial_for(&pv.handle))]);
+    mkdirs(&mut g, k.stage_dirs(&pv)).await;
     let t = Instant::now();
     let mut waiting = node.clone();
-    let stage_req = step.stage(&early);
+    let stage_req = k.node_stage(&pv, &early, HashMap::new());
     let staged = tokio::spawn(async move { waiting.node_stage_volume(stage_req).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let published = Instant::now();
-    let pc = ctl.controller_publish_volume(Request::new(publish_to_112(&vol, "ext4"))).await.unwrap().into_inner().publish_context;
+    let pc = attach(&ctl, &pv, WORKER_2).await;
     assert_eq!(pc["wwn"], wwn);
     let publish_took = published.elapsed();
     staged.await.unwrap().unwrap();
@@ -310,83 +252,50 @@ async fn ext4_growth_surprise_unplug_and_24_disks() {
         "MEASURE ControllerPublish took {publish_took:?}; hostd, waiting since 300 ms before it, found the disk: {}",
         line.split("timings_ms=").nth(1).unwrap_or("?")
     );
-    node.node_publish_volume(step.publish()).await.unwrap();
-    g.sh(&format!("echo kept > {}/f && sync", step.target)).await.unwrap();
-    ctl.controller_expand_volume(Request::new(csi::ControllerExpandVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 }),
-        volume_capability: Some(cap("ext4")),
-        ..Default::default()
-    }))
-    .await
-    .unwrap();
-    node.node_expand_volume(csi::NodeExpandVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        volume_path: step.target.clone(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 }),
-        staging_target_path: step.staging.clone(),
-        volume_capability: Some(cap("ext4")),
-        secrets: HashMap::new(),
-    })
-    .await
-    .unwrap();
-    let kib: u64 = g.sh(&format!("df -kP {} | tail -1 | awk '{{print $2}}'", step.target)).await.unwrap().trim().parse().unwrap();
+    mkdirs(&mut g, k.publish_dirs(&pod, &pv)).await;
+    node.node_publish_volume(k.node_publish(&pv, &pod, &pc)).await.unwrap();
+    g.sh(&format!("echo kept > {target}/f && sync")).await.unwrap();
+    ctl.controller_expand_volume(Request::new(resizer::controller_expand(&pv, 2 << 30))).await.unwrap();
+    node.node_expand_volume(k.node_expand(&pv, &pod, 2 << 30, HashMap::new())).await.unwrap();
+    let kib: u64 = g.sh(&format!("df -kP {target} | tail -1 | awk '{{print $2}}'")).await.unwrap().trim().parse().unwrap();
     assert!(kib > 1_900_000, "ext4 is {kib} KiB after growing to 2 GiB");
 
     // Surprise unplug while mounted: the condition turns abnormal, unstage still cleans up.
-    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        node_id: "worker-2/112".into(),
-        ..Default::default()
-    }))
-    .await
-    .unwrap();
+    detach(&ctl, &pv, WORKER_2).await;
     g.sh("udevadm settle").await.unwrap();
-    let stats = node
-        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest { volume_id: vol.volume_id.clone(), volume_path: step.target.clone(), staging_target_path: String::new() })
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = node.node_get_volume_stats(k.node_stats(&pv, &pod)).await.unwrap().into_inner();
     let cond = stats.volume_condition.unwrap();
     assert!(cond.abnormal, "{cond:?}");
     eprintln!("condition after surprise unplug: {}", cond.message);
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), target_path: step.target.clone() }).await.unwrap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: step.staging.clone() }).await.unwrap();
+    node.node_unpublish_volume(k.node_unpublish(&pv, &pod)).await.unwrap();
+    node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
     let mounts = g.sh("grep -c kubelet/plugins /proc/mounts || true").await.unwrap();
     assert_eq!(mounts.trim(), "0", "nothing left mounted");
 
-    // 24 volumes attached concurrently to one VM: all appear in the guest by WWN.
-    let mut vols = Vec::new();
+    // 24 block claims attached concurrently to one VM: all appear in the guest by WWN.
+    let block = class("local-lvm", "");
+    let mut pvs = Vec::new();
     for i in 0..24 {
-        vols.push(create_vol(&ctl, &format!("pvc-many-{i}"), "ext4").await);
+        pvs.push(provision(&ctl, &block, &claim(&format!("many-{i}")).block()).await);
     }
     let t = Instant::now();
-    let calls = vols.iter().map(|v| {
+    let calls = pvs.iter().map(|pv| {
         let ctl = ctl.clone();
-        let req = publish_to_112(v, "ext4");
+        let req = attacher::controller_publish(pv, WORKER_2);
         async move { ctl.controller_publish_volume(Request::new(req)).await }
     });
     let results: Vec<_> = futures::future::join_all(calls).await;
     eprintln!("MEASURE 24 concurrent ControllerPublish into the guest: {:?}, {} config writes", t.elapsed(), ctl.0.attacher.writes.load(std::sync::atomic::Ordering::Relaxed));
     let contexts: Vec<HashMap<String, String>> = results.into_iter().map(|r| r.unwrap().into_inner().publish_context).collect();
     let wwns: Vec<String> = contexts.iter().map(|c| c["wwn"].clone()).collect();
-    // Stage them all as raw block volumes: a burst of hot-plugs can overrun
-    // virtio-scsi's event queue, and hostd's SCSI rescan fallback must find
-    // whatever the guest kernel missed.
-    g.sh("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/many").await.unwrap();
+    // Stage them all (kubelet's block staging): a burst of hot-plugs can
+    // overrun virtio-scsi's event queue, and hostd's SCSI rescan fallback
+    // must find whatever the guest kernel missed.
+    mkdirs(&mut g, pvs.iter().flat_map(|pv| k.stage_dirs(pv)).collect()).await;
     let t = Instant::now();
-    let stages = vols.iter().zip(&contexts).enumerate().map(|(i, (v, pc))| {
+    let stages = pvs.iter().zip(&contexts).map(|(pv, pc)| {
         let mut n = node.clone();
-        let req = csi::NodeStageVolumeRequest {
-            volume_id: v.volume_id.clone(),
-            publish_context: pc.clone(),
-            staging_target_path: format!("/var/lib/kubelet/plugins/kubernetes.io/csi/many/{i}"),
-            volume_capability: Some(csi::VolumeCapability {
-                access_type: Some(AccessType::Block(Default::default())),
-                access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-            }),
-            ..Default::default()
-        };
+        let req = k.node_stage(pv, pc, HashMap::new());
         async move { n.node_stage_volume(req).await }
     });
     for r in futures::future::join_all(stages).await {
@@ -407,19 +316,14 @@ async fn hostd_killed_mid_stage_in_the_guest() {
     // Alone on the machine: the kill must land in the phase it aims at.
     let Some(Lab { mut g, ctl, mut node, sim: _sim, images: _images }) = Lab::start(Share::Alone, MINIMAL_ROLE).await else { return };
     // Kill during luksFormat, luksOpen, and mkfs.xfs (≈1.1 s, 0.4 s, 1.6 s under TCG).
+    let k = kubelet();
     for (i, kill_after_ms) in [300u64, 1300, 2300].into_iter().enumerate() {
-        g.sh(&format!("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/d/k{i}")).await.unwrap();
-        let vol = create_vol(&ctl, &format!("pvc-kill-{i}"), "xfs").await;
-        let pc = ctl.controller_publish_volume(Request::new(publish_to_112(&vol, "xfs"))).await.unwrap().into_inner().publish_context;
-        let step = Step {
-            vol: &vol,
-            staging: format!("/var/lib/kubelet/plugins/kubernetes.io/csi/d/k{i}/globalmount"),
-            target: String::new(),
-            secrets: HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]),
-            fs: "xfs",
-        };
+        let pv = provision(&ctl, &class("local-lvm", "xfs"), &claim(&format!("kill-{i}"))).await;
+        let staging = k.staging_path(&pv);
+        mkdirs(&mut g, k.stage_dirs(&pv)).await;
+        let pc = attach(&ctl, &pv, WORKER_2).await;
         let mut first = node.clone();
-        let req = step.stage(&pc);
+        let req = k.node_stage(&pv, &pc, luks());
         let call = tokio::spawn(async move { first.node_stage_volume(req).await });
         tokio::time::sleep(Duration::from_millis(kill_after_ms)).await;
         g.sh("kill -9 $(pidof proxmox-csi-hostd); sleep 0.3; start-hostd & sleep 1").await.unwrap();
@@ -428,7 +332,7 @@ async fn hostd_killed_mid_stage_in_the_guest() {
         // The kubelet retries until it works.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            match node.node_stage_volume(step.stage(&pc)).await {
+            match node.node_stage_volume(k.node_stage(&pv, &pc, luks())).await {
                 Ok(_) => break,
                 Err(e) if Instant::now() < deadline => {
                     eprintln!("retry: {:?} {}", e.code(), e.message());
@@ -438,22 +342,21 @@ async fn hostd_killed_mid_stage_in_the_guest() {
             }
         }
         let mounts = g.sh("grep globalmount /proc/mounts").await.unwrap();
-        assert!(mounts.contains(&step.staging) && mounts.contains("/dev/mapper/pvecsi-"), "{mounts}");
-        g.sh(&format!("echo ok > {}/f && sync", step.staging)).await.unwrap();
-        node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: step.staging.clone() }).await.unwrap();
+        assert!(mounts.contains(&staging) && mounts.contains("/dev/mapper/pvecsi-"), "{mounts}");
+        g.sh(&format!("echo ok > {staging}/f && sync")).await.unwrap();
+        node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
         // Stages again from scratch: LUKS opens, xfs mounts (a torn one would
         // not), and the file written after the retry is there.
         // As kubelet does, a call that finds hostd still settling is retried.
         until_ok("stage after the recovery", || {
-            let (mut n, req) = (node.clone(), step.stage(&pc));
+            let (mut n, req) = (node.clone(), k.node_stage(&pv, &pc, luks()));
             async move { n.node_stage_volume(req).await }
         })
         .await;
-        let f = g.sh(&format!("cat {}/f", step.staging)).await.unwrap();
+        let f = g.sh(&format!("cat {staging}/f")).await.unwrap();
         assert_eq!(f.trim(), "ok");
         until_ok("unstage", || {
-            let mut n = node.clone();
-            let req = csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: step.staging.clone() };
+            let (mut n, req) = (node.clone(), k.node_unstage(&pv));
             async move { n.node_unstage_volume(req).await }
         })
         .await;
@@ -505,70 +408,39 @@ acl:
     let clients = cfg.clusters.into_iter().map(|c| Arc::new(pve::Client::new(c, Duration::from_secs(30), Default::default()).unwrap())).collect();
     let ctl = ControllerService(Arc::new(Controller::new(clients, 9999, Duration::from_secs(60))));
     let (mut n1, mut n2) = (node_client(g1.csi_port).await, node_client(g2.csi_port).await);
-    let create = |name: &'static str, storage: &'static str| {
-        let ctl = ctl.clone();
-        async move {
-            let zone = csi::Topology {
-                segments: HashMap::from([
-                    ("topology.kubernetes.io/region".to_string(), "region-1".to_string()),
-                    ("topology.kubernetes.io/zone".to_string(), "pve2".to_string()),
-                ]),
-            };
-            ctl.create_volume(Request::new(csi::CreateVolumeRequest {
-                name: name.into(),
-                capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
-                volume_capabilities: vec![cap("ext4")],
-                parameters: HashMap::from([("storage".into(), storage.into())]),
-                accessibility_requirements: Some(csi::TopologyRequirement { requisite: vec![zone.clone()], preferred: vec![zone] }),
-                ..Default::default()
-            }))
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap()
-        }
-    };
-    let publish = |v: &csi::Volume, node_id: &str| csi::ControllerPublishVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        node_id: node_id.into(),
-        volume_capability: Some(cap("ext4")),
-        volume_context: v.volume_context.clone(),
-        ..Default::default()
-    };
-    let staging = "/var/lib/kubelet/plugins/kubernetes.io/csi/d/m/globalmount".to_string();
-    for g in [&mut g1, &mut g2] {
-        g.sh("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/d/m").await.unwrap();
-    }
+    let k = kubelet();
 
     // Local storage, same Proxmox node: written on worker-2, read on worker-3.
-    let local = create("pvc-local", "local-lvm").await;
-    assert!(local.volume_id.contains("/pve2/"), "{}", local.volume_id);
-    let step = Step { vol: &local, staging: staging.clone(), target: String::new(), secrets: HashMap::new(), fs: "ext4" };
-    let pc = ctl.controller_publish_volume(Request::new(publish(&local, "worker-2/112"))).await.unwrap().into_inner().publish_context;
-    n1.node_stage_volume(step.stage(&pc)).await.unwrap();
+    let local = provision(&ctl, &class("local-lvm", "ext4"), &claim("local")).await;
+    assert!(local.handle.contains("/pve2/"), "{}", local.handle);
+    let staging = k.staging_path(&local);
+    for g in [&mut g1, &mut g2] {
+        mkdirs(g, k.stage_dirs(&local)).await;
+    }
+    let pc = attach(&ctl, &local, WORKER_2).await;
+    n1.node_stage_volume(k.node_stage(&local, &pc, HashMap::new())).await.unwrap();
     let sum = g1.sh(&format!("dd if=/dev/urandom of={staging}/d bs=1M count=4 2>/dev/null && sync && sha256sum {staging}/d | cut -d' ' -f1")).await.unwrap();
     // While attached to worker-2, worker-3 cannot have it.
-    let err = ctl.controller_publish_volume(Request::new(publish(&local, "worker-3/113"))).await.unwrap_err();
+    let err = ctl.controller_publish_volume(Request::new(attacher::controller_publish(&local, "worker-3/113"))).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
-    n1.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: local.volume_id.clone(), staging_target_path: staging.clone() }).await.unwrap();
-    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: local.volume_id.clone(), node_id: "worker-2/112".into(), ..Default::default() })).await.unwrap();
-    let pc = ctl.controller_publish_volume(Request::new(publish(&local, "worker-3/113"))).await.unwrap().into_inner().publish_context;
-    n2.node_stage_volume(step.stage(&pc)).await.unwrap();
+    n1.node_unstage_volume(k.node_unstage(&local)).await.unwrap();
+    detach(&ctl, &local, WORKER_2).await;
+    let pc = attach(&ctl, &local, "worker-3/113").await;
+    n2.node_stage_volume(k.node_stage(&local, &pc, HashMap::new())).await.unwrap();
     let moved = g2.sh(&format!("sha256sum {staging}/d | cut -d' ' -f1")).await.unwrap();
     assert_eq!(moved, sum, "data intact after the move to another VM");
-    n2.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: local.volume_id.clone(), staging_target_path: staging.clone() }).await.unwrap();
-    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: local.volume_id.clone(), node_id: "worker-3/113".into(), ..Default::default() })).await.unwrap();
+    n2.node_unstage_volume(k.node_unstage(&local)).await.unwrap();
+    detach(&ctl, &local, "worker-3/113").await;
 
     // To a VM on another Proxmox node: local storage refused with the reason and the remedy…
-    let err = ctl.controller_publish_volume(Request::new(publish(&local, "worker-4/114"))).await.unwrap_err();
+    let err = ctl.controller_publish_volume(Request::new(attacher::controller_publish(&local, "worker-4/114"))).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
     assert!(err.message().contains("pvecsictl migrate"), "{}", err.message());
     // …shared storage goes.
-    let shared = create("pvc-shared", "nfs").await;
-    ctl.controller_publish_volume(Request::new(publish(&shared, "worker-2/112"))).await.unwrap();
-    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: shared.volume_id.clone(), node_id: "worker-2/112".into(), ..Default::default() })).await.unwrap();
-    ctl.controller_publish_volume(Request::new(publish(&shared, "worker-4/114"))).await.unwrap();
+    let shared = provision(&ctl, &class("nfs", "ext4"), &claim("shared")).await;
+    attach(&ctl, &shared, WORKER_2).await;
+    detach(&ctl, &shared, WORKER_2).await;
+    attach(&ctl, &shared, "worker-4/114").await;
 }
 
 /// The two growth cases the other guest tests do not cover: ext4 inside
@@ -585,55 +457,33 @@ async fn online_growth_of_ext4_with_luks_and_of_plain_xfs() {
 /// Create, attach, stage, write, grow from 1 to 2 GiB while mounted, check
 /// the size and the bytes, then take everything down and delete.
 async fn grow_online(ctl: &ControllerService, node: &mut NodeClient<Channel>, g: &mut Guest, name: &str, fs: &str, secrets: HashMap<String, String>) {
-    let vol = create_vol(ctl, name, fs).await;
-    let step = Step {
-        vol: &vol,
-        staging: format!("/var/lib/kubelet/plugins/kubernetes.io/csi/d/{name}/globalmount"),
-        target: format!("/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/{name}/mount"),
-        secrets,
-        fs,
-    };
-    g.sh(&format!("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/d/{name} /var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/{name}")).await.unwrap();
-    let pc = ctl.controller_publish_volume(Request::new(publish_to_112(&vol, fs))).await.unwrap().into_inner().publish_context;
-    node.node_stage_volume(step.stage(&pc)).await.unwrap();
-    let mounts = g.sh(&format!("grep {name}/globalmount /proc/mounts")).await.unwrap();
+    let k = kubelet();
+    let pv = provision(ctl, &class("local-lvm", fs), &claim(name)).await;
+    let pod = Pod::new(&format!("pod-{name}"));
+    let (staging, target) = (k.staging_path(&pv), k.target_path(&pod, &pv));
+    mkdirs(g, k.stage_dirs(&pv)).await;
+    let pc = attach(ctl, &pv, WORKER_2).await;
+    node.node_stage_volume(k.node_stage(&pv, &pc, secrets.clone())).await.unwrap();
+    let mounts = g.sh(&format!("grep '{staging}' /proc/mounts")).await.unwrap();
     assert!(mounts.contains(&format!(" {fs} ")), "{mounts}");
-    assert_eq!(mounts.contains("/dev/mapper/pvecsi-"), !step.secrets.is_empty(), "{mounts}");
-    node.node_publish_volume(step.publish()).await.unwrap();
-    let sum = g.sh(&format!("dd if=/dev/urandom of={t}/data bs=1M count=4 2>/dev/null && sync && sha256sum {t}/data | cut -d' ' -f1", t = step.target)).await.unwrap();
+    assert_eq!(mounts.contains("/dev/mapper/pvecsi-"), !secrets.is_empty(), "{mounts}");
+    mkdirs(g, k.publish_dirs(&pod, &pv)).await;
+    node.node_publish_volume(k.node_publish(&pv, &pod, &pc)).await.unwrap();
+    let sum = g.sh(&format!("dd if=/dev/urandom of={target}/data bs=1M count=4 2>/dev/null && sync && sha256sum {target}/data | cut -d' ' -f1")).await.unwrap();
     assert_eq!(sum.len(), 64, "{sum}");
 
-    let range = Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 });
-    let grown = ctl
-        .controller_expand_volume(Request::new(csi::ControllerExpandVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            capacity_range: range,
-            volume_capability: Some(cap(fs)),
-            ..Default::default()
-        }))
-        .await
-        .unwrap()
-        .into_inner();
+    let grown = ctl.controller_expand_volume(Request::new(resizer::controller_expand(&pv, 2 << 30))).await.unwrap().into_inner();
     assert!(grown.node_expansion_required);
-    node.node_expand_volume(csi::NodeExpandVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        volume_path: step.target.clone(),
-        capacity_range: range,
-        staging_target_path: step.staging.clone(),
-        volume_capability: Some(cap(fs)),
-        secrets: step.secrets.clone(),
-    })
-    .await
-    .unwrap();
-    let kib: u64 = g.sh(&format!("df -kP {} | tail -1 | awk '{{print $2}}'", step.target)).await.unwrap().trim().parse().unwrap();
+    node.node_expand_volume(k.node_expand(&pv, &pod, 2 << 30, secrets.clone())).await.unwrap();
+    let kib: u64 = g.sh(&format!("df -kP {target} | tail -1 | awk '{{print $2}}'")).await.unwrap().trim().parse().unwrap();
     assert!(kib > 1_900_000, "{name}: {fs} is {kib} KiB after growing to 2 GiB");
-    let again = g.sh(&format!("sha256sum {}/data | cut -d' ' -f1", step.target)).await.unwrap();
+    let again = g.sh(&format!("sha256sum {target}/data | cut -d' ' -f1")).await.unwrap();
     assert_eq!(again, sum, "{name}: the data survived the growth");
 
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), target_path: step.target.clone() }).await.unwrap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: step.staging.clone() }).await.unwrap();
-    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), node_id: "worker-2/112".into(), ..Default::default() })).await.unwrap();
-    ctl.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: vol.volume_id.clone(), ..Default::default() })).await.unwrap();
+    node.node_unpublish_volume(k.node_unpublish(&pv, &pod)).await.unwrap();
+    node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
+    detach(ctl, &pv, WORKER_2).await;
+    ctl.delete_volume(Request::new(provisioner::delete_volume(&pv))).await.unwrap();
     let (code, _) = g.sh_status(&format!("udevadm settle; test -e /dev/disk/by-id/wwn-{}", pc["wwn"])).await.unwrap();
     assert_ne!(code, 0, "{name}: the disk is gone from the guest");
 }
@@ -644,27 +494,23 @@ async fn grow_online(ctl: &ControllerService, node: &mut NodeClient<Channel>, g:
 async fn snapshot_restore_keeps_the_bytes() {
     let role = "VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit";
     let Some(Lab { mut g, ctl, mut node, images, sim: _sim }) = Lab::start(Share::Shared, role).await else { return };
-    let luks = HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]);
-    g.sh("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/d/s").await.unwrap();
-    let staging = "/var/lib/kubelet/plugins/kubernetes.io/csi/d/s/globalmount".to_string();
+    let k = kubelet();
+    let sc = class("local-lvm", "ext4");
 
-    let src = create_vol(&ctl, "pvc-src", "ext4").await;
-    let step = Step { vol: &src, staging: staging.clone(), target: String::new(), secrets: luks.clone(), fs: "ext4" };
-    let pc = ctl.controller_publish_volume(Request::new(publish_to_112(&src, "ext4"))).await.unwrap().into_inner().publish_context;
-    node.node_stage_volume(step.stage(&pc)).await.unwrap();
+    let src = provision(&ctl, &sc, &claim("src")).await;
+    let staging = k.staging_path(&src);
+    mkdirs(&mut g, k.stage_dirs(&src)).await;
+    let pc = attach(&ctl, &src, WORKER_2).await;
+    node.node_stage_volume(k.node_stage(&src, &pc, luks())).await.unwrap();
     let sum = g.sh(&format!("dd if=/dev/urandom of={staging}/d bs=1M count=4 2>/dev/null && sync && sha256sum {staging}/d | cut -d' ' -f1")).await.unwrap();
     // Quiesced: the filesystem is unmounted while the snapshot is copied.
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: src.volume_id.clone(), staging_target_path: staging.clone() }).await.unwrap();
+    node.node_unstage_volume(k.node_unstage(&src)).await.unwrap();
 
+    // The snapshotter calls CreateSnapshot, unchanged, until ready_to_use.
     let t = Instant::now();
+    let take = snapshotter::create_snapshot("2d4f6a8c-0e1b-4c3d-8e5f-7a9b1c3d5e7f", "src-snap", &src, &[]);
     let snap = loop {
-        let s = ctl
-            .create_snapshot(Request::new(csi::CreateSnapshotRequest { source_volume_id: src.volume_id.clone(), name: "snapshot-1".into(), ..Default::default() }))
-            .await
-            .unwrap()
-            .into_inner()
-            .snapshot
-            .unwrap();
+        let s = ctl.create_snapshot(Request::new(take.clone())).await.unwrap().into_inner().snapshot.unwrap();
         if s.ready_to_use {
             break s;
         }
@@ -672,33 +518,24 @@ async fn snapshot_restore_keeps_the_bytes() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     eprintln!("MEASURE snapshot of 1 GiB ready after {:?}", t.elapsed());
-    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: src.volume_id.clone(), node_id: "worker-2/112".into(), ..Default::default() })).await.unwrap();
+    detach(&ctl, &src, WORKER_2).await;
 
-    let mut restore = csi::CreateVolumeRequest {
-        name: "pvc-restored".into(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
-        volume_capabilities: vec![cap("ext4")],
-        parameters: HashMap::from([("storage".into(), "local-lvm".into())]),
-        ..Default::default()
-    };
-    restore.volume_content_source = Some(csi::VolumeContentSource {
-        r#type: Some(csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource { snapshot_id: snap.snapshot_id.clone() })),
-    });
-    let restored = ctl.create_volume(Request::new(restore)).await.unwrap().into_inner().volume.unwrap();
-    assert_ne!(restored.volume_id, src.volume_id);
-    let step = Step { vol: &restored, staging: staging.clone(), target: String::new(), secrets: luks, fs: "ext4" };
-    let pc = ctl.controller_publish_volume(Request::new(publish_to_112(&restored, "ext4"))).await.unwrap().into_inner().publish_context;
-    node.node_stage_volume(step.stage(&pc)).await.unwrap();
+    let restored = provision(&ctl, &sc, &claim("restored").from_snapshot(&snap.snapshot_id)).await;
+    assert_ne!(restored.handle, src.handle);
+    let staging = k.staging_path(&restored);
+    mkdirs(&mut g, k.stage_dirs(&restored)).await;
+    let pc = attach(&ctl, &restored, WORKER_2).await;
+    node.node_stage_volume(k.node_stage(&restored, &pc, luks())).await.unwrap();
     let got = g.sh(&format!("sha256sum {staging}/d | cut -d' ' -f1")).await.unwrap();
     assert_eq!(got, sum, "the restored volume has the snapshot's bytes");
     let staged = g.sh("grep 'volume staged' /run/node.log | tail -1").await.unwrap();
     assert!(!staged.contains("luks_format") && !staged.contains("\"mkfs\""), "the restored volume was opened, not formatted: {staged}");
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: restored.volume_id.clone(), staging_target_path: staging.clone() }).await.unwrap();
-    ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: restored.volume_id.clone(), node_id: "worker-2/112".into(), ..Default::default() })).await.unwrap();
-    for id in [&restored.volume_id, &src.volume_id] {
-        ctl.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() })).await.unwrap();
+    node.node_unstage_volume(k.node_unstage(&restored)).await.unwrap();
+    detach(&ctl, &restored, WORKER_2).await;
+    for pv in [&restored, &src] {
+        ctl.delete_volume(Request::new(provisioner::delete_volume(pv))).await.unwrap();
     }
-    ctl.delete_snapshot(Request::new(csi::DeleteSnapshotRequest { snapshot_id: snap.snapshot_id.clone(), ..Default::default() })).await.unwrap();
+    ctl.delete_snapshot(Request::new(snapshotter::delete_snapshot(&snap.snapshot_id))).await.unwrap();
     let left: Vec<_> = std::fs::read_dir(images.path()).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "backing files left behind: {left:?}");
 }
@@ -713,8 +550,8 @@ struct GuestNode<'a> {
 
 impl conformance::node::NodeHost for GuestNode<'_> {
     async fn disk(&mut self, n: u32) -> Result<String, String> {
-        let v = create_vol(&self.ctl, &format!("pvc-conf-{n}"), "ext4").await;
-        let pc = self.ctl.controller_publish_volume(Request::new(publish_to_112(&v, "ext4"))).await.map_err(|e| e.to_string())?;
+        let pv = provision(&self.ctl, &class("local-lvm", "ext4"), &claim(&format!("conf-{n}"))).await;
+        let pc = self.ctl.controller_publish_volume(Request::new(attacher::controller_publish(&pv, WORKER_2))).await.map_err(|e| e.to_string())?;
         Ok(pc.into_inner().publish_context.get("wwn").cloned().unwrap_or_default().trim_start_matches("0x").to_string())
     }
 
@@ -800,89 +637,71 @@ async fn soak_in_the_guest_keeps_every_byte() {
         async move { http.post(url).body(body).send().await.unwrap() }
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    let luks = HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]);
+    let k = kubelet();
+    let pod = Pod::new("6a8c0e2f-4b6d-4f8a-9c1e-3d5f7a9b1c3e");
     let mut vols = Vec::new();
-    for (i, (fs, secrets)) in [("ext4", HashMap::new()), ("xfs", HashMap::new()), ("ext4", luks)].into_iter().enumerate() {
-        let vol = create_vol(&ctl, &format!("pvc-soak-{i}"), fs).await;
-        g.sh(&format!("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/d/soak{i}")).await.unwrap();
-        vols.push((vol, fs, secrets, None::<String>, 1u64 << 30));
+    for (i, (fs, secrets)) in [("ext4", HashMap::new()), ("xfs", HashMap::new()), ("ext4", luks())].into_iter().enumerate() {
+        let pv = provision(&ctl, &class("local-lvm", fs), &claim(&format!("soak-{i}"))).await;
+        mkdirs(&mut g, k.stage_dirs(&pv)).await;
+        mkdirs(&mut g, k.publish_dirs(&pod, &pv)).await;
+        vols.push((pv, secrets, None::<String>, 1u64 << 30));
     }
     let (mut faults, mut retries) = (0u32, 0u32);
     for round in 0..14 {
         let i = rng.random_range(0..vols.len());
-        let (vol, fs, secrets, sum, bytes) = vols[i].clone();
-        let staging = format!("/var/lib/kubelet/plugins/kubernetes.io/csi/d/soak{i}/globalmount");
-        let step = Step { vol: &vol, staging: staging.clone(), target: String::new(), secrets: secrets.clone(), fs };
+        let (pv, secrets, sum, bytes) = vols[i].clone();
+        let target = k.target_path(&pod, &pv);
         let fault = ["", r#"{"fail_hotplugs": 1}"#, r#"{"fail_tasks": 1}"#, r#"{"error_5xx_rate": 0.2}"#][rng.random_range(0..4)];
         if !fault.is_empty() {
             knobs(fault).await;
             faults += 1;
         }
-        let (pc, n) = until_ok("publish", || ctl.controller_publish_volume(Request::new(publish_to_112(&vol, fs)))).await;
+        let (pc, n) = until_ok("publish", || ctl.controller_publish_volume(Request::new(attacher::controller_publish(&pv, WORKER_2)))).await;
         retries += n;
         knobs(r#"{"error_5xx_rate": 0.0, "fail_hotplugs": 0, "fail_tasks": 0}"#).await;
         let (_, n) = until_ok("stage", || {
-            let mut n = node.clone();
-            let req = step.stage(&pc.publish_context);
+            let (mut n, req) = (node.clone(), k.node_stage(&pv, &pc.publish_context, secrets.clone()));
             async move { n.node_stage_volume(req).await }
         })
         .await;
         retries += n;
+        node.node_publish_volume(k.node_publish(&pv, &pod, &pc.publish_context)).await.unwrap();
         if let Some(want) = &sum {
-            let got = g.sh(&format!("sha256sum {staging}/d | cut -d' ' -f1")).await.unwrap();
+            let got = g.sh(&format!("sha256sum {target}/d | cut -d' ' -f1")).await.unwrap();
             assert_eq!(&got, want, "round {round}: volume {i} lost its bytes");
         }
         let mut bytes = bytes;
         if rng.random_bool(0.3) && bytes < 2 << 30 {
             bytes += 512 << 20;
-            let range = Some(csi::CapacityRange { required_bytes: bytes as i64, limit_bytes: 0 });
-            let (_, n) = until_ok("expand", || {
-                ctl.controller_expand_volume(Request::new(csi::ControllerExpandVolumeRequest {
-                    volume_id: vol.volume_id.clone(),
-                    capacity_range: range,
-                    volume_capability: Some(cap(fs)),
-                    ..Default::default()
-                }))
-            })
-            .await;
+            let (_, n) = until_ok("expand", || ctl.controller_expand_volume(Request::new(resizer::controller_expand(&pv, bytes as i64)))).await;
             retries += n;
-            node.node_expand_volume(csi::NodeExpandVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                volume_path: staging.clone(),
-                capacity_range: range,
-                staging_target_path: staging.clone(),
-                volume_capability: Some(cap(fs)),
-                secrets: secrets.clone(),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("round {round}: NodeExpand of volume {i}: {}", e.message()));
+            node.node_expand_volume(k.node_expand(&pv, &pod, bytes as i64, secrets.clone()))
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: NodeExpand of volume {i}: {}", e.message()));
         }
-        let new_sum = g.sh(&format!("dd if=/dev/urandom of={staging}/d bs=1M count=2 2>/dev/null && sync && sha256sum {staging}/d | cut -d' ' -f1")).await.unwrap();
-        node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: staging.clone() }).await.unwrap();
+        let new_sum = g.sh(&format!("dd if=/dev/urandom of={target}/d bs=1M count=2 2>/dev/null && sync && sha256sum {target}/d | cut -d' ' -f1")).await.unwrap();
+        node.node_unpublish_volume(k.node_unpublish(&pv, &pod)).await.unwrap();
+        node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
         if rng.random_bool(0.5) {
             knobs(r#"{"fail_hotplugs": 1}"#).await;
             faults += 1;
         }
-        let (_, n) = until_ok("unpublish", || {
-            ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), node_id: "worker-2/112".into(), ..Default::default() }))
-        })
-        .await;
+        let (_, n) = until_ok("unpublish", || ctl.controller_unpublish_volume(Request::new(attacher::controller_unpublish(&pv, WORKER_2)))).await;
         retries += n;
         knobs(r#"{"fail_hotplugs": 0}"#).await;
-        vols[i].3 = Some(new_sum);
-        vols[i].4 = bytes;
+        vols[i].2 = Some(new_sum);
+        vols[i].3 = bytes;
     }
     // Every volume once more: the bytes last written are there.
-    for (i, (vol, fs, secrets, sum, _)) in vols.iter().enumerate() {
+    for (i, (pv, secrets, sum, _)) in vols.iter().enumerate() {
         let Some(want) = sum else { continue };
-        let staging = format!("/var/lib/kubelet/plugins/kubernetes.io/csi/d/soak{i}/globalmount");
-        let step = Step { vol, staging: staging.clone(), target: String::new(), secrets: secrets.clone(), fs };
-        let pc = ctl.controller_publish_volume(Request::new(publish_to_112(vol, fs))).await.unwrap().into_inner().publish_context;
-        node.node_stage_volume(step.stage(&pc)).await.unwrap();
+        let staging = k.staging_path(pv);
+        let pc = attach(&ctl, pv, WORKER_2).await;
+        node.node_stage_volume(k.node_stage(pv, &pc, secrets.clone())).await.unwrap();
         let got = g.sh(&format!("sha256sum {staging}/d | cut -d' ' -f1")).await.unwrap();
         assert_eq!(&got, want, "volume {i} lost its last bytes");
-        node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: staging }).await.unwrap();
-        ctl.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), node_id: "worker-2/112".into(), ..Default::default() })).await.unwrap();
+        node.node_unstage_volume(k.node_unstage(pv)).await.unwrap();
+        detach(&ctl, pv, WORKER_2).await;
     }
     let vm: serde_json::Value = http.get(format!("http://{}/pvesim/vms/112", sim.addr)).send().await.unwrap().json().await.unwrap();
     assert_eq!(vm["data"]["pending"], serde_json::json!({}), "{vm}");
