@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Json;
@@ -15,7 +14,6 @@ use axum::routing::get;
 use common::*;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::kube::Kube;
-use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use serde_json::{Value, json};
 use tonic::Request;
@@ -125,22 +123,14 @@ async fn nodes_pvs_and_classes_from_kubernetes() {
 
     // ModifyVolume on the attached disk: limits changed and removed at once.
     e.svc
-        .controller_modify_volume(Request::new(csi::ControllerModifyVolumeRequest {
-            volume_id: fast.volume_id.clone(),
-            secrets: HashMap::new(),
-            mutable_parameters: HashMap::from([("diskIOPS".into(), "0".into()), ("diskMBps".into(), "20".into())]),
-        }))
+        .controller_modify_volume(Request::new(callers::resizer::controller_modify(&pv_of(&fast), &[("diskIOPS", "0"), ("diskMBps", "20")])))
         .await
         .unwrap();
     let line = e.vm(112).await["config"][&slot].as_str().unwrap().to_string();
     assert!(!line.contains("iops_rd") && line.contains("mbps_rd=20"), "{line}");
     let err = e
         .svc
-        .controller_modify_volume(Request::new(csi::ControllerModifyVolumeRequest {
-            volume_id: fast.volume_id.clone(),
-            secrets: HashMap::new(),
-            mutable_parameters: HashMap::from([("ssd".into(), "1".into())]),
-        }))
+        .controller_modify_volume(Request::new(callers::resizer::controller_modify(&pv_of(&fast), &[("ssd", "1")])))
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
@@ -164,7 +154,7 @@ async fn nodes_pvs_and_classes_from_kubernetes() {
     assert_eq!(by_uuid, by_id + 1, "config reads: {by_uuid} by uuid, {by_id} by VM id");
     e.svc.controller_unpublish_volume(Request::new(unpublish_req(&keep, "worker"))).await.unwrap();
     assert!(e.vm(113).await["config"].to_string().find("pvc-keep").is_none(), "detached again");
-    e.svc.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: keep.volume_id.clone(), secrets: HashMap::new() })).await.unwrap();
+    e.svc.delete_volume(Request::new(delete_req(&keep))).await.unwrap();
     let vols = e.admin("GET", "volumes", "").await;
     assert!(vols.as_array().unwrap().iter().any(|v| v["volid"] == "local-lvm:vm-9999-pvc-keep"));
     // A Node that is gone: unpublish counts it as detached.

@@ -55,11 +55,7 @@ async fn an_unknown_answer_for_a_volume_is_settled_by_the_listing() {
     assert_eq!(count(&e, "POST /nodes/{node}/storage/{storage}/content").await, 2, "pvc-known and pvc-unknown, once each");
     assert_eq!(count(&e, "GET /nodes/{node}/storage/{storage}/content").await, 1, "one listing for the one unknown answer");
     // A volume that is gone is gone for the listing too.
-    let missing = csi::ValidateVolumeCapabilitiesRequest {
-        volume_id: "region-1/pve2/local-lvm/vm-9999-pvc-never".into(),
-        volume_capabilities: vec![mount_cap()],
-        ..Default::default()
-    };
+    let missing = callers::sanity::validate_volume_capabilities(&pv_id("region-1/pve2/local-lvm/vm-9999-pvc-never"));
     let err = e.svc.validate_volume_capabilities(Request::new(missing)).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
 }

@@ -82,22 +82,18 @@ async fn replicated_volume_lives_in_a_holder_that_follows_the_pod() {
     e.svc.controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-1"))).await.unwrap();
 
     // Offline growth through the holder.
-    let grow = csi::ControllerExpandVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 }),
-        ..Default::default()
-    };
+    let grow = expand_req(&v, 2 << 30);
     let grown = e.svc.controller_expand_volume(Request::new(grow)).await.unwrap().into_inner();
     assert_eq!(grown.capacity_bytes, 2 << 30);
     assert!(e.vm(h as u32).await["config"]["scsi0"].as_str().unwrap().contains("size=2G"));
 
     // Listed with its zone-less handle.
-    let listed = e.svc.list_volumes(Request::new(csi::ListVolumesRequest::default())).await.unwrap().into_inner();
+    let listed = e.svc.list_volumes(Request::new(callers::attacher::list_volumes(""))).await.unwrap().into_inner();
     assert!(listed.entries.iter().any(|x| x.volume.as_ref().unwrap().volume_id == v.volume_id), "{listed:?}");
 
     // Delete: holder, jobs and disk are gone; a repeat is fine.
     for _ in 0..2 {
-        e.svc.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), ..Default::default() })).await.unwrap();
+        e.svc.delete_volume(Request::new(delete_req(&v))).await.unwrap();
     }
     assert!(e.admin("GET", &format!("vms/{h}"), "").await.is_null());
     assert!(jobs(&e).await.is_empty());

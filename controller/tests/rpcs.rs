@@ -5,7 +5,6 @@ mod common;
 
 use common::*;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -96,7 +95,7 @@ async fn publish_attaches_with_wwn_and_serial_and_unpublish_leaves_nothing() {
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert!(err.message().contains("pvecsictl migrate"), "{}", err.message());
     // Delete refuses an attached disk.
-    let err = e.svc.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), secrets: HashMap::new() })).await.unwrap_err();
+    let err = e.svc.delete_volume(Request::new(delete_req(&v))).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert!(err.message().contains("attached to VM 112"), "{}", err.message());
 
@@ -111,7 +110,7 @@ async fn publish_attaches_with_wwn_and_serial_and_unpublish_leaves_nothing() {
     e.svc.controller_unpublish_volume(Request::new(unpublish_req(&v, "ghost/4242"))).await.unwrap();
 
     for _ in 0..2 {
-        e.svc.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), secrets: HashMap::new() })).await.unwrap();
+        e.svc.delete_volume(Request::new(delete_req(&v))).await.unwrap();
     }
     let vols = e.admin("GET", "volumes", "").await;
     assert!(vols.as_array().unwrap().iter().all(|x| x["volid"] != "local-lvm:vm-9999-pvc-p"));
@@ -244,12 +243,7 @@ async fn env_sharing(e: &Env) -> ControllerService {
 async fn expand_capacity_list_and_get() {
     let e = env().await;
     let v = create(&e, "pvc-x", Some("pve2")).await;
-    let exp = |bytes: i64| csi::ControllerExpandVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: bytes, limit_bytes: 0 }),
-        secrets: HashMap::new(),
-        volume_capability: Some(mount_cap()),
-    };
+    let exp = |bytes: i64| expand_req(&v, bytes);
     // Not attached, and the minimal role may not create the holder VM.
     let err = e.svc.controller_expand_volume(Request::new(exp(2 << 30))).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
@@ -265,16 +259,10 @@ async fn expand_capacity_list_and_get() {
 
     let cap = e
         .svc
-        .get_capacity(Request::new(csi::GetCapacityRequest {
-            volume_capabilities: vec![mount_cap()],
-            parameters: HashMap::from([("storage".into(), "local-lvm".into())]),
-            accessible_topology: Some(csi::Topology {
-                segments: HashMap::from([
-                    ("topology.kubernetes.io/region".into(), "region-1".into()),
-                    ("topology.kubernetes.io/zone".into(), "pve2".into()),
-                ]),
-            }),
-        }))
+        .get_capacity(Request::new(callers::provisioner::get_capacity(
+            &callers::provisioner::StorageClass::new(&[("storage", "local-lvm")]),
+            Some(&[("topology.kubernetes.io/region", "region-1"), ("topology.kubernetes.io/zone", "pve2")]),
+        )))
         .await
         .unwrap()
         .into_inner();
@@ -282,32 +270,28 @@ async fn expand_capacity_list_and_get() {
     assert!(cap.maximum_volume_size.unwrap() <= cap.available_capacity);
 
     create(&e, "pvc-y", Some("pve3")).await;
-    let page1 = e.svc.list_volumes(Request::new(csi::ListVolumesRequest { max_entries: 1, starting_token: String::new() })).await.unwrap().into_inner();
+    let page1 = e.svc.list_volumes(Request::new(callers::sanity::list_volumes(1, ""))).await.unwrap().into_inner();
     assert_eq!(page1.entries.len(), 1);
-    let page2 = e.svc.list_volumes(Request::new(csi::ListVolumesRequest { max_entries: 5, starting_token: page1.next_token.clone() })).await.unwrap().into_inner();
+    let page2 = e.svc.list_volumes(Request::new(callers::sanity::list_volumes(5, &page1.next_token))).await.unwrap().into_inner();
     assert_eq!(page2.entries.len(), 1);
     assert!(page2.next_token.is_empty());
     let all: Vec<_> = page1.entries.iter().chain(page2.entries.iter()).collect();
     let published = all.iter().find(|e| e.volume.as_ref().unwrap().volume_id == v.volume_id).unwrap();
     assert_eq!(published.status.as_ref().unwrap().published_node_ids, ["worker-2/112"]);
-    let err = e.svc.list_volumes(Request::new(csi::ListVolumesRequest { max_entries: 1, starting_token: "bogus".into() })).await.unwrap_err();
+    let err = e.svc.list_volumes(Request::new(callers::sanity::list_volumes(1, "bogus"))).await.unwrap_err();
     assert_eq!(err.code(), Code::Aborted, "{err:?}");
 
-    let g = e.svc.controller_get_volume(Request::new(csi::ControllerGetVolumeRequest { volume_id: v.volume_id.clone() })).await.unwrap().into_inner();
+    let g = e.svc.controller_get_volume(Request::new(callers::health::controller_get_volume(&pv_of(&v)))).await.unwrap().into_inner();
     let cond = g.status.unwrap().volume_condition.unwrap();
     assert!(!cond.abnormal, "{cond:?}");
     e.admin("PUT", "vms/112/lock?value=backup", "").await;
-    let g = e.svc.controller_get_volume(Request::new(csi::ControllerGetVolumeRequest { volume_id: v.volume_id.clone() })).await.unwrap().into_inner();
+    let g = e.svc.controller_get_volume(Request::new(callers::health::controller_get_volume(&pv_of(&v)))).await.unwrap().into_inner();
     let cond = g.status.unwrap().volume_condition.unwrap();
     assert!(cond.abnormal && cond.message.contains("VM 112 is locked (backup)"), "{cond:?}");
-    let err = e.svc.controller_get_volume(Request::new(csi::ControllerGetVolumeRequest { volume_id: "region-1/pve2/local-lvm/vm-9999-none".into() })).await.unwrap_err();
+    let err = e.svc.controller_get_volume(Request::new(callers::health::controller_get_volume(&pv_id("region-1/pve2/local-lvm/vm-9999-none")))).await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
 
-    let val = e.svc.validate_volume_capabilities(Request::new(csi::ValidateVolumeCapabilitiesRequest {
-        volume_id: v.volume_id.clone(),
-        volume_capabilities: vec![mount_cap()],
-        ..Default::default()
-    })).await.unwrap().into_inner();
+    let val = e.svc.validate_volume_capabilities(Request::new(callers::sanity::validate_volume_capabilities(&pv_of(&v)))).await.unwrap().into_inner();
     assert!(val.confirmed.is_some());
 }
 
@@ -327,18 +311,13 @@ async fn calls_per_operation() {
     e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap();
     step("attach", b, e.calls().await);
     let b = e.calls().await;
-    e.svc.controller_expand_volume(Request::new(csi::ControllerExpandVolumeRequest {
-        volume_id: v.volume_id.clone(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 }),
-        secrets: HashMap::new(),
-        volume_capability: Some(mount_cap()),
-    })).await.unwrap();
+    e.svc.controller_expand_volume(Request::new(expand_req(&v, 2 << 30))).await.unwrap();
     step("expand", b, e.calls().await);
     let b = e.calls().await;
     e.svc.controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112"))).await.unwrap();
     step("detach", b, e.calls().await);
     let b = e.calls().await;
-    e.svc.delete_volume(Request::new(csi::DeleteVolumeRequest { volume_id: v.volume_id.clone(), secrets: HashMap::new() })).await.unwrap();
+    e.svc.delete_volume(Request::new(delete_req(&v))).await.unwrap();
     step("delete", b, e.calls().await);
     eprintln!("CALLS {n:?}");
     // Budgets well under the Go driver's (create ≈5, attach ≈12, detach ≈10, delete ≈6).
@@ -354,12 +333,7 @@ async fn detached_volumes_expand_through_a_holder_vm() {
     let v = create(&e, "pvc-off", Some("pve2")).await;
     let r = e
         .svc
-        .controller_expand_volume(Request::new(csi::ControllerExpandVolumeRequest {
-            volume_id: v.volume_id.clone(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: 3 << 30, limit_bytes: 0 }),
-            secrets: HashMap::new(),
-            volume_capability: Some(mount_cap()),
-        }))
+        .controller_expand_volume(Request::new(expand_req(&v, 3 << 30)))
         .await
         .unwrap()
         .into_inner();

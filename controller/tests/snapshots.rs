@@ -111,7 +111,7 @@ async fn snapshot_restore_and_clone_with_a_token() {
     assert!(ctx.publish_context.contains_key("wwn"), "{ctx:?}");
     let w = e.vm(112).await;
     assert!(w["config"].as_object().unwrap().values().any(|l| l.as_str().is_some_and(|l| l.starts_with(&format!("local-lvm:vm-{rid}-disk-0,")))), "{w}");
-    let listed = e.svc.list_volumes(Request::new(csi::ListVolumesRequest::default())).await.unwrap().into_inner();
+    let listed = e.svc.list_volumes(Request::new(callers::attacher::list_volumes(""))).await.unwrap().into_inner();
     let ids: Vec<String> = listed.entries.iter().map(|x| x.volume.as_ref().unwrap().volume_id.clone()).collect();
     assert!(ids.contains(&r.volume_id) && ids.contains(&v.volume_id), "{ids:?}");
     assert!(!ids.iter().any(|i| i.contains("snapshot-vm") || i.ends_with(&format!("vm-{vmid}-disk-0"))), "snapshots are not volumes: {ids:?}");
@@ -157,13 +157,7 @@ async fn list_and_get_snapshots_page_and_filter() {
     let sb = until_ready(&e, "snapshot-b", &b.volume_id).await.pop().unwrap();
     assert_eq!(sb.snapshot_id.split('/').nth(1), Some("pve1"), "the copy stays on the source's node");
 
-    let list = |max: i32, token: &str, source: &str, id: &str| csi::ListSnapshotsRequest {
-        max_entries: max,
-        starting_token: token.into(),
-        source_volume_id: source.into(),
-        snapshot_id: id.into(),
-        ..Default::default()
-    };
+    let list = callers::sanity::list_snapshots;
     let all = e.svc.list_snapshots(Request::new(list(0, "", "", ""))).await.unwrap().into_inner();
     let mut want = vec![sa.clone(), sb.clone()];
     want.sort_by(|x, y| x.snapshot_id.cmp(&y.snapshot_id));
@@ -183,9 +177,9 @@ async fn list_and_get_snapshots_page_and_filter() {
     let err = e.svc.list_snapshots(Request::new(list(0, "99", "", ""))).await.unwrap_err();
     assert_eq!(err.code(), Code::Aborted);
 
-    let got = e.svc.get_snapshot(Request::new(csi::GetSnapshotRequest { snapshot_id: sa.snapshot_id.clone(), ..Default::default() })).await.unwrap();
+    let got = e.svc.get_snapshot(Request::new(callers::sanity::get_snapshot(&sa.snapshot_id))).await.unwrap();
     assert_eq!(got.into_inner().snapshot, Some(sa));
-    let err = e.svc.get_snapshot(Request::new(csi::GetSnapshotRequest { snapshot_id: "region-1/pve2/local-lvm/snapshot-vm-777".into(), ..Default::default() })).await.unwrap_err();
+    let err = e.svc.get_snapshot(Request::new(callers::sanity::get_snapshot("region-1/pve2/local-lvm/snapshot-vm-777"))).await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
 
     let caps = e

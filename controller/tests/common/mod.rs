@@ -11,8 +11,6 @@ use proxmox_csi_controller::ctl::Controller;
 use proxmox_csi_controller::pve;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
-use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
-use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use callers::{attacher, provisioner};
 use pvesim::{Running, Sim, State};
 use serde_json::Value;
@@ -144,13 +142,6 @@ impl Env {
     }
 }
 
-pub fn mount_cap() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume { fs_type: "ext4".into(), ..Default::default() })),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    }
-}
-
 /// The claim behind a volume named `name` (`pvc-<uid>`, as the provisioner
 /// names volumes; another name becomes `pvc-<name>`).
 pub fn claim(name: &str, bytes: i64) -> provisioner::Claim {
@@ -162,16 +153,21 @@ pub fn claim(name: &str, bytes: i64) -> provisioner::Claim {
 /// only the region). An empty `name` is a malformed request no caller
 /// sends, for the spec's checks.
 pub fn create_req(name: &str, bytes: i64, params: &[(&str, &str)], zone: Option<&str>) -> csi::CreateVolumeRequest {
+    let mut r = provision_req(&claim(name, bytes), params, zone);
+    if name.is_empty() {
+        r.name.clear();
+    }
+    r
+}
+
+/// CreateVolume as the provisioner sends it for `claim`.
+fn provision_req(claim: &provisioner::Claim, params: &[(&str, &str)], zone: Option<&str>) -> csi::CreateVolumeRequest {
     let mut term = vec![("topology.kubernetes.io/region", "region-1")];
     if let Some(z) = zone {
         term.push(("topology.kubernetes.io/zone", z));
     }
     let requirement = provisioner::requirement(&[&term], 0);
-    let mut r = provisioner::create_volume(&provisioner::StorageClass::new(params), &claim(name, bytes), Some(requirement));
-    if name.is_empty() {
-        r.name.clear();
-    }
-    r
+    provisioner::create_volume(&provisioner::StorageClass::new(params), claim, Some(requirement))
 }
 
 pub async fn create(e: &Env, name: &str, zone: Option<&str>) -> csi::Volume {
@@ -196,6 +192,21 @@ pub fn publish_req(v: &csi::Volume, node: &str) -> csi::ControllerPublishVolumeR
     attacher::controller_publish(&pv_of(v), node)
 }
 
+/// The PV of a volume known only by its handle (one deleted or never made).
+pub fn pv_id(handle: &str) -> callers::PersistentVolume {
+    pv_of(&csi::Volume { volume_id: handle.into(), capacity_bytes: 1 << 30, ..Default::default() })
+}
+
+/// DeleteVolume as the provisioner sends it for `v`'s PV.
+pub fn delete_req(v: &csi::Volume) -> csi::DeleteVolumeRequest {
+    provisioner::delete_volume(&pv_of(v))
+}
+
+/// ControllerExpandVolume as the external-resizer sends it for `v`'s PV.
+pub fn expand_req(v: &csi::Volume, bytes: i64) -> csi::ControllerExpandVolumeRequest {
+    callers::resizer::controller_expand(&pv_of(v), bytes)
+}
+
 pub fn unpublish_req(v: &csi::Volume, node: &str) -> csi::ControllerUnpublishVolumeRequest {
     attacher::controller_unpublish(&pv_of(v), node)
 }
@@ -207,9 +218,9 @@ pub const COPY_ROLE: &str = "[VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.C
 /// CreateVolume as the provisioner sends it for a claim with a dataSource
 /// (a VolumeSnapshot's handle, or a source PV's).
 pub fn from_source(source: csi::volume_content_source::Type, name: &str, bytes: i64, params: &[(&str, &str)], zone: Option<&str>) -> csi::CreateVolumeRequest {
-    let mut r = create_req(name, bytes, params, zone);
-    r.volume_content_source = Some(csi::VolumeContentSource { r#type: Some(source) });
-    r
+    let mut claim = claim(name, bytes);
+    claim.data_source = Some(source);
+    provision_req(&claim, params, zone)
 }
 
 /// CreateSnapshot as the external-snapshotter sends it for the
