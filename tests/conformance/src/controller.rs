@@ -15,8 +15,7 @@ use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use proxmox_csi_proto::csi::v1::controller_service_capability::rpc::Type as Rpc;
 use proxmox_csi_proto::csi::v1::identity_server::Identity as _;
 use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
-use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
-use proxmox_csi_proto::csi::v1::volume_content_source::{SnapshotSource, Type as Source};
+use callers::{PersistentVolume, attacher, health, provisioner, resizer, sanity, snapshotter};
 use tonic::{Code, Request};
 
 use crate::{Report, ensure, expect_code, ok};
@@ -46,11 +45,19 @@ struct Target {
     ident: Identity,
 }
 
-fn cap(mode: Mode) -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume { fs_type: "ext4".into(), ..Default::default() })),
-        access_mode: Some(AccessMode { mode: mode as i32 }),
-    }
+/// A volume id the driver never gave out: the one field the NOT_FOUND
+/// clauses change in a request built for a real volume.
+const NEVER: &str = "region-1/pve2/local-lvm/vm-9999-pvc-never";
+
+/// The StorageClass of every volume here: local-lvm, ext4.
+fn class() -> provisioner::StorageClass {
+    provisioner::StorageClass::new(&[("storage", "local-lvm"), ("csi.storage.k8s.io/fstype", "ext4")])
+}
+
+/// The claim behind a volume named `name` (`pvc-<uid>`, as the provisioner
+/// names volumes).
+fn claim(name: &str, bytes: i64) -> provisioner::Claim {
+    provisioner::Claim::new(name, name.strip_prefix("pvc-").unwrap_or(name), bytes)
 }
 
 fn topology(zone: &str) -> csi::Topology {
@@ -62,24 +69,26 @@ fn topology(zone: &str) -> csi::Topology {
     }
 }
 
-fn create(name: &str, bytes: i64) -> csi::CreateVolumeRequest {
-    csi::CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: bytes, limit_bytes: 0 }),
-        volume_capabilities: vec![cap(Mode::SingleNodeWriter)],
-        parameters: HashMap::from([("storage".to_string(), "local-lvm".to_string())]),
-        accessibility_requirements: Some(csi::TopologyRequirement { requisite: vec![topology("pve2")], preferred: vec![topology("pve2")] }),
-        ..Default::default()
-    }
+/// The provisioner's topology requirement with the pod's node in `zone`.
+fn requirement(zone: &str) -> csi::TopologyRequirement {
+    provisioner::requirement(&[&[("topology.kubernetes.io/region", "region-1"), ("topology.kubernetes.io/zone", zone)]], 0)
 }
 
-fn publish(volume_id: &str, node: &str) -> csi::ControllerPublishVolumeRequest {
-    csi::ControllerPublishVolumeRequest {
-        volume_id: volume_id.into(),
-        node_id: node.into(),
-        volume_capability: Some(cap(Mode::SingleNodeWriter)),
-        ..Default::default()
-    }
+/// CreateVolume as the external-provisioner sends it for `claim`, the pod's node on pve2.
+fn create_for(claim: &provisioner::Claim) -> csi::CreateVolumeRequest {
+    provisioner::create_volume(&class(), claim, Some(requirement("pve2")))
+}
+
+fn create(name: &str, bytes: i64) -> csi::CreateVolumeRequest {
+    create_for(&claim(name, bytes))
+}
+
+/// The claim `name` provisioned: CreateVolume as the provisioner sends it,
+/// then the PersistentVolume it writes from the answer.
+async fn provision(c: &ControllerService, name: &str) -> Result<PersistentVolume, String> {
+    let claim = claim(name, 1 << 30);
+    let volume = ok(c.create_volume(Request::new(create_for(&claim))).await)?.into_inner().volume.unwrap_or_default();
+    Ok(provisioner::persistent_volume(&class(), &claim, &volume))
 }
 
 async fn start() -> Target {
@@ -161,22 +170,24 @@ async fn capabilities(t: &Target, r: &mut Report) -> Vec<Rpc> {
             return Vec::new();
         }
     };
-    // Every advertised RPC is served: an empty request is refused as
-    // INVALID_ARGUMENT, never UNIMPLEMENTED.
+    // Every advertised RPC is served: its sender's request with the name or
+    // id it is about removed is refused as INVALID_ARGUMENT, never
+    // UNIMPLEMENTED (and creates nothing).
     let c = &t.ctl;
+    let pv = provisioner::persistent_volume(&class(), &claim("pvc-conf-probe", 1 << 30), &csi::Volume { volume_id: NEVER.into(), ..Default::default() });
     let mut unimplemented = Vec::new();
     for rpc in &caps {
         let code = match rpc {
-            Rpc::CreateDeleteVolume => c.create_volume(Request::new(Default::default())).await.err(),
-            Rpc::PublishUnpublishVolume => c.controller_publish_volume(Request::new(Default::default())).await.err(),
+            Rpc::CreateDeleteVolume => c.create_volume(Request::new({ let mut q = create("pvc-conf-probe", 1 << 30); q.name.clear(); q })).await.err(),
+            Rpc::PublishUnpublishVolume => c.controller_publish_volume(Request::new({ let mut q = attacher::controller_publish(&pv, "worker-2"); q.volume_id.clear(); q })).await.err(),
             Rpc::ListVolumes => None,
             Rpc::GetCapacity => None,
-            Rpc::CreateDeleteSnapshot => c.create_snapshot(Request::new(Default::default())).await.err(),
+            Rpc::CreateDeleteSnapshot => c.create_snapshot(Request::new({ let mut q = snapshotter::create_snapshot("conf-probe", "conf-probe", &pv, &[]); q.source_volume_id.clear(); q })).await.err(),
             Rpc::ListSnapshots => None,
-            Rpc::ExpandVolume => c.controller_expand_volume(Request::new(Default::default())).await.err(),
-            Rpc::GetVolume => c.controller_get_volume(Request::new(Default::default())).await.err(),
-            Rpc::ModifyVolume => c.controller_modify_volume(Request::new(Default::default())).await.err(),
-            Rpc::GetSnapshot => c.get_snapshot(Request::new(Default::default())).await.err(),
+            Rpc::ExpandVolume => c.controller_expand_volume(Request::new({ let mut q = resizer::controller_expand(&pv, 2 << 30); q.volume_id.clear(); q })).await.err(),
+            Rpc::GetVolume => c.controller_get_volume(Request::new({ let mut q = health::controller_get_volume(&pv); q.volume_id.clear(); q })).await.err(),
+            Rpc::ModifyVolume => c.controller_modify_volume(Request::new({ let mut q = resizer::controller_modify(&pv, &[("diskIOPS", "100")]); q.volume_id.clear(); q })).await.err(),
+            Rpc::GetSnapshot => c.get_snapshot(Request::new({ let mut q = sanity::get_snapshot("region-1/pve2/local-lvm/snapshot-vm-777"); q.snapshot_id.clear(); q })).await.err(),
             _ => None,
         }
         .map(|s| s.code());
@@ -193,17 +204,17 @@ async fn capabilities(t: &Target, r: &mut Report) -> Vec<Rpc> {
 
 async fn create_volume(t: &Target, r: &mut Report) {
     let c = &t.ctl;
-    let mut no_name = create("", 1 << 30);
-    no_name.name.clear();
+    let mut no_name = create("pvc-conf-noname", 1 << 30);
+    no_name.name.clear(); // the spec's missing-name case
     r.clause("CreateVolume: a missing name is INVALID_ARGUMENT", expect_code(c.create_volume(Request::new(no_name)).await, Code::InvalidArgument));
     let mut no_caps = create("pvc-conf-nocaps", 1 << 30);
-    no_caps.volume_capabilities.clear();
+    no_caps.volume_capabilities.clear(); // the spec's missing-capabilities case
     r.clause(
         "CreateVolume: missing volume_capabilities is INVALID_ARGUMENT",
         expect_code(c.create_volume(Request::new(no_caps)).await, Code::InvalidArgument),
     );
-    let mut multi = create("pvc-conf-multi", 1 << 30);
-    multi.volume_capabilities = vec![cap(Mode::MultiNodeMultiWriter)];
+    // A ReadWriteMany claim: the provisioner asks for MULTI_NODE_MULTI_WRITER.
+    let multi = create_for(&claim("pvc-conf-multi", 1 << 30).access(&[callers::AccessMode::ReadWriteMany]));
     r.clause(
         "CreateVolume: an unsupported capability is INVALID_ARGUMENT",
         expect_code(c.create_volume(Request::new(multi)).await, Code::InvalidArgument),
@@ -238,14 +249,18 @@ async fn create_volume(t: &Target, r: &mut Report) {
         "CreateVolume: the same name with an incompatible capacity is ALREADY_EXISTS",
         expect_code(c.create_volume(Request::new(create("pvc-conf-a", 5 << 30))).await, Code::AlreadyExists),
     );
-    let mut limited = create("pvc-conf-lim", 1 << 30);
-    limited.capacity_range = Some(csi::CapacityRange { required_bytes: 600 << 20, limit_bytes: 1000 << 20 });
+    let mut limited = create("pvc-conf-lim", 600 << 20);
+    if let Some(range) = limited.capacity_range.as_mut() {
+        range.limit_bytes = 1000 << 20; // the provisioner sends no limit; the spec allows one
+    }
     r.clause(
         "CreateVolume: a capacity range the plugin cannot honour is OUT_OF_RANGE",
         expect_code(c.create_volume(Request::new(limited)).await, Code::OutOfRange),
     );
-    let mut within = create("pvc-conf-within", 1 << 30);
-    within.capacity_range = Some(csi::CapacityRange { required_bytes: 100 << 20, limit_bytes: 1 << 30 });
+    let mut within = create("pvc-conf-within", 100 << 20);
+    if let Some(range) = within.capacity_range.as_mut() {
+        range.limit_bytes = 1 << 30; // the provisioner sends no limit; the spec allows one
+    }
     r.clause(
         "CreateVolume: capacity_bytes is at most limit_bytes",
         ok(c.create_volume(Request::new(within)).await).and_then(|v| {
@@ -253,16 +268,14 @@ async fn create_volume(t: &Target, r: &mut Report) {
             ensure((100 << 20..=1 << 30).contains(&b), || format!("{b} bytes"))
         }),
     );
-    let mut from_missing = create("pvc-conf-src", 1 << 30);
-    from_missing.volume_content_source = Some(csi::VolumeContentSource {
-        r#type: Some(Source::Snapshot(SnapshotSource { snapshot_id: "region-1/pve2/local-lvm/snapshot-vm-777".into() })),
-    });
+    // A claim whose dataSource is a VolumeSnapshot with a handle that names no snapshot.
+    let from_missing = create_for(&claim("pvc-conf-src", 1 << 30).from_snapshot("region-1/pve2/local-lvm/snapshot-vm-777"));
     r.clause(
         "CreateVolume: a content source that does not exist is NOT_FOUND",
         expect_code(c.create_volume(Request::new(from_missing)).await, Code::NotFound),
     );
-    let mut elsewhere = create("pvc-conf-zone", 1 << 30);
-    elsewhere.accessibility_requirements = Some(csi::TopologyRequirement { requisite: vec![topology("pve9")], preferred: vec![] });
+    // The pod's node in a zone without any Proxmox node.
+    let elsewhere = provisioner::create_volume(&class(), &claim("pvc-conf-zone", 1 << 30), Some(requirement("pve9")));
     r.clause(
         "CreateVolume: no provisioning possible in the requisite topology is RESOURCE_EXHAUSTED",
         expect_code(c.create_volume(Request::new(elsewhere)).await, Code::ResourceExhausted),
@@ -271,25 +284,24 @@ async fn create_volume(t: &Target, r: &mut Report) {
 
 async fn delete_volume(t: &Target, r: &mut Report) {
     let c = &t.ctl;
-    let del = |id: &str| csi::DeleteVolumeRequest { volume_id: id.into(), ..Default::default() };
-    r.clause("DeleteVolume: a missing volume_id is INVALID_ARGUMENT", expect_code(c.delete_volume(Request::new(del(""))).await, Code::InvalidArgument));
-    r.clause(
-        "DeleteVolume: a volume that does not exist is deleted already (OK)",
-        ok(c.delete_volume(Request::new(del("region-1/pve2/local-lvm/vm-9999-pvc-never"))).await).map(|_| ()),
-    );
-    let v = ok(c.create_volume(Request::new(create("pvc-conf-del", 1 << 30))).await).map(|v| v.into_inner().volume.map(|v| v.volume_id).unwrap_or_default());
-    let twice = match v {
-        Ok(id) => ok(c.delete_volume(Request::new(del(&id))).await).and(ok(c.delete_volume(Request::new(del(&id))).await)).map(|_| ()),
-        Err(e) => Err(e),
+    let pv = match provision(c, "pvc-conf-del").await {
+        Ok(pv) => pv,
+        Err(e) => return r.clause("DeleteVolume: a volume to delete", Err(e)),
     };
+    let mut no_id = provisioner::delete_volume(&pv);
+    no_id.volume_id.clear(); // the spec's missing-id case
+    r.clause("DeleteVolume: a missing volume_id is INVALID_ARGUMENT", expect_code(c.delete_volume(Request::new(no_id)).await, Code::InvalidArgument));
+    let mut unknown = provisioner::delete_volume(&pv);
+    unknown.volume_id = NEVER.into(); // a volume that does not exist
+    r.clause("DeleteVolume: a volume that does not exist is deleted already (OK)", ok(c.delete_volume(Request::new(unknown)).await).map(|_| ()));
+    let twice = ok(c.delete_volume(Request::new(provisioner::delete_volume(&pv))).await).and(ok(c.delete_volume(Request::new(provisioner::delete_volume(&pv))).await)).map(|_| ());
     r.clause("DeleteVolume: deleting twice answers OK both times", twice);
-    let busy = ok(c.create_volume(Request::new(create("pvc-conf-busy", 1 << 30))).await).map(|v| v.into_inner().volume.map(|v| v.volume_id).unwrap_or_default());
-    let outcome = match busy {
-        Ok(id) => match ok(c.controller_publish_volume(Request::new(publish(&id, "worker-2"))).await) {
+    let outcome = match provision(c, "pvc-conf-busy").await {
+        Ok(pv) => match ok(c.controller_publish_volume(Request::new(attacher::controller_publish(&pv, "worker-2"))).await) {
             Ok(_) => {
-                let res = expect_code(c.delete_volume(Request::new(del(&id))).await, Code::FailedPrecondition);
-                let _ = c.controller_unpublish_volume(Request::new(csi::ControllerUnpublishVolumeRequest { volume_id: id.clone(), node_id: "worker-2".into(), ..Default::default() })).await;
-                let _ = c.delete_volume(Request::new(del(&id))).await;
+                let res = expect_code(c.delete_volume(Request::new(provisioner::delete_volume(&pv))).await, Code::FailedPrecondition);
+                let _ = c.controller_unpublish_volume(Request::new(attacher::controller_unpublish(&pv, "worker-2"))).await;
+                let _ = c.delete_volume(Request::new(provisioner::delete_volume(&pv))).await;
                 res
             }
             Err(e) => Err(e),
@@ -301,33 +313,37 @@ async fn delete_volume(t: &Target, r: &mut Report) {
 
 async fn publish_unpublish(t: &Target, r: &mut Report) {
     let c = &t.ctl;
-    let id = match ok(c.create_volume(Request::new(create("pvc-conf-pub", 1 << 30))).await) {
-        Ok(v) => v.into_inner().volume.map(|v| v.volume_id).unwrap_or_default(),
+    let pv = match provision(c, "pvc-conf-pub").await {
+        Ok(pv) => pv,
         Err(e) => {
             r.clause("ControllerPublishVolume: a volume to publish", Err(e));
             return;
         }
     };
+    let publish = |node: &str| attacher::controller_publish(&pv, node);
+    // The spec's missing-field cases: the attacher's request, one field then removed.
     for (field, req) in [
-        ("volume_id", csi::ControllerPublishVolumeRequest { volume_id: String::new(), ..publish(&id, "worker-2") }),
-        ("node_id", csi::ControllerPublishVolumeRequest { node_id: String::new(), ..publish(&id, "worker-2") }),
-        ("volume_capability", csi::ControllerPublishVolumeRequest { volume_capability: None, ..publish(&id, "worker-2") }),
+        ("volume_id", { let mut q = publish("worker-2"); q.volume_id.clear(); q }),
+        ("node_id", { let mut q = publish("worker-2"); q.node_id.clear(); q }),
+        ("volume_capability", { let mut q = publish("worker-2"); q.volume_capability = None; q }),
     ] {
         r.clause(
             &format!("ControllerPublishVolume: a missing {field} is INVALID_ARGUMENT"),
             expect_code(c.controller_publish_volume(Request::new(req)).await, Code::InvalidArgument),
         );
     }
+    let mut unknown = publish("worker-2");
+    unknown.volume_id = NEVER.into(); // a volume that does not exist
     r.clause(
         "ControllerPublishVolume: a volume that does not exist is NOT_FOUND",
-        expect_code(c.controller_publish_volume(Request::new(publish("region-1/pve2/local-lvm/vm-9999-pvc-never", "worker-2"))).await, Code::NotFound),
+        expect_code(c.controller_publish_volume(Request::new(unknown)).await, Code::NotFound),
     );
     r.clause(
         "ControllerPublishVolume: a node that does not exist is NOT_FOUND",
-        expect_code(c.controller_publish_volume(Request::new(publish(&id, "worker-99"))).await, Code::NotFound),
+        expect_code(c.controller_publish_volume(Request::new(publish("worker-99"))).await, Code::NotFound),
     );
-    let a = ok(c.controller_publish_volume(Request::new(publish(&id, "worker-2"))).await).map(|x| x.into_inner().publish_context);
-    let b = ok(c.controller_publish_volume(Request::new(publish(&id, "worker-2"))).await).map(|x| x.into_inner().publish_context);
+    let a = ok(c.controller_publish_volume(Request::new(publish("worker-2"))).await).map(|x| x.into_inner().publish_context);
+    let b = ok(c.controller_publish_volume(Request::new(publish("worker-2"))).await).map(|x| x.into_inner().publish_context);
     r.clause(
         "ControllerPublishVolume: publishing again to the same node answers OK with the same publish_context",
         match (a, b) {
@@ -337,95 +353,110 @@ async fn publish_unpublish(t: &Target, r: &mut Report) {
     );
     r.clause(
         "ControllerPublishVolume: a single-node volume published elsewhere is FAILED_PRECONDITION",
-        expect_code(c.controller_publish_volume(Request::new(publish(&id, "worker-3"))).await, Code::FailedPrecondition),
+        expect_code(c.controller_publish_volume(Request::new(publish("worker-3"))).await, Code::FailedPrecondition),
     );
-    let unpub = |vol: &str, node: &str| csi::ControllerUnpublishVolumeRequest { volume_id: vol.into(), node_id: node.into(), ..Default::default() };
+    let unpub = |node: &str| attacher::controller_unpublish(&pv, node);
+    let mut no_id = unpub("worker-2");
+    no_id.volume_id.clear(); // the spec's missing-id case
     r.clause(
         "ControllerUnpublishVolume: a missing volume_id is INVALID_ARGUMENT",
-        expect_code(c.controller_unpublish_volume(Request::new(unpub("", "worker-2"))).await, Code::InvalidArgument),
+        expect_code(c.controller_unpublish_volume(Request::new(no_id)).await, Code::InvalidArgument),
     );
     r.clause(
         "ControllerUnpublishVolume: unpublishing twice answers OK both times",
-        ok(c.controller_unpublish_volume(Request::new(unpub(&id, "worker-2"))).await)
-            .and(ok(c.controller_unpublish_volume(Request::new(unpub(&id, "worker-2"))).await))
+        ok(c.controller_unpublish_volume(Request::new(unpub("worker-2"))).await)
+            .and(ok(c.controller_unpublish_volume(Request::new(unpub("worker-2"))).await))
             .map(|_| ()),
     );
     r.clause(
         "ControllerUnpublishVolume: a node that does not exist counts as unpublished (OK)",
-        ok(c.controller_unpublish_volume(Request::new(unpub(&id, "worker-99"))).await).map(|_| ()),
+        ok(c.controller_unpublish_volume(Request::new(unpub("worker-99"))).await).map(|_| ()),
     );
+    let mut unknown = unpub("worker-2");
+    unknown.volume_id = NEVER.into(); // a volume that does not exist
     r.clause(
         "ControllerUnpublishVolume: a volume that does not exist counts as unpublished (OK)",
-        ok(c.controller_unpublish_volume(Request::new(unpub("region-1/pve2/local-lvm/vm-9999-pvc-never", "worker-2"))).await).map(|_| ()),
+        ok(c.controller_unpublish_volume(Request::new(unknown)).await).map(|_| ()),
     );
 }
 
 async fn validate_and_get(t: &Target, r: &mut Report) {
     let c = &t.ctl;
-    let id = match ok(c.create_volume(Request::new(create("pvc-conf-val", 1 << 30))).await) {
-        Ok(v) => v.into_inner().volume.map(|v| v.volume_id).unwrap_or_default(),
+    let pv = match provision(c, "pvc-conf-val").await {
+        Ok(pv) => pv,
         Err(e) => return r.clause("ValidateVolumeCapabilities: a volume to validate", Err(e)),
     };
-    let req = |vol: &str, caps: Vec<csi::VolumeCapability>| csi::ValidateVolumeCapabilitiesRequest { volume_id: vol.into(), volume_capabilities: caps, ..Default::default() };
+    let id = pv.handle.clone();
+    let validate = || sanity::validate_volume_capabilities(&pv);
+    let mut no_id = validate();
+    no_id.volume_id.clear(); // the spec's missing-id case
     r.clause(
         "ValidateVolumeCapabilities: a missing volume_id is INVALID_ARGUMENT",
-        expect_code(c.validate_volume_capabilities(Request::new(req("", vec![cap(Mode::SingleNodeWriter)]))).await, Code::InvalidArgument),
+        expect_code(c.validate_volume_capabilities(Request::new(no_id)).await, Code::InvalidArgument),
     );
+    let mut no_caps = validate();
+    no_caps.volume_capabilities.clear(); // the spec's missing-capabilities case
     r.clause(
         "ValidateVolumeCapabilities: missing volume_capabilities is INVALID_ARGUMENT",
-        expect_code(c.validate_volume_capabilities(Request::new(req(&id, vec![]))).await, Code::InvalidArgument),
+        expect_code(c.validate_volume_capabilities(Request::new(no_caps)).await, Code::InvalidArgument),
     );
+    let mut unknown = validate();
+    unknown.volume_id = NEVER.into(); // a volume that does not exist
     r.clause(
         "ValidateVolumeCapabilities: a volume that does not exist is NOT_FOUND",
-        expect_code(c.validate_volume_capabilities(Request::new(req("region-1/pve2/local-lvm/vm-9999-pvc-never", vec![cap(Mode::SingleNodeWriter)]))).await, Code::NotFound),
+        expect_code(c.validate_volume_capabilities(Request::new(unknown)).await, Code::NotFound),
     );
     r.clause(
         "ValidateVolumeCapabilities: supported capabilities are confirmed",
-        ok(c.validate_volume_capabilities(Request::new(req(&id, vec![cap(Mode::SingleNodeWriter)]))).await)
+        ok(c.validate_volume_capabilities(Request::new(validate())).await)
             .and_then(|x| ensure(x.into_inner().confirmed.is_some(), || "not confirmed".into())),
     );
+    let mut multi = validate();
+    // A capability the driver does not support, in place of the volume's own.
+    multi.volume_capabilities = vec![callers::capability(Mode::MultiNodeMultiWriter, pv.volume_mode, &pv.fs_type, &pv.mount_options)];
     r.clause(
         "ValidateVolumeCapabilities: unsupported capabilities are not confirmed, with a message",
-        ok(c.validate_volume_capabilities(Request::new(req(&id, vec![cap(Mode::MultiNodeMultiWriter)]))).await).and_then(|x| {
+        ok(c.validate_volume_capabilities(Request::new(multi)).await).and_then(|x| {
             let x = x.into_inner();
             ensure(x.confirmed.is_none() && !x.message.is_empty(), || format!("{x:?}"))
         }),
     );
-    let get = |vol: &str| csi::ControllerGetVolumeRequest { volume_id: vol.into() };
+    let mut unknown = health::controller_get_volume(&pv);
+    unknown.volume_id = NEVER.into(); // a volume that does not exist
     r.clause(
         "ControllerGetVolume: a volume that does not exist is NOT_FOUND",
-        expect_code(c.controller_get_volume(Request::new(get("region-1/pve2/local-lvm/vm-9999-pvc-never"))).await, Code::NotFound),
+        expect_code(c.controller_get_volume(Request::new(unknown)).await, Code::NotFound),
     );
     r.clause(
         "ControllerGetVolume: answers the volume with its status",
-        ok(c.controller_get_volume(Request::new(get(&id))).await).and_then(|x| {
+        ok(c.controller_get_volume(Request::new(health::controller_get_volume(&pv))).await).and_then(|x| {
             let x = x.into_inner();
             ensure(x.volume.as_ref().is_some_and(|v| v.volume_id == id) && x.status.is_some(), || format!("{x:?}"))
         }),
     );
-    let modify = |vol: &str, k: &str, v: &str| csi::ControllerModifyVolumeRequest {
-        volume_id: vol.into(),
-        mutable_parameters: HashMap::from([(k.to_string(), v.to_string())]),
-        ..Default::default()
-    };
+    let modify = |k: &str, v: &str| resizer::controller_modify(&pv, &[(k, v)]);
+    let mut no_id = modify("diskIOPS", "100");
+    no_id.volume_id.clear(); // the spec's missing-id case
     r.clause(
         "ControllerModifyVolume: a missing volume_id is INVALID_ARGUMENT",
-        expect_code(c.controller_modify_volume(Request::new(modify("", "diskIOPS", "100"))).await, Code::InvalidArgument),
+        expect_code(c.controller_modify_volume(Request::new(no_id)).await, Code::InvalidArgument),
     );
     r.clause(
         "ControllerModifyVolume: an unsupported mutable parameter is INVALID_ARGUMENT",
-        expect_code(c.controller_modify_volume(Request::new(modify(&id, "storage", "other"))).await, Code::InvalidArgument),
+        expect_code(c.controller_modify_volume(Request::new(modify("storage", "other"))).await, Code::InvalidArgument),
     );
+    let mut unknown = modify("diskIOPS", "100");
+    unknown.volume_id = NEVER.into(); // a volume that does not exist
     r.clause(
         "ControllerModifyVolume: a volume that does not exist is NOT_FOUND",
-        expect_code(c.controller_modify_volume(Request::new(modify("region-1/pve2/local-lvm/vm-9999-pvc-never", "diskIOPS", "100"))).await, Code::NotFound),
+        expect_code(c.controller_modify_volume(Request::new(unknown)).await, Code::NotFound),
     );
 }
 
 async fn list_volumes(t: &Target, r: &mut Report, caps: &[Rpc]) {
     let c = &t.ctl;
-    let list = |max: i32, token: &str| csi::ListVolumesRequest { max_entries: max, starting_token: token.into() };
-    let all = match ok(c.list_volumes(Request::new(list(0, ""))).await) {
+    // The health monitor's sweep: no page size.
+    let all = match ok(c.list_volumes(Request::new(health::list_volumes(""))).await) {
         Ok(x) => x.into_inner(),
         Err(e) => return r.clause("ListVolumes: answers", Err(e)),
     };
@@ -437,7 +468,7 @@ async fn list_volumes(t: &Target, r: &mut Report, caps: &[Rpc]) {
     let mut token = String::new();
     let mut pages = 0;
     let paged: Result<(), String> = loop {
-        match ok(c.list_volumes(Request::new(list(2, &token))).await) {
+        match ok(c.list_volumes(Request::new(sanity::list_volumes(2, &token))).await) {
             Ok(p) => {
                 let p = p.into_inner();
                 if p.entries.len() > 2 {
@@ -462,19 +493,20 @@ async fn list_volumes(t: &Target, r: &mut Report, caps: &[Rpc]) {
     );
     r.clause(
         "ListVolumes: a starting_token not given out is ABORTED",
-        expect_code(c.list_volumes(Request::new(list(0, "not-a-token"))).await, Code::Aborted),
+        expect_code(c.list_volumes(Request::new(sanity::list_volumes(0, "not-a-token"))).await, Code::Aborted), // a token never given out
     );
+    let mut negative = sanity::list_volumes(2, "");
+    negative.max_entries = -1; // a negative page size, which no caller sends
     r.clause(
         "ListVolumes: a negative max_entries is INVALID_ARGUMENT",
-        expect_code(c.list_volumes(Request::new(list(-1, ""))).await, Code::InvalidArgument),
+        expect_code(c.list_volumes(Request::new(negative)).await, Code::InvalidArgument),
     );
     if caps.contains(&Rpc::ListVolumesPublishedNodes) {
-        let published = ok(c.create_volume(Request::new(create("pvc-conf-listpub", 1 << 30))).await)
-            .map(|v| v.into_inner().volume.map(|v| v.volume_id).unwrap_or_default());
-        let outcome = match published {
-            Ok(id) => match ok(c.controller_publish_volume(Request::new(publish(&id, "worker-2"))).await) {
-                Ok(_) => ok(c.list_volumes(Request::new(list(0, ""))).await).and_then(|l| {
-                    let entry = l.into_inner().entries.into_iter().find(|e| e.volume.as_ref().is_some_and(|v| v.volume_id == id));
+        let outcome = match provision(c, "pvc-conf-listpub").await {
+            Ok(pv) => match ok(c.controller_publish_volume(Request::new(attacher::controller_publish(&pv, "worker-2"))).await) {
+                // The attacher's reconcile.
+                Ok(_) => ok(c.list_volumes(Request::new(attacher::list_volumes(""))).await).and_then(|l| {
+                    let entry = l.into_inner().entries.into_iter().find(|e| e.volume.as_ref().is_some_and(|v| v.volume_id == pv.handle));
                     let nodes = entry.and_then(|e| e.status).map(|s| s.published_node_ids).unwrap_or_default();
                     ensure(nodes.len() == 1, || format!("published_node_ids {nodes:?}"))
                 }),
@@ -488,12 +520,8 @@ async fn list_volumes(t: &Target, r: &mut Report, caps: &[Rpc]) {
 
 async fn capacity_and_expand(t: &Target, r: &mut Report) {
     let c = &t.ctl;
-    let cap_req = csi::GetCapacityRequest {
-        volume_capabilities: vec![cap(Mode::SingleNodeWriter)],
-        parameters: HashMap::from([("storage".to_string(), "local-lvm".to_string())]),
-        accessible_topology: Some(topology("pve2")),
-        ..Default::default()
-    };
+    // The provisioner's capacity controller, for the CSIStorageCapacity of the class in pve2.
+    let cap_req = provisioner::get_capacity(&class(), Some(&[("topology.kubernetes.io/region", "region-1"), ("topology.kubernetes.io/zone", "pve2")]));
     r.clause(
         "GetCapacity: available_capacity is not negative and maximum_volume_size is at most the storage",
         ok(c.get_capacity(Request::new(cap_req)).await).and_then(|x| {
@@ -501,33 +529,32 @@ async fn capacity_and_expand(t: &Target, r: &mut Report) {
             ensure(x.available_capacity > 0 && x.maximum_volume_size.is_some_and(|m| m > 0 && m <= 107_374_182_400), || format!("{x:?}"))
         }),
     );
-    let expand = |vol: &str, bytes: i64, limit: i64| csi::ControllerExpandVolumeRequest {
-        volume_id: vol.into(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: bytes, limit_bytes: limit }),
-        ..Default::default()
-    };
-    r.clause(
-        "ControllerExpandVolume: a missing volume_id is INVALID_ARGUMENT",
-        expect_code(c.controller_expand_volume(Request::new(expand("", 2 << 30, 0))).await, Code::InvalidArgument),
-    );
-    r.clause(
-        "ControllerExpandVolume: a missing capacity_range is INVALID_ARGUMENT",
-        expect_code(
-            c.controller_expand_volume(Request::new(csi::ControllerExpandVolumeRequest { volume_id: "region-1/pve2/local-lvm/vm-9999-x".into(), ..Default::default() })).await,
-            Code::InvalidArgument,
-        ),
-    );
-    r.clause(
-        "ControllerExpandVolume: a volume that does not exist is NOT_FOUND",
-        expect_code(c.controller_expand_volume(Request::new(expand("region-1/pve2/local-lvm/vm-9999-pvc-never", 2 << 30, 0))).await, Code::NotFound),
-    );
-    let id = match ok(c.create_volume(Request::new(create("pvc-conf-grow", 1 << 30))).await) {
-        Ok(v) => v.into_inner().volume.map(|v| v.volume_id).unwrap_or_default(),
+    let pv = match provision(c, "pvc-conf-grow").await {
+        Ok(pv) => pv,
         Err(e) => return r.clause("ControllerExpandVolume: a volume to grow", Err(e)),
     };
-    let _ = c.controller_publish_volume(Request::new(publish(&id, "worker-2"))).await;
-    let a = ok(c.controller_expand_volume(Request::new(expand(&id, 2 << 30, 0))).await).map(|x| x.into_inner().capacity_bytes);
-    let b = ok(c.controller_expand_volume(Request::new(expand(&id, 2 << 30, 0))).await).map(|x| x.into_inner().capacity_bytes);
+    let expand = |bytes: i64| resizer::controller_expand(&pv, bytes);
+    let mut no_id = expand(2 << 30);
+    no_id.volume_id.clear(); // the spec's missing-id case
+    r.clause(
+        "ControllerExpandVolume: a missing volume_id is INVALID_ARGUMENT",
+        expect_code(c.controller_expand_volume(Request::new(no_id)).await, Code::InvalidArgument),
+    );
+    let mut no_range = expand(2 << 30);
+    no_range.capacity_range = None; // the spec's missing-capacity case
+    r.clause(
+        "ControllerExpandVolume: a missing capacity_range is INVALID_ARGUMENT",
+        expect_code(c.controller_expand_volume(Request::new(no_range)).await, Code::InvalidArgument),
+    );
+    let mut unknown = expand(2 << 30);
+    unknown.volume_id = NEVER.into(); // a volume that does not exist
+    r.clause(
+        "ControllerExpandVolume: a volume that does not exist is NOT_FOUND",
+        expect_code(c.controller_expand_volume(Request::new(unknown)).await, Code::NotFound),
+    );
+    let _ = c.controller_publish_volume(Request::new(attacher::controller_publish(&pv, "worker-2"))).await;
+    let a = ok(c.controller_expand_volume(Request::new(expand(2 << 30))).await).map(|x| x.into_inner().capacity_bytes);
+    let b = ok(c.controller_expand_volume(Request::new(expand(2 << 30))).await).map(|x| x.into_inner().capacity_bytes);
     r.clause(
         "ControllerExpandVolume: capacity_bytes is at least required_bytes, and repeating it answers the same",
         match (a, b) {
@@ -535,27 +562,36 @@ async fn capacity_and_expand(t: &Target, r: &mut Report) {
             other => Err(format!("{other:?}")),
         },
     );
+    let mut beyond = expand((3 << 30) + 1);
+    if let Some(range) = beyond.capacity_range.as_mut() {
+        range.limit_bytes = 3 << 30; // the resizer sends no limit; the spec allows one
+    }
     r.clause(
         "ControllerExpandVolume: a capacity beyond limit_bytes is OUT_OF_RANGE",
-        expect_code(c.controller_expand_volume(Request::new(expand(&id, (3 << 30) + 1, 3 << 30))).await, Code::OutOfRange),
+        expect_code(c.controller_expand_volume(Request::new(beyond)).await, Code::OutOfRange),
     );
 }
 
 async fn snapshots(t: &Target, r: &mut Report) {
     let c = &t.ctl;
-    let snap = |name: &str, src: &str| csi::CreateSnapshotRequest { name: name.into(), source_volume_id: src.into(), ..Default::default() };
-    let src = match ok(c.create_volume(Request::new(create("pvc-conf-snap", 1 << 30))).await) {
-        Ok(v) => v.into_inner().volume.map(|v| v.volume_id).unwrap_or_default(),
+    // The snapshotter's request for the VolumeSnapshot `conf` (uid `conf`, so `snapshot-conf`) of `pv`.
+    let snap = |pv: &PersistentVolume| snapshotter::create_snapshot("conf", "conf", pv, &[]);
+    let src = match provision(c, "pvc-conf-snap").await {
+        Ok(pv) => pv,
         Err(e) => return r.clause("CreateSnapshot: a volume to snapshot", Err(e)),
     };
-    r.clause("CreateSnapshot: a missing name is INVALID_ARGUMENT", expect_code(c.create_snapshot(Request::new(snap("", &src))).await, Code::InvalidArgument));
+    let mut no_name = snap(&src);
+    no_name.name.clear(); // the spec's missing-name case
+    r.clause("CreateSnapshot: a missing name is INVALID_ARGUMENT", expect_code(c.create_snapshot(Request::new(no_name)).await, Code::InvalidArgument));
+    let mut no_source = snap(&src);
+    no_source.source_volume_id.clear(); // the spec's missing-source case
     r.clause(
         "CreateSnapshot: a missing source_volume_id is INVALID_ARGUMENT",
-        expect_code(c.create_snapshot(Request::new(snap("snapshot-conf", ""))).await, Code::InvalidArgument),
+        expect_code(c.create_snapshot(Request::new(no_source)).await, Code::InvalidArgument),
     );
     let mut first = None;
     for _ in 0..100 {
-        match ok(c.create_snapshot(Request::new(snap("snapshot-conf", &src))).await) {
+        match ok(c.create_snapshot(Request::new(snap(&src))).await) {
             Ok(x) => {
                 let s = x.into_inner().snapshot.unwrap_or_default();
                 if first.is_none() {
@@ -576,51 +612,50 @@ async fn snapshots(t: &Target, r: &mut Report) {
     let s = first.unwrap_or_default();
     r.clause(
         "CreateSnapshot: snapshot_id, source_volume_id and creation_time are set",
-        ensure(!s.snapshot_id.is_empty() && s.source_volume_id == src && s.creation_time.is_some(), || format!("{s:?}")),
+        ensure(!s.snapshot_id.is_empty() && s.source_volume_id == src.handle && s.creation_time.is_some(), || format!("{s:?}")),
     );
-    let again = ok(c.create_snapshot(Request::new(snap("snapshot-conf", &src))).await).map(|x| x.into_inner().snapshot.unwrap_or_default());
+    let again = ok(c.create_snapshot(Request::new(snap(&src))).await).map(|x| x.into_inner().snapshot.unwrap_or_default());
     r.clause(
         "CreateSnapshot: the same name and source again answer the same snapshot (idempotent)",
         again.and_then(|a| ensure(a.snapshot_id == s.snapshot_id && a.ready_to_use, || format!("{a:?}"))),
     );
-    let other = ok(c.create_volume(Request::new(create("pvc-conf-snap2", 1 << 30))).await).map(|v| v.into_inner().volume.map(|v| v.volume_id).unwrap_or_default());
     r.clause(
         "CreateSnapshot: the same name for another source is ALREADY_EXISTS",
-        match other {
-            Ok(o) => expect_code(c.create_snapshot(Request::new(snap("snapshot-conf", &o))).await, Code::AlreadyExists),
+        match provision(c, "pvc-conf-snap2").await {
+            Ok(other) => expect_code(c.create_snapshot(Request::new(snap(&other))).await, Code::AlreadyExists),
             Err(e) => Err(e),
         },
     );
-    let list = |max: i32, token: &str, sid: &str| csi::ListSnapshotsRequest { max_entries: max, starting_token: token.into(), snapshot_id: sid.into(), ..Default::default() };
     r.clause(
         "ListSnapshots: a starting_token not given out is ABORTED",
-        expect_code(c.list_snapshots(Request::new(list(0, "not-a-token", ""))).await, Code::Aborted),
+        expect_code(c.list_snapshots(Request::new(sanity::list_snapshots(0, "not-a-token", "", ""))).await, Code::Aborted), // a token never given out
     );
+    // The snapshotter's status check of a pre-provisioned VolumeSnapshotContent whose handle names no snapshot.
     r.clause(
         "ListSnapshots: filtering by a snapshot_id that does not exist answers an empty list, not an error",
-        ok(c.list_snapshots(Request::new(list(0, "", "region-1/pve2/local-lvm/snapshot-vm-777"))).await)
+        ok(c.list_snapshots(Request::new(snapshotter::list_snapshot("region-1/pve2/local-lvm/snapshot-vm-777"))).await)
             .and_then(|x| ensure(x.into_inner().entries.is_empty(), || "entries".into())),
     );
     r.clause(
         "ListSnapshots: filtering by snapshot_id answers that snapshot",
-        ok(c.list_snapshots(Request::new(list(0, "", &s.snapshot_id))).await).and_then(|x| {
+        ok(c.list_snapshots(Request::new(snapshotter::list_snapshot(&s.snapshot_id))).await).and_then(|x| {
             let e = x.into_inner().entries;
             ensure(e.len() == 1 && e[0].snapshot.as_ref().is_some_and(|x| x.snapshot_id == s.snapshot_id), || format!("{e:?}"))
         }),
     );
     r.clause(
         "GetSnapshot: a snapshot that does not exist is NOT_FOUND",
-        expect_code(c.get_snapshot(Request::new(csi::GetSnapshotRequest { snapshot_id: "region-1/pve2/local-lvm/snapshot-vm-777".into(), ..Default::default() })).await, Code::NotFound),
+        expect_code(c.get_snapshot(Request::new(sanity::get_snapshot("region-1/pve2/local-lvm/snapshot-vm-777"))).await, Code::NotFound),
     );
-    let mut small = create("pvc-conf-restore", 1 << 30);
-    small.capacity_range = Some(csi::CapacityRange { required_bytes: 256 << 20, limit_bytes: 512 << 20 });
-    small.volume_content_source = Some(csi::VolumeContentSource { r#type: Some(Source::Snapshot(SnapshotSource { snapshot_id: s.snapshot_id.clone() })) });
+    let mut small = create_for(&claim("pvc-conf-restore", 256 << 20).from_snapshot(&s.snapshot_id));
+    if let Some(range) = small.capacity_range.as_mut() {
+        range.limit_bytes = 512 << 20; // a limit below the snapshot's size: the provisioner sends none, the spec allows one
+    }
     r.clause(
         "CreateVolume: a volume smaller than its source snapshot is OUT_OF_RANGE",
         expect_code(c.create_volume(Request::new(small)).await, Code::OutOfRange),
     );
-    let mut restore = create("pvc-conf-restore", 1 << 30);
-    restore.volume_content_source = Some(csi::VolumeContentSource { r#type: Some(Source::Snapshot(SnapshotSource { snapshot_id: s.snapshot_id.clone() })) });
+    let restore = create_for(&claim("pvc-conf-restore", 1 << 30).from_snapshot(&s.snapshot_id));
     r.clause(
         "CreateVolume: a volume from a snapshot echoes its content_source",
         ok(c.create_volume(Request::new(restore.clone())).await).and_then(|x| {
@@ -628,10 +663,13 @@ async fn snapshots(t: &Target, r: &mut Report) {
             ensure(v.content_source == restore.volume_content_source, || format!("{:?}", v.content_source))
         }),
     );
-    let del = |sid: &str| csi::DeleteSnapshotRequest { snapshot_id: sid.into(), ..Default::default() };
-    r.clause("DeleteSnapshot: a missing snapshot_id is INVALID_ARGUMENT", expect_code(c.delete_snapshot(Request::new(del(""))).await, Code::InvalidArgument));
+    let mut no_id = snapshotter::delete_snapshot(&s.snapshot_id);
+    no_id.snapshot_id.clear(); // the spec's missing-id case
+    r.clause("DeleteSnapshot: a missing snapshot_id is INVALID_ARGUMENT", expect_code(c.delete_snapshot(Request::new(no_id)).await, Code::InvalidArgument));
     r.clause(
         "DeleteSnapshot: deleting twice answers OK both times",
-        ok(c.delete_snapshot(Request::new(del(&s.snapshot_id))).await).and(ok(c.delete_snapshot(Request::new(del(&s.snapshot_id))).await)).map(|_| ()),
+        ok(c.delete_snapshot(Request::new(snapshotter::delete_snapshot(&s.snapshot_id))).await)
+            .and(ok(c.delete_snapshot(Request::new(snapshotter::delete_snapshot(&s.snapshot_id))).await))
+            .map(|_| ()),
     );
 }

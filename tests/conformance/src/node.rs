@@ -10,14 +10,21 @@ use std::time::{Duration, Instant};
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use proxmox_csi_proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
-use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
-use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use proxmox_csi_proto::csi::v1::volume_capability::AccessType;
+use callers::kubelet::{Kubelet, Pod};
+use callers::{PersistentVolume, provisioner};
 use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::{Report, ensure, expect_code, ok};
 
 const VOL: &str = "region-1/pve2/local-lvm/vm-9999-pvc-conf";
+/// The size of a loop disk (`NodeHost::disk`).
+const DISK_BYTES: i64 = 320 << 20;
+/// The pods using the volume (kubelet's pod uids): read-write, read-only, and one it never reached.
+const POD_A: &str = "5b0e3f7c-2d9a-4c61-8e4f-1a7b9c3d5e20";
+const POD_RO: &str = "9c4d1e8a-6f2b-4a73-b5d0-3e8f7a1c2b64";
+const POD_NONE: &str = "e1a7c3f9-4b8d-4e2a-9c06-7d5f2b8e1a39";
 
 /// hostd and the node plugin, with their scratch directories and loops.
 pub struct Target {
@@ -178,7 +185,7 @@ impl Target {
     fn loop_disk(&mut self, n: u32) -> Result<String, String> {
         let wwn = format!("5000c500{n:08x}");
         let img = self.images.join(format!("{wwn}.raw"));
-        std::fs::File::create(&img).and_then(|f| f.set_len(320 << 20)).map_err(|e| e.to_string())?;
+        std::fs::File::create(&img).and_then(|f| f.set_len(DISK_BYTES as u64)).map_err(|e| e.to_string())?;
         let out = Command::new("losetup").args(["--find", "--show"]).arg(&img).output().map_err(|e| e.to_string())?;
         if !out.status.success() {
             return Err(format!("losetup: {}", String::from_utf8_lossy(&out.stderr)));
@@ -189,45 +196,24 @@ impl Target {
 
 }
 
-/// The staging directory kubelet would create (the CO's job).
-async fn staging_path<H: NodeHost>(h: &mut H, name: &str) -> String {
-    let p = format!("{}/plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev/{name}/globalmount", h.kubelet_root());
-    let _ = h.mkdir(&p).await;
-    p
+/// The PersistentVolume of the volume `VOL` on the disk: what the
+/// provisioner writes for it (an ext4 StorageClass, a ReadWriteOnce claim).
+fn volume_pv() -> PersistentVolume {
+    let sc = provisioner::StorageClass::new(&[("storage", "local-lvm"), ("csi.storage.k8s.io/fstype", "ext4")]);
+    let claim = provisioner::Claim::new("conf", "conf", DISK_BYTES);
+    provisioner::persistent_volume(&sc, &claim, &csi::Volume { volume_id: VOL.into(), capacity_bytes: DISK_BYTES, ..Default::default() })
 }
 
-/// A pod's target path; only its parent exists, as kubelet leaves it.
-async fn target_path<H: NodeHost>(h: &mut H, pod: &str) -> String {
-    let parent = format!("{}/pods/{pod}/volumes/kubernetes.io~csi/pvc-conf", h.kubelet_root());
-    let _ = h.mkdir(&parent).await;
-    format!("{parent}/mount")
+/// What ControllerPublishVolume answered for the disk (the
+/// VolumeAttachment's attachmentMetadata): the WWN the node finds it by.
+fn publish_context(wwn: &str) -> HashMap<String, String> {
+    HashMap::from([("wwn".into(), format!("0x{wwn}"))])
 }
 
-fn cap(fs: &str) -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume { fs_type: fs.into(), ..Default::default() })),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    }
-}
-
-fn stage(wwn: &str, staging: &str, fs: &str) -> csi::NodeStageVolumeRequest {
-    csi::NodeStageVolumeRequest {
-        volume_id: VOL.into(),
-        publish_context: HashMap::from([("wwn".into(), format!("0x{wwn}"))]),
-        staging_target_path: staging.into(),
-        volume_capability: Some(cap(fs)),
-        ..Default::default()
-    }
-}
-
-fn publish(staging: &str, target: &str, readonly: bool) -> csi::NodePublishVolumeRequest {
-    csi::NodePublishVolumeRequest {
-        volume_id: VOL.into(),
-        staging_target_path: staging.into(),
-        target_path: target.into(),
-        volume_capability: Some(cap("ext4")),
-        readonly,
-        ..Default::default()
+/// Makes the directories kubelet makes before a call (the CO's job).
+async fn mkdirs<H: NodeHost>(h: &mut H, dirs: Vec<String>) {
+    for d in dirs {
+        let _ = h.mkdir(&d).await;
     }
 }
 
@@ -294,20 +280,28 @@ async fn info(n: &mut NodeClient<Channel>, r: &mut Report) {
 }
 
 async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &mut Report, wwn: &str) {
-    let staging = staging_path(h, "conf").await;
-    let target = target_path(h, "pod-a").await;
+    let kubelet = Kubelet::new(&h.kubelet_root());
+    let pv = volume_pv();
+    let pc = publish_context(wwn);
+    let pod = Pod::new(POD_A);
+    mkdirs(h, kubelet.stage_dirs(&pv)).await;
+    mkdirs(h, kubelet.publish_dirs(&pod, &pv)).await;
+    let staging = kubelet.staging_path(&pv);
+    let target = kubelet.target_path(&pod, &pv);
+    let stage = kubelet.node_stage(&pv, &pc, HashMap::new());
+    // The spec's missing-field cases: kubelet's request, one field then removed.
     for (field, req) in [
-        ("volume_id", csi::NodeStageVolumeRequest { volume_id: String::new(), ..stage(wwn, &staging, "ext4") }),
-        ("staging_target_path", csi::NodeStageVolumeRequest { staging_target_path: String::new(), ..stage(wwn, &staging, "ext4") }),
-        ("volume_capability", csi::NodeStageVolumeRequest { volume_capability: None, ..stage(wwn, &staging, "ext4") }),
+        ("volume_id", { let mut q = stage.clone(); q.volume_id.clear(); q }),
+        ("staging_target_path", { let mut q = stage.clone(); q.staging_target_path.clear(); q }),
+        ("volume_capability", { let mut q = stage.clone(); q.volume_capability = None; q }),
     ] {
         r.clause(&format!("NodeStageVolume: a missing {field} is INVALID_ARGUMENT"), expect_code(n.node_stage_volume(req).await, Code::InvalidArgument));
     }
     r.clause(
         "NodeUnstageVolume: a volume not staged at the path answers OK",
-        ok(n.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: VOL.into(), staging_target_path: staging.clone() }).await).map(|_| ()),
+        ok(n.node_unstage_volume(kubelet.node_unstage(&pv)).await).map(|_| ()),
     );
-    let first = ok(n.node_stage_volume(stage(wwn, &staging, "ext4")).await);
+    let first = ok(n.node_stage_volume(stage.clone()).await);
     let is_mounted = h.mounted(&staging).await;
     r.clause(
         "NodeStageVolume: the volume is staged at staging_target_path (mounted there)",
@@ -315,25 +309,34 @@ async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &
     );
     r.clause(
         "NodeStageVolume: staging again with the same arguments answers OK (idempotent)",
-        ok(n.node_stage_volume(stage(wwn, &staging, "ext4")).await).map(|_| ()),
+        ok(n.node_stage_volume(stage.clone()).await).map(|_| ()),
     );
+    let mut xfs = stage.clone();
+    // The same volume asked for as xfs: an incompatible capability.
+    if let Some(AccessType::Mount(m)) = xfs.volume_capability.as_mut().and_then(|c| c.access_type.as_mut()) {
+        m.fs_type = "xfs".into();
+    }
     r.clause(
         "NodeStageVolume: staged already with an incompatible capability is ALREADY_EXISTS",
-        expect_code(n.node_stage_volume(stage(wwn, &staging, "xfs")).await, Code::AlreadyExists),
+        expect_code(n.node_stage_volume(xfs).await, Code::AlreadyExists),
     );
 
+    let publish = kubelet.node_publish(&pv, &pod, &pc);
+    // The spec's missing-field cases: kubelet's request, one field then removed.
     for (field, req) in [
-        ("volume_id", csi::NodePublishVolumeRequest { volume_id: String::new(), ..publish(&staging, &target, false) }),
-        ("target_path", csi::NodePublishVolumeRequest { target_path: String::new(), ..publish(&staging, &target, false) }),
-        ("volume_capability", csi::NodePublishVolumeRequest { volume_capability: None, ..publish(&staging, &target, false) }),
+        ("volume_id", { let mut q = publish.clone(); q.volume_id.clear(); q }),
+        ("target_path", { let mut q = publish.clone(); q.target_path.clear(); q }),
+        ("volume_capability", { let mut q = publish.clone(); q.volume_capability = None; q }),
     ] {
         r.clause(&format!("NodePublishVolume: a missing {field} is INVALID_ARGUMENT"), expect_code(n.node_publish_volume(req).await, Code::InvalidArgument));
     }
+    let mut unstaged = publish.clone();
+    unstaged.staging_target_path.clear(); // the spec's missing-staging-path case
     r.clause(
         "NodePublishVolume: with STAGE_UNSTAGE_VOLUME, a missing staging_target_path is FAILED_PRECONDITION",
-        expect_code(n.node_publish_volume(csi::NodePublishVolumeRequest { staging_target_path: String::new(), ..publish(&staging, &target, false) }).await, Code::FailedPrecondition),
+        expect_code(n.node_publish_volume(unstaged).await, Code::FailedPrecondition),
     );
-    let published = ok(n.node_publish_volume(publish(&staging, &target, false)).await);
+    let published = ok(n.node_publish_volume(publish.clone()).await);
     let there = h.is_dir(&target).await && h.mounted(&target).await;
     r.clause(
         "NodePublishVolume: the SP creates target_path and mounts the volume there",
@@ -341,7 +344,7 @@ async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &
     );
     r.clause(
         "NodePublishVolume: publishing again with the same arguments answers OK (idempotent)",
-        ok(n.node_publish_volume(publish(&staging, &target, false)).await).map(|_| ()),
+        ok(n.node_publish_volume(publish.clone()).await).map(|_| ()),
     );
     let written = h.write(&format!("{target}/conformance"), "csi").await;
     let seen = h.read(&format!("{staging}/conformance")).await;
@@ -349,8 +352,11 @@ async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &
         "NodePublishVolume: the published volume is the staged one (a file written at the target is on the volume)",
         written.and_then(|_| ensure(seen.as_deref() == Some("csi"), || format!("staging mount holds {seen:?}"))),
     );
-    let ro_target = target_path(h, "pod-ro").await;
-    let ro = ok(n.node_publish_volume(publish(&staging, &ro_target, true)).await);
+    // A pod whose claim reference says readOnly.
+    let ro_pod = Pod { read_only: true, ..Pod::new(POD_RO) };
+    mkdirs(h, kubelet.publish_dirs(&ro_pod, &pv)).await;
+    let ro_target = kubelet.target_path(&ro_pod, &pv);
+    let ro = ok(n.node_publish_volume(kubelet.node_publish(&pv, &ro_pod, &pc)).await);
     let write = h.write(&format!("{ro_target}/x"), "x").await;
     r.clause(
         "NodePublishVolume: readonly publishes the volume read-only",
@@ -360,19 +366,20 @@ async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &
         }),
     );
 
-    let stats = |path: &str| csi::NodeGetVolumeStatsRequest { volume_id: VOL.into(), volume_path: path.into(), staging_target_path: String::new() };
+    let mut no_path = kubelet.node_stats(&pv, &pod);
+    no_path.volume_path.clear(); // the spec's missing-path case
     r.clause(
         "NodeGetVolumeStats: a missing volume_path is INVALID_ARGUMENT",
-        expect_code(n.node_get_volume_stats(stats("")).await, Code::InvalidArgument),
+        expect_code(n.node_get_volume_stats(no_path).await, Code::InvalidArgument),
     );
-    let nowhere = format!("{}/pods/pod-none/volumes/kubernetes.io~csi/pvc-conf/mount", h.kubelet_root());
+    // A pod the volume never reached: its target path holds nothing.
     r.clause(
         "NodeGetVolumeStats: a path that holds no volume is NOT_FOUND",
-        expect_code(n.node_get_volume_stats(stats(&nowhere)).await, Code::NotFound),
+        expect_code(n.node_get_volume_stats(kubelet.node_stats(&pv, &Pod::new(POD_NONE))).await, Code::NotFound),
     );
     r.clause(
         "NodeGetVolumeStats: usage in BYTES with total, used and available for a mounted volume",
-        ok(n.node_get_volume_stats(stats(&target)).await).and_then(|x| {
+        ok(n.node_get_volume_stats(kubelet.node_stats(&pv, &pod)).await).and_then(|x| {
             let u = x.into_inner().usage;
             ensure(
                 u.iter().any(|u| u.unit == csi::volume_usage::Unit::Bytes as i32 && u.total > 0 && u.available > 0 && u.used >= 0),
@@ -380,10 +387,13 @@ async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &
             )
         }),
     );
-    let expand = csi::NodeExpandVolumeRequest { volume_id: VOL.into(), volume_path: target.clone(), staging_target_path: staging.clone(), ..Default::default() };
+    // kubelet's NodeExpand at the PV's size (no secret: the class names none).
+    let expand = kubelet.node_expand(&pv, &pod, pv.capacity_bytes, HashMap::new());
+    let mut no_path = expand.clone();
+    no_path.volume_path.clear(); // the spec's missing-path case
     r.clause(
         "NodeExpandVolume: a missing volume_path is INVALID_ARGUMENT",
-        expect_code(n.node_expand_volume(csi::NodeExpandVolumeRequest { volume_path: String::new(), ..expand.clone() }).await, Code::InvalidArgument),
+        expect_code(n.node_expand_volume(no_path).await, Code::InvalidArgument),
     );
     r.clause(
         "NodeExpandVolume: answers the filesystem's capacity",
@@ -393,23 +403,27 @@ async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &
         }),
     );
 
-    let unpub = |target: &str| csi::NodeUnpublishVolumeRequest { volume_id: VOL.into(), target_path: target.into() };
+    let unpublish = kubelet.node_unpublish(&pv, &pod);
+    let mut no_target = unpublish.clone();
+    no_target.target_path.clear(); // the spec's missing-path case
     r.clause(
         "NodeUnpublishVolume: a missing target_path is INVALID_ARGUMENT",
-        expect_code(n.node_unpublish_volume(unpub("")).await, Code::InvalidArgument),
+        expect_code(n.node_unpublish_volume(no_target).await, Code::InvalidArgument),
     );
-    let gone = ok(n.node_unpublish_volume(unpub(&target)).await);
+    let gone = ok(n.node_unpublish_volume(unpublish.clone()).await);
     let left = h.exists(&target).await;
     r.clause(
         "NodeUnpublishVolume: the SP deletes the target_path it created",
         gone.and_then(|_| ensure(!left, || format!("{target} still exists"))),
     );
-    r.clause("NodeUnpublishVolume: unpublishing again answers OK", ok(n.node_unpublish_volume(unpub(&target)).await).map(|_| ()));
-    let _ = n.node_unpublish_volume(unpub(&ro_target)).await;
-    let unstage = csi::NodeUnstageVolumeRequest { volume_id: VOL.into(), staging_target_path: staging.clone() };
+    r.clause("NodeUnpublishVolume: unpublishing again answers OK", ok(n.node_unpublish_volume(unpublish).await).map(|_| ()));
+    let _ = n.node_unpublish_volume(kubelet.node_unpublish(&pv, &ro_pod)).await;
+    let unstage = kubelet.node_unstage(&pv);
+    let mut no_staging = unstage.clone();
+    no_staging.staging_target_path.clear(); // the spec's missing-path case
     r.clause(
         "NodeUnstageVolume: a missing staging_target_path is INVALID_ARGUMENT",
-        expect_code(n.node_unstage_volume(csi::NodeUnstageVolumeRequest { staging_target_path: String::new(), ..unstage.clone() }).await, Code::InvalidArgument),
+        expect_code(n.node_unstage_volume(no_staging).await, Code::InvalidArgument),
     );
     let down = ok(n.node_unstage_volume(unstage.clone()).await);
     let still = h.mounted(&staging).await;
@@ -417,12 +431,12 @@ async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &
         "NodeUnstageVolume: nothing stays mounted at staging_target_path",
         down.and_then(|_| ensure(!still, || format!("{staging} still mounted"))),
     );
-    r.clause("NodeUnstageVolume: unstaging again answers OK", ok(n.node_unstage_volume(unstage).await).map(|_| ()));
-    let again = ok(n.node_stage_volume(stage(wwn, &staging, "ext4")).await);
+    r.clause("NodeUnstageVolume: unstaging again answers OK", ok(n.node_unstage_volume(unstage.clone()).await).map(|_| ()));
+    let again = ok(n.node_stage_volume(stage).await);
     let kept = h.read(&format!("{staging}/conformance")).await;
     r.clause(
         "NodeStageVolume: staging the volume again keeps its data (never reformatted)",
         again.and_then(|_| ensure(kept.as_deref() == Some("csi"), || format!("the file written before reads {kept:?}"))),
     );
-    let _ = n.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: VOL.into(), staging_target_path: staging }).await;
+    let _ = n.node_unstage_volume(unstage).await;
 }
