@@ -248,6 +248,42 @@ async fn a_failed_copy_is_reported_and_started_again() {
     assert_eq!(vms_named(&e, "snapshot-f").await.len(), 1);
 }
 
+/// qemu-server locks the source's owner VM (the snapshot's copy VM) for
+/// the whole import; while another task holds that lock the import fails
+/// after its UPID with "can't lock file … got timeout". The controller
+/// retries within the RPC's deadline; past it, the answer names the lock,
+/// and the provisioner's retry, once the lock is free, finishes with one
+/// copy VM and nothing left of the failed attempts.
+#[tokio::test]
+async fn a_restore_waits_out_a_locked_snapshot_vm() {
+    let e = env_with_role(COPY_ROLE).await;
+    let v = create(&e, "pvc-a", Some("pve2")).await;
+    let snap = until_ready(&e, "snapshot-l", &v.volume_id).await.pop().unwrap();
+    let holder: u32 = snap.snapshot_id.rsplit("snapshot-vm-").next().unwrap().parse().unwrap();
+    // The owner lock is given 3 × 200 ms; another task holds it for 2 s.
+    e.knobs(r#"{"lock_timeout_ms": 200}"#).await;
+    e.admin("POST", &format!("vms/{holder}/hold-lock?seconds=4"), "").await;
+    let restore = from(Source::Snapshot(SnapshotSource { snapshot_id: snap.snapshot_id.clone() }), "pvc-r", 1 << 30);
+    // The provisioner calls again, unchanged, until it succeeds.
+    let started = std::time::Instant::now();
+    let mut answers = Vec::new();
+    let restored = loop {
+        match e.svc.create_volume(with_timeout(restore.clone(), 1000)).await {
+            Ok(r) => break r.into_inner().volume.unwrap(),
+            Err(s) if matches!(s.code(), Code::Aborted | Code::Unavailable | Code::DeadlineExceeded) && started.elapsed() < Duration::from_secs(30) => {
+                answers.push(s.message().to_string());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(s) => panic!("the retried restore: {s:?}"),
+        }
+    };
+    let lock = format!("can't lock file '/var/lock/qemu-server/lock-{holder}.conf' - got timeout");
+    assert!(answers.iter().any(|a| a.contains(&lock)), "no answer named the held lock: {answers:#?}");
+    assert_eq!(vms_named(&e, "pvc-r").await.len(), 1, "one copy VM for the restore");
+    let copies: Vec<String> = volumes(&e).await.into_iter().filter(|v| v.contains("disk-") && !v.contains(&format!("vm-{holder}-")) && !v.contains("vm-112-")).collect();
+    assert_eq!(copies, [restored.volume_id.rsplit('/').next().map(|n| format!("local-lvm:{n}")).unwrap()], "only the restored disk besides the snapshot's and the worker's own");
+}
+
 #[tokio::test]
 async fn missing_privileges_name_what_to_grant() {
     let e = env().await;

@@ -232,9 +232,12 @@ impl Controller {
                     }
                     TaskState::Failed(exit) => {
                         self.imports.0.lock().await.remove(&key);
-                        // Another import (from before a restart) holds the VM.
+                        // A lock held by another task: this copy VM's (an
+                        // import from before a restart) or the source's owner
+                        // VM's (qemu-server locks it for the whole import).
+                        // Still copying, as far as the caller is concerned.
                         if classify(None, &exit) == ErrorKind::Busy {
-                            return Ok(copying("an earlier import is still running".into()));
+                            return Ok(copying(format!("the last import waited for a lock in vain ({exit}); the next call starts it again")));
                         }
                         return Err(CtlError::Unavailable(format!(
                             "copying {} into VM {} failed: {exit}; the next call starts it again",

@@ -1,30 +1,47 @@
-//! The per-VM config lock (a flock in Proxmox, 10 s to acquire) and the
-//! per-storage allocation lock, with Proxmox's exact timeout messages.
+//! The per-VM config lock (a flock in Proxmox, 10 s to acquire; shared or
+//! exclusive) and the per-storage allocation lock, with Proxmox's exact
+//! timeout messages.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::OwnedMutexGuard;
+use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 
 #[derive(Debug, Default)]
 pub struct Locks {
-    map: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    map: Mutex<HashMap<String, Arc<RwLock<()>>>>,
 }
 
-pub type Guard = OwnedMutexGuard<()>;
+/// A held lock; released on drop.
+#[derive(Debug)]
+pub enum Guard {
+    Exclusive(OwnedRwLockWriteGuard<()>),
+    Shared(OwnedRwLockReadGuard<()>),
+}
 
 impl Locks {
-    fn lock_for(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+    fn lock_for(&self, name: &str) -> Arc<RwLock<()>> {
         let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
         m.entry(name.to_string()).or_default().clone()
     }
 
     async fn acquire(&self, name: &str, timeout: Duration, message: String) -> Result<Guard, String> {
         let lock = self.lock_for(name);
-        tokio::time::timeout(timeout, lock.lock_owned())
+        tokio::time::timeout(timeout, lock.write_owned())
             .await
+            .map(Guard::Exclusive)
             .map_err(|_| message)
+    }
+
+    /// The shared flock (pve-guest-common AbstractConfig.pm
+    /// lock_config_shared): many holders at once, none beside an exclusive one.
+    pub async fn vm_shared(&self, vmid: u32, timeout: Duration) -> Result<Guard, String> {
+        let lock = self.lock_for(&format!("vm-{vmid}"));
+        tokio::time::timeout(timeout, lock.read_owned())
+            .await
+            .map(Guard::Shared)
+            .map_err(|_| format!("can't lock file '/var/lock/qemu-server/lock-{vmid}.conf' - got timeout"))
     }
 
     pub async fn vm(&self, vmid: u32, timeout: Duration) -> Result<Guard, String> {
@@ -49,7 +66,7 @@ impl Locks {
     pub fn hold_storage(self: &Arc<Self>, storage: &str, hold: Duration) {
         let lock = self.lock_for(&format!("storage-{storage}"));
         tokio::spawn(async move {
-            let _g = lock.lock_owned().await;
+            let _g = lock.write_owned().await;
             tokio::time::sleep(hold).await;
         });
     }
@@ -59,7 +76,7 @@ impl Locks {
     pub fn hold_vm(self: &Arc<Self>, vmid: u32, hold: Duration) {
         let lock = self.lock_for(&format!("vm-{vmid}"));
         tokio::spawn(async move {
-            let _g = lock.lock_owned().await;
+            let _g = lock.write_owned().await;
             tokio::time::sleep(hold).await;
         });
     }

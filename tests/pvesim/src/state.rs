@@ -89,15 +89,29 @@ impl StorageType {
         matches!(self, Self::Dir | Self::Nfs)
     }
 
-    /// Allocation granularity in bytes.
+    /// Allocation granularity in bytes: lvm2 rounds up to the extent size
+    /// (4 MiB by default); zvols to 1 MiB (ZFSPoolPlugin.pm zfs_create_zvol);
+    /// rbd to whole MiB (RBDPlugin.pm alloc_image: `int(($size + 1023) / 1024)`
+    /// MiB of a KiB size); files are exact.
     pub fn round(self, bytes: u64) -> u64 {
         let unit = match self {
             Self::Lvmthin | Self::Lvm => 4 << 20,
-            Self::Zfspool => 1 << 20,
-            Self::Rbd => 4 << 20,
+            Self::Zfspool | Self::Rbd => 1 << 20,
             Self::Dir | Self::Nfs => 1,
         };
         bytes.div_ceil(unit) * unit
+    }
+
+    /// The size a grow to `bytes` (already 1 KiB padded) leaves, per plugin
+    /// (volume_resize): lvm and lvmthin `lvextend` (extents), zfspool
+    /// `volsize` aligned to 1 MiB, rbd `rbd resize --size <MiB>` on a
+    /// stopped VM but QEMU's exact `block_resize` on a running one (the
+    /// plugin returns early without krbd), files exact either way.
+    pub fn resize_rounding(self, bytes: u64, running: bool) -> u64 {
+        match self {
+            Self::Rbd if running => bytes,
+            _ => self.round(bytes),
+        }
     }
 
     /// Whether VM snapshots cover volumes of this type (raw on dir/nfs do not).
@@ -461,5 +475,9 @@ mod tests {
         assert_eq!(StorageType::Lvmthin.round(1), 4 << 20);
         assert_eq!(StorageType::Zfspool.round((1 << 20) + 1), 2 << 20);
         assert_eq!(StorageType::Dir.round(12345), 12345);
+        assert_eq!(StorageType::Rbd.round((1 << 20) + 1), 2 << 20);
+        assert_eq!(StorageType::Rbd.resize_rounding((1 << 30) + 1024, true), (1 << 30) + 1024);
+        assert_eq!(StorageType::Rbd.resize_rounding((1 << 30) + 1024, false), (1 << 30) + (1 << 20));
+        assert_eq!(StorageType::Lvm.resize_rounding((1 << 30) + 1024, true), (1 << 30) + (4 << 20));
     }
 }

@@ -199,9 +199,26 @@ async fn hotplug_attach_and_detach_on_a_running_vm() {
     assert_eq!(log[0]["t"], "cannot delete 'scsi9' - not set in current configuration!");
     assert_eq!(log[1]["t"], "TASK OK");
 
-    // Attaching a volume that does not exist fails inside the task.
-    let st = attach(&c, "scsi3", "local-lvm:vm-9999-nothere").await;
-    assert_eq!(st["exitstatus"], "volume local-lvm:vm-9999-nothere does not exist");
+    // Attaching a volume that does not exist fails inside the task, at
+    // activate_volumes, with each plugin's text (qemu-server Qemu.pm
+    // create_disks; LvmThinPlugin.pm $activate_lv, ZFSPoolPlugin.pm
+    // zfs_wait_for_zvol_link inside a worker, Plugin.pm activate_volume).
+    for (volid, want) in [
+        ("local-lvm:vm-9999-nothere", "no such logical volume pve/vm-9999-nothere"),
+        ("local-zfs:vm-9999-nothere", "timeout: no zvol device link for 'vm-9999-nothere' found after 300 sec."),
+        ("nfs:9999/vm-9999-nothere.raw", "volume 'nfs:9999/vm-9999-nothere.raw' does not exist"),
+    ] {
+        let st = attach(&c, "scsi3", volid).await;
+        assert_eq!(st["exitstatus"], want);
+    }
+    // A grow by 1 KiB: the config keeps the size asked for (Qemu.pm
+    // resize_vm), the LV is rounded up to a whole 4 MiB extent (lvextend).
+    let upid = c.call("PUT", "/nodes/pve2/qemu/112/resize", &[("disk", "scsi0"), ("size", "+1K")]).await.ok();
+    assert_eq!(c.wait_task(upid.as_str().unwrap()).await["exitstatus"], "OK");
+    let line = c.config("pve2", 112, false).await["scsi0"].as_str().unwrap().to_string();
+    assert!(line.contains("size=33554433K"), "{line}");
+    let info = c.get("/nodes/pve2/storage/local-lvm/content/vm-112-disk-0", &[]).await.ok();
+    assert_eq!(info["size"], (32u64 << 30) + (4 << 20));
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use super::common;
 use crate::drive::{self, Drive};
 use crate::reply::ApiError;
 use crate::server::Ctx;
-use crate::state::{Cluster, Volume, Vm, owner_of};
+use crate::state::{Cluster, StorageType, Volume, Vm, owner_of};
 use crate::tasks::Task;
 
 /// Parameters of a config call that are not VM options.
@@ -331,7 +331,8 @@ fn release_drive(c: &mut Cluster, vmid: u32, value: &str, force: bool, log: &mut
 /// Writes the request into `[PENDING]`, then applies what can be applied
 /// now: everything on a stopped VM; hot-changeable options on a running one.
 /// Disks to (un)plug on a running VM are returned for the caller to plug.
-fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call) -> Result<Update, ApiError> {
+/// `in_worker`: the write runs in a task (POST), which changes some waits.
+fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call, in_worker: bool) -> Result<Update, ApiError> {
     let mut up = Update::default();
     let force = call.flag("force");
     let vm_node = common::vm(c, node, vmid)?.node.clone();
@@ -368,10 +369,14 @@ fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call) -> Result<U
         let mut value = value;
         if drive::is_drive_key(&key) {
             let mut d = Drive::parse(&value).map_err(|e| ApiError::param(&key, e))?;
-            // LvmThinPlugin.pm activate_volume's text for an LV it cannot find.
-            if c.knobs.refuse_volumes.contains(&d.volume) {
-                let lv = d.volume.split_once(':').map_or(d.volume.as_str(), |(_, n)| n);
-                return Err(ApiError::die(format!("no such logical volume pve/{lv}")));
+            // A volume Proxmox cannot activate: that plugin's text.
+            if c.knobs.refuse_volumes.contains(&d.volume)
+                && let Some((storage, volname)) = d.volid()
+            {
+                let kind = c.storages.get(storage).map_or(StorageType::Lvmthin, |s| s.kind);
+                let why = super::storage::activation_error(kind, storage, volname, in_worker)
+                    .unwrap_or_else(|| super::storage::size_probe_error(kind, storage, volname));
+                return Err(ApiError::die(why));
             }
             if let Some((storage, gib)) = d.allocation() {
                 // `<storage>:0,import-from=<volid>` copies an existing volume.
@@ -411,11 +416,19 @@ fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call) -> Result<U
                 d.opts.insert("size".into(), drive::format_size(size));
             } else if let Some((storage, volname)) = d.volid() {
                 let place = c.place(storage, &vm_node).map_err(|e| ApiError::die(e.to_string()))?;
-                let size = c
-                    .volume(&place, volname)
-                    .map(|v| v.size)
-                    .filter(|s| *s > 0)
-                    .ok_or_else(|| ApiError::die(format!("volume {} does not exist", d.volume)))?;
+                // qemu-server Qemu.pm create_disks: activate_volumes, then
+                // volume_size_info, then "volume $volid does not exist" for 0.
+                let kind = c.storages.get(storage).map_or(StorageType::Lvmthin, |s| s.kind);
+                let size = match c.volume(&place, volname).map(|v| v.size) {
+                    Some(size) if size > 0 => size,
+                    Some(_) => return Err(ApiError::die(format!("volume {} does not exist", d.volume))),
+                    None => {
+                        return Err(ApiError::die(
+                            super::storage::activation_error(kind, storage, volname, in_worker)
+                                .unwrap_or_else(|| super::storage::size_probe_error(kind, storage, volname)),
+                        ));
+                    }
+                };
                 // The server reads the real size and overwrites `size=`.
                 d.opts.insert("size".into(), drive::format_size(size));
             }
@@ -606,6 +619,7 @@ async fn locked_update(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call, upid:
         .vm(vmid, ctx.lock_timeout())
         .await
         .map_err(ApiError::die)?;
+    let _owners = lock_import_owners(ctx, node, vmid, call).await?;
     import_delay(ctx, node, vmid, call, upid).await;
     // Without quorum pmxcfs refuses writes: write_config's temporary file
     // cannot be made (pve-common src/PVE/File.pm file_set_contents; the
@@ -616,13 +630,41 @@ async fn locked_update(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call, upid:
             std::process::id()
         )));
     }
-    let up = stage_update(&mut ctx.cluster(), node, vmid, call)?;
+    let up = stage_update(&mut ctx.cluster(), node, vmid, call, upid.is_some())?;
     copy_backing_files(ctx, &up.copies)?;
     let errors = hotplug(ctx, vmid, up.plugs, call.flag("force")).await;
     if !errors.is_empty() {
         return Err(ApiError::params(errors));
     }
     Ok(up.log)
+}
+
+/// qemu-server src/PVE/API2/Qemu.pm $import_from_volid: the source's owner
+/// VM (when it exists and is not the destination) is locked for the whole
+/// copy, exclusively while it runs (lock_config_full) and shared while it
+/// is stopped (lock_config_shared), 30 s to acquire (three times the
+/// config lock's); its `lock:` property is not checked. A timeout is
+/// wrapped by create_disks as "cannot import from '$source' - $@".
+async fn lock_import_owners(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call) -> Result<Vec<crate::locks::Guard>, ApiError> {
+    let owners: Vec<(String, u32, bool)> = {
+        let c = ctx.cluster();
+        let vm_node = c.vms.get(&vmid).map(|v| v.node.clone()).unwrap_or_else(|| node.to_string());
+        import_sizes(&c, &vm_node, call)
+            .into_iter()
+            .filter_map(|(src, _)| {
+                let (_, n) = common::split_volid(&src).ok()?;
+                let owner = owner_of(n).filter(|o| *o != vmid)?;
+                Some((src, owner, c.vms.get(&owner)?.running))
+            })
+            .collect()
+    };
+    let timeout = ctx.lock_timeout() * 3;
+    let mut guards = Vec::new();
+    for (src, owner, running) in owners {
+        let held = if running { ctx.locks.vm(owner, timeout).await } else { ctx.locks.vm_shared(owner, timeout).await };
+        guards.push(held.map_err(|e| ApiError::die(format!("cannot import from '{src}' - {e}")))?);
+    }
+    Ok(guards)
 }
 
 /// The time qemu-img takes for the imports of a write (`copy_ms_per_gib`),
@@ -808,10 +850,17 @@ pub async fn resize(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
                 .ok_or(format!("disk '{disk}' has no associated volume"))?;
             let place = c.place(&storage, &node).map_err(|e| e.to_string())?;
             let kind = c.storages.get(&storage).map(|s| s.kind).ok_or("no storage")?;
-            let current = c
-                .volume(&place, &volname)
-                .map(|v| v.size)
-                .ok_or(format!("Could not determine current size of volume '{storage}:{volname}'"))?;
+            // Qemu.pm resize_vm: activate_volumes, then volume_size_info,
+            // inside the worker.
+            let current = match c.volume(&place, &volname).map(|v| v.size) {
+                Some(size) => size,
+                None => {
+                    return Err(super::storage::activation_error(kind, &storage, &volname, true).unwrap_or_else(|| match kind {
+                        StorageType::Rbd => super::storage::size_probe_error(kind, &storage, &volname),
+                        _ => format!("Could not determine current size of volume '{storage}:{volname}'"),
+                    }));
+                }
+            };
             let (plus, amount) = match size.strip_prefix('+') {
                 Some(s) => (true, s),
                 None => (false, size.as_str()),
@@ -824,11 +873,15 @@ pub async fn resize(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             if target == current {
                 return Ok(vec![]);
             }
-            let new_size = kind.round(target);
+            // pve-storage Storage.pm volume_resize pads to 1 KiB; the
+            // plugin rounds its own allocation (resize_rounding); the config
+            // keeps the size asked for (Qemu.pm resize_vm: $drive->{size}).
+            let padded = target.div_ceil(1024) * 1024;
+            let new_size = kind.resize_rounding(padded, running);
             if let Some(v) = c.volumes.get_mut(&place).and_then(|m| m.get_mut(&volname)) {
                 v.size = new_size;
             }
-            d.opts.insert("size".into(), drive::format_size(new_size));
+            d.opts.insert("size".into(), drive::format_size(target));
             if let Some(vm) = c.vms.get_mut(&vmid) {
                 vm.config.insert(disk.clone(), d.canonical());
             }

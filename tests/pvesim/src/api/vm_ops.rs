@@ -12,7 +12,7 @@ use super::qemu::spawn_task;
 use crate::drive::{self, Drive};
 use crate::reply::ApiError;
 use crate::server::Ctx;
-use crate::state::{Cluster, Vm, Volume, owner_of};
+use crate::state::{Cluster, StorageType, Vm, Volume, owner_of};
 use crate::tasks::Task;
 
 
@@ -391,7 +391,13 @@ pub async fn move_disk(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         let mut d = Drive::parse(&value).map_err(|e| e.to_string())?;
         let (src_storage, src_name) = d.volid().map(|(s, n)| (s.to_string(), n.to_string())).ok_or("no volume")?;
         let src_place = c.place(&src_storage, &node).map_err(|e| e.to_string())?;
-        let vol = c.volume(&src_place, &src_name).cloned().ok_or(format!("volume {} does not exist", d.volume))?;
+        let kind = c.storages.get(&src_storage).map(|s| s.kind).ok_or("no storage")?;
+        let vol = match c.volume(&src_place, &src_name).cloned() {
+            Some(v) => v,
+            // A reassign renames: the plugin's rename_volume meets the gap.
+            None if target_vmid.is_some() => return Err(rename_missing(kind, &src_storage, &src_name, target_vmid.unwrap_or_default())),
+            None => return Err(super::storage::activation_error(kind, &src_storage, &src_name, true).unwrap_or_else(|| super::storage::size_probe_error(kind, &src_storage, &src_name))),
+        };
         match (storage, target_vmid) {
             (Some(dst), _) => {
                 let new = copy_to(&mut c, &node, &dst, vmid, &src_name, &vol)?;
@@ -413,8 +419,14 @@ pub async fn move_disk(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
                 // Reassign: the volume is renamed to the target's next free name.
                 let st = c.storages.get(&src_storage).cloned().ok_or("no storage")?;
                 let existing = c.volumes.get(&src_place).cloned().unwrap_or_default();
+                // find_free_diskname: `vm-<target>-disk-N`, with the format's
+                // suffix on files and on an LVM volume chain's qcow2.
                 let new_name = (0..)
-                    .map(|n| if st.kind.file_based() { format!("{t}/vm-{t}-disk-{n}.{}", vol.format) } else { format!("vm-{t}-disk-{n}") })
+                    .map(|n| match st.kind {
+                        k if k.file_based() => format!("{t}/vm-{t}-disk-{n}.{}", vol.format),
+                        StorageType::Lvm if vol.format == "qcow2" => format!("vm-{t}-disk-{n}.qcow2"),
+                        _ => format!("vm-{t}-disk-{n}"),
+                    })
                     .find(|n| !existing.contains_key(n))
                     .unwrap_or_default();
                 if let Some(m) = c.volumes.get_mut(&src_place) {
@@ -437,6 +449,31 @@ pub async fn move_disk(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     Ok(json!(upid))
 }
 
+/// A reassign's rename of a source volume that is not there, per plugin
+/// (pve-storage rename_volume): lvm/lvmthin `lvrename` with errmsg
+/// "lvrename '$vg/$old' to '$new' error" and lvm2's indented line
+/// (LVMPlugin.pm lvrename); zfs "zfs error: " + zfs's (ZFSPoolPlugin.pm
+/// rename_volume via zfs_request); rbd "could not rename image '$src' to
+/// '$dst'" + rbd's (RBDPlugin.pm rename_volume); files Perl's rename with
+/// `$!` (Plugin.pm rename_volume). The target name is the first free one,
+/// `vm-<target>-disk-0` for an empty target.
+fn rename_missing(kind: StorageType, storage: &str, volname: &str, target: u32) -> String {
+    let new = format!("vm-{target}-disk-0");
+    match kind {
+        StorageType::Lvmthin | StorageType::Lvm => {
+            let vg = if kind == StorageType::Lvm { "san" } else { "pve" };
+            format!("lvrename '{vg}/{volname}' to '{new}' error:   Existing logical volume \"{volname}\" not found in volume group \"{vg}\"")
+        }
+        StorageType::Zfspool => format!("zfs error: cannot open 'rpool/data/{volname}': dataset does not exist"),
+        StorageType::Rbd => format!("could not rename image '{volname}' to '{new}': rbd: rename error: (2) No such file or directory"),
+        StorageType::Dir | StorageType::Nfs => {
+            let file = volname.rsplit('/').next().unwrap_or(volname);
+            let ext = file.rsplit('.').next().unwrap_or("raw");
+            format!("rename '/var/lib/vz-{storage}/images/{volname}' to '/var/lib/vz-{storage}/images/{target}/{new}.{ext}' failed - No such file or directory")
+        }
+    }
+}
+
 /// Copies a volume to another storage, keeping its name when it is free there.
 fn copy_to(c: &mut Cluster, node: &str, dst: &str, vmid: u32, name: &str, vol: &Volume) -> Result<String, String> {
     let st = c.storages.get(dst).cloned().ok_or(format!("storage '{dst}' does not exist"))?;
@@ -454,4 +491,22 @@ fn copy_to(c: &mut Cluster, node: &str, dst: &str, vmid: u32, name: &str, vol: &
         Volume { size: st.kind.round(vol.size), format: "raw".into(), owner: owner_of(&new_name).unwrap_or(vmid), ctime: crate::state::now() },
     );
     Ok(format!("{dst}:{new_name}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_rename_source_answers_as_each_plugin() {
+        assert_eq!(
+            rename_missing(StorageType::Lvmthin, "local-lvm", "vm-100-disk-9", 101),
+            "lvrename 'pve/vm-100-disk-9' to 'vm-101-disk-0' error:   Existing logical volume \"vm-100-disk-9\" not found in volume group \"pve\""
+        );
+        assert_eq!(
+            rename_missing(StorageType::Rbd, "ceph", "vm-100-disk-9", 101),
+            "could not rename image 'vm-100-disk-9' to 'vm-101-disk-0': rbd: rename error: (2) No such file or directory"
+        );
+        assert!(rename_missing(StorageType::Nfs, "nfs", "100/vm-100-disk-9.qcow2", 101).ends_with("/images/101/vm-101-disk-0.qcow2' failed - No such file or directory"));
+    }
 }
