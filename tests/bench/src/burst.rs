@@ -3,12 +3,11 @@
 //! lock timeout), by this controller (coalescing per VM) and by the Go
 //! driver's one-at-a-time strategy, on fresh simulators, side by side.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use callers::{attacher, provisioner};
 use futures::future::join_all;
-use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use tonic::Request;
 
@@ -26,31 +25,23 @@ pub struct Outcome {
 }
 
 
-/// Creates `n` volumes on pve1 (latency off), then sets the costs.
-async fn prepared(n: usize) -> Result<(Sim, Vec<csi::Volume>)> {
+/// Creates `n` volumes on pve1 (latency off), as the provisioner does, then
+/// sets the costs; the PersistentVolumes it wrote.
+async fn prepared(n: usize) -> Result<(Sim, Vec<callers::PersistentVolume>)> {
     let sim = Sim::start(&cluster(1, 1, "")).await?;
     let ctl = sim.controller()?;
-    let mut vols = Vec::new();
+    let sc = provisioner::StorageClass::new(&[("storage", "local-lvm"), ("csi.storage.k8s.io/fstype", "ext4")]);
+    let term = [("topology.kubernetes.io/region", "region-1"), ("topology.kubernetes.io/zone", "pve1")];
+    let mut pvs = Vec::new();
     for i in 0..n {
-        let topo = csi::Topology {
-            segments: HashMap::from([
-                ("topology.kubernetes.io/region".to_string(), "region-1".to_string()),
-                ("topology.kubernetes.io/zone".to_string(), "pve1".to_string()),
-            ]),
-        };
-        let r = csi::CreateVolumeRequest {
-            name: format!("pvc-burst-{i:02}"),
-            capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
-            volume_capabilities: vec![crate::mount_cap("ext4")],
-            parameters: HashMap::from([("storage".to_string(), "local-lvm".to_string())]),
-            accessibility_requirements: Some(csi::TopologyRequirement { requisite: vec![topo.clone()], preferred: vec![topo] }),
-            ..Default::default()
-        };
-        vols.push(ctl.create_volume(Request::new(r)).await?.into_inner().volume.context("no volume")?);
+        let claim = provisioner::Claim::new(&format!("burst-{i:02}"), &format!("burst-{i:02}"), 1 << 30);
+        let r = provisioner::create_volume(&sc, &claim, Some(provisioner::requirement(&[&term], 0)));
+        let v = ctl.create_volume(Request::new(r)).await?.into_inner().volume.context("no volume")?;
+        pvs.push(provisioner::persistent_volume(&sc, &claim, &v));
     }
     sim.knobs(KNOBS).await?;
     sim.reset_counters().await?;
-    Ok((sim, vols))
+    Ok((sim, pvs))
 }
 
 async fn attached(sim: &Sim) -> Result<usize> {
@@ -63,15 +54,9 @@ pub async fn ours(n: usize) -> Result<Outcome> {
     let (sim, vols) = prepared(n).await?;
     let ctl = sim.controller()?;
     let started = Instant::now();
-    let calls = vols.iter().map(|v| {
+    let calls = vols.iter().map(|pv| {
         let ctl = ctl.clone();
-        let req = csi::ControllerPublishVolumeRequest {
-            volume_id: v.volume_id.clone(),
-            node_id: "worker-200/200".into(),
-            volume_capability: Some(crate::mount_cap("ext4")),
-            volume_context: v.volume_context.clone(),
-            ..Default::default()
-        };
+        let req = attacher::controller_publish(pv, "worker-200/200");
         async move { ctl.controller_publish_volume(Request::new(req)).await }
     });
     for r in join_all(calls).await {
@@ -88,7 +73,7 @@ pub async fn go_like(n: usize) -> Result<Outcome> {
     let go = GoLike::new(&sim.api_url());
     let started = Instant::now();
     let calls = vols.iter().enumerate().map(|(i, v)| {
-        let disk = v.volume_id.rsplit('/').next().unwrap_or_default().to_string();
+        let disk = v.handle.rsplit('/').next().unwrap_or_default().to_string();
         let go = &go;
         async move { go.attach("pve1", 200, "local-lvm", &format!("local-lvm:{disk}"), &format!("0x5056432d4944{i:04x}")).await }
     });

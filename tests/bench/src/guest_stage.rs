@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use callers::kubelet::Kubelet;
+use callers::{attacher, provisioner};
 use e2e::guest::Guest;
 use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
@@ -26,31 +28,21 @@ use crate::sim::{SECRET, TOKEN};
 const PASSPHRASE: &str = "bench passphrase, not a secret";
 
 
-/// Creates and hot-plugs a 1 GiB volume into the guest; its id and WWN.
-async fn plugged(ctl: &ControllerService, name: &str) -> Result<(String, String)> {
+/// Creates and hot-plugs a 1 GiB volume into the guest, as the provisioner
+/// and the attacher do; its PersistentVolume and publish context.
+async fn plugged(ctl: &ControllerService, uid: &str) -> Result<(callers::PersistentVolume, HashMap<String, String>)> {
+    let sc = provisioner::StorageClass::new(&[("storage", "local-lvm"), ("csi.storage.k8s.io/fstype", "xfs")]);
+    let claim = provisioner::Claim::new(uid, uid, 1 << 30);
+    let term = [("topology.kubernetes.io/region", "region-1"), ("topology.kubernetes.io/zone", "pve2")];
     let v = ctl
-        .create_volume(Request::new(csi::CreateVolumeRequest {
-            name: name.into(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
-            volume_capabilities: vec![crate::mount_cap("xfs")],
-            parameters: HashMap::from([("storage".to_string(), "local-lvm".to_string())]),
-            ..Default::default()
-        }))
+        .create_volume(Request::new(provisioner::create_volume(&sc, &claim, Some(provisioner::requirement(&[&term], 0)))))
         .await?
         .into_inner()
         .volume
         .context("no volume")?;
-    let pc = ctl
-        .controller_publish_volume(Request::new(csi::ControllerPublishVolumeRequest {
-            volume_id: v.volume_id.clone(),
-            node_id: "worker-2/112".into(),
-            volume_capability: Some(crate::mount_cap("xfs")),
-            ..Default::default()
-        }))
-        .await?
-        .into_inner()
-        .publish_context;
-    Ok((v.volume_id, pc.get("wwn").cloned().unwrap_or_default()))
+    let pv = provisioner::persistent_volume(&sc, &claim, &v);
+    let pc = ctl.controller_publish_volume(Request::new(attacher::controller_publish(&pv, "worker-2/112"))).await?.into_inner().publish_context;
+    Ok((pv, pc))
 }
 
 /// Medians in ms: (NodeStage with LUKS, bare commands).
@@ -85,28 +77,21 @@ pub async fn compare(rounds: usize) -> Result<(f64, f64)> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    let kubelet = Kubelet::new("/var/lib/kubelet");
     let (mut ours, mut bare) = (Vec::new(), Vec::new());
     for i in 0..rounds {
-        let (id, wwn) = plugged(&ctl, &format!("pvc-ours-{i}")).await?;
-        let dir = format!("/var/lib/kubelet/plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev/b{i}");
-        g.sh(&format!("mkdir -p {dir}")).await?;
-        let staging = format!("{dir}/globalmount");
-        let req = csi::NodeStageVolumeRequest {
-            volume_id: id.clone(),
-            publish_context: HashMap::from([("wwn".to_string(), wwn)]),
-            staging_target_path: staging.clone(),
-            volume_capability: Some(crate::mount_cap("xfs")),
-            secrets: HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]),
-            ..Default::default()
-        };
+        let (pv, pc) = plugged(&ctl, &format!("ours-{i}")).await?;
+        for d in kubelet.stage_dirs(&pv) {
+            g.sh(&format!("mkdir -p {d}")).await?;
+        }
+        let req = kubelet.node_stage(&pv, &pc, HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]));
         let t = Instant::now();
         node.node_stage_volume(req).await.map_err(|e| anyhow::anyhow!("NodeStage: {}", e.message()))?;
         ours.push(t.elapsed().as_secs_f64() * 1000.0);
-        node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: id, staging_target_path: staging })
-            .await
-            .map_err(|e| anyhow::anyhow!("NodeUnstage: {}", e.message()))?;
+        node.node_unstage_volume(kubelet.node_unstage(&pv)).await.map_err(|e| anyhow::anyhow!("NodeUnstage: {}", e.message()))?;
 
-        let (_, wwn) = plugged(&ctl, &format!("pvc-bare-{i}")).await?;
+        let (_, pc) = plugged(&ctl, &format!("bare-{i}")).await?;
+        let wwn = pc.get("wwn").cloned().unwrap_or_default();
         let dev = g.sh(&format!("udevadm settle; readlink -f /dev/disk/by-id/wwn-{wwn}")).await?;
         let cmd = format!(
             "printf %s '{PASSPHRASE}' | cryptsetup luksFormat --batch-mode --type luks2 --cipher aes-xts-plain64 --key-size 512 \

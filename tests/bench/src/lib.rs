@@ -10,17 +10,6 @@ pub mod sim;
 pub mod soak;
 pub mod stage;
 
-/// A single-node mount capability with filesystem `fs`.
-pub fn mount_cap(fs: &str) -> proxmox_csi_proto::csi::v1::VolumeCapability {
-    use proxmox_csi_proto::csi::v1::VolumeCapability;
-    use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
-    use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
-    VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume { fs_type: fs.into(), ..Default::default() })),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    }
-}
-
 /// p-th percentile (0–100) of `v` (sorted in place), in milliseconds.
 pub fn percentile(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {

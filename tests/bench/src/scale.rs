@@ -3,10 +3,10 @@
 //! each checkpoint the latencies and the Proxmox calls per operation are
 //! taken for a window of operations, to show they stay flat as volumes grow.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use callers::{attacher, provisioner};
 use futures::stream::{self, StreamExt};
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_client::ControllerClient;
@@ -44,21 +44,19 @@ fn zone_of(i: usize) -> String {
     format!("pve{}", i % NODES + 1)
 }
 
+fn class() -> provisioner::StorageClass {
+    provisioner::StorageClass::new(&[("storage", "local-lvm"), ("csi.storage.k8s.io/fstype", "ext4")])
+}
+
+fn claim(i: usize) -> provisioner::Claim {
+    provisioner::Claim::new(&format!("scale-{i:05}"), &format!("scale-{i:05}"), 1 << 30)
+}
+
+/// CreateVolume as the provisioner sends it for claim `i`, its pod's node in `zone_of(i)`.
 fn create_req(i: usize) -> csi::CreateVolumeRequest {
-    let topo = csi::Topology {
-        segments: HashMap::from([
-            ("topology.kubernetes.io/region".to_string(), "region-1".to_string()),
-            ("topology.kubernetes.io/zone".to_string(), zone_of(i)),
-        ]),
-    };
-    csi::CreateVolumeRequest {
-        name: format!("pvc-scale-{i:05}"),
-        capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
-        volume_capabilities: vec![crate::mount_cap("ext4")],
-        parameters: HashMap::from([("storage".to_string(), "local-lvm".to_string())]),
-        accessibility_requirements: Some(csi::TopologyRequirement { requisite: vec![topo.clone()], preferred: vec![topo] }),
-        ..Default::default()
-    }
+    let zone = zone_of(i);
+    let term = [("topology.kubernetes.io/region", "region-1"), ("topology.kubernetes.io/zone", zone.as_str())];
+    provisioner::create_volume(&class(), &claim(i), Some(provisioner::requirement(&[&term], 0)))
 }
 
 /// The VM a volume made for zone `pve<n>` is published to: one per node, in turn.
@@ -85,16 +83,17 @@ pub async fn run(sizes: &[usize], concurrency: usize, latency_ms: u64) -> Result
     sim.knobs(&format!(r#"{{"api_latency_ms": {latency_ms}}}"#)).await?;
 
     let mut made = 0usize;
-    let mut ids: Vec<String> = Vec::new();
+    let mut pvs: Vec<callers::PersistentVolume> = Vec::new();
     let mut checkpoints = Vec::new();
     for &target in sizes {
         sim.reset_counters().await?;
-        let results: Vec<Result<(String, f64)>> = stream::iter(made..target)
+        let results: Vec<Result<(callers::PersistentVolume, f64)>> = stream::iter(made..target)
             .map(|i| {
                 let mut ctl = ctl.clone();
                 async move {
                     let (r, ms) = timed(ctl.create_volume(create_req(i))).await?;
-                    Ok((r.into_inner().volume.context("no volume")?.volume_id, ms))
+                    let v = r.into_inner().volume.context("no volume")?;
+                    Ok((provisioner::persistent_volume(&class(), &claim(i), &v), ms))
                 }
             })
             .buffered(concurrency)
@@ -102,8 +101,8 @@ pub async fn run(sizes: &[usize], concurrency: usize, latency_ms: u64) -> Result
             .await;
         let mut create_ms = Vec::new();
         for r in results {
-            let (id, ms) = r?;
-            ids.push(id);
+            let (pv, ms) = r?;
+            pvs.push(pv);
             create_ms.push(ms);
         }
         let (calls, _) = sim.calls_and_writes().await?;
@@ -113,13 +112,13 @@ pub async fn run(sizes: &[usize], concurrency: usize, latency_ms: u64) -> Result
         // A publish to every VM at once (the last volumes made, each to a VM
         // of its node), then the unpublishes.
         let round = checkpoints.len();
-        let window: Vec<(usize, String)> = (made - NODES * VMS_PER_NODE..made).map(|i| (i, ids[i].clone())).collect();
+        let window: Vec<(usize, &callers::PersistentVolume)> = (made - NODES * VMS_PER_NODE..made).map(|i| (i, &pvs[i])).collect();
         sim.reset_counters().await?;
         let mut publish_ms = Vec::new();
-        let pubs = window.iter().map(|(i, id)| {
+        let pubs = window.iter().map(|(i, pv)| {
             let mut ctl = ctl.clone();
             let (node_id, _) = vm_for(*i, round + *i / NODES);
-            let req = csi::ControllerPublishVolumeRequest { volume_id: id.clone(), node_id, volume_capability: Some(crate::mount_cap("ext4")), ..Default::default() };
+            let req = attacher::controller_publish(pv, &node_id);
             async move { timed(ctl.controller_publish_volume(req)).await.map(|(_, ms)| ms) }
         });
         for r in futures::future::join_all(pubs).await {
@@ -128,10 +127,10 @@ pub async fn run(sizes: &[usize], concurrency: usize, latency_ms: u64) -> Result
         let (calls, _) = sim.calls_and_writes().await?;
         let calls_per_publish = calls as f64 / window.len() as f64;
         sim.reset_counters().await?;
-        let unpubs = window.iter().map(|(i, id)| {
+        let unpubs = window.iter().map(|(i, pv)| {
             let mut ctl = ctl.clone();
             let (node_id, _) = vm_for(*i, round + *i / NODES);
-            let req = csi::ControllerUnpublishVolumeRequest { volume_id: id.clone(), node_id, ..Default::default() };
+            let req = attacher::controller_unpublish(pv, &node_id);
             async move { ctl.controller_unpublish_volume(req).await }
         });
         for r in futures::future::join_all(unpubs).await {

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use callers::kubelet::{Kubelet, Pod};
-use callers::{attacher, provisioner, resizer};
+use callers::{attacher, provisioner, resizer, snapshotter};
 use conformance::sanity::Lab;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_client::ControllerClient;
@@ -211,5 +211,179 @@ async fn block_life(lab: &Lab) -> Result<(), String> {
     node.node_unstage_volume(kubelet.node_unstage(&pv)).await.map_err(status("NodeUnstageVolume"))?;
     ctl.controller_unpublish_volume(attacher::controller_unpublish(&pv, &info.node_id)).await.map_err(status("ControllerUnpublishVolume"))?;
     ctl.delete_volume(provisioner::delete_volume(&pv)).await.map_err(status("DeleteVolume"))?;
+    Ok(())
+}
+
+// The whole life on every storage type pvesim models: create, publish,
+// grow online, detach, grow offline, snapshot, restore, clone, delete; the
+// bytes written first are found in the restored and the cloned volume, and
+// nothing is left on Proxmox afterwards.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_life_on_lvmthin() {
+    whole_life_on("local-lvm", "lvmthin").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_life_on_lvm_with_volume_chains() {
+    whole_life_on("san", "lvm").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_life_on_zfspool() {
+    whole_life_on("local-zfs", "zfspool").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_life_on_shared_rbd() {
+    whole_life_on("ceph", "rbd").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_life_on_dir() {
+    whole_life_on("local", "dir").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_life_on_shared_nfs() {
+    whole_life_on("nfs", "nfs").await;
+}
+
+async fn whole_life_on(storage: &str, kind: &str) {
+    if !conformance::as_root() {
+        return;
+    }
+    let lab = Lab::start(storage, kind).await.unwrap();
+    if let Err(e) = whole_life(&lab, storage).await {
+        panic!("{kind}: {e}\n{}", lab.logs());
+    }
+    drop(lab);
+    conformance::sanity::settle();
+}
+
+/// kubelet and the attacher taking a volume off the node.
+async fn take_down(
+    ctl: &mut ControllerClient<Channel>,
+    node: &mut NodeClient<Channel>,
+    kubelet: &Kubelet,
+    pv: &callers::PersistentVolume,
+    pod: &Pod,
+    node_id: &str,
+) -> Result<(), String> {
+    node.node_unpublish_volume(kubelet.node_unpublish(pv, pod)).await.map_err(status("NodeUnpublishVolume"))?;
+    node.node_unstage_volume(kubelet.node_unstage(pv)).await.map_err(status("NodeUnstageVolume"))?;
+    ctl.controller_unpublish_volume(attacher::controller_unpublish(pv, node_id)).await.map_err(status("ControllerUnpublishVolume"))?;
+    Ok(())
+}
+
+/// The provisioner's CreateVolume, called again unchanged while the answer
+/// is retryable (a copy still running), and the PV it then writes.
+async fn provision(
+    ctl: &mut ControllerClient<Channel>,
+    sc: &provisioner::StorageClass,
+    claim: &provisioner::Claim,
+    term: &[(&str, &str)],
+) -> Result<callers::PersistentVolume, String> {
+    let req = provisioner::create_volume(sc, claim, Some(provisioner::requirement(&[term], 0)));
+    for _ in 0..300 {
+        match ctl.create_volume(req.clone()).await {
+            Ok(r) => {
+                let volume = r.into_inner().volume.ok_or("no volume")?;
+                return Ok(provisioner::persistent_volume(sc, claim, &volume));
+            }
+            Err(s) if matches!(s.code(), Code::Aborted | Code::Unavailable | Code::DeadlineExceeded) => {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(s) => return Err(status("CreateVolume")(s)),
+        }
+    }
+    Err(format!("CreateVolume of {} never finished", claim.volume_name()))
+}
+
+/// The bytes of `file` in the pod's volume.
+fn digest(kubelet: &Kubelet, pv: &callers::PersistentVolume, pod: &Pod) -> Result<Vec<u8>, String> {
+    std::fs::read(Path::new(&kubelet.target_path(pod, pv)).join("data.bin")).map_err(|e| format!("{}: {e}", pv.name))
+}
+
+async fn whole_life(lab: &Lab, storage: &str) -> Result<(), String> {
+    let (mut ctl, mut node, info) = connect(lab).await?;
+    let segments = info.accessible_topology.clone().unwrap_or_default().segments;
+    let term: Vec<(&str, &str)> = segments.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let kubelet = Kubelet::new(&lab.kubelet_root().display().to_string());
+    // xfs: ext4 cannot grow online on this host (resize2fs needs CAP_SYS_RESOURCE there).
+    let sc = provisioner::StorageClass::new(&[("storage", storage), ("csi.storage.k8s.io/fstype", "xfs")]);
+
+    // Created, published, staged, written.
+    let claim = provisioner::Claim::new("data", "3e5a7c9b-1d2f-4a6b-8c0e-2f4a6b8c0d1e", 1 << 30);
+    let pv = provision(&mut ctl, &sc, &claim, &term).await?;
+    let published = ctl.controller_publish_volume(attacher::controller_publish(&pv, &info.node_id)).await.map_err(status("ControllerPublishVolume"))?.into_inner().publish_context;
+    let pod = Pod::new("9b1d3f5a-7c9e-4b1d-a3f5-7c9e1b3d5f7a");
+    stage_and_publish(&mut node, &kubelet, &pv, &pod, &published).await?;
+    let payload: Vec<u8> = (0..1u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    std::fs::write(Path::new(&kubelet.target_path(&pod, &pv)).join("data.bin"), &payload).map_err(|e| e.to_string())?;
+
+    // Grown online: the disk through the VM, the filesystem by the node.
+    let grown = ctl.controller_expand_volume(resizer::controller_expand(&pv, 2 << 30)).await.map_err(status("ControllerExpandVolume (online)"))?.into_inner();
+    if grown.capacity_bytes < 2 << 30 || !grown.node_expansion_required {
+        return Err(format!("online ControllerExpandVolume: {grown:?}"));
+    }
+    node.node_expand_volume(kubelet.node_expand(&pv, &pod, 2 << 30, HashMap::new())).await.map_err(status("NodeExpandVolume"))?;
+    take_down(&mut ctl, &mut node, &kubelet, &pv, &pod, &info.node_id).await?;
+
+    // Grown offline (through a holder VM), then a snapshot of the detached volume.
+    let grown = ctl.controller_expand_volume(resizer::controller_expand(&pv, 3 << 30)).await.map_err(status("ControllerExpandVolume (offline)"))?.into_inner();
+    if grown.capacity_bytes < 3 << 30 {
+        return Err(format!("offline ControllerExpandVolume: {grown:?}"));
+    }
+    let take = snapshotter::create_snapshot("5f7a9c1e-3b5d-4f7a-9c1e-3b5d7f9a1c3e", "data-snap", &pv, &[]);
+    let mut snapshot = None;
+    for _ in 0..300 {
+        let s = ctl.create_snapshot(take.clone()).await.map_err(status("CreateSnapshot"))?.into_inner().snapshot.ok_or("no snapshot")?;
+        if s.ready_to_use {
+            snapshot = Some(s);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let snapshot = snapshot.ok_or("the snapshot never became ready")?;
+
+    // Restored from the snapshot and cloned from the volume: both have the bytes.
+    let restored = provision(&mut ctl, &sc, &provisioner::Claim::new("restored", "7a9c1e3b-5d7f-4a9c-8e3b-5d7f9a1c3e5b", 3 << 30).from_snapshot(&snapshot.snapshot_id), &term).await?;
+    let cloned = provision(&mut ctl, &sc, &provisioner::Claim::new("cloned", "1c3e5a7b-9d1f-4c3e-a7b9-d1f3c5e7a9b1", 3 << 30).from_volume(&pv), &term).await?;
+    for copy in [&restored, &cloned] {
+        let pc = ctl.controller_publish_volume(attacher::controller_publish(copy, &info.node_id)).await.map_err(status("ControllerPublishVolume (copy)"))?.into_inner().publish_context;
+        stage_and_publish(&mut node, &kubelet, copy, &pod, &pc).await?;
+        if digest(&kubelet, copy, &pod)? != payload {
+            return Err(format!("{} does not have the source's bytes", copy.name));
+        }
+        take_down(&mut ctl, &mut node, &kubelet, copy, &pod, &info.node_id).await?;
+    }
+
+    // Deleted: nothing of any of it stays on Proxmox.
+    for v in [&restored, &cloned, &pv] {
+        ctl.delete_volume(provisioner::delete_volume(v)).await.map_err(status("DeleteVolume"))?;
+    }
+    ctl.delete_snapshot(snapshotter::delete_snapshot(&snapshot.snapshot_id)).await.map_err(status("DeleteSnapshot"))?;
+    let (vms, volumes) = {
+        let c = lab.sim.ctx.cluster();
+        // Besides the workers, only the node's holder VM (offline growth)
+        // may stay, holding nothing.
+        let vms: Vec<String> = c
+            .vms
+            .values()
+            .filter(|vm| ![112, 113].contains(&vm.vmid))
+            .filter(|vm| {
+                let holder = vm.config.get("name").is_some_and(|n| n.starts_with("proxmox-csi-holder-"));
+                let holds = vm.config.keys().chain(vm.pending.keys()).any(|k| (k.starts_with("scsi") && k != "scsihw") || k.starts_with("unused"));
+                !holder || holds
+            })
+            .map(|vm| format!("{} {:?}", vm.vmid, vm.config))
+            .collect();
+        let volumes: Vec<String> = c.volumes.values().flat_map(|m| m.keys().cloned()).collect();
+        (vms, volumes)
+    };
+    if !vms.is_empty() || !volumes.is_empty() {
+        return Err(format!("left behind: VMs {vms:?}, volumes {volumes:?}"));
+    }
     Ok(())
 }

@@ -8,9 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use proxmox_csi_proto::csi::v1 as csi;
-use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
-use proxmox_csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use callers::kubelet::Pod;
+use callers::provisioner;
 use tonic::transport::Channel;
 
 pub const STEPS: usize = 12;
@@ -143,11 +142,21 @@ pub fn mount_line(path: &Path) -> String {
         .to_string()
 }
 
-pub fn mount_cap() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume { fs_type: "xfs".into(), ..Default::default() })),
-        access_mode: Some(AccessMode { mode: Mode::SingleNodeWriter as i32 }),
-    }
+/// The claim both walks provision: `data` in `default`, 1 GiB, ReadWriteOnce;
+/// the provisioner names its volume (and the PV) `pvc-<uid>`.
+pub fn claim() -> provisioner::Claim {
+    provisioner::Claim::new("data", "0c6e8a1b-5d2f-4e7a-9b3c-1f0e2d4c6a8b", 1 << 30)
+}
+
+/// The pod that mounts it.
+pub fn pod() -> Pod {
+    Pod::new("6f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0")
+}
+
+/// The node's topology term as NodeGetInfo reports it (kubelet labels the
+/// Node with it; the provisioner's requirement names the selected node's).
+pub fn term(segments: &std::collections::HashMap<String, String>) -> Vec<(&str, &str)> {
+    segments.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
 }
 
 /// Writes a Go-driver-compatible cloud config (with `features`, YAML lines

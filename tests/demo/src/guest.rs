@@ -7,6 +7,8 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use callers::kubelet::Kubelet;
+use callers::{attacher, provisioner, resizer};
 use e2e::guest::Guest;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_client::ControllerClient;
@@ -17,6 +19,11 @@ use pvesim::{Sim, State};
 use demo::common::*;
 
 const PASSPHRASE: &str = "demo passphrase, never logged";
+
+/// The directories kubelet makes before a call, made in the guest.
+async fn mkdirs(g: &mut Guest, dirs: Vec<String>) -> Result<()> {
+    g.sh(&format!("mkdir -p {}", dirs.join(" "))).await.map(|_| ())
+}
 
 pub async fn run() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -59,35 +66,32 @@ pub async fn run() -> Result<()> {
     evidence(format!("node {} (VM id from the node id), max {} volumes", ni.node_id, ni.max_volumes_per_node));
 
     step(4, "CreateVolume: 1 GiB on local-lvm of pve2");
-    let topo = csi::Topology {
-        segments: HashMap::from([
-            ("topology.kubernetes.io/region".to_string(), "region-1".to_string()),
-            ("topology.kubernetes.io/zone".to_string(), "pve2".to_string()),
-        ]),
-    };
+    // As the external-provisioner sends it for the claim, the pod's node
+    // (worker-2, in pve2) as the preferred term. The class names the Secret
+    // holding the LUKS passphrase for kubelet's NodeStage and NodeExpand; the
+    // provisioner strips those keys from CreateVolume's parameters.
+    let sc = provisioner::StorageClass::new(&[
+        ("storage", "local-lvm"),
+        ("csi.storage.k8s.io/fstype", "xfs"),
+        ("csi.storage.k8s.io/node-stage-secret-name", "luks"),
+        ("csi.storage.k8s.io/node-stage-secret-namespace", "default"),
+        ("csi.storage.k8s.io/node-expand-secret-name", "luks"),
+        ("csi.storage.k8s.io/node-expand-secret-namespace", "default"),
+    ]);
+    let claim = claim();
+    let segments = ni.accessible_topology.clone().unwrap_or_default().segments;
     let vol = ctl
-        .create_volume(csi::CreateVolumeRequest {
-            name: "pvc-0c6e8a1b-demo".into(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
-            volume_capabilities: vec![mount_cap()],
-            parameters: HashMap::from([("storage".into(), "local-lvm".into())]),
-            accessibility_requirements: Some(csi::TopologyRequirement { requisite: vec![topo.clone()], preferred: vec![topo] }),
-            ..Default::default()
-        })
+        .create_volume(provisioner::create_volume(&sc, &claim, Some(provisioner::requirement(&[&term(&segments)], 0))))
         .await?
         .into_inner()
         .volume
         .context("no volume")?;
+    // The PersistentVolume it writes: what the attacher, resizer and kubelet build from.
+    let pv = provisioner::persistent_volume(&sc, &claim, &vol);
     evidence(format!("volume_id {}", vol.volume_id));
 
     step(5, "ControllerPublishVolume: hot-plugged into the running guest (blockdev-add, device_add)");
-    let publish = csi::ControllerPublishVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        node_id: ni.node_id.clone(),
-        volume_capability: Some(mount_cap()),
-        volume_context: vol.volume_context.clone(),
-        ..Default::default()
-    };
+    let publish = attacher::controller_publish(&pv, &ni.node_id);
     let t = Instant::now();
     let pc = ctl.controller_publish_volume(publish.clone()).await?.into_inner().publish_context;
     let vm: serde_json::Value = reqwest_json(&sim.addr.to_string(), "vms/112").await?;
@@ -97,79 +101,55 @@ pub async fn run() -> Result<()> {
     evidence(format!("in the guest, udev: {link}"));
 
     step(6, "NodeStageVolume with a passphrase: LUKS2 (dm-crypt), xfs, mounted");
-    let staging = "/var/lib/kubelet/plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev/demo/globalmount";
-    let target = "/var/lib/kubelet/pods/6f1e/volumes/kubernetes.io~csi/pvc-0c6e8a1b-demo/mount";
-    g.sh("mkdir -p /var/lib/kubelet/plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev/demo /var/lib/kubelet/pods/6f1e/volumes/kubernetes.io~csi/pvc-0c6e8a1b-demo").await?;
+    // kubelet's layout in the guest (`--root-dir` /var/lib/kubelet): the
+    // staging directory of the PV, made by kubelet before NodeStage.
+    let kubelet = Kubelet::new("/var/lib/kubelet");
+    let pod = pod();
+    let staging = kubelet.staging_path(&pv);
+    let target = kubelet.target_path(&pod, &pv);
+    mkdirs(&mut g, kubelet.stage_dirs(&pv)).await?;
     let secrets = HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]);
-    let stage = csi::NodeStageVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        publish_context: pc.clone(),
-        staging_target_path: staging.into(),
-        volume_capability: Some(mount_cap()),
-        secrets: secrets.clone(),
-        volume_context: vol.volume_context.clone(),
-    };
     let t = Instant::now();
-    node.node_stage_volume(stage.clone()).await?;
+    node.node_stage_volume(kubelet.node_stage(&pv, &pc, secrets.clone())).await?;
     evidence(format!("staged in {:?}", t.elapsed()));
     evidence(g.sh(&format!("grep {staging} /proc/mounts")).await?);
     evidence(g.sh("cryptsetup status $(ls /dev/mapper | grep pvecsi) | grep -E 'type|cipher|keysize'").await?);
 
     step(7, "NodePublishVolume, then 8 MiB written in the pod's mount and checksummed");
-    let publish_node = csi::NodePublishVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        staging_target_path: staging.into(),
-        target_path: target.into(),
-        volume_capability: Some(mount_cap()),
-        ..Default::default()
-    };
-    node.node_publish_volume(publish_node.clone()).await?;
+    mkdirs(&mut g, kubelet.publish_dirs(&pod, &pv)).await?;
+    node.node_publish_volume(kubelet.node_publish(&pv, &pod, &pc)).await?;
     let sum = g.sh(&format!("dd if=/dev/urandom of={target}/data bs=1M count=8 2>/dev/null && sync && sha256sum {target}/data | cut -c1-16")).await?;
     evidence(format!("sha256 {sum}…"));
 
     step(8, "grow to 2 GiB online: Proxmox resize (block_resize), then cryptsetup resize + xfs_growfs");
-    ctl.controller_expand_volume(csi::ControllerExpandVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 }),
-        volume_capability: Some(mount_cap()),
-        ..Default::default()
-    })
-    .await?;
-    node.node_expand_volume(csi::NodeExpandVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        volume_path: target.into(),
-        capacity_range: Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 }),
-        staging_target_path: staging.into(),
-        volume_capability: Some(mount_cap()),
-        secrets: secrets.clone(),
-    })
-    .await?;
+    ctl.controller_expand_volume(resizer::controller_expand(&pv, 2 << 30)).await?;
+    node.node_expand_volume(kubelet.node_expand(&pv, &pod, 2 << 30, secrets.clone())).await?;
     evidence(g.sh(&format!("df -hP {target} | tail -1")).await?);
 
     step(9, "down: unpublish, unstage (LUKS closed), ControllerUnpublish (the guest sees the disk go)");
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), target_path: target.into() }).await?;
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: staging.into() }).await?;
-    ctl.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), node_id: ni.node_id.clone(), ..Default::default() }).await?;
+    node.node_unpublish_volume(kubelet.node_unpublish(&pv, &pod)).await?;
+    node.node_unstage_volume(kubelet.node_unstage(&pv)).await?;
+    ctl.controller_unpublish_volume(attacher::controller_unpublish(&pv, &ni.node_id)).await?;
     let gone = g.sh_status(&format!("udevadm settle; test -e /dev/disk/by-id/wwn-{}", pc["wwn"])).await?.0 != 0;
     evidence(format!("mappings left: {:?}; wwn link gone: {gone}", g.sh("ls /dev/mapper | grep -c pvecsi || true").await?));
 
     step(10, "attach again: the LUKS volume is opened, not formatted, and the data is there");
     let pc = ctl.controller_publish_volume(publish).await?.into_inner().publish_context;
-    let mut stage = stage;
-    stage.publish_context = pc;
-    node.node_stage_volume(stage).await?;
-    node.node_publish_volume(publish_node).await?;
+    mkdirs(&mut g, kubelet.stage_dirs(&pv)).await?;
+    node.node_stage_volume(kubelet.node_stage(&pv, &pc, secrets.clone())).await?;
+    mkdirs(&mut g, kubelet.publish_dirs(&pod, &pv)).await?;
+    node.node_publish_volume(kubelet.node_publish(&pv, &pod, &pc)).await?;
     let again = g.sh(&format!("sha256sum {target}/data | cut -c1-16")).await?;
     evidence(format!("sha256 {again}… — {}", if again == sum { "identical" } else { "DIFFERENT (bug)" }));
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), target_path: target.into() }).await?;
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: staging.into() }).await?;
-    ctl.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), node_id: ni.node_id.clone(), ..Default::default() }).await?;
+    node.node_unpublish_volume(kubelet.node_unpublish(&pv, &pod)).await?;
+    node.node_unstage_volume(kubelet.node_unstage(&pv)).await?;
+    ctl.controller_unpublish_volume(attacher::controller_unpublish(&pv, &ni.node_id)).await?;
 
     step(11, "DeleteVolume: nothing left on the VM or the storage");
-    ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: vol.volume_id.clone(), ..Default::default() }).await?;
+    ctl.delete_volume(provisioner::delete_volume(&pv)).await?;
     let vm: serde_json::Value = reqwest_json(&sim.addr.to_string(), "vms/112").await?;
     let vols: serde_json::Value = reqwest_json(&sim.addr.to_string(), "volumes").await?;
-    let left = vols.as_array().map(|a| a.iter().filter(|v| v["volid"].as_str().unwrap_or_default().contains("demo")).count()).unwrap_or(0);
+    let left = vols.as_array().map(|a| a.iter().filter(|v| v["volid"].as_str().unwrap_or_default().contains(&pv.name)).count()).unwrap_or(0);
     evidence(format!("VM 112 {slot}: {}; pending: {}; volumes left: {left}", if vm["config"].get(&slot).is_some() { "still there (bug)" } else { "gone" }, vm["pending"].as_object().map(|p| p.len()).unwrap_or(0)));
 
     step(12, "clean shutdown, and no secret in any log");

@@ -4,10 +4,12 @@
 //! it would find a SCSI disk by WWN.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use callers::kubelet::Kubelet;
+use callers::{attacher, provisioner, resizer};
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_client::ControllerClient;
 use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
@@ -15,6 +17,14 @@ use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use pvesim::{Sim, State};
 
 use demo::common::*;
+
+/// The directories kubelet makes before a call.
+fn mkdirs(dirs: Vec<String>) -> Result<()> {
+    for d in dirs {
+        std::fs::create_dir_all(&d).with_context(|| d.clone())?;
+    }
+    Ok(())
+}
 
 pub async fn run() -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
@@ -42,9 +52,10 @@ pub async fn run() -> Result<()> {
     evidence(format!("GetPluginInfo: {} {}; Probe ready = {ready:?} (GET /version answered)", info.name, info.vendor_version));
 
     step(3, "proxmox-csi-hostd (root) and proxmox-csi-node (uid 65534, no capabilities)");
-    let kubelet = d.join("kubelet");
+    let kubelet_root = d.join("kubelet");
+    let kubelet = Kubelet::new(kubelet_root.to_str().unwrap_or_default());
     let sockets = d.join("sockets");
-    std::fs::create_dir_all(&kubelet)?;
+    std::fs::create_dir_all(&kubelet_root)?;
     std::fs::create_dir_all(&sockets)?;
     std::fs::set_permissions(&sockets, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
     std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
@@ -54,7 +65,7 @@ pub async fn run() -> Result<()> {
         &bin("proxmox-csi-hostd")?,
         &[
             "--socket", hostd_sock.to_str().unwrap_or_default(), "--socket-mode", "666", "--allow-uid", "65534",
-            "--kubelet-root", kubelet.to_str().unwrap_or_default(), "--loop-dir", images.to_str().unwrap_or_default(),
+            "--kubelet-root", kubelet_root.to_str().unwrap_or_default(), "--loop-dir", images.to_str().unwrap_or_default(),
             "--device-events", "kernel", "--health-file", d.join("health.json").to_str().unwrap_or_default(),
         ]
         .map(String::from),
@@ -71,49 +82,34 @@ pub async fn run() -> Result<()> {
             "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",
             node_bin.to_str().unwrap_or_default(), "--csi-address", &format!("unix://{}", node_sock.display()),
             "--hostd-socket", hostd_sock.to_str().unwrap_or_default(), "--node-id", "worker-2", "--vmid", "112",
-            "--region", "region-1", "--zone", "pve2", "--kubelet-root", kubelet.to_str().unwrap_or_default(),
+            "--region", "region-1", "--zone", "pve2", "--kubelet-root", kubelet_root.to_str().unwrap_or_default(),
         ]
         .map(String::from),
         &d.join("node.log"),
     )?;
     let mut node = NodeClient::new(channel(&node_sock).await?);
     let ni = node.node_get_info(csi::NodeGetInfoRequest {}).await?.into_inner();
-    evidence(format!("NodeGetInfo: node_id {} max_volumes {} topology {:?}", ni.node_id, ni.max_volumes_per_node, ni.accessible_topology.map(|t| t.segments)));
+    evidence(format!("NodeGetInfo: node_id {} max_volumes {} topology {:?}", ni.node_id, ni.max_volumes_per_node, ni.accessible_topology.as_ref().map(|t| &t.segments)));
 
     step(4, "CreateVolume: 1 GiB on local-lvm, zone chosen by free space among the requested");
-    let topo = csi::Topology {
-        segments: HashMap::from([
-            ("topology.kubernetes.io/region".to_string(), "region-1".to_string()),
-            ("topology.kubernetes.io/zone".to_string(), "pve2".to_string()),
-        ]),
-    };
+    // As the external-provisioner sends it: the StorageClass's parameters, the
+    // claim's size, the pod's node (worker-2, in pve2) as the preferred term.
+    let sc = provisioner::StorageClass::new(&[("storage", "local-lvm"), ("ssd", "true"), ("csi.storage.k8s.io/fstype", "xfs")]);
+    let claim = claim();
+    let segments = ni.accessible_topology.clone().unwrap_or_default().segments;
+    let requirement = provisioner::requirement(&[&term(&segments)], 0);
     let vol = ctl
-        .create_volume(csi::CreateVolumeRequest {
-            name: "pvc-0c6e8a1b-demo".into(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 30, limit_bytes: 0 }),
-            volume_capabilities: vec![mount_cap()],
-            parameters: HashMap::from([("storage".into(), "local-lvm".into()), ("ssd".into(), "true".into())]),
-            accessibility_requirements: Some(csi::TopologyRequirement { requisite: vec![topo.clone()], preferred: vec![topo] }),
-            ..Default::default()
-        })
+        .create_volume(provisioner::create_volume(&sc, &claim, Some(requirement)))
         .await?
         .into_inner()
         .volume
         .context("no volume")?;
+    // The PersistentVolume it writes: what the attacher, resizer and kubelet build from.
+    let pv = provisioner::persistent_volume(&sc, &claim, &vol);
     evidence(format!("volume_id {} ({} bytes)", vol.volume_id, vol.capacity_bytes));
 
     step(5, "ControllerPublishVolume: the disk is added to VM 112 with a WWN and serial");
-    let pc = ctl
-        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            node_id: ni.node_id.clone(),
-            volume_capability: Some(mount_cap()),
-            volume_context: vol.volume_context.clone(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner()
-        .publish_context;
+    let pc = ctl.controller_publish_volume(attacher::controller_publish(&pv, &ni.node_id)).await?.into_inner().publish_context;
     let cfg: serde_json::Value = reqwest_json(&sim.addr.to_string(), "vms/112").await?;
     let slot = format!("scsi{}", pc.get("lun").map(String::as_str).unwrap_or("?"));
     evidence(format!("VM 112 config: {slot}: {}", cfg["config"][&slot].as_str().unwrap_or("?")));
@@ -127,32 +123,19 @@ pub async fn run() -> Result<()> {
     evidence(format!("{loopdev} backed by {}", backing.display()));
 
     step(7, "NodeStageVolume: hostd waits for the device event, finds no signature, makes xfs, mounts");
-    let staging = kubelet.join("plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev/demo/globalmount");
-    std::fs::create_dir_all(staging.parent().context("staging parent")?)?;
+    // kubelet's staging directory for the PV (it makes it), then NodeStage.
+    let staging = PathBuf::from(kubelet.staging_path(&pv));
+    mkdirs(kubelet.stage_dirs(&pv))?;
     let started = Instant::now();
-    node.node_stage_volume(csi::NodeStageVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        publish_context: pc.clone(),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: Some(mount_cap()),
-        volume_context: vol.volume_context.clone(),
-        ..Default::default()
-    })
-    .await?;
+    node.node_stage_volume(kubelet.node_stage(&pv, &pc, HashMap::new())).await?;
     evidence(format!("staged in {:?}: {}", started.elapsed(), mount_line(&staging)));
 
     step(8, "NodePublishVolume: bind mount into the pod, then write and read back");
-    let pod_dir = kubelet.join("pods/6f1e/volumes/kubernetes.io~csi/pvc-0c6e8a1b-demo");
-    std::fs::create_dir_all(&pod_dir)?;
-    let target = pod_dir.join("mount");
-    node.node_publish_volume(csi::NodePublishVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        staging_target_path: staging.display().to_string(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(mount_cap()),
-        ..Default::default()
-    })
-    .await?;
+    // kubelet makes the target's parent in the pod's volume directory; the driver makes `mount`.
+    let pod = pod();
+    let target = PathBuf::from(kubelet.target_path(&pod, &pv));
+    mkdirs(kubelet.publish_dirs(&pod, &pv))?;
+    node.node_publish_volume(kubelet.node_publish(&pv, &pod, &pc)).await?;
     let payload: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
     std::fs::write(target.join("data.bin"), &payload)?;
     sh("sync", &[])?;
@@ -160,36 +143,11 @@ pub async fn run() -> Result<()> {
     evidence(format!("wrote {} bytes through the pod's mount; read back identical: {}", payload.len(), back == payload));
 
     step(9, "ControllerExpandVolume to 2 GiB (Proxmox grows the disk), then NodeExpandVolume");
-    let grown = ctl
-        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 }),
-            volume_capability: Some(mount_cap()),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let grown = ctl.controller_expand_volume(resizer::controller_expand(&pv, 2 << 30)).await?.into_inner();
     std::fs::OpenOptions::new().write(true).open(&backing)?.set_len(grown.capacity_bytes as u64)?;
     sh("losetup", &["-c", &loopdev])?;
-    let ne = node
-        .node_expand_volume(csi::NodeExpandVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            volume_path: target.display().to_string(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: 2 << 30, limit_bytes: 0 }),
-            staging_target_path: staging.display().to_string(),
-            volume_capability: Some(mount_cap()),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
-    let stats = node
-        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
-            volume_id: vol.volume_id.clone(),
-            volume_path: target.display().to_string(),
-            staging_target_path: String::new(),
-        })
-        .await?
-        .into_inner();
+    let ne = node.node_expand_volume(kubelet.node_expand(&pv, &pod, 2 << 30, HashMap::new())).await?.into_inner();
+    let stats = node.node_get_volume_stats(kubelet.node_stats(&pv, &pod)).await?.into_inner();
     evidence(format!(
         "controller: {} bytes, node: device {} bytes, filesystem {} bytes total, condition {:?}",
         grown.capacity_bytes,
@@ -199,23 +157,23 @@ pub async fn run() -> Result<()> {
     ));
 
     step(10, "NodeUnpublishVolume and NodeUnstageVolume: unmounted, flushed");
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), target_path: target.display().to_string() }).await?;
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: staging.display().to_string() }).await?;
+    node.node_unpublish_volume(kubelet.node_unpublish(&pv, &pod)).await?;
+    node.node_unstage_volume(kubelet.node_unstage(&pv)).await?;
     evidence(format!("staging path: {}", mount_line(&staging)));
     sh("losetup", &["-d", &loopdev])?;
 
     step(11, "ControllerUnpublishVolume and DeleteVolume: nothing left on the VM or the storage");
-    ctl.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), node_id: ni.node_id.clone(), ..Default::default() }).await?;
+    ctl.controller_unpublish_volume(attacher::controller_unpublish(&pv, &ni.node_id)).await?;
     let cfg: serde_json::Value = reqwest_json(&sim.addr.to_string(), "vms/112").await?;
     evidence(format!(
         "VM 112: {slot} {}; pending changes: {}",
         if cfg["config"].get(&slot).is_some() { "still there (bug)" } else { "gone" },
         cfg["pending"].as_object().map(|p| p.len()).unwrap_or(0)
     ));
-    ctl.delete_volume(csi::DeleteVolumeRequest { volume_id: vol.volume_id.clone(), ..Default::default() }).await?;
+    ctl.delete_volume(provisioner::delete_volume(&pv)).await?;
     let vols: serde_json::Value = reqwest_json(&sim.addr.to_string(), "volumes").await?;
-    let left = vols.as_array().map(|a| a.iter().filter(|v| v["volid"].as_str().unwrap_or_default().contains("pvc-0c6e8a1b-demo")).count()).unwrap_or(0);
-    evidence(format!("volumes named pvc-0c6e8a1b-demo left on local-lvm: {left}"));
+    let left = vols.as_array().map(|a| a.iter().filter(|v| v["volid"].as_str().unwrap_or_default().contains(&pv.name)).count()).unwrap_or(0);
+    evidence(format!("volumes named {} left on local-lvm: {left}", pv.name));
 
     step(12, "Clean shutdown on SIGTERM, and no secret in any log");
     evidence(agent.stop()?);

@@ -274,8 +274,6 @@ enum Plug {
 struct Update {
     log: Vec<String>,
     plugs: Vec<Plug>,
-    /// Imported volumes: (source volid, new volid), for the backing files.
-    copies: Vec<(String, String)>,
 }
 
 /// Allocates `vm-<vmid>-disk-<N>` for a `<storage>:<GiB>` drive value.
@@ -332,7 +330,8 @@ fn release_drive(c: &mut Cluster, vmid: u32, value: &str, force: bool, log: &mut
 /// now: everything on a stopped VM; hot-changeable options on a running one.
 /// Disks to (un)plug on a running VM are returned for the caller to plug.
 /// `in_worker`: the write runs in a task (POST), which changes some waits.
-fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call, in_worker: bool) -> Result<Update, ApiError> {
+/// `volume_dir`: where backing files live (an import copies its source's).
+fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call, in_worker: bool, volume_dir: Option<&std::path::Path>) -> Result<Update, ApiError> {
     let mut up = Update::default();
     let force = call.flag("force");
     let vm_node = common::vm(c, node, vmid)?.node.clone();
@@ -408,8 +407,11 @@ fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call, in_worker: 
                     None => gib,
                 };
                 let (volid, size) = allocate_for(c, &vm_node, vmid, &storage, gib)?;
-                if let Some(src) = import {
-                    up.copies.push((src, volid.clone()));
+                // create_disks copies into the new volume before the key
+                // reaches the config (qemu-server Qemu.pm: clone_disk, then
+                // the drive line): nobody sees the disk half-copied.
+                if let (Some(src), Some(dir)) = (&import, volume_dir) {
+                    copy_backing_file(dir, src, &volid)?;
                 }
                 up.log.push(format!("{key}: successfully created disk '{volid},size={}'", drive::format_size(size)));
                 d.volume = volid;
@@ -630,8 +632,7 @@ async fn locked_update(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call, upid:
             std::process::id()
         )));
     }
-    let up = stage_update(&mut ctx.cluster(), node, vmid, call, upid.is_some())?;
-    copy_backing_files(ctx, &up.copies)?;
+    let up = stage_update(&mut ctx.cluster(), node, vmid, call, upid.is_some(), ctx.volume_dir.as_deref())?;
     let errors = hotplug(ctx, vmid, up.plugs, call.flag("force")).await;
     if !errors.is_empty() {
         return Err(ApiError::params(errors));
@@ -699,15 +700,24 @@ async fn import_delay(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call, upid: 
     }
 }
 
-/// With backing files, an imported volume gets the source's bytes.
-fn copy_backing_files(ctx: &Ctx, copies: &[(String, String)]) -> Result<(), ApiError> {
-    let Some(dir) = &ctx.volume_dir else { return Ok(()) };
-    for (src, dst) in copies {
-        let from = crate::qmp::backing_path(dir, src);
-        if from.is_file() {
-            std::fs::copy(&from, crate::qmp::backing_path(dir, dst))
-                .map_err(|e| ApiError::die(format!("qemu-img: copying {src} to {dst}: {e}")))?;
-        }
+/// With backing files, an imported volume gets the source's bytes. `cp`
+/// keeps the holes of a sparse source (coreutils seeks over them), so a
+/// mostly empty 3 GiB disk copies in milliseconds, as `qemu-img convert`
+/// skips zeroes.
+fn copy_backing_file(dir: &std::path::Path, src: &str, dst: &str) -> Result<(), ApiError> {
+    let from = crate::qmp::backing_path(dir, src);
+    if !from.is_file() {
+        return Ok(());
+    }
+    let to = crate::qmp::backing_path(dir, dst);
+    let out = std::process::Command::new("cp")
+        .arg("--sparse=always")
+        .arg(&from)
+        .arg(&to)
+        .output()
+        .map_err(|e| ApiError::die(format!("qemu-img: copying {src} to {dst}: {e}")))?;
+    if !out.status.success() {
+        return Err(ApiError::die(format!("qemu-img: copying {src} to {dst}: {}", String::from_utf8_lossy(&out.stderr).trim())));
     }
     Ok(())
 }
