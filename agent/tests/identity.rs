@@ -4,7 +4,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
 use tonic::transport::Channel;
 
@@ -84,13 +83,13 @@ async fn probe_is_ready_only_while_hostd_answers() {
     );
     let mut client = connect(csi_sock).await;
     let info = client
-        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .get_plugin_info(callers::identity::get_plugin_info())
         .await
         .unwrap()
         .into_inner();
     assert_eq!(info.name, "csi.proxmox.sinextra.dev");
     assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
-    let probe = client.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    let probe = client.probe(callers::identity::probe()).await.unwrap().into_inner();
     assert_eq!(probe.ready, Some(true));
 
     // hostd writes its health file for `talosctl read`.
@@ -99,7 +98,7 @@ async fn probe_is_ready_only_while_hostd_answers() {
     assert_eq!(h["version"], env!("CARGO_PKG_VERSION"));
 
     drop(hostd);
-    let probe = client.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    let probe = client.probe(callers::identity::probe()).await.unwrap().into_inner();
     assert_eq!(probe.ready, Some(false));
     let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap();
     assert!(log.contains("probe: hostd did not answer Health"), "{log}");
@@ -174,7 +173,7 @@ async fn hostd_checks_the_callers_credentials() {
             &dir.path().join("agent.log"),
         );
         let mut client = connect(csi_sock).await;
-        let probe = client.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+        let probe = client.probe(callers::identity::probe()).await.unwrap().into_inner();
         assert_eq!(probe.ready, Some(want_ready), "allowed uid {allowed}");
         if !want_ready {
             let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap();

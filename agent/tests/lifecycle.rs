@@ -312,14 +312,14 @@ async fn node_info_and_bad_requests() {
         return;
     }
     let mut env = Env::start().await;
-    let info = env.node.node_get_info(csi::NodeGetInfoRequest {}).await.unwrap().into_inner();
+    let info = env.node.node_get_info(callers::identity::node_get_info()).await.unwrap().into_inner();
     assert_eq!(info.node_id, "worker-2/112");
     assert!((1..=24).contains(&info.max_volumes_per_node), "{info:?}");
     let segs = info.accessible_topology.unwrap().segments;
     assert_eq!(segs.get("topology.kubernetes.io/region").map(String::as_str), Some("region-1"));
     assert_eq!(segs.get("topology.kubernetes.io/zone").map(String::as_str), Some("pve2"));
 
-    let caps = env.node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await.unwrap().into_inner();
+    let caps = env.node.node_get_capabilities(callers::identity::node_get_capabilities()).await.unwrap().into_inner();
     assert_eq!(caps.capabilities.len(), 5);
 
     // kubelet's request for a good volume, each case breaking one field.

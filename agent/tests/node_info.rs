@@ -11,7 +11,6 @@ use axum::Json;
 use axum::extract::Path as UrlPath;
 use axum::http::StatusCode;
 use axum::routing::get;
-use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use serde_json::{Value, json};
 
@@ -103,7 +102,7 @@ async fn node_info_reads_labels_and_smbios() {
         );
         wait_for(&csi_sock).await;
         let ch = proxmox_csi_common::client::unix_channel(csi_sock).await.unwrap();
-        let got = NodeClient::new(ch).node_get_info(csi::NodeGetInfoRequest {}).await;
+        let got = NodeClient::new(ch).node_get_info(callers::identity::node_get_info()).await;
         match expect {
             Ok((id, region, zone, max)) => {
                 let info = got.unwrap().into_inner();

@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
 use pvesim::{Sim, State};
 use tonic::transport::Channel;
@@ -87,7 +86,7 @@ async fn answers_plugin_info_and_a_real_probe_over_tls() {
     let mut client = connect(&ctl.socket).await;
 
     let info = client
-        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .get_plugin_info(callers::identity::get_plugin_info())
         .await
         .unwrap()
         .into_inner();
@@ -95,19 +94,19 @@ async fn answers_plugin_info_and_a_real_probe_over_tls() {
     assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
 
     let caps = client
-        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+        .get_plugin_capabilities(callers::identity::get_plugin_capabilities())
         .await
         .unwrap()
         .into_inner();
     assert!(!caps.capabilities.is_empty());
 
-    let probe = client.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    let probe = client.probe(callers::identity::probe()).await.unwrap().into_inner();
     assert_eq!(probe.ready, Some(true));
 
     // Proxmox goes away: Probe must say so.
     drop(sim);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let probe = client.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    let probe = client.probe(callers::identity::probe()).await.unwrap().into_inner();
     assert_eq!(probe.ready, Some(false));
     let log = std::fs::read_to_string(&ctl.log).unwrap();
     assert!(log.contains("Proxmox cluster region-1"), "{log}");
@@ -128,7 +127,7 @@ async fn probe_is_not_ready_when_the_token_is_wrong_or_tls_is_untrusted() {
         &[],
     );
     let mut client = connect(&ctl.socket).await;
-    let probe = client.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    let probe = client.probe(callers::identity::probe()).await.unwrap().into_inner();
     assert_eq!(probe.ready, Some(false));
     let log = std::fs::read_to_string(&ctl.log).unwrap();
     assert!(log.contains("GET /version: Authentication failed!"), "{log}");
@@ -141,7 +140,7 @@ async fn probe_is_not_ready_when_the_token_is_wrong_or_tls_is_untrusted() {
         &[],
     );
     let mut client = connect(&ctl.socket).await;
-    let probe = client.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    let probe = client.probe(callers::identity::probe()).await.unwrap().into_inner();
     assert_eq!(probe.ready, Some(false));
 }
 
@@ -160,7 +159,7 @@ async fn serves_metrics_and_stops_on_sigterm() {
     );
     let mut client = connect(&ctl.socket).await;
     assert_eq!(
-        client.probe(csi::ProbeRequest {}).await.unwrap().into_inner().ready,
+        client.probe(callers::identity::probe()).await.unwrap().into_inner().ready,
         Some(true)
     );
     let body = http_get(port, "/metrics").await;

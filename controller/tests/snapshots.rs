@@ -184,7 +184,7 @@ async fn list_and_get_snapshots_page_and_filter() {
 
     let caps = e
         .svc
-        .controller_get_capabilities(Request::new(csi::ControllerGetCapabilitiesRequest {}))
+        .controller_get_capabilities(Request::new(callers::identity::controller_get_capabilities()))
         .await
         .unwrap()
         .into_inner();

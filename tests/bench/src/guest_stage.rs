@@ -17,7 +17,6 @@ use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::ctl::Controller;
 use proxmox_csi_controller::pve;
-use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use tonic::Request;
@@ -68,7 +67,7 @@ pub async fn compare(rounds: usize) -> Result<(f64, f64)> {
     let mut node = loop {
         if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", g.csi_port))?.connect().await {
             let mut probe = proxmox_csi_proto::csi::v1::identity_client::IdentityClient::new(ch.clone());
-            if probe.probe(csi::ProbeRequest {}).await.is_ok_and(|r| r.into_inner().ready == Some(true)) {
+            if probe.probe(callers::identity::probe()).await.is_ok_and(|r| r.into_inner().ready == Some(true)) {
                 break NodeClient::new(ch);
             }
         }

@@ -12,6 +12,8 @@
 //!   DeleteSnapshot, ListSnapshots of a pre-provisioned snapshot);
 //! - `health`: kubernetes-csi/external-health-monitor (ControllerGetVolume,
 //!   its ListVolumes sweep);
+//! - `identity`: the requests without fields (capabilities, Probe,
+//!   NodeGetInfo) and their senders;
 //! - `sanity`: kubernetes-csi/csi-test, the only sender of
 //!   ValidateVolumeCapabilities and paged ListVolumes/ListSnapshots;
 //! - `kubelet`: kubernetes/kubernetes pkg/volume/csi (NodeStage, NodePublish,
@@ -23,6 +25,7 @@
 
 pub mod attacher;
 pub mod health;
+pub mod identity;
 pub mod kubelet;
 pub mod provisioner;
 pub mod resizer;

@@ -130,7 +130,7 @@ pub async fn run(report: &mut Report) {
 }
 
 async fn identity(t: &Target, r: &mut Report) {
-    let info = ok(t.ident.get_plugin_info(Request::new(csi::GetPluginInfoRequest {})).await).map(|x| x.into_inner());
+    let info = ok(t.ident.get_plugin_info(Request::new(callers::identity::get_plugin_info())).await).map(|x| x.into_inner());
     r.clause(
         "GetPluginInfo: name MUST follow domain name notation and be at most 63 characters",
         info.as_ref().map_err(Clone::clone).and_then(|i| {
@@ -144,9 +144,9 @@ async fn identity(t: &Target, r: &mut Report) {
         "GetPluginInfo: vendor_version MUST be set",
         info.as_ref().map_err(Clone::clone).and_then(|i| ensure(!i.vendor_version.is_empty(), || "empty vendor_version".into())),
     );
-    let probe = ok(t.ident.probe(Request::new(csi::ProbeRequest {})).await).map(|p| p.into_inner().ready);
+    let probe = ok(t.ident.probe(Request::new(callers::identity::probe())).await).map(|p| p.into_inner().ready);
     r.clause("Probe: answers, ready while Proxmox does", probe.and_then(|ready| ensure(ready == Some(true), || format!("ready {ready:?}"))));
-    let pcaps = ok(t.ident.get_plugin_capabilities(Request::new(csi::GetPluginCapabilitiesRequest {})).await).map(|c| format!("{:?}", c.into_inner()));
+    let pcaps = ok(t.ident.get_plugin_capabilities(Request::new(callers::identity::get_plugin_capabilities())).await).map(|c| format!("{:?}", c.into_inner()));
     r.clause(
         "GetPluginCapabilities: CONTROLLER_SERVICE and VOLUME_ACCESSIBILITY_CONSTRAINTS, as the controller serves and volumes are topology-bound",
         pcaps.and_then(|c| ensure(c.contains("ControllerService") && c.contains("VolumeAccessibilityConstraints"), || c)),
@@ -154,7 +154,7 @@ async fn identity(t: &Target, r: &mut Report) {
 }
 
 async fn capabilities(t: &Target, r: &mut Report) -> Vec<Rpc> {
-    let caps: Vec<Rpc> = match ok(t.ctl.controller_get_capabilities(Request::new(csi::ControllerGetCapabilitiesRequest {})).await) {
+    let caps: Vec<Rpc> = match ok(t.ctl.controller_get_capabilities(Request::new(callers::identity::controller_get_capabilities())).await) {
         Ok(c) => c
             .into_inner()
             .capabilities

@@ -251,7 +251,7 @@ pub async fn run_with<H: NodeHost>(host: &mut H, node: &mut NodeClient<Channel>,
 }
 
 async fn info(n: &mut NodeClient<Channel>, r: &mut Report) {
-    let info = ok(n.node_get_info(csi::NodeGetInfoRequest {}).await).map(|x| x.into_inner());
+    let info = ok(n.node_get_info(callers::identity::node_get_info()).await).map(|x| x.into_inner());
     r.clause(
         "NodeGetInfo: node_id is set and max_volumes_per_node is not negative",
         info.as_ref().map_err(Clone::clone).and_then(|i| ensure(!i.node_id.is_empty() && i.max_volumes_per_node >= 0, || format!("{i:?}"))),
@@ -260,7 +260,7 @@ async fn info(n: &mut NodeClient<Channel>, r: &mut Report) {
         "NodeGetInfo: accessible_topology is set, as the plugin has VOLUME_ACCESSIBILITY_CONSTRAINTS",
         info.and_then(|i| ensure(i.accessible_topology.is_some_and(|x| x.segments.get("topology.kubernetes.io/zone").is_some_and(|z| z == "pve2")), || "no zone".into())),
     );
-    let caps: Vec<NodeRpc> = match ok(n.node_get_capabilities(csi::NodeGetCapabilitiesRequest {}).await) {
+    let caps: Vec<NodeRpc> = match ok(n.node_get_capabilities(callers::identity::node_get_capabilities()).await) {
         Ok(c) => c
             .into_inner()
             .capabilities

@@ -51,7 +51,7 @@ async fn connect(lab: &Lab) -> Result<(ControllerClient<Channel>, NodeClient<Cha
     let ctl_ch = proxmox_csi_common::client::unix_channel(lab.controller_socket.clone()).await.map_err(|e| e.to_string())?;
     let node_ch = proxmox_csi_common::client::unix_channel(lab.node_socket.clone()).await.map_err(|e| e.to_string())?;
     let mut node = NodeClient::new(node_ch);
-    let info = node.node_get_info(csi::NodeGetInfoRequest {}).await.map_err(status("NodeGetInfo"))?.into_inner();
+    let info = node.node_get_info(callers::identity::node_get_info()).await.map_err(status("NodeGetInfo"))?.into_inner();
     Ok((ControllerClient::new(ctl_ch), node, info))
 }
 

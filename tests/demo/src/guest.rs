@@ -10,7 +10,6 @@ use anyhow::{Context, Result, bail};
 use callers::kubelet::Kubelet;
 use callers::{attacher, provisioner, resizer};
 use e2e::guest::Guest;
-use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_client::ControllerClient;
 use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
@@ -36,7 +35,7 @@ pub async fn run() -> Result<()> {
     let ch = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", g.csi_port))?.connect().await?;
     let deadline = Instant::now() + std::time::Duration::from_secs(60);
     while !IdentityClient::new(ch.clone())
-        .probe(csi::ProbeRequest {})
+        .probe(callers::identity::probe())
         .await
         .is_ok_and(|r| r.into_inner().ready == Some(true))
     {
@@ -62,7 +61,7 @@ pub async fn run() -> Result<()> {
     step(3, "proxmox-csi-controller with a Go-driver-compatible cloud config");
     let (controller, ctl_sock) = start_controller(d, &sim.api_url(), &ca, "")?;
     let mut ctl = ControllerClient::new(channel(&ctl_sock).await?);
-    let ni = node.node_get_info(csi::NodeGetInfoRequest {}).await?.into_inner();
+    let ni = node.node_get_info(callers::identity::node_get_info()).await?.into_inner();
     evidence(format!("node {} (VM id from the node id), max {} volumes", ni.node_id, ni.max_volumes_per_node));
 
     step(4, "CreateVolume: 1 GiB on local-lvm of pve2");

@@ -10,7 +10,6 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use callers::kubelet::Kubelet;
 use callers::{attacher, provisioner, resizer};
-use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_client::ControllerClient;
 use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
@@ -47,8 +46,8 @@ pub async fn run() -> Result<()> {
     let ch = channel(&ctl_sock).await?;
     let mut ident = IdentityClient::new(ch.clone());
     let mut ctl = ControllerClient::new(ch);
-    let info = ident.get_plugin_info(csi::GetPluginInfoRequest {}).await?.into_inner();
-    let ready = ident.probe(csi::ProbeRequest {}).await?.into_inner().ready;
+    let info = ident.get_plugin_info(callers::identity::get_plugin_info()).await?.into_inner();
+    let ready = ident.probe(callers::identity::probe()).await?.into_inner().ready;
     evidence(format!("GetPluginInfo: {} {}; Probe ready = {ready:?} (GET /version answered)", info.name, info.vendor_version));
 
     step(3, "proxmox-csi-hostd (root) and proxmox-csi-node (uid 65534, no capabilities)");
@@ -88,7 +87,7 @@ pub async fn run() -> Result<()> {
         &d.join("node.log"),
     )?;
     let mut node = NodeClient::new(channel(&node_sock).await?);
-    let ni = node.node_get_info(csi::NodeGetInfoRequest {}).await?.into_inner();
+    let ni = node.node_get_info(callers::identity::node_get_info()).await?.into_inner();
     evidence(format!("NodeGetInfo: node_id {} max_volumes {} topology {:?}", ni.node_id, ni.max_volumes_per_node, ni.accessible_topology.as_ref().map(|t| &t.segments)));
 
     step(4, "CreateVolume: 1 GiB on local-lvm, zone chosen by free space among the requested");

@@ -18,7 +18,6 @@ use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::ctl::Controller;
 use proxmox_csi_controller::pve;
-use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use pvesim::{Sim, State};
@@ -84,7 +83,7 @@ async fn node_client(port: u16) -> NodeClient<Channel> {
         if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}")).unwrap().connect().await {
             // Ready when the node plugin answers and its Probe says hostd does.
             let mut probe = proxmox_csi_proto::csi::v1::identity_client::IdentityClient::new(ch.clone());
-            if probe.probe(csi::ProbeRequest {}).await.is_ok_and(|r| r.into_inner().ready == Some(true)) {
+            if probe.probe(callers::identity::probe()).await.is_ok_and(|r| r.into_inner().ready == Some(true)) {
                 return NodeClient::new(ch);
             }
         }
