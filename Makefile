@@ -1,5 +1,5 @@
 # The two entry points. Each installs the Debian packages it needs.
-.PHONY: demo test build
+.PHONY: demo test build bench
 
 demo:
 	scripts/deps.sh test
@@ -10,6 +10,9 @@ demo:
 
 test:
 	scripts/test.sh
+
+bench:
+	scripts/bench.sh
 
 build:
 	scripts/deps.sh build

@@ -136,7 +136,17 @@ fn workers(s: &State, out: &mut Vec<Finding>) {
         let Some(vm) = s.vm_of(n) else { continue };
         let subject = format!("VM {} ({})", vm.res.vmid, n.name);
         match vm.config.get("scsihw").map(String::as_str) {
-            Some("virtio-scsi-pci" | "virtio-scsi-single") => {}
+            Some("virtio-scsi-pci") => {}
+            // qemu-server QemuServer.pm qemu_devicedelverify: each disk's own
+            // controller goes only after the guest ejected it, checked once
+            // a second (up to 5 s on PVE 8, 15 s on PVE 9).
+            Some("virtio-scsi-single") => out.push(f(
+                "SCSI controller",
+                subject.as_str(),
+                Severity::Info,
+                "scsihw is virtio-scsi-single: every detach waits for the guest to eject the disk's own controller, a second or more per volume (docs/BENCHMARKS.md, bursts)",
+                format!("for faster detaches: qm set {} --scsihw virtio-scsi-pci (after a restart of the VM; disks then share one controller and its iothread)", vm.res.vmid),
+            )),
             other => out.push(f(
                 "SCSI controller",
                 subject.as_str(),

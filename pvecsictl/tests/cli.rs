@@ -21,7 +21,7 @@ nodes: [{ name: pve1 }, { name: pve2 }]
 storages:
   - { id: local-lvm, type: lvmthin, total: 107374182400 }
 vms:
-  - { vmid: 112, node: pve2, name: worker-2, config: { scsihw: virtio-scsi-pci, scsi1: "local-lvm:vm-9999-pvc-bound,backup=0,size=1G" } }
+  - { vmid: 112, node: pve2, name: worker-2, config: { scsihw: virtio-scsi-single, scsi1: "local-lvm:vm-9999-pvc-bound,backup=0,size=1G" } }
   - { vmid: 113, node: pve2, name: worker-3, config: { scsihw: lsi, unused0: "local-lvm:vm-9999-pvc-unused" } }
 volumes:
   - { volid: "local-lvm:vm-9999-pvc-bound", node: pve2, size: 1073741824 }
@@ -135,6 +135,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
     assert!(has("topology labels", "worker-3", Severity::Error, "kubectl label node worker-3 topology.kubernetes.io/zone=pve2 --overwrite"), "{findings:#?}");
     assert!(has("node → VM", "worker-9", Severity::Error, "no Proxmox VM is found"), "{findings:#?}");
     assert!(has("SCSI controller", "VM 113 (worker-3)", Severity::Error, "qm set 113 --scsihw virtio-scsi-pci"), "{findings:#?}");
+    assert!(has("SCSI controller", "VM 112 (worker-2)", Severity::Info, "every detach waits for the guest to eject"), "{findings:#?}");
     assert!(has("pending changes", "VM 113 (worker-3)", Severity::Error, "qm set 113 --revert scsi5"), "{findings:#?}");
     assert!(has("unused disks", "VM 113 (worker-3)", Severity::Error, "unused0: local-lvm:vm-9999-pvc-unused"), "{findings:#?}");
     assert!(has("placeholder-owned disks", "VM 112 (worker-2)", Severity::Info, "scsi1"), "{findings:#?}");

@@ -1,9 +1,13 @@
-//! The Go driver's attach, one at a time, as upstream-driver.md §5.4
-//! describes it: a mutex per Kubernetes node around the whole attach, the
-//! volume checked (3 calls) and the VM config read (3 calls), the first free
-//! LUN written, the task polled every second, and the config read again
-//! every 5 s until the disk shows. It is the baseline of the attach burst.
+//! The Go driver's attach and detach, one at a time per node, as
+//! upstream-driver.md §5.4 and §5.5 describe them: a mutex per Kubernetes
+//! node (one worker VM) around the whole operation, the volume checked (3
+//! calls) and the VM config read (3 calls); an attach writes the first free
+//! LUN and polls its task every second, a detach unlinks the disk; then the
+//! config is read again every 5 s until the change shows. It is the
+//! baseline of the bursts.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -17,19 +21,24 @@ use crate::sim::{SECRET, TOKEN};
 pub struct GoLike {
     api: String,
     http: reqwest::Client,
-    /// The per-node-name mutex (one node here).
-    node_lock: Mutex<()>,
+    /// The per-node-name mutexes (a Kubernetes node is one worker VM).
+    node_locks: std::sync::Mutex<HashMap<u32, Arc<Mutex<()>>>>,
 }
 
 impl GoLike {
     pub fn new(api: &str) -> Self {
-        Self { api: api.to_string(), http: reqwest::Client::new(), node_lock: Mutex::new(()) }
+        Self { api: api.to_string(), http: reqwest::Client::new(), node_locks: std::sync::Mutex::default() }
+    }
+
+    fn node_lock(&self, vmid: u32) -> Arc<Mutex<()>> {
+        let mut locks = self.node_locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(vmid).or_default().clone()
     }
 
     async fn call(&self, method: Method, path: &str, form: &[(&str, String)]) -> Result<Value> {
         let url = format!("{}{path}", self.api);
         let mut req = self.http.request(method.clone(), url).header("Authorization", format!("PVEAPIToken={TOKEN}={SECRET}"));
-        req = if method == Method::POST { req.form(form) } else { req.query(form) };
+        req = if method == Method::GET { req.query(form) } else { req.form(form) };
         let r = req.send().await?;
         let status = r.status();
         let body: Value = r.json().await.unwrap_or(Value::Null);
@@ -51,7 +60,8 @@ impl GoLike {
         self.call(Method::GET, "/cluster/resources", &[("type", "storage".into())]).await?;
         self.call(Method::GET, &format!("/nodes/{node}/storage/{storage}/status"), &[]).await?;
         self.call(Method::GET, &format!("/nodes/{node}/storage/{storage}/content/{volid}"), &[]).await?;
-        let _g = self.node_lock.lock().await;
+        let lock = self.node_lock(vmid);
+        let _g = lock.lock().await;
         let cfg = self.vm_config(node, vmid).await?;
         let lun = (1..=30)
             .find(|n| cfg.get(format!("scsi{n}")).is_none())
@@ -77,5 +87,44 @@ impl GoLike {
             tokio::time::sleep(Duration::from_secs(5)).await;
         }
         bail!("volume {volid} is not attached to VM {vmid}")
+    }
+
+    /// Detaches `volid` from VM `vmid` on `node` (no `force`: the volume stays).
+    pub async fn detach(&self, node: &str, vmid: u32, volid: &str) -> Result<()> {
+        let storage = volid.split(':').next().unwrap_or_default();
+        self.call(Method::GET, "/cluster/resources", &[("type", "storage".into())]).await?;
+        self.call(Method::GET, &format!("/nodes/{node}/storage/{storage}/status"), &[]).await?;
+        self.call(Method::GET, &format!("/nodes/{node}/storage/{storage}/content/{volid}"), &[]).await?;
+        let lock = self.node_lock(vmid);
+        let _g = lock.lock().await;
+        let holds = |cfg: &Value| {
+            cfg.as_object().and_then(|m| {
+                m.iter()
+                    .find(|(k, v)| k.starts_with("scsi") && v.as_str().is_some_and(|s| s.contains(volid)))
+                    .map(|(k, _)| k.clone())
+            })
+        };
+        let cfg = self.vm_config(node, vmid).await?;
+        if let Some(key) = holds(&cfg) {
+            let answer = self.call(Method::PUT, &format!("/nodes/{node}/qemu/{vmid}/unlink"), &[("idlist", key)]).await?;
+            if let Some(upid) = answer.as_str() {
+                loop {
+                    let st = self.call(Method::GET, &format!("/nodes/{node}/tasks/{upid}/status"), &[]).await?;
+                    if st["status"] != "running" {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+        // waitDetachVolume: the config every 5 s until the disk is gone.
+        for _ in 0..7 {
+            let cfg = self.vm_config(node, vmid).await?;
+            if holds(&cfg).is_none() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        bail!("volume {volid} still attached to VM {vmid}")
     }
 }

@@ -1,7 +1,11 @@
 //! Scale: volumes created and published over many VMs with 50 ms per API
-//! call, against the controller binary (its memory is measured too). At
-//! each checkpoint the latencies and the Proxmox calls per operation are
-//! taken for a window of operations, to show they stay flat as volumes grow.
+//! call, 300 ms per plugged disk and 10 s of RRD lag (pvesim knobs; see
+//! burst.rs and docs/proxmox-fidelity.md for their sources), against the
+//! controller binary (its memory is measured too). At each checkpoint the
+//! latencies and the Proxmox calls per operation are taken for a window of
+//! operations, to show they stay flat as volumes grow. At the end the
+//! controller is restarted and its first publish timed: the attachment
+//! index is rebuilt from every VM's config.
 
 use std::time::{Duration, Instant};
 
@@ -37,7 +41,14 @@ pub struct Run {
     pub idle_rss_kib: u64,
     pub checkpoints: Vec<Checkpoint>,
     pub peak_rss_kib: u64,
+    /// The first ControllerPublish after a restart, and its Proxmox calls.
+    pub restart_publish_ms: f64,
+    pub restart_publish_calls: u64,
 }
+
+/// Per-disk hot-plug cost and RRD lag of the scale run.
+pub const PER_DISK_MS: u64 = 300;
+pub const RRD_LAG_MS: u64 = 10_000;
 
 
 fn zone_of(i: usize) -> String {
@@ -80,7 +91,7 @@ pub async fn run(sizes: &[usize], concurrency: usize, latency_ms: u64) -> Result
     let ctl = ControllerClient::new(ch);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let idle_rss_kib = crate::rss_kib(proc.pid()).0;
-    sim.knobs(&format!(r#"{{"api_latency_ms": {latency_ms}}}"#)).await?;
+    sim.knobs(&format!(r#"{{"api_latency_ms": {latency_ms}, "hotplug_ms_per_disk": {PER_DISK_MS}, "rrd_lag_ms": {RRD_LAG_MS}}}"#)).await?;
 
     let mut made = 0usize;
     let mut pvs: Vec<callers::PersistentVolume> = Vec::new();
@@ -151,5 +162,16 @@ pub async fn run(sizes: &[usize], concurrency: usize, latency_ms: u64) -> Result
     }
     let peak_rss_kib = crate::rss_kib(proc.pid()).1;
     proc.stop()?;
-    Ok(Run { idle_rss_kib, checkpoints, peak_rss_kib })
+
+    // Restarted: the first publish rebuilds what the controller knows.
+    let dir = tempfile::tempdir()?;
+    let (proc, socket) = demo::common::start_controller_with(dir.path(), &sim.cloud_config())?;
+    let mut ctl = ControllerClient::new(demo::common::channel(&socket).await?);
+    sim.reset_counters().await?;
+    let last = made - 1;
+    let (node_id, _) = vm_for(last, 0);
+    let (_, restart_publish_ms) = timed(ctl.controller_publish_volume(attacher::controller_publish(&pvs[last], &node_id))).await?;
+    let (restart_publish_calls, _) = sim.calls_and_writes().await?;
+    proc.stop()?;
+    Ok(Run { idle_rss_kib, checkpoints, peak_rss_kib, restart_publish_ms, restart_publish_calls })
 }

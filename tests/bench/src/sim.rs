@@ -90,10 +90,14 @@ impl Sim {
         self.admin(reqwest::Method::DELETE, "counters", "").await.map(|_| ())
     }
 
-    /// Total calls and config writes (`POST …/qemu/{vmid}/config`) since the last reset.
+    /// Total calls and config writes (`POST` or `PUT …/qemu/{vmid}/config`,
+    /// `PUT …/unlink`) since the last reset.
     pub async fn calls_and_writes(&self) -> Result<(u64, u64)> {
         let c = self.counters().await?;
-        let writes = c.get("POST /nodes/{node}/qemu/{vmid}/config").copied().unwrap_or(0);
+        let writes = ["POST /nodes/{node}/qemu/{vmid}/config", "PUT /nodes/{node}/qemu/{vmid}/config", "PUT /nodes/{node}/qemu/{vmid}/unlink"]
+            .iter()
+            .map(|k| c.get(*k).copied().unwrap_or(0))
+            .sum();
         Ok((c.values().sum(), writes))
     }
 }

@@ -13,12 +13,12 @@ struct Args {
 
 #[derive(Debug, Subcommand)]
 enum What {
-    /// N volumes published at once to one VM: this controller against the Go driver's one-at-a-time attach.
+    /// Bursts with Proxmox's per-disk costs: N volumes attached to and detached from one VM at once (virtio-scsi-pci and -single), and 30 VMs x 4 volumes; this controller against the Go driver's one-at-a-time strategy.
     AttachBurst {
         #[arg(long, default_value_t = 24)]
         volumes: usize,
     },
-    /// Volumes created and published over 3 nodes and 30 VMs with 50 ms per API call.
+    /// Volumes created and published over 3 nodes and 30 VMs with 50 ms per API call, per-disk hot-plug costs and RRD lag; then a restart.
     Scale {
         /// Checkpoints: total volumes at each.
         #[arg(long, value_delimiter = ',', default_value = "100,300,1000")]
@@ -45,15 +45,39 @@ enum What {
 async fn main() -> Result<()> {
     match Args::parse().what {
         What::AttachBurst { volumes } => {
-            println!("attach burst: {volumes} volumes published at once to one VM (20 ms per API call, 300 ms per hot-plug write)");
-            let ours = bench::burst::ours(volumes).await?;
-            println!("  this controller: {:.2} s, {} config writes, {} API calls, {} disks attached", ours.seconds, ours.writes, ours.calls, ours.attached);
-            let go = bench::burst::go_like(volumes).await?;
-            println!("  Go driver's way: {:.2} s, {} config writes, {} API calls, {} disks attached", go.seconds, go.writes, go.calls, go.attached);
-            println!("  speed-up {:.1}x, config writes {:.1}x fewer", go.seconds / ours.seconds, go.writes as f64 / ours.writes.max(1) as f64);
+            use bench::burst::{self, Hw};
+            println!(
+                "bursts: {} ms per API call, {} ms per plugged disk, {} ms guest eject per unplugged virtio-scsi-single disk",
+                burst::API_MS,
+                burst::PER_DISK_MS,
+                burst::EJECT_MS
+            );
+            println!("  | VMs x volumes | scsihw | phase | driver | seconds | floor s | ratio | config writes | API calls |");
+            for hw in [Hw::Pci, Hw::Single] {
+                let ours = burst::ours(volumes, hw).await?;
+                let go = burst::go_like(volumes, hw).await?;
+                anyhow::ensure!(ours.attached == volumes && ours.left == 0 && go.attached == volumes && go.left == 0, "a burst left the VM wrong: {ours:?} {go:?}");
+                for (name, p, g) in [("attach", ours.attach, go.attach), ("detach", ours.detach, go.detach)] {
+                    for (driver, x) in [("this controller", p), ("Go driver's way", g)] {
+                        println!("  | 1 x {volumes} | {} | {name} | {driver} | {:.2} | {:.2} | {:.2} | {} | {} |", hw.scsihw(), x.seconds, x.floor, x.ratio(), x.writes, x.calls);
+                    }
+                    println!("  speed-up ({} {name}): {:.1}x", hw.scsihw(), g.seconds / p.seconds);
+                }
+            }
+            let (ours, go) = burst::many_vms(30, 4).await?;
+            for (driver, x) in [("this controller", ours), ("Go driver's way", go)] {
+                println!("  | 30 x 4 | virtio-scsi-pci | attach | {driver} | {:.2} | {:.2} | {:.2} | {} | {} |", x.seconds, x.floor, x.ratio(), x.writes, x.calls);
+            }
+            println!("  speed-up (30 x 4): {:.1}x", go.seconds / ours.seconds);
         }
         What::Scale { sizes, concurrency, latency_ms } => {
-            println!("scale: {} nodes, {} VMs, {latency_ms} ms per API call, {concurrency} creates in flight; controller binary", bench::scale::NODES, bench::scale::NODES * bench::scale::VMS_PER_NODE);
+            println!(
+                "scale: {} nodes, {} VMs, {latency_ms} ms per API call, {} ms per plugged disk, {} ms RRD lag, {concurrency} creates in flight; controller binary",
+                bench::scale::NODES,
+                bench::scale::NODES * bench::scale::VMS_PER_NODE,
+                bench::scale::PER_DISK_MS,
+                bench::scale::RRD_LAG_MS
+            );
             let run = bench::scale::run(&sizes, concurrency, latency_ms).await?;
             println!("  controller resident memory idle: {} KiB", run.idle_rss_kib);
             println!("  | volumes | CreateVolume p50 / p99 ms | calls/create | ControllerPublish p50 / p99 ms | calls/publish | calls/unpublish | controller RSS KiB |");
@@ -64,6 +88,7 @@ async fn main() -> Result<()> {
                 );
             }
             println!("  controller peak resident memory: {} KiB", run.peak_rss_kib);
+            println!("  first ControllerPublish after a restart: {:.0} ms, {} Proxmox calls", run.restart_publish_ms, run.restart_publish_calls);
         }
         What::Stage { rounds } => {
             println!("stage: median of {rounds} rounds on fresh 1 GiB loop devices");
