@@ -174,13 +174,43 @@ impl Attachments {
         }
     }
 
-    async fn record(&self, region: &str, volid: &str, vmid: Option<u32>) {
-        let mut map = self.map.lock().await;
-        if let Some(m) = map.get_mut(region) {
-            match vmid {
-                Some(v) => m.found.insert(volid.to_string(), v),
-                None => m.found.remove(volid),
-            };
+    /// Like `vm_of`, but a hit is confirmed by that VM's config before
+    /// anyone is refused because of it: an entry Proxmox no longer shows (a
+    /// disk detached or moved in the UI) drops the region's index, which is
+    /// read again, so the answer is what Proxmox says now.
+    pub async fn confirmed(&self, client: &Client, index: &crate::vms::VmIndex, volid: &str, zone: Option<&str>, d: Deadline) -> Result<Option<u32>, PveError> {
+        let Some(vmid) = self.vm_of(client, index, volid, zone, d).await? else { return Ok(None) };
+        if let Some(vm) = index.node_of(client, vmid, d).await? {
+            let cfg = client.vm_config(&vm.node, vmid, d).await?;
+            if !drive::slots_with(&cfg.values, volid).is_empty() {
+                return Ok(Some(vmid));
+            }
+        }
+        tracing::info!(volid, vmid, "the attachment index was stale (changed outside the driver); reading every VM again");
+        self.forget_region(client.region()).await;
+        self.vm_of(client, index, volid, zone, d).await
+    }
+
+    /// Drops a region's index: the next lookup reads every VM's config
+    /// again. The attacher's reconcile (ListVolumes, every minute) does
+    /// this, so changes made outside the driver are seen within a minute.
+    pub async fn forget_region(&self, region: &str) {
+        self.map.lock().await.remove(region);
+    }
+
+    async fn record(&self, region: &str, volid: &str, vmid: u32) {
+        if let Some(m) = self.map.lock().await.get_mut(region) {
+            m.found.insert(volid.to_string(), vmid);
+        }
+    }
+
+    /// `volid` is not on VM `vmid`: its entry goes if it named that VM
+    /// (an entry naming another VM is that VM's to confirm).
+    async fn record_absent(&self, region: &str, volid: &str, vmid: u32) {
+        if let Some(m) = self.map.lock().await.get_mut(region)
+            && m.found.get(volid) == Some(&vmid)
+        {
+            m.found.remove(volid);
         }
     }
 
@@ -405,6 +435,7 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
                         )))));
                         continue;
                     }
+                    att.attachments.record(client.region(), volid, vmid).await;
                     done.push((i, Ok(Some(read_back(&cfg.values, slot)))));
                     continue;
                 }
@@ -453,6 +484,7 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
             }
             Op::Detach { volid } => {
                 if slots.is_empty() {
+                    att.attachments.record_absent(client.region(), volid, vmid).await;
                     done.push((i, Ok(None)));
                 } else if planned_detaches.contains(volid) || sets.len() + deletes.len() < per_write {
                     planned_detaches.insert(volid.clone());
@@ -535,7 +567,7 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
             Op::Attach { .. } => {
                 let Some(p) = planned.get(&volid) else { continue };
                 if after.values.get(&p.slot).is_some_and(|v| DriveLine::parse(v).volume == volid) {
-                    att.attachments.record(client.region(), &volid, Some(vmid)).await;
+                    att.attachments.record(client.region(), &volid, vmid).await;
                     done.push((i, Ok(Some(Attached { slot: p.slot.clone(), wwn: p.wwn.clone(), serial: p.serial.clone() }))));
                 } else if !retry_rest && !multi {
                     done.push((i, Err(CtlError::Unavailable(format!(
@@ -548,7 +580,7 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
                     continue;
                 }
                 if drive::slots_with(&after.values, &volid).is_empty() {
-                    att.attachments.record(client.region(), &volid, None).await;
+                    att.attachments.record_absent(client.region(), &volid, vmid).await;
                     if after.values.iter().any(|(k, v)| k.starts_with("unused") && DriveLine::parse(v).volume == volid) {
                         tracing::warn!(vmid, volid, "Proxmox kept the detached disk as unusedN: the VM owns it (a static volume)");
                     }

@@ -395,3 +395,30 @@ async fn several_regions_and_allow_lists() {
     let err = svc.create_volume(Request::new(req)).await.unwrap_err();
     assert!(err.message().contains("\"region-9\" is not a cluster of the cloud config; configured: [\"region-1\", \"region-2\"]"), "{}", err.message());
 }
+
+/// An operator detaches a disk in the Proxmox UI, and attaches another one
+/// to a second VM: the controller acts on what Proxmox says, not on what
+/// it last did itself.
+#[tokio::test]
+async fn changes_made_in_proxmox_behind_the_controllers_back() {
+    let e = env().await;
+    let v = create(&e, "pvc-oob", Some("pve2")).await;
+    let ctx = e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap().into_inner().publish_context;
+    // Detached in the UI (a synchronous PUT), then the PV deleted: no
+    // refusal from a remembered attachment.
+    e.api_write("PUT", "/nodes/pve2/qemu/112/config", &[("delete", &format!("scsi{}", ctx["lun"]))]).await;
+    e.svc.delete_volume(Request::new(delete_req(&v))).await.unwrap();
+    assert!(e.admin("GET", "volumes", "").await.as_array().unwrap().iter().all(|x| x["volid"] != "local-lvm:vm-9999-pvc-oob"));
+
+    // Attached in the UI to VM 113: the attacher's reconcile sees it, and a
+    // publish to VM 112 is refused with the VM that really has it.
+    let w = create(&e, "pvc-oob2", Some("pve2")).await;
+    e.api_write("PUT", "/nodes/pve2/qemu/113/config", &[("scsi7", "local-lvm:vm-9999-pvc-oob2,backup=0")]).await;
+    let listed = e.svc.list_volumes(Request::new(callers::attacher::list_volumes(""))).await.unwrap().into_inner();
+    let entry = listed.entries.iter().find(|x| x.volume.as_ref().unwrap().volume_id == w.volume_id).unwrap();
+    assert_eq!(entry.status.as_ref().unwrap().published_node_ids.len(), 1, "{entry:?}");
+    let err = e.svc.controller_publish_volume(Request::new(publish_req(&w, "worker-2/112"))).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("is attached to VM 113"), "{}", err.message());
+    assert!(e.vm(112).await["config"].to_string().find("pvc-oob2").is_none(), "attached twice");
+}

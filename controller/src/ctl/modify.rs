@@ -45,7 +45,7 @@ impl Controller {
         let id = super::volume_ref("volume_id", &r.volume_id)?;
         let client = self.client_of("volume", &r.volume_id, &id.region)?;
         self.existing(&client, &id, d).await?;
-        let Some(vmid) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), id.zone.as_deref(), d).await? else {
+        let Some(vmid) = self.attacher.attachments.confirmed(&client, &self.vms, &id.volid(), id.zone.as_deref(), d).await? else {
             // Not attached: the next publish reads the class from the PersistentVolume.
             return Ok(());
         };

@@ -98,7 +98,7 @@ impl Controller {
         if let Some(other) = self
             .attacher
             .attachments
-            .vm_of(&client, &self.vms, &id.volid(), id.zone.as_deref(), d)
+            .confirmed(&client, &self.vms, &id.volid(), id.zone.as_deref(), d)
             .await?
             && other != vm.vmid
         {

@@ -102,6 +102,14 @@ impl Controller {
 
     /// Volumes owned by the placeholder VMID, with the VMs they are attached to.
     pub async fn list(&self, r: &csi::ListVolumesRequest, d: Deadline) -> Result<csi::ListVolumesResponse, CtlError> {
+        // A full listing (its first page) reads every VM's config again: the
+        // attacher's reconcile then compares against what Proxmox says now,
+        // and a disk attached or detached outside the driver is seen.
+        if r.starting_token.is_empty() {
+            for region in self.clients.keys() {
+                self.attacher.attachments.forget_region(region).await;
+            }
+        }
         let mut entries = Vec::new();
         let registered = self.registered_node_ids().await;
         let mut regions: Vec<&String> = self.clients.keys().collect();

@@ -151,7 +151,7 @@ impl Controller {
             && let Some(vmid) = self
                 .attacher
                 .attachments
-                .vm_of(&client, &self.vms, &src.volid(), src.zone.as_deref(), d)
+                .confirmed(&client, &self.vms, &src.volid(), src.zone.as_deref(), d)
                 .await?
         {
             if class.refuse_attached {

@@ -1,7 +1,7 @@
 //! Waiting for UPID tasks: polls that start fast (20 ms) and slow down to
-//! 500 ms, stop at the deadline, and always check the exit status. (A
-//! hot-plug of N disks lasts N times a plug; a 1 s poll would add up to a
-//! second to each such task for the saving of a few status reads.)
+//! 250 ms, stop at the deadline, and always check the exit status. (A
+//! hot-plug of N disks lasts N times a plug, a second or a few; polling at
+//! 1 s would add most of a second to each such task to save a few reads.)
 
 use std::time::Duration;
 
@@ -102,7 +102,7 @@ impl Client {
                 });
             }
             tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(Duration::from_millis(500));
+            wait = (wait * 2).min(Duration::from_millis(250));
         }
     }
 }

@@ -136,6 +136,23 @@ impl Env {
         r.json::<Value>().await.unwrap()["data"].clone()
     }
 
+    /// A write to the Proxmox API with the CSI token, as an operator
+    /// clicking in the UI would make it behind the controller's back.
+    pub async fn api_write(&self, method: &str, path: &str, form: &[(&str, &str)]) -> Value {
+        let url = format!("{}{path}", self.sim.api_url());
+        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let r = self
+            .http
+            .request(m, url)
+            .header("Authorization", format!("PVEAPIToken=kubernetes-csi@pve!csi={SECRET}"))
+            .form(form)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{method} {path}: {}", r.status());
+        r.json::<Value>().await.unwrap()["data"].clone()
+    }
+
     pub async fn calls(&self) -> u64 {
         let c = self.admin("GET", "counters", "").await;
         c.as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum()
