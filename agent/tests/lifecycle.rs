@@ -343,6 +343,11 @@ async fn node_info_and_bad_requests() {
     cases.push((k.node_stage(&ntfs, &attached(&wwn), HashMap::new()), "volume_capability.mount.fs_type: \"ntfs\" is not supported; allowed: ext4, xfs"));
     // An attachment without metadata.
     cases.push((k.node_stage(&vol, &HashMap::new(), HashMap::new()), "publish_context.wwn: is required"));
+    for (req, want) in cases {
+        let e = env.node.node_stage_volume(req).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{want}: {e:?}");
+        assert!(e.message().starts_with(want), "want {want:?}, got {:?}", e.message());
+    }
     // Nothing was formatted by any of those.
     let mut head = vec![0u8; 1 << 20];
     std::fs::File::open(env.images.join(format!("{wwn}.raw"))).unwrap().read_exact(&mut head).unwrap();

@@ -58,171 +58,9 @@ struct VmKey {
     vmid: u32,
 }
 
-/// Volume → VM, for the whole region, so that "attached elsewhere?" needs
-/// no scan per call. Built once from the VM configs, then kept current by
-/// our own attaches and detaches.
-#[derive(Debug, Default)]
-pub struct Attachments {
-    map: Mutex<HashMap<String, Region>>,
-}
-
-#[derive(Debug, Default)]
-struct Region {
-    found: HashMap<String, u32>,
-    /// VMs whose config could not be read (their node down, answering
-    /// 595): vmid → (node, why). Read again at each lookup.
-    unreadable: BTreeMap<u32, (String, String)>,
-}
-
-/// How long one VM's config read may take while the index is built: a VM
-/// on a node that is down must not hold up every other.
-const READ_ONE: std::time::Duration = std::time::Duration::from_secs(3);
-
-async fn read_one(client: &Client, vm: crate::pve::api::VmResource, d: Deadline) -> (crate::pve::api::VmResource, Result<crate::pve::api::VmConfig, PveError>) {
-    let cfg = client.vm_config(&vm.node, vm.vmid, d).await;
-    (vm, cfg)
-}
-
-/// Config reads in flight while the index is built: a region of hundreds
-/// of VMs is read in a few round trips, not one VM after another.
-const READS_IN_FLIGHT: usize = 16;
-
-impl Region {
-    /// Reads the disks of `vms` into the index, `READS_IN_FLIGHT` at a time.
-    async fn read_all(&mut self, client: &Client, vms: &[crate::pve::api::VmResource], d: Deadline) -> Result<(), PveError> {
-        use futures::stream::{self, StreamExt};
-        let short = Deadline(d.0.min(std::time::Instant::now() + READ_ONE));
-        let reads = vms.iter().cloned().map(|vm| read_one(client, vm, short));
-        let read: Vec<_> = stream::iter(reads).buffer_unordered(READS_IN_FLIGHT).collect().await;
-        for (vm, cfg) in read {
-            self.take(&vm, cfg)?;
-        }
-        Ok(())
-    }
-
-    /// VM `vm`'s config read into the index; a node that does not answer
-    /// leaves the VM unreadable instead of failing the whole index.
-    fn take(&mut self, vm: &crate::pve::api::VmResource, cfg: Result<crate::pve::api::VmConfig, PveError>) -> Result<(), PveError> {
-        match cfg {
-            Ok(cfg) => {
-                self.unreadable.remove(&vm.vmid);
-                for (k, v) in &cfg.values {
-                    if drive::is_disk_key(k) {
-                        self.found.insert(DriveLine::parse(v).volume, vm.vmid);
-                    }
-                }
-                Ok(())
-            }
-            Err(e) if e.is_transient() => {
-                tracing::warn!(vmid = vm.vmid, node = vm.node, error = %e, "VM config unreadable; its disks are unknown until its node answers");
-                self.unreadable.insert(vm.vmid, (vm.node.clone(), e.to_string()));
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
-    }
-}
-
-impl Attachments {
-    /// The VM `volid` is attached to. `zone` is the node of a local
-    /// volume (`None`: shared storage): while some VM cannot be read, a
-    /// volume not found is only known to be free if no unreadable VM could
-    /// hold it, i.e. none on its node; otherwise the answer is "unknown"
-    /// (transient), never a guess.
-    pub async fn vm_of(&self, client: &Client, index: &crate::vms::VmIndex, volid: &str, zone: Option<&str>, d: Deadline) -> Result<Option<u32>, PveError> {
-        let mut map = self.map.lock().await;
-        if !map.contains_key(client.region()) {
-            let mut region = Region::default();
-            // The controller's own VMs hold disks that are not attachments:
-            // copies being made, replicated volumes' holders (see ctl).
-            use crate::ctl::{REPLICATED_TAG, SNAPSHOT_TAG, VOLUME_TAG};
-            let copies = |v: &crate::pve::api::VmResource| [SNAPSHOT_TAG, VOLUME_TAG, REPLICATED_TAG].iter().any(|t| v.has_tag(t));
-            let vms: Vec<_> = index.all(client, d).await?.into_iter().filter(|v| !copies(v)).collect();
-            region.read_all(client, &vms, d).await?;
-            map.insert(client.region().to_string(), region);
-        }
-        let Some(region) = map.get_mut(client.region()) else { return Ok(None) };
-        if let Some(vmid) = region.found.get(volid) {
-            return Ok(Some(*vmid));
-        }
-        let retry: Vec<crate::pve::api::VmResource> = region
-            .unreadable
-            .keys()
-            .map(|vmid| index.node_of(client, *vmid, d))
-            .collect::<futures::future::JoinAll<_>>()
-            .await
-            .into_iter()
-            .filter_map(|r| r.ok().flatten())
-            .collect();
-        region.read_all(client, &retry, d).await?;
-        if let Some(vmid) = region.found.get(volid) {
-            return Ok(Some(*vmid));
-        }
-        let could_hold: Vec<String> = region
-            .unreadable
-            .iter()
-            .filter(|(_, (node, _))| zone.is_none_or(|z| z == node))
-            .map(|(vmid, (node, why))| format!("VM {vmid} on {node} ({why})"))
-            .collect();
-        if could_hold.is_empty() {
-            Ok(None)
-        } else {
-            Err(PveError::Unknown {
-                region: client.region().to_string(),
-                what: format!("whether {volid} is attached is unknown: the config of {} could not be read", could_hold.join(", ")),
-            })
-        }
-    }
-
-    /// Like `vm_of`, but a hit is confirmed by that VM's config before
-    /// anyone is refused because of it: an entry Proxmox no longer shows (a
-    /// disk detached or moved in the UI) drops the region's index, which is
-    /// read again, so the answer is what Proxmox says now.
-    pub async fn confirmed(&self, client: &Client, index: &crate::vms::VmIndex, volid: &str, zone: Option<&str>, d: Deadline) -> Result<Option<u32>, PveError> {
-        let Some(vmid) = self.vm_of(client, index, volid, zone, d).await? else { return Ok(None) };
-        if let Some(vm) = index.node_of(client, vmid, d).await? {
-            let cfg = client.vm_config(&vm.node, vmid, d).await?;
-            if !drive::slots_with(&cfg.values, volid).is_empty() {
-                return Ok(Some(vmid));
-            }
-        }
-        tracing::info!(volid, vmid, "the attachment index was stale (changed outside the driver); reading every VM again");
-        self.forget_region(client.region()).await;
-        self.vm_of(client, index, volid, zone, d).await
-    }
-
-    /// Drops a region's index: the next lookup reads every VM's config
-    /// again. The attacher's reconcile (ListVolumes, every minute) does
-    /// this, so changes made outside the driver are seen within a minute.
-    pub async fn forget_region(&self, region: &str) {
-        self.map.lock().await.remove(region);
-    }
-
-    async fn record(&self, region: &str, volid: &str, vmid: u32) {
-        if let Some(m) = self.map.lock().await.get_mut(region) {
-            m.found.insert(volid.to_string(), vmid);
-        }
-    }
-
-    /// `volid` is not on VM `vmid`: its entry goes if it named that VM
-    /// (an entry naming another VM is that VM's to confirm).
-    async fn record_absent(&self, region: &str, volid: &str, vmid: u32) {
-        if let Some(m) = self.map.lock().await.get_mut(region)
-            && m.found.get(volid) == Some(&vmid)
-        {
-            m.found.remove(volid);
-        }
-    }
-
-    /// Every known attachment of a region.
-    pub async fn snapshot(&self, region: &str) -> HashMap<String, u32> {
-        self.map.lock().await.get(region).map(|r| r.found.clone()).unwrap_or_default()
-    }
-}
-
 pub struct Attacher {
     queues: Mutex<HashMap<VmKey, mpsc::UnboundedSender<Job>>>,
-    pub attachments: Arc<Attachments>,
+    pub attachments: Arc<crate::attachments::Attachments>,
     /// Where VMs are: a worker whose VM moved to another Proxmox node
     /// (HA, maintenance) finds it there.
     index: Arc<crate::vms::VmIndex>,
@@ -480,6 +318,9 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
                 line.opts.insert("wwn".into(), wwn.clone());
                 line.opts.insert("serial".into(), serial.clone());
                 sets.push((slot.clone(), line.render()));
+                // Recorded before the write: while it runs, the volume is
+                // not free for anyone else (a failed write records it absent).
+                att.attachments.record(client.region(), volid, vmid).await;
                 planned.insert(volid.clone(), Planned { slot, wwn, serial });
             }
             Op::Detach { volid } => {
@@ -569,10 +410,13 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
                 if after.values.get(&p.slot).is_some_and(|v| DriveLine::parse(v).volume == volid) {
                     att.attachments.record(client.region(), &volid, vmid).await;
                     done.push((i, Ok(Some(Attached { slot: p.slot.clone(), wwn: p.wwn.clone(), serial: p.serial.clone() }))));
-                } else if !retry_rest && !multi {
-                    done.push((i, Err(CtlError::Unavailable(format!(
-                        "attaching {volid} to VM {vmid} as {} failed and was reverted: {why}", p.slot
-                    )))));
+                } else {
+                    att.attachments.record_absent(client.region(), &volid, vmid).await;
+                    if !retry_rest && !multi {
+                        done.push((i, Err(CtlError::Unavailable(format!(
+                            "attaching {volid} to VM {vmid} as {} failed and was reverted: {why}", p.slot
+                        )))));
+                    }
                 }
             }
             Op::Detach { .. } => {

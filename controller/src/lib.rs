@@ -1,6 +1,7 @@
 //! The CSI controller for Proxmox VE. It alone holds the Proxmox API token.
 
 pub mod attach;
+pub mod attachments;
 pub mod config;
 pub mod ctl;
 pub mod drive;

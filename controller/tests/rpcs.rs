@@ -321,7 +321,9 @@ async fn calls_per_operation() {
     step("delete", b, e.calls().await);
     eprintln!("CALLS {n:?}");
     // Budgets well under the Go driver's (create ≈5, attach ≈12, detach ≈10, delete ≈6).
-    let budget = [("create", 3), ("attach", 8), ("expand", 6), ("detach", 8), ("delete", 4)];
+    // Delete reads the config of every VM on the volume's node (two here)
+    // before a disk is deleted: what cannot be undone is checked with Proxmox.
+    let budget = [("create", 3), ("attach", 8), ("expand", 6), ("detach", 8), ("delete", 5)];
     for ((name, used), (_, max)) in n.iter().zip(budget) {
         assert!(*used <= max, "{name}: {used} calls > {max}");
     }
@@ -416,9 +418,20 @@ async fn changes_made_in_proxmox_behind_the_controllers_back() {
     e.api_write("PUT", "/nodes/pve2/qemu/113/config", &[("scsi7", "local-lvm:vm-9999-pvc-oob2,backup=0")]).await;
     let listed = e.svc.list_volumes(Request::new(callers::attacher::list_volumes(""))).await.unwrap().into_inner();
     let entry = listed.entries.iter().find(|x| x.volume.as_ref().unwrap().volume_id == w.volume_id).unwrap();
-    assert_eq!(entry.status.as_ref().unwrap().published_node_ids.len(), 1, "{entry:?}");
+    let published = &entry.status.as_ref().unwrap().published_node_ids;
+    assert!(published.len() == 1 && published[0].ends_with("113"), "{entry:?}");
     let err = e.svc.controller_publish_volume(Request::new(publish_req(&w, "worker-2/112"))).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("is attached to VM 113"), "{}", err.message());
     assert!(e.vm(112).await["config"].to_string().find("pvc-oob2").is_none(), "attached twice");
+
+    // Attached in the UI and deleted before any reconcile: DeleteVolume
+    // reads the VMs of the volume's node and refuses.
+    let x = create(&e, "pvc-oob3", Some("pve2")).await;
+    e.svc.list_volumes(Request::new(callers::attacher::list_volumes(""))).await.unwrap();
+    e.api_write("PUT", "/nodes/pve2/qemu/113/config", &[("scsi8", "local-lvm:vm-9999-pvc-oob3,backup=0")]).await;
+    let err = e.svc.delete_volume(Request::new(delete_req(&x))).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("attached to VM 113"), "{}", err.message());
+    assert!(e.admin("GET", "volumes", "").await.as_array().unwrap().iter().any(|v| v["volid"] == "local-lvm:vm-9999-pvc-oob3"), "the disk was deleted");
 }

@@ -260,7 +260,7 @@ async fn a_restore_waits_out_a_locked_snapshot_vm() {
     let v = create(&e, "pvc-a", Some("pve2")).await;
     let snap = until_ready(&e, "snapshot-l", &v.volume_id).await.pop().unwrap();
     let holder: u32 = snap.snapshot_id.rsplit("snapshot-vm-").next().unwrap().parse().unwrap();
-    // The owner lock is given 3 × 200 ms; another task holds it for 2 s.
+    // The owner lock is given 3 × 200 ms; another task holds it for 4 s.
     e.knobs(r#"{"lock_timeout_ms": 200}"#).await;
     e.admin("POST", &format!("vms/{holder}/hold-lock?seconds=4"), "").await;
     let restore = from(Source::Snapshot(SnapshotSource { snapshot_id: snap.snapshot_id.clone() }), "pvc-r", 1 << 30);

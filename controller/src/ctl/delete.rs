@@ -85,7 +85,7 @@ impl Controller {
             tracing::info!(volume_id, pv = pv.name, "PV is annotated lifecycle: keep; the disk is kept");
             return Ok(());
         }
-        if let Some(vmid) = self.attacher.attachments.confirmed(&client, &self.vms, &id.volid(), id.zone.as_deref(), d).await? {
+        if let Some(vmid) = self.attacher.attachments.certain(&client, &self.vms, &id.volid(), id.zone.as_deref(), d).await? {
             return Err(CtlError::FailedPrecondition(format!(
                 "volume {volume_id} is still attached to VM {vmid}; unpublish it first"
             )));

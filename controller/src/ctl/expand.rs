@@ -33,7 +33,7 @@ impl Controller {
         if info.size >= size {
             return Ok((info.size, fs));
         }
-        let attached = self.attacher.attachments.confirmed(&client, &self.vms, &id.volid(), id.zone.as_deref(), d).await?;
+        let attached = self.attacher.attachments.certain(&client, &self.vms, &id.volid(), id.zone.as_deref(), d).await?;
         if attached.is_none()
             && let Some(holder) = self.replica_holder(&client, &id, d).await?
         {

@@ -143,7 +143,7 @@ impl Controller {
         let Some(client) = self.clients.get(&id.region).cloned() else { return Ok(()) };
         let vm = if r.node_id.is_empty() {
             // From every node: the VM the volume is attached to, if any.
-            match self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), id.zone.as_deref(), d).await? {
+            match self.attacher.attachments.confirmed(&client, &self.vms, &id.volid(), id.zone.as_deref(), d).await? {
                 Some(vmid) => self.vms.node_of(&client, vmid, d).await?,
                 None => None,
             }

@@ -107,7 +107,7 @@ impl Controller {
         // and a disk attached or detached outside the driver is seen.
         if r.starting_token.is_empty() {
             for region in self.clients.keys() {
-                self.attacher.attachments.forget_region(region).await;
+                self.attacher.attachments.reread(region).await;
             }
         }
         let mut entries = Vec::new();
@@ -229,6 +229,10 @@ impl Controller {
             }
             let pending = client.vm_pending(&vm.node, vmid, d).await?;
             let slots = drive::slots_with(&cfg.values, &id.volid());
+            // The index may be a minute behind: published only if the VM says so.
+            if slots.is_empty() {
+                published.clear();
+            }
             if pending.iter().any(|p| slots.contains(&p.key) && (p.pending.is_some() || p.delete.is_some())) {
                 problems.push(format!("VM {vmid} has a change of this disk pending"));
             }

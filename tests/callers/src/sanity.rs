@@ -1,6 +1,7 @@
-//! csi-sanity (kubernetes-csi/csi-test pkg/sanity/controller.go), the only
-//! sender of ValidateVolumeCapabilities and of paged ListVolumes: no
-//! Kubernetes component calls them.
+//! csi-sanity (kubernetes-csi/csi-test pkg/sanity/controller.go): the only
+//! sender of ValidateVolumeCapabilities and GetSnapshot, and of ListVolumes
+//! and ListSnapshots with filters and small pages (the external-attacher
+//! pages ListVolumes only by its `--max-entries`, unset by default).
 
 use std::collections::HashMap;
 

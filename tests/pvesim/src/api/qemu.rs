@@ -621,7 +621,7 @@ async fn locked_update(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call, upid:
         .vm(vmid, ctx.lock_timeout())
         .await
         .map_err(ApiError::die)?;
-    let _owners = lock_import_owners(ctx, node, vmid, call).await?;
+    let owners = lock_import_owners(ctx, node, vmid, call).await?;
     import_delay(ctx, node, vmid, call, upid).await;
     // Without quorum pmxcfs refuses writes: write_config's temporary file
     // cannot be made (pve-common src/PVE/File.pm file_set_contents; the
@@ -633,6 +633,8 @@ async fn locked_update(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call, upid:
         )));
     }
     let up = stage_update(&mut ctx.cluster(), node, vmid, call, upid.is_some(), ctx.volume_dir.as_deref())?;
+    // The owners' locks end with the copies (clone_disk), before the hot-plug.
+    drop(owners);
     let errors = hotplug(ctx, vmid, up.plugs, call.flag("force")).await;
     if !errors.is_empty() {
         return Err(ApiError::params(errors));
@@ -641,11 +643,12 @@ async fn locked_update(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call, upid:
 }
 
 /// qemu-server src/PVE/API2/Qemu.pm $import_from_volid: the source's owner
-/// VM (when it exists and is not the destination) is locked for the whole
-/// copy, exclusively while it runs (lock_config_full) and shared while it
-/// is stopped (lock_config_shared), 30 s to acquire (three times the
-/// config lock's); its `lock:` property is not checked. A timeout is
-/// wrapped by create_disks as "cannot import from '$source' - $@".
+/// VMID (unless it is the destination; whether or not such a VM exists,
+/// as for the placeholder's `vm-9999-…`) is locked for the copy,
+/// exclusively while its VM runs (lock_config_full) and shared otherwise
+/// (lock_config_shared), 30 s to acquire (three times the config lock's);
+/// its `lock:` property is not checked. A timeout is wrapped by
+/// create_disks as "cannot import from '$source' - $@".
 async fn lock_import_owners(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call) -> Result<Vec<crate::locks::Guard>, ApiError> {
     let owners: Vec<(String, u32, bool)> = {
         let c = ctx.cluster();
@@ -655,7 +658,7 @@ async fn lock_import_owners(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call) 
             .filter_map(|(src, _)| {
                 let (_, n) = common::split_volid(&src).ok()?;
                 let owner = owner_of(n).filter(|o| *o != vmid)?;
-                Some((src, owner, c.vms.get(&owner)?.running))
+                Some((src, owner, c.vms.get(&owner).is_some_and(|v| v.running)))
             })
             .collect()
     };
