@@ -54,12 +54,29 @@ impl GoLike {
         self.call(Method::GET, &format!("/nodes/{node}/qemu/{vmid}/config"), &[]).await
     }
 
-    /// Attaches `volid` (on `storage`) to VM `vmid` on `node`.
-    pub async fn attach(&self, node: &str, vmid: u32, storage: &str, volid: &str, wwn: &str) -> Result<()> {
-        // checkVolume: storage status and the volume, before the lock.
+    /// checkVolume: storage status and the volume, before the node's lock.
+    async fn check_volume(&self, node: &str, storage: &str, volid: &str) -> Result<()> {
         self.call(Method::GET, "/cluster/resources", &[("type", "storage".into())]).await?;
         self.call(Method::GET, &format!("/nodes/{node}/storage/{storage}/status"), &[]).await?;
         self.call(Method::GET, &format!("/nodes/{node}/storage/{storage}/content/{volid}"), &[]).await?;
+        Ok(())
+    }
+
+    /// WaitFor: a status read at once, then one a second; the exit status
+    /// is not checked.
+    async fn wait_for(&self, node: &str, upid: &str) -> Result<()> {
+        loop {
+            let st = self.call(Method::GET, &format!("/nodes/{node}/tasks/{upid}/status"), &[]).await?;
+            if st["status"] != "running" {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// Attaches `volid` (on `storage`) to VM `vmid` on `node`.
+    pub async fn attach(&self, node: &str, vmid: u32, storage: &str, volid: &str, wwn: &str) -> Result<()> {
+        self.check_volume(node, storage, volid).await?;
         let lock = self.node_lock(vmid);
         let _g = lock.lock().await;
         let cfg = self.vm_config(node, vmid).await?;
@@ -70,14 +87,7 @@ impl GoLike {
             .call(Method::POST, &format!("/nodes/{node}/qemu/{vmid}/config"), &[(&format!("scsi{lun}"), format!("{volid},backup=0,iothread=1,wwn={wwn}"))])
             .await?;
         let upid = upid.as_str().context("no UPID")?.to_string();
-        // WaitFor: a status read at once, then one a second.
-        loop {
-            let st = self.call(Method::GET, &format!("/nodes/{node}/tasks/{upid}/status"), &[]).await?;
-            if st["status"] != "running" {
-                break;
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
+        self.wait_for(node, &upid).await?;
         // waitAttachVolume: the config every 5 s until the disk shows.
         for _ in 0..7 {
             let cfg = self.vm_config(node, vmid).await?;
@@ -92,9 +102,7 @@ impl GoLike {
     /// Detaches `volid` from VM `vmid` on `node` (no `force`: the volume stays).
     pub async fn detach(&self, node: &str, vmid: u32, volid: &str) -> Result<()> {
         let storage = volid.split(':').next().unwrap_or_default();
-        self.call(Method::GET, "/cluster/resources", &[("type", "storage".into())]).await?;
-        self.call(Method::GET, &format!("/nodes/{node}/storage/{storage}/status"), &[]).await?;
-        self.call(Method::GET, &format!("/nodes/{node}/storage/{storage}/content/{volid}"), &[]).await?;
+        self.check_volume(node, storage, volid).await?;
         let lock = self.node_lock(vmid);
         let _g = lock.lock().await;
         let holds = |cfg: &Value| {
@@ -108,13 +116,7 @@ impl GoLike {
         if let Some(key) = holds(&cfg) {
             let answer = self.call(Method::PUT, &format!("/nodes/{node}/qemu/{vmid}/unlink"), &[("idlist", key)]).await?;
             if let Some(upid) = answer.as_str() {
-                loop {
-                    let st = self.call(Method::GET, &format!("/nodes/{node}/tasks/{upid}/status"), &[]).await?;
-                    if st["status"] != "running" {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
+                self.wait_for(node, upid).await?;
             }
         }
         // waitDetachVolume: the config every 5 s until the disk is gone.
