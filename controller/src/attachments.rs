@@ -201,15 +201,27 @@ impl Attachments {
         let vms = candidates(client, index, zone, d).await?;
         let mut now = Region::default();
         now.read_all(client, &vms, d).await?;
-        let held = now.found.get(volid).copied();
-        if held.is_none() && !now.unreadable.is_empty() {
-            let why: Vec<String> = now.unreadable.iter().map(|(vmid, (node, why))| format!("VM {vmid} on {node} ({why})")).collect();
+        let mut map = self.map.lock().await;
+        let known = map.get(client.region());
+        // A VM that does not answer now holds what it held when last read
+        // (its config cannot change while its node is down); one never read
+        // leaves the answer unknown.
+        let held = now.found.get(volid).copied().or_else(|| {
+            known.and_then(|r| r.found.get(volid).copied().filter(|vmid| now.unreadable.contains_key(vmid) && r.read_once.contains(vmid)))
+        });
+        let never_read: Vec<String> = now
+            .unreadable
+            .iter()
+            .filter(|(vmid, _)| !known.is_some_and(|r| r.read_once.contains(vmid)))
+            .map(|(vmid, (node, why))| format!("VM {vmid} on {node} ({why})"))
+            .collect();
+        if held.is_none() && !never_read.is_empty() {
             return Err(PveError::Unknown {
                 region: client.region().to_string(),
-                what: format!("whether {volid} is attached is unknown: the config of {} could not be read", why.join(", ")),
+                what: format!("whether {volid} is attached is unknown: the config of {} could not be read", never_read.join(", ")),
             });
         }
-        if let Some(r) = self.map.lock().await.get_mut(client.region()) {
+        if let Some(r) = map.get_mut(client.region()) {
             match held {
                 Some(vmid) => r.found.insert(volid.to_string(), vmid),
                 None => r.found.remove(volid),
