@@ -188,11 +188,14 @@ async fn a_node_down_leaves_the_rest_of_the_attachment_index_usable() {
 
     // Down after its VMs were read: through the attacher's reconcile (every
     // VM read again) they keep the disks they were last read to hold, so
-    // shared volumes still publish.
+    // shared volumes still publish and delete, through a node that is up
+    // (the storage's RRD row still says `available` on the one down).
     let more = e.svc.create_volume(Request::new(create_req("pvc-shared-2", 1 << 30, &[("storage", "nfs")], None))).await.unwrap().into_inner().volume.unwrap();
+    let gone = e.svc.create_volume(Request::new(create_req("pvc-shared-3", 1 << 30, &[("storage", "nfs")], None))).await.unwrap().into_inner().volume.unwrap();
     e.admin("PUT", "nodes/pve1/online?value=0", "").await;
     let _ = e.svc.list_volumes(Request::new(callers::attacher::list_volumes(""))).await;
     e.svc.controller_publish_volume(Request::new(publish_req(&more, "worker-2/112"))).await.unwrap();
+    e.svc.delete_volume(Request::new(delete_req(&gone))).await.unwrap();
     e.admin("PUT", "nodes/pve1/online?value=1", "").await;
 }
 

@@ -24,6 +24,32 @@ impl Controller {
             .map(|r| r.node))
     }
 
+    /// The volume's size, read through `node_for`'s node; for a shared
+    /// storage another node where it is available is asked when that one
+    /// does not answer (down, with its storage's RRD row still `available`
+    /// for a few minutes). The node that answered, and the size (`None`:
+    /// the volume does not exist); `Ok(None)`: the storage is on no node.
+    pub async fn reach(&self, client: &Client, id: &VolumeId, d: Deadline) -> Result<Option<(String, Option<VolumeInfo>)>, CtlError> {
+        let Some(first) = self.node_for(client, id, d).await? else { return Ok(None) };
+        let others: Vec<String> = if id.zone.is_none() {
+            self.storage_rows(client, &id.storage, d).await?.into_iter().filter(|r| r.status == "available" && r.node != first).map(|r| r.node).collect()
+        } else {
+            Vec::new()
+        };
+        let mut last = None;
+        for node in std::iter::once(first).chain(others) {
+            match client.volume_info(&node, &id.storage, &id.disk, d).await {
+                Ok(info) => return Ok(Some((node, info))),
+                Err(e) if e.is_transient() && id.zone.is_none() => {
+                    tracing::info!(node, storage = id.storage, error = %e, "node does not answer; asking another with the shared storage");
+                    last = Some(e);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(last.map(CtlError::from).unwrap_or_else(|| CtlError::Unavailable(format!("volume {id}: no node answers for storage {}", id.storage))))
+    }
+
     /// The node of the VM that owns `disk` (`vm-<vmid>-…`), if that VM
     /// exists: an `import-from` copy of the disk must run there
     /// (qemu-server API2/Qemu.pm $import_from_volid: "owner VM N not on
@@ -53,14 +79,11 @@ impl Controller {
     /// The node to reach an existing volume through, and its size; NotFound
     /// (naming the volume) when it does not exist.
     pub async fn existing(&self, client: &Client, id: &VolumeId, d: Deadline) -> Result<(String, VolumeInfo), CtlError> {
-        let node = self
-            .node_for(client, id, d)
+        let (node, info) = self
+            .reach(client, id, d)
             .await?
             .ok_or_else(|| CtlError::NotFound(format!("volume {id}: storage {} is on no node", id.storage)))?;
-        let info = client
-            .volume_info(&node, &id.storage, &id.disk, d)
-            .await?
-            .ok_or_else(|| CtlError::NotFound(format!("volume {id} does not exist")))?;
+        let info = info.ok_or_else(|| CtlError::NotFound(format!("volume {id} does not exist")))?;
         Ok((node, info))
     }
 
@@ -72,12 +95,9 @@ impl Controller {
         // not serve, names nothing to delete: done (the spec's idempotence).
         let Ok(id) = VolumeId::parse(volume_id) else { return Ok(()) };
         let Some(client) = self.clients.get(&id.region).cloned() else { return Ok(()) };
-        let Some(node) = self.node_for(&client, &id, d).await? else {
+        let Some((node, Some(_))) = self.reach(&client, &id, d).await? else {
             return Ok(());
         };
-        if client.volume_info(&node, &id.storage, &id.disk, d).await?.is_none() {
-            return Ok(());
-        }
         if let Some(k) = &self.kube
             && let Some(pv) = k.pv_for_handle(&self.driver_name, volume_id).await?
             && pv.keep

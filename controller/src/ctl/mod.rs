@@ -105,14 +105,24 @@ impl Controller {
             .ok_or_else(|| CtlError::NotFound(format!("{what} {raw} does not exist: region {region:?} is not a cluster of the cloud config")))
     }
 
-    /// Rows of `/cluster/resources?type=storage` for `storage`, cached briefly.
+    /// Rows of `/cluster/resources?type=storage` for `storage`, cached
+    /// briefly. A storage row's `available` comes from RRD data pmxcfs keeps
+    /// for 5 minutes after its node stopped sending it (pve-manager
+    /// PVE/API2Tools.pm extract_storage_stats; pve-cluster pmxcfs status.c
+    /// rrd_entry_is_old), while a node's own row follows the cluster
+    /// membership at once (extract_node_stats): the storages of a node that
+    /// is not online are taken as `unknown`, so that nothing is sent there.
     pub async fn storage_rows(&self, client: &Client, storage: &str, d: Deadline) -> Result<Vec<StorageResource>, CtlError> {
         let mut cache = self.storages.lock().await;
         let fresh = cache
             .get(client.region())
             .is_some_and(|(at, _)| at.elapsed() < STORAGE_CACHE);
         if !fresh {
-            let rows = client.storages(d).await?;
+            let mut rows = client.storages(d).await?;
+            let offline = client.offline_nodes(d).await?;
+            for r in rows.iter_mut().filter(|r| offline.contains(&r.node)) {
+                r.status = "unknown".into();
+            }
             cache.insert(client.region().to_string(), (std::time::Instant::now(), rows));
         }
         Ok(cache

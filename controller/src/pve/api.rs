@@ -195,6 +195,17 @@ impl Client {
         self.call(Method::GET, "/cluster/resources", &[("type", "storage".to_string())], d).await
     }
 
+    /// Nodes the cluster membership does not show online
+    /// (`/cluster/resources?type=node`, status `offline` or `unknown`).
+    pub async fn offline_nodes(&self, d: Deadline) -> Result<std::collections::BTreeSet<String>, PveError> {
+        let rows: Vec<Value> = self.call(Method::GET, "/cluster/resources", &[("type", "node".to_string())], d).await?;
+        Ok(rows
+            .iter()
+            .filter(|r| r["status"] != "online")
+            .filter_map(|r| r["node"].as_str().map(String::from))
+            .collect())
+    }
+
     /// The committed config (`current=1`: pending changes not applied).
     pub async fn vm_config(&self, node: &str, vmid: u32, d: Deadline) -> Result<VmConfig, PveError> {
         let raw: BTreeMap<String, Value> = self

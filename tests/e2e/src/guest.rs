@@ -145,14 +145,18 @@ impl Guest {
             .stderr(Stdio::null())
             .spawn()
             .context("starting qemu-system-x86_64")?;
+        // QEMU binds the socket (the file appears) before it listens: a
+        // connect in between is refused, more often on a loaded machine.
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !console.exists() {
-            if Instant::now() > deadline {
-                bail!("QEMU did not open its console socket");
+        let console = loop {
+            match UnixStream::connect(&console).await {
+                Ok(c) => break c,
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => return Err(anyhow::Error::new(e).context("QEMU's console socket")),
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let console = UnixStream::connect(&console).await?;
+        };
         let mut g = Self {
             qemu,
             console,
