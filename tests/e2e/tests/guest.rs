@@ -312,11 +312,19 @@ async fn ext4_growth_surprise_unplug_and_24_disks() {
 /// the kubelet's retry converges on a mounted, consistent volume.
 #[tokio::test]
 async fn hostd_killed_mid_stage_in_the_guest() {
-    // Alone on the machine: the kill must land in the phase it aims at.
+    // Alone on the machine, so that each phase lasts long enough to be hit.
     let Some(Lab { mut g, ctl, mut node, sim: _sim, images: _images }) = Lab::start(Share::Alone, MINIMAL_ROLE).await else { return };
-    // Kill during luksFormat, luksOpen, and mkfs.xfs (≈1.1 s, 0.4 s, 1.6 s under TCG).
     let k = kubelet();
-    for (i, kill_after_ms) in [300u64, 1300, 2300].into_iter().enumerate() {
+    // Each kill is made in the guest the moment its phase shows, and what
+    // the guest looked like at that moment is reported with it: before the
+    // LUKS mapping exists (luksFormat or luksOpen, inside hostd), once it
+    // exists, and while mkfs.xfs runs.
+    let phases = [
+        ("before the mapping", "sleep 0.3; true"),
+        ("mapping open", "ls /dev/mapper | grep -q pvecsi-"),
+        ("mkfs.xfs running", "cat /proc/[0-9]*/comm 2>/dev/null | grep -q '^mkfs'"),
+    ];
+    for (i, (phase, shows)) in phases.into_iter().enumerate() {
         let pv = provision(&ctl, &class("local-lvm", "xfs"), &claim(&format!("kill-{i}"))).await;
         let staging = k.staging_path(&pv);
         mkdirs(&mut g, k.stage_dirs(&pv)).await;
@@ -324,10 +332,26 @@ async fn hostd_killed_mid_stage_in_the_guest() {
         let mut first = node.clone();
         let req = k.node_stage(&pv, &pc, luks());
         let call = tokio::spawn(async move { first.node_stage_volume(req).await });
-        tokio::time::sleep(Duration::from_millis(kill_after_ms)).await;
-        g.sh("kill -9 $(pidof proxmox-csi-hostd); sleep 0.3; start-hostd & sleep 1").await.unwrap();
+        let at_kill = g
+            .sh(&format!(
+                "h=$(pidof proxmox-csi-hostd); n=0; until {shows}; do sleep 0.01; n=$((n+1)); [ $n -gt 3000 ] && break; done; \
+                 m=$(ls /dev/mapper | grep -c pvecsi-); f=$(cat /proc/[0-9]*/comm 2>/dev/null | grep -c '^mkfs'); \
+                 s=$(grep -c '{staging}' /proc/mounts); kill -9 $h; echo \"mappings=$m mkfs=$f mounted=$s\"; \
+                 sleep 0.3; start-hostd & sleep 1"
+            ))
+            .await
+            .unwrap();
         let killed = call.await.unwrap();
-        eprintln!("killed after {kill_after_ms} ms: the interrupted NodeStage answered {:?}", killed.as_ref().map(|_| ()).map_err(|e| e.code()));
+        eprintln!("killed with {phase}: {at_kill}; the interrupted NodeStage answered {:?}", killed.as_ref().map(|_| ()).map_err(|e| e.code()));
+        // The kill landed in the phase it names, before the volume was staged.
+        let seen = |key: &str| at_kill.split_whitespace().find_map(|w| w.strip_prefix(key)?.parse::<u32>().ok()).unwrap_or(0);
+        assert_eq!(seen("mounted="), 0, "{phase}: the stage had finished before the kill: {at_kill}");
+        match i {
+            0 => assert_eq!((seen("mappings="), seen("mkfs=")), (0, 0), "{phase}: {at_kill}"),
+            1 => assert!(seen("mappings=") >= 1, "{phase}: {at_kill}"),
+            _ => assert!(seen("mkfs=") >= 1, "{phase}: {at_kill}"),
+        }
+        assert!(killed.is_err(), "{phase}: the interrupted NodeStage reported success");
         // The kubelet retries until it works.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -337,11 +361,12 @@ async fn hostd_killed_mid_stage_in_the_guest() {
                     eprintln!("retry: {:?} {}", e.code(), e.message());
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
-                Err(e) => panic!("NodeStage never converged (killed after {kill_after_ms} ms): {e:?}"),
+                Err(e) => panic!("NodeStage never converged (killed with {phase}): {e:?}"),
             }
         }
         let mounts = g.sh("grep globalmount /proc/mounts").await.unwrap();
         assert!(mounts.contains(&staging) && mounts.contains("/dev/mapper/pvecsi-"), "{mounts}");
+
         g.sh(&format!("echo ok > {staging}/f && sync")).await.unwrap();
         node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
         // Stages again from scratch: LUKS opens, xfs mounts (a torn one would
