@@ -77,17 +77,28 @@ async fn mkdirs(g: &mut Guest, dirs: Vec<String>) {
     g.sh(&format!("mkdir -p {}", quoted.join(" "))).await.unwrap();
 }
 
-async fn node_client(port: u16) -> NodeClient<Channel> {
+/// A client of the node plugin in `g`, once its Probe says it and hostd
+/// are ready. If that never happens, what the guest shows is in the panic.
+async fn node_client(g: &mut Guest) -> NodeClient<Channel> {
+    let port = g.csi_port;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}")).unwrap().connect().await {
-            // Ready when the node plugin answers and its Probe says hostd does.
-            let mut probe = proxmox_csi_proto::csi::v1::identity_client::IdentityClient::new(ch.clone());
-            if probe.probe(callers::identity::probe()).await.is_ok_and(|r| r.into_inner().ready == Some(true)) {
-                return NodeClient::new(ch);
+        let last = match tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}")).unwrap().connect().await {
+            Ok(ch) => {
+                // Ready when the node plugin answers and its Probe says hostd does.
+                let mut probe = proxmox_csi_proto::csi::v1::identity_client::IdentityClient::new(ch.clone());
+                match probe.probe(callers::identity::probe()).await {
+                    Ok(r) if r.get_ref().ready == Some(true) => return NodeClient::new(ch),
+                    Ok(r) => format!("Probe: {:?}", r.into_inner()),
+                    Err(e) => format!("Probe: {e}"),
+                }
             }
+            Err(e) => format!("connect to 127.0.0.1:{port}: {e}"),
+        };
+        if Instant::now() > deadline {
+            let guest = g.sh("tail -5 /run/node.log; tail -5 /run/hostd.log; ps | grep -v ']$'; netstat -ltn 2>/dev/null").await.unwrap_or_default();
+            panic!("the node plugin in the guest never answered ({last}); the guest:\n{guest}");
         }
-        assert!(Instant::now() < deadline, "the node plugin in the guest never answered");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -199,10 +210,10 @@ impl Lab {
             return None;
         }
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let g = Guest::boot_with(share).await.expect("guest boots");
+        let mut g = Guest::boot_with(share).await.expect("guest boots");
         let images = tempfile::tempdir().unwrap();
         let (sim, ctl) = setup_with_role(&g, images.path(), role).await;
-        let node = node_client(g.csi_port).await;
+        let node = node_client(&mut g).await;
         Some(Self { g, images, sim, ctl, node })
     }
 }
@@ -431,7 +442,7 @@ acl:
     .unwrap();
     let clients = cfg.clusters.into_iter().map(|c| Arc::new(pve::Client::new(c, Duration::from_secs(30), Default::default()).unwrap())).collect();
     let ctl = ControllerService(Arc::new(Controller::new(clients, 9999, Duration::from_secs(60))));
-    let (mut n1, mut n2) = (node_client(g1.csi_port).await, node_client(g2.csi_port).await);
+    let (mut n1, mut n2) = (node_client(&mut g1).await, node_client(&mut g2).await);
     let k = kubelet();
 
     // Local storage, same Proxmox node: written on worker-2, read on worker-3.
