@@ -762,7 +762,17 @@ async fn killed_mid_stage_the_retry_converges() {
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
             env.restart_hostd().await;
             let _ = call.await;
-            let done = env.client.stage(req.clone()).await;
+            // As the kubelet does, a call that finds the new hostd not yet
+            // answering is made again.
+            let retry_until = Instant::now() + Duration::from_secs(20);
+            let done = loop {
+                match env.client.stage(req.clone()).await {
+                    Err(e) if e.code() == tonic::Code::Unavailable && Instant::now() < retry_until => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    other => break other,
+                }
+            };
             let done = done.unwrap_or_else(|e| {
                 let log = std::fs::read_to_string(&env.log).unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(8).collect();
