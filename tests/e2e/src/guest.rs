@@ -81,7 +81,7 @@ pub struct Guest {
     pub csi_port: u16,
     pub boot_time: Duration,
     _dir: tempfile::TempDir,
-    _slot: tokio::sync::SemaphorePermit<'static>,
+    _slot: Option<tokio::sync::SemaphorePermit<'static>>,
 }
 
 /// Which share of the machine a guest takes.
@@ -121,6 +121,32 @@ impl Guest {
             Share::Alone => GUESTS.acquire_many(2).await?,
         };
         let image = tokio::task::spawn_blocking(build_image).await??;
+        // The forwarded port is picked free and then bound by QEMU; another
+        // guest starting at the same moment can take it first, and QEMU then
+        // exits at once. Such a start is tried again on another port.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::start(&image).await {
+                Ok((mut g, started)) => match g.read_until("E2E-GUEST-READY", Duration::from_secs(120)).await {
+                    Ok(_) => {
+                        g.boot_time = started.elapsed();
+                        g._slot = Some(slot);
+                        g.sh("export PS1=''; stty -echo; true").await?;
+                        return Ok(g);
+                    }
+                    Err(e) if attempt < 3 && g.qemu_said().contains("hostfwd") => {
+                        eprintln!("guest start {attempt} failed ({e}); QEMU said: {}", g.qemu_said());
+                    }
+                    Err(e) => return Err(e.context(format!("QEMU said: {}", g.qemu_said()))),
+                },
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// QEMU started with the guest image, its console connected.
+    async fn start(image: &Path) -> Result<(Self, Instant)> {
         let dir = tempfile::tempdir()?;
         let console = dir.path().join("console.sock");
         let qmp = dir.path().join("qmp.sock");
@@ -142,7 +168,7 @@ impl Guest {
             .arg("-virtfs")
             .arg(format!("local,path={},mount_tag=host,security_model=none,readonly=on", bin_dir().display()))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("qemu.err"))?)
             .spawn()
             .context("starting qemu-system-x86_64")?;
         // QEMU binds the socket (the file appears) before it listens: a
@@ -157,7 +183,7 @@ impl Guest {
                 Err(e) => return Err(anyhow::Error::new(e).context("QEMU's console socket")),
             }
         };
-        let mut g = Self {
+        let g = Self {
             qemu,
             console,
             pending: Vec::new(),
@@ -165,12 +191,14 @@ impl Guest {
             csi_port,
             boot_time: Duration::ZERO,
             _dir: dir,
-            _slot: slot,
+            _slot: None,
         };
-        g.read_until("E2E-GUEST-READY", Duration::from_secs(120)).await?;
-        g.boot_time = started.elapsed();
-        g.sh("export PS1=''; stty -echo; true").await?;
-        Ok(g)
+        Ok((g, started))
+    }
+
+    /// What QEMU wrote to its standard error.
+    fn qemu_said(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("qemu.err")).unwrap_or_default().trim().to_string()
     }
 
     /// Reads the console up to `marker`; returns what came before it and
