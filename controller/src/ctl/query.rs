@@ -222,7 +222,6 @@ impl Controller {
         if let Some(vmid) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), id.zone.as_deref(), d).await?
             && let Some(vm) = self.vms.node_of(&client, vmid, d).await?
         {
-            published.push(self.published_node_id(&id.region, &vm, &self.registered_node_ids().await));
             let cfg = client.vm_config(&vm.node, vmid, d).await?;
             if let Some(lock) = cfg.values.get("lock") {
                 problems.push(format!("VM {vmid} is locked ({lock})"));
@@ -230,8 +229,8 @@ impl Controller {
             let pending = client.vm_pending(&vm.node, vmid, d).await?;
             let slots = drive::slots_with(&cfg.values, &id.volid());
             // The index may be a minute behind: published only if the VM says so.
-            if slots.is_empty() {
-                published.clear();
+            if !slots.is_empty() {
+                published.push(self.published_node_id(&id.region, &vm, &self.registered_node_ids().await));
             }
             if pending.iter().any(|p| slots.contains(&p.key) && (p.pending.is_some() || p.delete.is_some())) {
                 problems.push(format!("VM {vmid} has a change of this disk pending"));
