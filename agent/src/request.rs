@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 
+use proxmox_csi_common::contract::{CTX_GO_DEVICE_PATH, CTX_SERIAL, CTX_WWN};
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use proxmox_csi_proto::csi::v1::volume_capability::AccessType;
@@ -168,7 +169,7 @@ fn passphrase(field: &str, secrets: &HashMap<String, String>) -> Result<Option<h
 /// the Go driver's (`DevicePath` = `/dev/disk/by-id/wwn-0x…`), so volumes
 /// attached before a switch of drivers keep staging.
 fn device(ctx: &HashMap<String, String>) -> Result<hostd::Device, AgentError> {
-    let wwn = match (ctx.get("wwn"), ctx.get("DevicePath")) {
+    let wwn = match (ctx.get(CTX_WWN), ctx.get(CTX_GO_DEVICE_PATH)) {
         (Some(w), _) if !w.is_empty() => w.clone(),
         (_, Some(p)) => p
             .strip_prefix("/dev/disk/by-id/wwn-")
@@ -188,7 +189,7 @@ fn device(ctx: &HashMap<String, String>) -> Result<hostd::Device, AgentError> {
     };
     Ok(hostd::Device {
         wwn,
-        serial: ctx.get("serial").cloned().unwrap_or_default(),
+        serial: ctx.get(CTX_SERIAL).cloned().unwrap_or_default(),
     })
 }
 

@@ -3,6 +3,7 @@
 //! metrics, how they stop, and how secrets are kept out of logs.
 
 pub mod client;
+pub mod contract;
 pub mod ids;
 pub mod endpoint;
 pub mod logging;

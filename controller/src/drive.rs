@@ -3,8 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use sha2::{Digest, Sha256};
-
 /// `scsi1`–`scsi30`: the slots a CSI volume may take (scsi0 is the boot disk).
 pub const SLOTS: std::ops::RangeInclusive<u32> = 1..=30;
 
@@ -40,21 +38,7 @@ impl DriveLine {
     }
 }
 
-/// The WWN of a volume: NAA type 5, from a hash of the handle; `salt`
-/// changes it when the VM already has a drive with that WWN.
-pub fn wwn_for(handle: &str, salt: u32) -> String {
-    let h = Sha256::digest(format!("{handle}#{salt}").as_bytes());
-    let mut v = u64::from_be_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]);
-    v = (v & 0x0FFF_FFFF_FFFF_FFFF) | 0x5000_0000_0000_0000;
-    format!("0x{v:016x}")
-}
-
-/// A drive serial (≤ 20 characters of Proxmox's allowed set) from the handle.
-pub fn serial_for(handle: &str) -> String {
-    let h = Sha256::digest(handle.as_bytes());
-    let hex: String = h.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    format!("csi-{hex}")
-}
+pub use proxmox_csi_common::contract::{serial_for, wwn_for};
 
 /// Drive keys (`scsiN`…) of a config whose volume is `volid`.
 pub fn slots_with(config: &BTreeMap<String, String>, volid: &str) -> Vec<String> {
@@ -83,16 +67,6 @@ mod tests {
             let once = DriveLine::parse(raw).render();
             assert_eq!(DriveLine::parse(&once).render(), once, "{raw}");
         }
-    }
-
-    #[test]
-    fn wwns_are_naa5_and_stable() {
-        let a = wwn_for("r/pve2/local-lvm/vm-9999-pvc-a", 0);
-        assert_eq!(a, wwn_for("r/pve2/local-lvm/vm-9999-pvc-a", 0));
-        assert_ne!(a, wwn_for("r/pve2/local-lvm/vm-9999-pvc-a", 1));
-        assert!(a.starts_with("0x5") && a.len() == 18, "{a}");
-        let s = serial_for("r/pve2/local-lvm/vm-9999-pvc-a");
-        assert_eq!(s.len(), 20);
     }
 
     #[test]

@@ -8,6 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
+use proxmox_csi_common::contract;
+
 use crate::discovery::Key;
 use crate::error::HostdError;
 use crate::mounts::MountEntry;
@@ -74,9 +76,11 @@ impl Resolver {
     }
 
     /// Checks, right before the device is used, that it still is the disk
-    /// that was asked for: sysfs `wwid` is `naa.<wwn>` and, when the request
-    /// names one, the SCSI serial (VPD page 0x80) matches.
-    pub fn verify_identity(&self, device: &Path, wwn: &Wwn, serial: &str) -> Result<(), HostdError> {
+    /// that was asked for: sysfs `wwid` is `naa.<wwn>`; when the request
+    /// names a serial, the SCSI serial (VPD page 0x80) matches it; and a
+    /// disk carrying a serial this driver made (`csi-…`) carries the one of
+    /// `volume_id`, whatever the request says. (The Go driver set none.)
+    pub fn verify_identity(&self, device: &Path, wwn: &Wwn, serial: &str, volume_id: &str) -> Result<(), HostdError> {
         let refuse = |reason: String| HostdError::DeviceRefused {
             device: device.to_path_buf(),
             reason,
@@ -95,14 +99,29 @@ impl Resolver {
                         wwid.as_deref().unwrap_or("unknown")
                     )));
                 }
-                if !serial.is_empty() {
-                    let found = read_vpd_serial(&sys.join("device/vpd_pg80"));
-                    if found.as_deref() != Some(serial) {
-                        return Err(refuse(format!(
-                            "its serial is {:?}, expected {serial:?}",
-                            found.as_deref().unwrap_or("unknown")
-                        )));
-                    }
+                // Two disks with one WWID (a drive line copied by hand): the
+                // index holds whichever udev announced last; use neither.
+                let twins: Vec<String> = std::fs::read_dir(sys_block)
+                    .map(|d| {
+                        d.flatten()
+                            .filter(|e| read_trim(&e.path().join("device/wwid")).is_some_and(|w| w.to_ascii_lowercase() == want))
+                            .map(|e| e.file_name().to_string_lossy().into_owned())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if twins.len() > 1 {
+                    return Err(refuse(format!("{} disks carry {want}: {}", twins.len(), twins.join(", "))));
+                }
+                let found = read_vpd_serial(&sys.join("device/vpd_pg80"));
+                if !serial.is_empty() && found.as_deref() != Some(serial) {
+                    return Err(refuse(format!(
+                        "its serial is {:?}, expected {serial:?}",
+                        found.as_deref().unwrap_or("unknown")
+                    )));
+                }
+                let own = contract::serial_for(volume_id);
+                if let Some(found) = found.filter(|f| f.starts_with(contract::SERIAL_PREFIX) && *f != own) {
+                    return Err(refuse(format!("its serial {found:?} names another volume than {volume_id} ({own:?})")));
                 }
                 Ok(())
             }
@@ -121,6 +140,11 @@ impl Resolver {
             }
         }
     }
+}
+
+/// The SCSI serial (VPD page 0x80) of the disk called `name`, if it has one.
+pub fn serial_of(name: &str) -> Option<String> {
+    read_vpd_serial(&Path::new("/sys/block").join(name).join("device/vpd_pg80")).filter(|s| !s.is_empty())
 }
 
 /// The unit serial number from a raw VPD page 0x80: a 4-byte header, the
@@ -178,23 +202,31 @@ pub fn verify_unused(
             }
         }
     }
+    // A raw block volume's staging bind of this disk's node shows as
+    // devtmpfs, its root the node's name.
+    if let Some(m) = mounts.iter().find(|m| m.fs_type == "devtmpfs" && m.root.trim_start_matches('/') == name) {
+        return Err(refuse(format!("is bound at {}", m.mount_point.display())));
+    }
     if let Some(m) = mounts.iter().find(|m| own.contains(&m.majmin)) {
         if m.mount_point == Path::new("/") {
             return Err(refuse("holds the root filesystem".into()));
         }
         return Err(refuse(format!("is mounted at {}", m.mount_point.display())));
     }
-    let holders = std::fs::read_dir(sys.join("holders"))
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|h| {
-                    let dm_name = read_trim(&Path::new("/sys/class/block").join(h).join("dm/name"));
-                    own_mapping.is_none() || dm_name.as_deref() != own_mapping
-                })
-                .collect::<Vec<_>>()
+    // Holders of the disk and of each of its partitions.
+    let mut dirs = vec![sys.join("holders")];
+    if let Ok(entries) = std::fs::read_dir(Path::new("/sys/block").join(name)) {
+        dirs.extend(entries.flatten().filter(|e| e.path().join("partition").exists()).map(|e| e.path().join("holders")));
+    }
+    let holders: Vec<String> = dirs
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|h| {
+            let dm_name = read_trim(&Path::new("/sys/class/block").join(h).join("dm/name"));
+            own_mapping.is_none() || dm_name.as_deref() != own_mapping
         })
-        .unwrap_or_default();
+        .collect();
     if !holders.is_empty() {
         return Err(refuse(format!("is in use by {}", holders.join(", "))));
     }
@@ -220,8 +252,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("sdb/device")).unwrap();
         std::fs::write(dir.path().join("sdb/device/wwid"), "naa.5000C500A1B2C3D4\n").unwrap();
-        let mut page = vec![0u8, 0x80, 0, 8];
-        page.extend_from_slice(b"pvc-1234");
+        let id = "region-1/pve2/local-lvm/vm-9999-pvc-1";
+        let own = contract::serial_for(id);
+        let mut page = vec![0u8, 0x80, 0, 20];
+        page.extend_from_slice(own.as_bytes());
         std::fs::write(dir.path().join("sdb/device/vpd_pg80"), &page).unwrap();
         let r = Resolver::Sysfs {
             sys_block: dir.path().to_path_buf(),
@@ -229,13 +263,23 @@ mod tests {
         let wwn = Wwn::parse("0x5000C500A1B2C3D4").unwrap();
         assert_eq!(r.key(&wwn), "naa.5000c500a1b2c3d4");
         let dev = Path::new("/dev/sdb");
-        r.verify_identity(dev, &wwn, "").unwrap();
-        r.verify_identity(dev, &wwn, "pvc-1234").unwrap();
-        let e = r.verify_identity(dev, &wwn, "pvc-9999").unwrap_err();
+        r.verify_identity(dev, &wwn, "", id).unwrap();
+        r.verify_identity(dev, &wwn, &own, id).unwrap();
+        let e = r.verify_identity(dev, &wwn, "csi-0000000000000000", id).unwrap_err();
         assert_eq!(e.code(), tonic::Code::FailedPrecondition);
-        assert!(e.to_string().contains("its serial is \"pvc-1234\", expected \"pvc-9999\""), "{e}");
+        assert!(e.to_string().contains(&format!("its serial is {own:?}, expected \"csi-0000000000000000\"")), "{e}");
+        // The request leaves the serial out; the disk's own still names its volume.
+        let e = r.verify_identity(dev, &wwn, "", "region-1/pve2/local-lvm/vm-9999-pvc-2").unwrap_err().to_string();
+        assert!(e.contains("names another volume"), "{e}");
         let other = Wwn::parse("0x1111111111111111").unwrap();
-        let e = r.verify_identity(dev, &other, "").unwrap_err().to_string();
+        let e = r.verify_identity(dev, &other, "", id).unwrap_err().to_string();
+        assert!(e.contains("its wwid is naa.5000c500a1b2c3d4, expected naa.1111111111111111"), "{e}");
+        // A second disk with the same WWID: neither is used.
+        std::fs::create_dir_all(dir.path().join("sdc/device")).unwrap();
+        std::fs::write(dir.path().join("sdc/device/wwid"), "naa.5000c500a1b2c3d4\n").unwrap();
+        let e = r.verify_identity(dev, &wwn, "", id).unwrap_err().to_string();
+        assert!(e.contains("2 disks carry naa.5000c500a1b2c3d4"), "{e}");
+        let e = String::from("its wwid is naa.5000c500a1b2c3d4, expected naa.1111111111111111");
         assert!(e.contains("its wwid is naa.5000c500a1b2c3d4, expected naa.1111111111111111"), "{e}");
     }
 

@@ -9,11 +9,21 @@ use tonic::{Code, Status};
 pub enum HostdError {
     #[error("{field}: {reason}")]
     InvalidArgument { field: &'static str, reason: String },
-    #[error("{field}: {path} is outside kubelet's CSI directories under {root}")]
+    #[error("{field}: {path} is not one of kubelet's CSI paths under {root}: expected {expected}")]
     PathOutsideKubelet {
         field: &'static str,
         path: PathBuf,
         root: PathBuf,
+        expected: String,
+    },
+    /// The path is this driver's, but it belongs to another volume, or
+    /// holds what this volume did not put there.
+    #[error("{field}: {path} is not volume {volume_id}'s: {reason}")]
+    NotThisVolume {
+        field: &'static str,
+        path: PathBuf,
+        volume_id: String,
+        reason: String,
     },
     #[error("device with WWN {wwn} did not appear: {reason}")]
     DeviceNotFound { wwn: String, reason: String },
@@ -60,6 +70,7 @@ impl HostdError {
     pub fn code(&self) -> Code {
         match self {
             Self::InvalidArgument { .. } | Self::PathOutsideKubelet { .. } => Code::InvalidArgument,
+            Self::NotThisVolume { .. } => Code::FailedPrecondition,
             // Retryable: the attach may still be on its way.
             Self::DeviceNotFound { .. } => Code::Unavailable,
             Self::DeviceRefused { .. } | Self::HoldsData { .. } => Code::FailedPrecondition,

@@ -1,6 +1,7 @@
 //! proxmox-csi-hostd: the privileged half of the node plugin. It alone
 //! touches block devices, behind the narrow API of `hostd.proto`.
 
+pub mod bindings;
 pub mod blockdev;
 pub mod device;
 pub mod discovery;
@@ -9,6 +10,7 @@ pub mod health;
 pub mod identity;
 pub mod luks;
 pub mod mkfs;
+pub mod mountopts;
 pub mod mounts;
 pub mod paths;
 pub mod peer;

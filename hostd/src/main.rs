@@ -37,6 +37,14 @@ struct Args {
     /// kubelet's root directory; target paths must lie in its CSI directories.
     #[arg(long, default_value = "/var/lib/kubelet")]
     kubelet_root: PathBuf,
+    /// The CSI driver's name, as kubelet names its staging directories.
+    #[arg(long, default_value = "csi.proxmox.sinextra.dev")]
+    driver_name: String,
+    /// Where hostd records which volume is staged and published where
+    /// (a tmpfs: the records live as long as the mounts). Default: beside
+    /// the socket, `<socket dir>/volumes`.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
     /// Test builds only: find volumes as loop devices backed by <DIR>/<wwn>.raw.
     #[cfg(feature = "loop-resolver")]
     #[arg(long)]
@@ -138,7 +146,7 @@ async fn run() -> ExitCode {
     }
     let resolver = resolver(&args);
     let opts = Options {
-        socket: args.socket,
+        socket: args.socket.clone(),
         socket_access: SocketAccess {
             mode: args.socket_mode,
             group: args.socket_group,
@@ -148,6 +156,10 @@ async fn run() -> ExitCode {
         dmi_dir: args.dmi_dir,
         metrics_address: args.metrics_address,
         kubelet_root: args.kubelet_root,
+        state_dir: args
+            .state_dir
+            .unwrap_or_else(|| args.socket.parent().unwrap_or(std::path::Path::new("/run/proxmox-csi-hostd")).join("volumes")),
+        driver_name: args.driver_name,
         resolver,
         event_source: args.device_events,
         device_wait: Duration::from_secs(args.device_wait),

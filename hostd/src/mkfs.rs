@@ -1,5 +1,10 @@
 //! Making a filesystem, with the Go driver's defaults: ext4 without reserved
 //! blocks (`-m0`); xfs as mkfs.xfs makes it (mounted later with `nouuid`).
+//!
+//! Neither tool is forced (no `mkfs.ext4 -F`, no `mkfs.xfs -f` but over an
+//! unfinished xfs): each keeps its own refusal of a device that holds a
+//! signature as a second safety net behind hostd's. Neither discards: on
+//! thin storage a discard would free whatever a mistaken format met.
 
 use std::path::Path;
 use std::process::Command;
@@ -48,7 +53,8 @@ pub fn command(fs: FsType, device: &Path, opts: MkfsOptions) -> Command {
     match fs {
         FsType::Ext4 => {
             c = Command::new("mkfs.ext4");
-            c.args(["-F", "-q", "-m0"]);
+            // stdin is /dev/null: a question mke2fs asks is answered no.
+            c.args(["-q", "-m0", "-E", "nodiscard"]);
             if opts.block_size > 0 {
                 c.arg("-b").arg(opts.block_size.to_string());
             }
@@ -58,7 +64,7 @@ pub fn command(fs: FsType, device: &Path, opts: MkfsOptions) -> Command {
         }
         FsType::Xfs => {
             c = Command::new("mkfs.xfs");
-            c.arg("-q");
+            c.args(["-q", "-K"]);
             if opts.replace_unfinished {
                 c.arg("-f");
             }
@@ -91,8 +97,8 @@ pub fn validate(opts: MkfsOptions) -> Result<(), HostdError> {
     Ok(())
 }
 
-pub async fn run(fs: FsType, device: &Path, opts: MkfsOptions) -> Result<(), HostdError> {
-    let out = crate::tool::run(command(fs, device, opts), &format!("mkfs.{}", fs.name())).await?;
+pub fn run(fs: FsType, device: &Path, opts: MkfsOptions) -> Result<(), HostdError> {
+    let out = crate::tool::run(command(fs, device, opts), &format!("mkfs.{}", fs.name()))?;
     if !out.status.success() {
         return Err(HostdError::failed(
             "formatting",
@@ -119,15 +125,15 @@ mod tests {
         let d = Path::new("/dev/sdb");
         assert_eq!(
             args(&command(FsType::Ext4, d, MkfsOptions::default())),
-            ["mkfs.ext4", "-F", "-q", "-m0", "/dev/sdb"]
+            ["mkfs.ext4", "-q", "-m0", "-E", "nodiscard", "/dev/sdb"]
         );
         assert_eq!(
             args(&command(FsType::Ext4, d, MkfsOptions { block_size: 4096, inode_size: 256, ..Default::default() })),
-            ["mkfs.ext4", "-F", "-q", "-m0", "-b", "4096", "-I", "256", "/dev/sdb"]
+            ["mkfs.ext4", "-q", "-m0", "-E", "nodiscard", "-b", "4096", "-I", "256", "/dev/sdb"]
         );
         assert_eq!(
             args(&command(FsType::Xfs, d, MkfsOptions { block_size: 4096, inode_size: 512, ..Default::default() })),
-            ["mkfs.xfs", "-q", "-b", "size=4096", "-i", "size=512", "/dev/sdb"]
+            ["mkfs.xfs", "-q", "-K", "-b", "size=4096", "-i", "size=512", "/dev/sdb"]
         );
     }
 

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 use crate::error::HostdError;
+use crate::mountopts::Checked;
+use crate::paths::Place;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountEntry {
@@ -44,89 +46,51 @@ pub fn at(path: &Path) -> Result<Option<MountEntry>, HostdError> {
     Ok(table()?.into_iter().rev().find(|m| m.mount_point == path))
 }
 
-/// Splits CSI mount flags into kernel flags and filesystem data.
-fn split_flags(flags: &[String]) -> (MsFlags, String) {
-    let mut ms = MsFlags::empty();
-    let mut data = Vec::new();
-    for f in flags {
-        match f.as_str() {
-            "ro" => ms |= MsFlags::MS_RDONLY,
-            "rw" | "defaults" => {}
-            "noatime" => ms |= MsFlags::MS_NOATIME,
-            "nodiratime" => ms |= MsFlags::MS_NODIRATIME,
-            "relatime" => ms |= MsFlags::MS_RELATIME,
-            "strictatime" => ms |= MsFlags::MS_STRICTATIME,
-            "lazytime" => ms |= MsFlags::MS_LAZYTIME,
-            "nosuid" => ms |= MsFlags::MS_NOSUID,
-            "nodev" => ms |= MsFlags::MS_NODEV,
-            "noexec" => ms |= MsFlags::MS_NOEXEC,
-            "sync" => ms |= MsFlags::MS_SYNCHRONOUS,
-            "dirsync" => ms |= MsFlags::MS_DIRSYNC,
-            other => data.push(other.to_string()),
-        }
-    }
-    (ms, data.join(","))
-}
-
-pub fn mount_fs(
-    device: &Path,
-    target: &Path,
-    fs_type: &str,
-    flags: &[String],
-    read_only: bool,
-) -> Result<(), HostdError> {
-    let (mut ms, data) = split_flags(flags);
+/// Mounts a filesystem. `target` is a `/proc/self/fd/N` path (see
+/// `paths::Opened`), so the kernel mounts on exactly the directory checked.
+pub fn mount_fs(device: &Path, target: &Path, fs_type: &str, opts: &Checked, read_only: bool) -> Result<(), HostdError> {
+    let mut ms = opts.flags;
     if read_only {
         ms |= MsFlags::MS_RDONLY;
     }
-    let data = (!data.is_empty()).then_some(data.as_str());
-    mount(Some(device), target, Some(fs_type), ms, data).map_err(|e| {
-        HostdError::failed(
-            "mounting",
-            format!("{} on {} ({fs_type})", device.display(), target.display()),
-            e,
-        )
-    })
+    let data = (!opts.data.is_empty()).then_some(opts.data.as_str());
+    mount(Some(device), target, Some(fs_type), ms, data)
+        .map_err(|e| HostdError::failed("mounting", format!("{} ({fs_type})", device.display()), e))
 }
 
-/// Bind-mounts `source` onto `target`, read-only if asked (which takes a
-/// second, remounting call).
-pub fn bind(source: &Path, target: &Path, read_only: bool, flags: &[String]) -> Result<(), HostdError> {
-    let what = || format!("{} onto {}", source.display(), target.display());
-    mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+/// Bind-mounts `source` (a `/proc/self/fd/N` path, or a device node) onto
+/// the place `target`, read-only if asked (which takes a second, remounting
+/// call on the new mount).
+pub fn bind(source: &Path, target: &Place, read_only: bool, opts: &Checked) -> Result<(), HostdError> {
+    let what = || format!("{} onto {}", source.display(), target.path.display());
+    let under = target.open()?;
+    mount(Some(source), &under.proc_path(), None::<&str>, MsFlags::MS_BIND, None::<&str>)
         .map_err(|e| HostdError::failed("bind-mounting", what(), e))?;
-    let (extra, _) = split_flags(flags);
+    drop(under);
     let ro = if read_only { MsFlags::MS_RDONLY } else { MsFlags::empty() };
-    if !(extra | ro).is_empty() {
-        let ms = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | extra | ro;
-        if let Err(e) = mount(None::<&str>, target, None::<&str>, ms, None::<&str>) {
-            let _ = umount2(target, MntFlags::empty());
-            return Err(HostdError::failed("remounting read-only", what(), e));
+    if !(opts.flags | ro).is_empty() {
+        let ms = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | opts.flags | ro;
+        // Opened again: now the new mount, not the directory under it.
+        let result = target
+            .open()
+            .and_then(|on| mount(None::<&str>, &on.proc_path(), None::<&str>, ms, None::<&str>).map_err(|e| HostdError::failed("remounting read-only", what(), e)));
+        if let Err(e) = result {
+            let _ = umount2(&target.via_parent(), MntFlags::UMOUNT_NOFOLLOW);
+            return Err(e);
         }
     }
     Ok(())
 }
 
+/// Unmounts the top mount at `target`, never following a symlink there.
 pub fn unmount(target: &Path) -> Result<(), HostdError> {
-    umount2(target, MntFlags::empty())
+    umount2(target, MntFlags::UMOUNT_NOFOLLOW)
         .map_err(|e| HostdError::failed("unmounting", target.display(), e))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn splits_flags_into_kernel_flags_and_data() {
-        let (ms, data) = split_flags(&[
-            "noatime".into(),
-            "nouuid".into(),
-            "ro".into(),
-            "discard".into(),
-        ]);
-        assert_eq!(ms, MsFlags::MS_NOATIME | MsFlags::MS_RDONLY);
-        assert_eq!(data, "nouuid,discard");
-    }
 
     #[test]
     fn reads_the_mount_table() {

@@ -1,9 +1,11 @@
 //! What a device already holds, asked of libblkid: filesystems, RAID and
-//! LUKS superblocks, and partition tables. Anything found means "not blank".
+//! LUKS superblocks, and partition tables. Anything found means "not blank";
+//! and a device without any signature still holds data if any byte of it
+//! that hostd samples is not zero.
 
 use std::path::Path;
 
-use libblkid_rs::{BlkidProbe, BlkidSafeprobeRet};
+use libblkid_rs::{BlkidProbe, BlkidSafeprobeRet, BlkidSublks, BlkidSublksFlags};
 
 use crate::error::HostdError;
 
@@ -36,6 +38,15 @@ pub fn probe(device: &Path) -> Result<Contents, HostdError> {
     let fail = |e: libblkid_rs::BlkidErr| HostdError::failed("probing", device.display(), e);
     let mut p = BlkidProbe::new_from_filename(device).map_err(fail)?;
     p.enable_superblocks(true).map_err(fail)?;
+    // A superblock whose checksum is wrong is still a filesystem someone's
+    // data is in: libblkid drops such superblocks unless told not to.
+    p.set_superblock_flags(BlkidSublksFlags::new(vec![
+        BlkidSublks::Type,
+        BlkidSublks::Usage,
+        BlkidSublks::Magic,
+        BlkidSublks::Badcsum,
+    ]))
+    .map_err(fail)?;
     p.enable_partitions(true).map_err(fail)?;
     match p.do_safeprobe().map_err(fail)? {
         BlkidSafeprobeRet::None => Ok(Contents::Blank),
@@ -65,4 +76,75 @@ fn xfs_in_progress(device: &Path) -> Result<bool, HostdError> {
         .and_then(|mut f| f.read_exact(&mut sb))
         .map_err(|e| HostdError::failed("reading the XFS superblock of", device.display(), e))?;
     Ok(&sb[0..4] == b"XFSB" && sb[126] != 0)
+}
+
+/// How much of a device [`first_data`] reads: all of its first 64 MiB (where
+/// filesystems, LVM and partition tables keep their metadata), then 1 MiB in
+/// every 64 MiB up to 4 GiB, then 1 MiB in every GiB, and its last 1 MiB
+/// (backup GPT, MD 0.9 and 1.0 superblocks).
+const HEAD: u64 = 64 << 20;
+const CHUNK: u64 = 1 << 20;
+
+fn sample_offsets(size: u64) -> Vec<u64> {
+    let mut at: Vec<u64> = (0..HEAD.min(size)).step_by(CHUNK as usize).collect();
+    let mut o = HEAD;
+    while o < size {
+        at.push(o);
+        o += if o < (4 << 30) { 64 << 20 } else { 1 << 30 };
+    }
+    at.push(size.saturating_sub(CHUNK));
+    at.sort_unstable();
+    at.dedup();
+    at
+}
+
+/// The offset of the first non-zero byte hostd finds in `device`'s samples,
+/// if any: a device with no signature but data in it is not blank (a
+/// filesystem whose first MiB was zeroed, a database written to the raw
+/// disk). Thin storage reads its unallocated blocks as zeros quickly.
+pub fn first_data(device: &Path) -> Result<Option<u64>, HostdError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let fail = |e: std::io::Error| HostdError::failed("reading", device.display(), e);
+    let mut f = std::fs::File::open(device).map_err(fail)?;
+    let size = f.seek(SeekFrom::End(0)).map_err(fail)?;
+    let mut buf = vec![0u8; CHUNK as usize];
+    for at in sample_offsets(size) {
+        let len = usize::try_from(CHUNK.min(size - at)).unwrap_or(0);
+        f.seek(SeekFrom::Start(at)).map_err(fail)?;
+        f.read_exact(&mut buf[..len]).map_err(fail)?;
+        if let Some(i) = buf[..len].iter().position(|b| *b != 0) {
+            return Ok(Some(at + i as u64));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_the_head_then_sparser_and_the_tail() {
+        let at = sample_offsets(100 << 20);
+        assert_eq!(at.len(), 64 + 2);
+        assert_eq!(at[..3], [0, 1 << 20, 2 << 20]);
+        assert_eq!(at[at.len() - 1], 99 << 20);
+        let big = sample_offsets(1 << 40);
+        assert!(big.len() < 64 + 63 + 1020 + 2, "{}", big.len());
+        assert_eq!(*big.last().unwrap(), (1 << 40) - (1 << 20));
+        assert_eq!(sample_offsets(4096), [0]);
+    }
+
+    #[test]
+    fn finds_data_behind_a_zeroed_head() {
+        use std::io::{Seek, SeekFrom, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk");
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.set_len(100 << 20).unwrap();
+        assert_eq!(first_data(&path).unwrap(), None);
+        f.seek(SeekFrom::Start((40 << 20) + 17)).unwrap();
+        f.write_all(b"data").unwrap();
+        assert_eq!(first_data(&path).unwrap(), Some((40 << 20) + 17));
+    }
 }

@@ -15,6 +15,7 @@ use tonic::service::interceptor::InterceptedService;
 
 use crate::device::Resolver;
 use crate::discovery::{self, DeviceIndex, EventSource};
+use crate::bindings::Bindings;
 use crate::error::HostdError;
 use crate::health::Health;
 use crate::peer::PeerPolicy;
@@ -34,6 +35,11 @@ pub struct Options {
     pub dmi_dir: PathBuf,
     pub metrics_address: Option<SocketAddr>,
     pub kubelet_root: PathBuf,
+    /// The CSI driver's name: its staging directories are kubelet's
+    /// `plugins/kubernetes.io/csi/<driver>/…`.
+    pub driver_name: String,
+    /// Where the records of staged and published volumes are kept.
+    pub state_dir: PathBuf,
     pub resolver: Resolver,
     pub event_source: EventSource,
     pub device_wait: Duration,
@@ -54,14 +60,23 @@ pub enum StartError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("state directory {path}: {source}")]
+    StateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 pub async fn run(
     opts: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
-    let paths = KubeletPaths::new(&opts.kubelet_root).map_err(|source| StartError::KubeletRoot {
+    let paths = KubeletPaths::new(&opts.kubelet_root, &opts.driver_name).map_err(|source| StartError::KubeletRoot {
         path: opts.kubelet_root.clone(),
+        source,
+    })?;
+    let bindings = Bindings::open(&opts.state_dir).map_err(|source| StartError::StateDir {
+        path: opts.state_dir.clone(),
         source,
     })?;
     let health = Arc::new(Health::default());
@@ -70,6 +85,8 @@ pub async fn run(
     health.set_udev_monitor_alive(true);
     let volumes = Arc::new(Volumes {
         paths,
+        driver: opts.driver_name.clone(),
+        bindings,
         resolver: opts.resolver.clone(),
         index,
         device_wait: opts.device_wait,

@@ -68,6 +68,17 @@ impl HostdService {
     }
 }
 
+/// Runs blocking work (mount(2), libcryptsetup, mkfs) on tokio's blocking
+/// threads: the runtime's few workers keep answering Health and the other
+/// volumes' calls meanwhile.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, HostdError> + Send + 'static,
+) -> Result<T, HostdError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(HostdError::failed("running", "a blocking task", e)))
+}
+
 fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
     req.extensions()
         .get::<UdsConnectInfo>()
@@ -83,7 +94,11 @@ impl pb::hostd_server::Hostd for HostdService {
         let id = req.volume_id.clone();
         in_span("Stage", &id, async move {
             let _guard = self.locks.lock(&req.volume_id).await;
-            let result = self.volumes.stage(&req).await;
+            let volumes = self.volumes.clone();
+            let result = match self.volumes.prepare_stage(&req).await {
+                Ok(work) => blocking(move || volumes.stage(work)).await,
+                Err(e) => Err(e),
+            };
             self.audit("Stage", peer, &req.volume_id, &req.staging_path, &result);
             Ok(Response::new(result?))
         })
@@ -99,7 +114,9 @@ impl pb::hostd_server::Hostd for HostdService {
         let id = req.volume_id.clone();
         in_span("Unstage", &id, async move {
             let _guard = self.locks.lock(&req.volume_id).await;
-            let result = self.volumes.unstage(&req);
+            let volumes = self.volumes.clone();
+            let r = req.clone();
+            let result = blocking(move || volumes.unstage(&r)).await;
             self.audit("Unstage", peer, &req.volume_id, &req.staging_path, &result);
             result?;
             Ok(Response::new(pb::UnstageResponse {}))
@@ -116,7 +133,9 @@ impl pb::hostd_server::Hostd for HostdService {
         let id = req.volume_id.clone();
         in_span("Publish", &id, async move {
             let _guard = self.locks.lock(&req.volume_id).await;
-            let result = self.volumes.publish(&req);
+            let volumes = self.volumes.clone();
+            let r = req.clone();
+            let result = blocking(move || volumes.publish(&r)).await;
             self.audit("Publish", peer, &req.volume_id, &req.target_path, &result);
             result?;
             Ok(Response::new(pb::PublishResponse {}))
@@ -133,7 +152,9 @@ impl pb::hostd_server::Hostd for HostdService {
         let id = req.volume_id.clone();
         in_span("Unpublish", &id, async move {
             let _guard = self.locks.lock(&req.volume_id).await;
-            let result = self.volumes.unpublish(&req);
+            let volumes = self.volumes.clone();
+            let r = req.clone();
+            let result = blocking(move || volumes.unpublish(&r)).await;
             self.audit("Unpublish", peer, &req.volume_id, &req.target_path, &result);
             result?;
             Ok(Response::new(pb::UnpublishResponse {}))
@@ -150,7 +171,9 @@ impl pb::hostd_server::Hostd for HostdService {
         let id = req.volume_id.clone();
         in_span("Expand", &id, async move {
             let _guard = self.locks.lock(&req.volume_id).await;
-            let result = self.volumes.expand(&req).await;
+            let volumes = self.volumes.clone();
+            let r = req.clone();
+            let result = blocking(move || volumes.expand(&r)).await;
             self.audit("Expand", peer, &req.volume_id, &req.volume_path, &result);
             Ok(Response::new(result?))
         })
@@ -160,7 +183,8 @@ impl pb::hostd_server::Hostd for HostdService {
     async fn stats(&self, req: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
         let req = req.into_inner();
         let id = req.volume_id.clone();
-        traced("Stats", &id, async move { Ok(Response::new(self.volumes.stats(&req)?)) }).await
+        let volumes = self.volumes.clone();
+        traced("Stats", &id, async move { Ok(Response::new(blocking(move || volumes.stats(&req)).await?)) }).await
     }
 
     async fn node_identity(

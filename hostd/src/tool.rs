@@ -4,9 +4,11 @@ use std::process::Output;
 
 use crate::error::HostdError;
 
-/// Runs `cmd` to completion. The child dies with hostd: a half-finished
-/// mkfs must not run on while a restarted hostd retries the same device.
-pub async fn run(mut cmd: std::process::Command, what: &str) -> Result<Output, HostdError> {
+/// Runs `cmd` to completion, on the calling (blocking) thread, with stdin
+/// from /dev/null. The child dies with hostd: a half-finished mkfs must not
+/// run on while a restarted hostd retries the same device. (The death signal
+/// follows the forking thread, which waits here until the child ends.)
+pub fn run(mut cmd: std::process::Command, what: &str) -> Result<Output, HostdError> {
     use std::os::unix::process::CommandExt;
     // SAFETY: between fork and exec only the async-signal-safe prctl(2) runs.
     unsafe {
@@ -15,8 +17,7 @@ pub async fn run(mut cmd: std::process::Command, what: &str) -> Result<Output, H
                 .map_err(std::io::Error::from)
         });
     }
-    tokio::process::Command::from(cmd)
+    cmd.stdin(std::process::Stdio::null())
         .output()
-        .await
         .map_err(|e| HostdError::failed("running", what, e))
 }

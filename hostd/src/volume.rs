@@ -2,29 +2,36 @@
 //!
 //! Every operation is idempotent: it first looks at what is already there
 //! and answers OK when that is what was asked, or an error naming the
-//! difference.
+//! difference. Every operation acts only on what its volume staged or
+//! published (see `bindings`), on kubelet's exact paths (see `paths`).
+//!
+//! Everything here blocks (mount(2), libcryptsetup, mkfs): the service runs
+//! it on tokio's blocking threads, never on the runtime's workers, so that
+//! Health and other volumes' calls answer while a LUKS key is derived.
 
-use std::path::{Path, PathBuf};
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use proxmox_csi_common::Secret;
 use proxmox_csi_proto::hostd::v1 as pb;
 
-use proxmox_csi_common::Secret;
-
+use crate::bindings::{self, Binding, Bindings};
 use crate::blockdev;
 use crate::device::{self, Resolver, Wwn};
-use crate::luks;
 use crate::discovery::{self, DeviceIndex};
 use crate::error::HostdError;
+use crate::luks;
 use crate::mkfs::{self, FsType, MkfsOptions};
+use crate::mountopts;
 use crate::mounts;
-use crate::paths::KubeletPaths;
+use crate::paths::{Kind, KubeletPaths, Layout, Place};
 use crate::probe::{self, Contents};
 
 /// File inside a raw block volume's staging directory onto which the device
-/// node is bound, so publish can bind it again without naming a device.
+/// node is bound, so publish can bind it again without naming a device. It
+/// lives in kubelet's block staging directory, never in a filesystem.
 const BLOCK_FILE: &str = "device";
 
 /// How long a request waits for its device before a SCSI rescan is asked for.
@@ -33,6 +40,8 @@ const RESCAN_GRACE: Duration = Duration::from_secs(3);
 #[derive(Debug)]
 pub struct Volumes {
     pub paths: KubeletPaths,
+    pub driver: String,
+    pub bindings: Bindings,
     pub resolver: Resolver,
     pub index: Arc<DeviceIndex>,
     /// How long Stage waits for the device to appear.
@@ -58,16 +67,25 @@ pub fn check_volume_id(id: &str) -> Result<(), HostdError> {
     Ok(())
 }
 
+/// A Stage request checked, with its device found: what the blocking part
+/// of Stage works from.
+#[derive(Debug)]
+pub struct StageWork {
+    volume_id: String,
+    staging: Place,
+    device: PathBuf,
+    access: pb::stage_request::Access,
+    read_only: bool,
+    passphrase: Option<Secret<Vec<u8>>>,
+    timings: HashMap<String, u64>,
+}
+
 impl Volumes {
     /// Volumes mounted or bound under kubelet's staging directories.
     pub fn staged_count(&self) -> usize {
         let base = self.paths.root().join("plugins/kubernetes.io/csi");
         mounts::table()
-            .map(|t| {
-                t.iter()
-                    .filter(|m| m.mount_point.starts_with(&base))
-                    .count()
-            })
+            .map(|t| t.iter().filter(|m| m.mount_point.starts_with(&base)).count())
             .unwrap_or(0)
     }
 
@@ -100,25 +118,43 @@ impl Volumes {
         health.set_volumes_staged(u32::try_from(self.staged_count()).unwrap_or(u32::MAX));
     }
 
-    pub async fn stage(&self, req: &pb::StageRequest) -> Result<pb::StageResponse, HostdError> {
+    /// Stage's checks and its wait for the device; nothing is touched yet.
+    pub async fn prepare_stage(&self, req: &pb::StageRequest) -> Result<StageWork, HostdError> {
         check_volume_id(&req.volume_id)?;
-        let staging = self.paths.check("staging_path", &req.staging_path)?;
-        let dev = req
-            .device
-            .as_ref()
-            .ok_or_else(|| HostdError::invalid("device", "is required"))?;
+        let access = req
+            .access
+            .clone()
+            .ok_or_else(|| HostdError::invalid("access", "filesystem or block is required"))?;
+        let layout = match access {
+            pb::stage_request::Access::Filesystem(_) => Layout::FsStaging,
+            pb::stage_request::Access::Block(_) => Layout::BlockStaging,
+        };
+        let staging = self.paths.place("staging_path", &req.staging_path, &[layout])?;
+        let dev = req.device.as_ref().ok_or_else(|| HostdError::invalid("device", "is required"))?;
         let wwn = Wwn::parse(&dev.wwn)?;
+        let own_serial = proxmox_csi_common::contract::serial_for(&req.volume_id);
+        if !dev.serial.is_empty() && dev.serial != own_serial {
+            return Err(HostdError::invalid(
+                "device.serial",
+                format!("{:?} is not volume {}'s serial; the controller sets {own_serial:?}", dev.serial, req.volume_id),
+            ));
+        }
         let passphrase = match &req.encryption {
-            Some(e) if e.passphrase.is_empty() => {
-                return Err(HostdError::invalid("encryption.passphrase", "is empty"));
-            }
+            Some(e) if e.passphrase.is_empty() => return Err(HostdError::invalid("encryption.passphrase", "is empty")),
             Some(e) => Some(Secret::new(e.passphrase.clone())),
             None => None,
         };
-        let access = req
-            .access
-            .as_ref()
-            .ok_or_else(|| HostdError::invalid("access", "filesystem or block is required"))?;
+        if passphrase.is_some() && layout == Layout::BlockStaging {
+            return Err(HostdError::invalid("encryption", "is supported for filesystem volumes only, not raw block"));
+        }
+        if let Some(other) = self.bindings.staged_at(&staging.path)?.filter(|b| b.volume_id != req.volume_id) {
+            return Err(HostdError::NotThisVolume {
+                field: "staging_path",
+                path: staging.path.clone(),
+                volume_id: req.volume_id.clone(),
+                reason: format!("volume {} is staged there", other.volume_id),
+            });
+        }
         let key = self.resolver.key(&wwn);
         let index = &self.index;
         let waiting = Instant::now();
@@ -129,46 +165,58 @@ impl Volumes {
                 wwn: wwn.to_string(),
                 reason: format!("no block device with {key} within {:?}", self.device_wait),
             })?;
-        self.resolver.verify_identity(&device, &wwn, &dev.serial)?;
-        let mut timings = HashMap::from([("wait".to_string(), ms(waiting))]);
-        match access {
-            pb::stage_request::Access::Filesystem(fs) => {
-                let crypt = passphrase.as_ref().map(|p| (luks::mapping_name(&req.volume_id), p));
-                self.stage_filesystem(&device, &staging, fs, req.read_only, crypt, &mut timings).await
-            }
-            pb::stage_request::Access::Block(_) if passphrase.is_some() => Err(HostdError::invalid(
-                "encryption",
-                "is supported for filesystem volumes only, not raw block",
-            )),
-            pb::stage_request::Access::Block(_) => self.stage_block(&device, &staging),
-        }
-        .map(|actions| {
-            // The filesystem sees the mapping, which is smaller by the LUKS header.
-            let sized = match (&passphrase, access) {
-                (Some(_), pb::stage_request::Access::Filesystem(_)) => {
-                    luks::mapper_path(&luks::mapping_name(&req.volume_id))
-                }
-                _ => device.clone(),
-            };
-            pb::StageResponse {
-                actions,
-                size_bytes: blockdev::kernel_name(&sized)
-                    .and_then(|n| blockdev::size_of(&n))
-                    .unwrap_or(0),
-                timings_ms: timings,
-            }
+        self.resolver.verify_identity(&device, &wwn, &dev.serial, &req.volume_id)?;
+        Ok(StageWork {
+            volume_id: req.volume_id.clone(),
+            staging,
+            device,
+            access,
+            read_only: req.read_only,
+            passphrase,
+            timings: HashMap::from([("wait".to_string(), ms(waiting))]),
         })
     }
 
-    async fn stage_filesystem(
+    /// Stage's work on the device, once found: blocking.
+    pub fn stage(&self, mut w: StageWork) -> Result<pb::StageResponse, HostdError> {
+        let (actions, majmin, block) = match &w.access {
+            pb::stage_request::Access::Filesystem(fs) => {
+                let crypt = w.passphrase.as_ref().map(|p| (luks::mapping_name(&w.volume_id), p));
+                let (a, m) = self.stage_filesystem(&w.device, &w.staging, fs, w.read_only, crypt, &mut w.timings)?;
+                (a, m, false)
+            }
+            pb::stage_request::Access::Block(_) => {
+                let (a, m) = self.stage_block(&w.device, &w.staging)?;
+                (a, m, true)
+            }
+        };
+        let mut binding = self.bindings.get(&w.volume_id)?.unwrap_or_else(|| Binding {
+            volume_id: w.volume_id.clone(),
+            staging_path: w.staging.path.clone(),
+            block,
+            majmin: majmin.clone(),
+            targets: Vec::new(),
+        });
+        binding.staging_path = w.staging.path.clone();
+        binding.majmin = majmin.clone();
+        self.bindings.put(&binding)?;
+        Ok(pb::StageResponse {
+            actions,
+            size_bytes: blockdev::name_of(&majmin).and_then(|n| blockdev::size_of(&n)).unwrap_or(0),
+            timings_ms: w.timings,
+        })
+    }
+
+    /// Returns the actions taken and `major:minor` of what is mounted.
+    fn stage_filesystem(
         &self,
         device: &Path,
-        staging: &Path,
+        staging: &Place,
         fs: &pb::Filesystem,
         read_only: bool,
         crypt: Option<(String, &Secret<Vec<u8>>)>,
         timings: &mut HashMap<String, u64>,
-    ) -> Result<Vec<String>, HostdError> {
+    ) -> Result<(Vec<String>, String), HostdError> {
         let fs_type = FsType::parse(&fs.fs_type)?;
         let opts = MkfsOptions {
             block_size: fs.block_size,
@@ -176,17 +224,23 @@ impl Volumes {
             replace_unfinished: false,
         };
         mkfs::validate(opts)?;
+        let mut flags = fs.mount_flags.clone();
+        if fs_type == FsType::Xfs && !flags.iter().any(|f| f == "nouuid") {
+            // Clones and snapshots share the XFS UUID; the Go driver mounts with nouuid too.
+            flags.push("nouuid".into());
+        }
+        let mount_opts = mountopts::check("filesystem.mount_flags", Some(fs_type.name()), &flags)?;
         let table = mounts::table()?;
         // What gets the filesystem: the disk, or its LUKS mapping.
         let mapping = crypt.as_ref().map(|(name, _)| luks::mapper_path(name));
         let fs_device = mapping.as_deref().unwrap_or(device);
-        if let Some(m) = table.iter().rev().find(|m| m.mount_point == staging) {
+        if let Some(m) = table.iter().rev().find(|m| m.mount_point == staging.path) {
             let mm = device::majmin(fs_device).ok();
             if mm.as_deref() == Some(m.majmin.as_str()) && m.fs_type == fs_type.name() {
-                return Ok(vec!["already staged".into()]);
+                return Ok((vec!["already staged".into()], m.majmin.clone()));
             }
             return Err(HostdError::StagedDifferently {
-                path: staging.to_path_buf(),
+                path: staging.path.clone(),
                 what: "a mount point",
                 detail: format!(
                     "{} ({}) is mounted there, the request is {} ({})",
@@ -201,7 +255,7 @@ impl Volumes {
         let mut actions = Vec::new();
         if let Some((name, pass)) = &crypt {
             // A mapping left by a hostd that died between activation and
-            // udev's node (or before the mount) is torn down and made again;
+            // its node (or before the mount) is torn down and made again;
             // nothing can be using it: the staging path is not mounted.
             if let Some(dm) = luks::active(name)
                 && !luks::is_open(name)
@@ -210,9 +264,20 @@ impl Volumes {
                 tracing::warn!(mapping = %name, dm, "closing a half-made mapping left by an earlier attempt");
                 luks::close(name, true)?;
             }
-            if !luks::is_open(name) {
+            if luks::is_open(name) {
+                // An open mapping is used only if it sits on the disk just verified.
+                let disk = blockdev::kernel_name(device).unwrap_or_default();
+                let under = luks::active(name).map(|dm| blockdev::slaves(&dm)).unwrap_or_default();
+                if under != [disk.clone()] {
+                    return Err(HostdError::DeviceRefused {
+                        device: device.to_path_buf(),
+                        reason: format!("mapping {name} is open on {under:?}, not on this disk ({disk})"),
+                    });
+                }
+            } else {
                 match probe::probe(device)? {
                     Contents::Blank => {
+                        refuse_data(device, read_only)?;
                         let t = Instant::now();
                         luks::format(device, pass, self.pbkdf)?;
                         timings.insert("luks_format".into(), ms(t));
@@ -241,13 +306,19 @@ impl Volumes {
         let started = Instant::now();
         match probe::probe(fs_device)? {
             Contents::Blank => {
-                mkfs::run(fs_type, fs_device, opts).await?;
+                // A fresh mapping reads as noise, not zeros: only the bare disk is sampled.
+                if crypt.is_none() {
+                    refuse_data(device, read_only)?;
+                } else if read_only {
+                    return Err(read_only_blank(fs_device));
+                }
+                mkfs::run(fs_type, fs_device, opts)?;
                 timings.insert("mkfs".into(), ms(started));
                 actions.push(format!("mkfs {}", fs_type.name()));
             }
             Contents::Unfinished(t) if t == fs_type.name() => {
                 let opts = MkfsOptions { replace_unfinished: true, ..opts };
-                mkfs::run(fs_type, fs_device, opts).await?;
+                mkfs::run(fs_type, fs_device, opts)?;
                 timings.insert("mkfs".into(), ms(started));
                 actions.push(format!("mkfs {} (an earlier mkfs was interrupted)", fs_type.name()));
             }
@@ -259,97 +330,148 @@ impl Volumes {
                 });
             }
         }
-        ensure_dir(staging)?;
-        let mut flags = fs.mount_flags.clone();
-        if fs_type == FsType::Xfs && !flags.iter().any(|f| f == "nouuid") {
-            // Clones and snapshots share the XFS UUID; the Go driver mounts with nouuid too.
-            flags.push("nouuid".into());
-        }
+        staging.ensure_dir()?;
         let t = Instant::now();
-        mounts::mount_fs(fs_device, staging, fs_type.name(), &flags, read_only)?;
+        let target = staging.open()?;
+        mounts::mount_fs(fs_device, &target.proc_path(), fs_type.name(), &mount_opts, read_only)?;
         timings.insert("mount".into(), ms(t));
-        actions.push(format!("mounted {} at {}", fs_device.display(), staging.display()));
-        Ok(actions)
+        actions.push(format!("mounted {} at {}", fs_device.display(), staging.path.display()));
+        Ok((actions, device::majmin(fs_device)?))
     }
 
-    fn stage_block(&self, device: &Path, staging: &Path) -> Result<Vec<String>, HostdError> {
-        let file = staging.join(BLOCK_FILE);
+    fn stage_block(&self, device: &Path, staging: &Place) -> Result<(Vec<String>, String), HostdError> {
         let table = mounts::table()?;
         let mm = device::majmin(device)?;
-        if table.iter().any(|m| m.mount_point == file) {
+        staging.ensure_dir()?;
+        let file = staging.child(BLOCK_FILE)?;
+        if table.iter().any(|m| m.mount_point == file.path) {
             // A bound device node: the file now stats as that device.
-            let bound = device::majmin(&file)?;
+            let bound = device::majmin(&file.open()?.proc_path())?;
             if bound == mm {
-                return Ok(vec!["already staged".into()]);
+                return Ok((vec!["already staged".into()], mm));
             }
             return Err(HostdError::StagedDifferently {
-                path: file,
+                path: file.path.clone(),
                 what: "a bound device",
                 detail: format!("device {bound} is bound there, the request is {} ({mm})", device.display()),
             });
         }
         device::verify_unused(device, &table, None)?;
-        ensure_dir(staging)?;
-        ensure_file(&file)?;
-        mounts::bind(device, &file, false, &[])?;
-        Ok(vec![format!("bound {} at {}", device.display(), file.display())])
+        file.ensure_file()?;
+        mounts::bind(device, &file, false, &mountopts::Checked::default())?;
+        Ok((vec![format!("bound {} at {}", device.display(), file.path.display())], mm))
+    }
+
+    /// Whether `majmin`, found at `place`, is `volume_id`'s: by hostd's
+    /// record, by kubelet's own structure, or by the device itself.
+    fn owns(&self, volume_id: &str, place: &Place, majmin: &str, record: Option<&Binding>) -> bool {
+        if let Some(b) = record {
+            let listed = b.staging_path == place.path || b.targets.contains(&place.path);
+            if listed && b.majmin == majmin {
+                return true;
+            }
+        }
+        (bindings::kubelet_says(&place.path, place.layout, volume_id, &self.driver) && self.bindings_free(place, volume_id))
+            || bindings::device_is_volumes(majmin, volume_id)
+    }
+
+    /// No other volume's record names `place`.
+    fn bindings_free(&self, place: &Place, volume_id: &str) -> bool {
+        self.bindings.staged_at(&place.path).ok().flatten().is_none_or(|b| b.volume_id == volume_id)
+    }
+
+    /// `major:minor` of what is mounted at `place` (for a bound device node,
+    /// the device's own), if anything is.
+    fn mounted_at(&self, place: &Place, table: &[mounts::MountEntry]) -> Result<Option<String>, HostdError> {
+        let Some(m) = table.iter().rev().find(|m| m.mount_point == place.path) else { return Ok(None) };
+        if place.layout.is_block() && place.kind() != Kind::Dir {
+            return device::majmin(&place.open()?.proc_path()).map(Some);
+        }
+        Ok(Some(m.majmin.clone()))
+    }
+
+    fn not_this_volume(field: &'static str, place: &Place, volume_id: &str, majmin: &str) -> HostdError {
+        HostdError::NotThisVolume {
+            field,
+            path: place.path.clone(),
+            volume_id: volume_id.to_string(),
+            reason: format!("device {majmin} is mounted there, and nothing ties it to this volume"),
+        }
     }
 
     pub fn unstage(&self, req: &pb::UnstageRequest) -> Result<(), HostdError> {
         check_volume_id(&req.volume_id)?;
-        let staging = self.paths.check("staging_path", &req.staging_path)?;
-        let file = staging.join(BLOCK_FILE);
-        unmount_all(&file)?;
-        if file.exists() {
-            std::fs::remove_file(&file)
-                .map_err(|e| HostdError::failed("removing", file.display(), e))?;
+        let staging = self.paths.place("staging_path", &req.staging_path, Layout::STAGING)?;
+        let record = self.bindings.get(&req.volume_id)?;
+        if let Some(b) = record.as_ref().filter(|b| b.staging_path != staging.path) {
+            return Err(HostdError::NotThisVolume {
+                field: "staging_path",
+                path: staging.path.clone(),
+                volume_id: req.volume_id.clone(),
+                reason: format!("the volume is staged at {}", b.staging_path.display()),
+            });
         }
-        let source = mounts::at(&staging)?.map(|m| m.majmin);
-        unmount_all(&staging)?;
-        if let Some(mm) = source {
+        let table = mounts::table()?;
+        let mut flushed = None;
+        if staging.layout == Layout::BlockStaging && staging.kind() == Kind::Dir {
+            let file = staging.child(BLOCK_FILE)?;
+            if let Some(mm) = self.mounted_at(&file, &table)? {
+                if !self.owns(&req.volume_id, &staging, &mm, record.as_ref()) {
+                    return Err(Self::not_this_volume("staging_path", &file, &req.volume_id, &mm));
+                }
+                unmount_all(&file)?;
+                flushed = Some(mm);
+            }
+            file.remove()?;
+        } else if let Some(mm) = self.mounted_at(&staging, &table)? {
+            if !self.owns(&req.volume_id, &staging, &mm, record.as_ref()) {
+                return Err(Self::not_this_volume("staging_path", &staging, &req.volume_id, &mm));
+            }
+            unmount_all(&staging)?;
+            flushed = Some(mm);
+        }
+        if let Some(mm) = flushed {
             blockdev::flush(&mm);
         }
         // Close the volume's mapping even if nothing was mounted (a crash
         // between unmount and close, or a surprise unplug).
         let name = luks::mapping_name(&req.volume_id);
-        if luks::is_open(&name) {
+        if let Some(dm) = luks::active(&name) {
             // A vanished disk leaves a mapping that only a forced close removes.
-            let gone = !blockdev::backing_present(&name);
+            let gone = blockdev::slaves(&dm).is_empty()
+                || !blockdev::slaves(&dm).iter().all(|s| Path::new("/sys/class/block").join(s).exists());
             luks::close(&name, gone)?;
         }
-        Ok(())
+        self.bindings.remove(&req.volume_id)
     }
 
     pub fn publish(&self, req: &pb::PublishRequest) -> Result<(), HostdError> {
         check_volume_id(&req.volume_id)?;
-        let staging = self.paths.check("staging_path", &req.staging_path)?;
-        let target = self.paths.check("target_path", &req.target_path)?;
-        let source = if req.block { staging.join(BLOCK_FILE) } else { staging.clone() };
+        let (staging_layout, target_layout) =
+            if req.block { (Layout::BlockStaging, Layout::BlockTarget) } else { (Layout::FsStaging, Layout::FsTarget) };
+        let staging = self.paths.place("staging_path", &req.staging_path, &[staging_layout])?;
+        let target = self.paths.place("target_path", &req.target_path, &[target_layout])?;
+        let opts = mountopts::check("mount_flags", None, &req.mount_flags)?;
+        let record = self.bindings.get(&req.volume_id)?;
         let table = mounts::table()?;
-        let staged = table
-            .iter()
-            .rev()
-            .find(|m| m.mount_point == source)
-            .ok_or_else(|| HostdError::NotStaged(format!("{} (nothing mounted at {})", req.volume_id, source.display())))?;
-        if let Some(m) = table.iter().rev().find(|m| m.mount_point == target) {
-            // A bound device node is identified by what it stats as; a
-            // filesystem by the device it is mounted from.
-            let same = if req.block {
-                device::majmin(&target).ok() == device::majmin(&source).ok()
-            } else {
-                m.majmin == staged.majmin
-            };
-            if same && m.read_only == req.read_only {
-                return Ok(());
+        let source = if req.block { staging.child(BLOCK_FILE)? } else { self.paths.place("staging_path", &req.staging_path, &[staging_layout])? };
+        let staged = self
+            .mounted_at(&source, &table)?
+            .ok_or_else(|| HostdError::NotStaged(format!("{} (nothing mounted at {})", req.volume_id, source.path.display())))?;
+        if !self.owns(&req.volume_id, &staging, &staged, record.as_ref()) {
+            return Err(Self::not_this_volume("staging_path", &staging, &req.volume_id, &staged));
+        }
+        if let Some(m) = table.iter().rev().find(|m| m.mount_point == target.path) {
+            let there = self.mounted_at(&target, &table)?.unwrap_or_default();
+            if there == staged && m.read_only == req.read_only {
+                return self.record_target(&req.volume_id, &staging, &target, &staged, req.block, record);
             }
             return Err(HostdError::StagedDifferently {
-                path: target,
+                path: target.path.clone(),
                 what: "published",
                 detail: format!(
-                    "device {} mounted {} is there, the request is device {} {}",
-                    m.majmin,
+                    "device {there} mounted {} is there, the request is device {staged} {}",
                     if m.read_only { "read-only" } else { "read-write" },
-                    staged.majmin,
                     if req.read_only { "read-only" } else { "read-write" },
                 ),
             });
@@ -361,29 +483,84 @@ impl Volumes {
             let pods = self.paths.root().join("pods");
             if let Some(other) = table
                 .iter()
-                .find(|m| m.majmin == staged.majmin && !m.read_only && m.mount_point != source && m.mount_point.starts_with(&pods))
+                .find(|m| m.majmin == staged && !m.read_only && m.mount_point != source.path && m.mount_point.starts_with(&pods))
             {
                 return Err(HostdError::PublishedElsewhere { volume_id: req.volume_id.clone(), other: other.mount_point.clone() });
             }
         }
         if req.block {
-            ensure_file(&target)?;
+            target.ensure_file()?;
         } else {
-            ensure_dir(&target)?;
+            target.ensure_dir()?;
         }
-        mounts::bind(&source, &target, req.read_only, &req.mount_flags)
+        mounts::bind(&source.open()?.proc_path(), &target, req.read_only, &opts)?;
+        self.record_target(&req.volume_id, &staging, &target, &staged, req.block, record)
+    }
+
+    fn record_target(
+        &self,
+        volume_id: &str,
+        staging: &Place,
+        target: &Place,
+        majmin: &str,
+        block: bool,
+        record: Option<Binding>,
+    ) -> Result<(), HostdError> {
+        let mut b = record.unwrap_or_else(|| Binding {
+            volume_id: volume_id.to_string(),
+            staging_path: staging.path.clone(),
+            block,
+            majmin: majmin.to_string(),
+            targets: Vec::new(),
+        });
+        if !b.targets.contains(&target.path) {
+            b.targets.push(target.path.clone());
+        }
+        self.bindings.put(&b)
     }
 
     pub fn unpublish(&self, req: &pb::UnpublishRequest) -> Result<(), HostdError> {
         check_volume_id(&req.volume_id)?;
-        let target = self.paths.check("target_path", &req.target_path)?;
-        unmount_all(&target)?;
-        match std::fs::symlink_metadata(&target) {
-            Ok(m) if m.is_dir() => std::fs::remove_dir(&target),
-            Ok(_) => std::fs::remove_file(&target),
-            Err(_) => Ok(()),
+        let target = self.paths.place("target_path", &req.target_path, Layout::TARGET)?;
+        let record = self.bindings.get(&req.volume_id)?;
+        let table = mounts::table()?;
+        if let Some(mm) = self.mounted_at(&target, &table)? {
+            let listed = record.as_ref().is_some_and(|b| b.targets.contains(&target.path));
+            if !listed && !self.owns(&req.volume_id, &target, &mm, record.as_ref()) {
+                return Err(Self::not_this_volume("target_path", &target, &req.volume_id, &mm));
+            }
+            unmount_all(&target)?;
         }
-        .map_err(|e| HostdError::failed("removing", target.display(), e))
+        target.remove()?;
+        if let Some(mut b) = record.filter(|b| b.targets.contains(&target.path)) {
+            b.targets.retain(|t| *t != target.path);
+            self.bindings.put(&b)?;
+        }
+        Ok(())
+    }
+}
+
+/// A blank disk is formatted only if none of the bytes hostd samples holds
+/// data, and never for a read-only stage (mount-utils refuses that too:
+/// `formatAndMountSensitive`).
+fn refuse_data(device: &Path, read_only: bool) -> Result<(), HostdError> {
+    if let Some(at) = probe::first_data(device)? {
+        return Err(HostdError::HoldsData {
+            device: device.to_path_buf(),
+            found: format!("no signature, but data at byte {at}"),
+        });
+    }
+    if read_only {
+        return Err(read_only_blank(device));
+    }
+    Ok(())
+}
+
+fn read_only_blank(device: &Path) -> HostdError {
+    HostdError::DeviceRefused {
+        device: device.to_path_buf(),
+        reason: "it holds no filesystem and the stage is read-only: there is nothing to mount, and formatting is a write"
+            .into(),
     }
 }
 
@@ -393,33 +570,13 @@ fn device_has_mount(table: &[mounts::MountEntry], name: &str) -> bool {
     table.iter().any(|m| m.majmin == dev.trim())
 }
 
-/// Unmounts every mount stacked at `path`.
-fn unmount_all(path: &PathBuf) -> Result<(), HostdError> {
-    while mounts::at(path)?.is_some() {
-        mounts::unmount(path)?;
+/// Unmounts every mount stacked at `place`, through its parent's descriptor.
+fn unmount_all(place: &Place) -> Result<(), HostdError> {
+    while mounts::at(&place.path)?.is_some() {
+        mounts::unmount(&place.via_parent())
+            .map_err(|e| HostdError::failed("unmounting", place.path.display(), e))?;
     }
     Ok(())
-}
-
-fn ensure_dir(p: &Path) -> Result<(), HostdError> {
-    match std::fs::create_dir(p) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && p.is_dir() => Ok(()),
-        Err(e) => Err(HostdError::failed("creating directory", p.display(), e)),
-    }
-}
-
-fn ensure_file(p: &Path) -> Result<(), HostdError> {
-    if p.is_file() {
-        return Ok(());
-    }
-    std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(p)
-        .map(drop)
-        .map_err(|e| HostdError::failed("creating file", p.display(), e))
 }
 
 /// What is mounted or bound at a volume path, resolved to block devices.
@@ -430,35 +587,47 @@ struct Staged {
     name: String,
     /// For a dm-crypt mapping, its name and the disk underneath.
     mapping: Option<(String, String)>,
+    majmin: String,
 }
 
-fn staged_at(path: &Path, block: bool) -> Result<Option<Staged>, HostdError> {
-    let Some(entry) = mounts::at(path)? else { return Ok(None) };
-    let majmin = if block { device::majmin(path)? } else { entry.majmin.clone() };
+fn staged_at(place: &Place) -> Result<Option<Staged>, HostdError> {
+    let Some(entry) = mounts::at(&place.path)? else { return Ok(None) };
+    // A bound device node shows devtmpfs in the mount table: the node's own
+    // device is what it stats as.
+    let majmin = if place.layout.is_block() { device::majmin(&place.open()?.proc_path())? } else { entry.majmin.clone() };
     let Some(name) = blockdev::name_of(&majmin) else {
-        return Ok(Some(Staged { entry, name: String::new(), mapping: None }));
+        return Ok(Some(Staged { entry, name: String::new(), mapping: None, majmin }));
     };
     let mapping = std::fs::read_to_string(Path::new("/sys/class/block").join(&name).join("dm/name"))
         .ok()
         .map(|n| n.trim().to_string())
         .and_then(|dm| blockdev::slaves(&name).into_iter().next().map(|disk| (dm, disk)));
-    Ok(Some(Staged { entry, name, mapping }))
+    Ok(Some(Staged { entry, name, mapping, majmin }))
 }
 
 impl Volumes {
-    /// Grows the volume to its disk's size: rescans the disk if it is still
-    /// smaller than asked, resizes the LUKS mapping, then the filesystem.
-    pub async fn expand(&self, req: &pb::ExpandRequest) -> Result<pb::ExpandResponse, HostdError> {
-        check_volume_id(&req.volume_id)?;
+    /// The place a Stats or Expand request names, and what is staged there.
+    fn volume_at(&self, volume_id: &str, raw: &str) -> Result<(Place, Staged), HostdError> {
+        check_volume_id(volume_id)?;
+        let place = self.paths.place("volume_path", raw, Layout::VOLUME)?;
         // A path that does not exist holds no volume (the spec's NOT_FOUND,
         // which the node plugin makes of NotStaged).
-        if !req.volume_path.is_empty() && std::fs::symlink_metadata(&req.volume_path).is_err() {
-            return Err(HostdError::NotStaged(format!("{} (no such path {})", req.volume_id, req.volume_path)));
+        if place.kind() == Kind::Missing {
+            return Err(HostdError::NotStaged(format!("{volume_id} (no such path {})", place.path.display())));
         }
-        let path = self.paths.check("volume_path", &req.volume_path)?;
-        let block = path.is_file();
-        let staged = staged_at(&path, block)?
-            .ok_or_else(|| HostdError::NotStaged(format!("{} (nothing mounted at {})", req.volume_id, path.display())))?;
+        let staged = staged_at(&place)?
+            .ok_or_else(|| HostdError::NotStaged(format!("{volume_id} (nothing mounted at {})", place.path.display())))?;
+        Ok((place, staged))
+    }
+
+    /// Grows the volume to its disk's size: rescans the disk if it is still
+    /// smaller than asked, resizes the LUKS mapping, then the filesystem.
+    pub fn expand(&self, req: &pb::ExpandRequest) -> Result<pb::ExpandResponse, HostdError> {
+        let (place, staged) = self.volume_at(&req.volume_id, &req.volume_path)?;
+        let record = self.bindings.get(&req.volume_id)?;
+        if !self.owns(&req.volume_id, &place, &staged.majmin, record.as_ref()) {
+            return Err(Self::not_this_volume("volume_path", &place, &req.volume_id, &staged.majmin));
+        }
         let disk = staged.mapping.as_ref().map(|(_, d)| d.clone()).unwrap_or_else(|| staged.name.clone());
         if blockdev::size_of(&disk).unwrap_or(0) < req.required_bytes {
             blockdev::rescan(&disk);
@@ -481,8 +650,8 @@ impl Volumes {
                 .map(|e| Secret::new(e.passphrase.clone()));
             luks::resize(mapping, pass.as_ref())?;
         }
-        if !block {
-            grow_filesystem(&staged.entry).await?;
+        if !place.layout.is_block() {
+            grow_filesystem(&staged.entry)?;
         }
         Ok(pb::ExpandResponse {
             size_bytes: blockdev::size_of(&staged.name).unwrap_or(disk_size),
@@ -490,17 +659,8 @@ impl Volumes {
     }
 
     pub fn stats(&self, req: &pb::StatsRequest) -> Result<pb::StatsResponse, HostdError> {
-        check_volume_id(&req.volume_id)?;
-        // A path that does not exist holds no volume (the spec's NOT_FOUND,
-        // which the node plugin makes of NotStaged).
-        if !req.volume_path.is_empty() && std::fs::symlink_metadata(&req.volume_path).is_err() {
-            return Err(HostdError::NotStaged(format!("{} (no such path {})", req.volume_id, req.volume_path)));
-        }
-        let path = self.paths.check("volume_path", &req.volume_path)?;
-        let block = path.is_file();
-        let Some(staged) = staged_at(&path, block)? else {
-            return Err(HostdError::NotStaged(format!("{} (nothing mounted at {})", req.volume_id, path.display())));
-        };
+        let (place, staged) = self.volume_at(&req.volume_id, &req.volume_path)?;
+        let block = place.layout.is_block();
         let mut resp = pb::StatsResponse {
             block,
             ..Default::default()
@@ -517,15 +677,15 @@ impl Volumes {
         if block {
             resp.total_bytes = blockdev::size_of(&staged.name).unwrap_or(0);
         } else {
-            match nix::sys::statvfs::statvfs(&path) {
+            match nix::sys::statvfs::fstatvfs(&place.open()?) {
                 Ok(v) => {
                     let frag = v.fragment_size();
-                    resp.total_bytes = v.blocks() * frag;
-                    resp.available_bytes = v.blocks_available() * frag;
-                    resp.used_bytes = (v.blocks() - v.blocks_free()) * frag;
+                    resp.total_bytes = v.blocks().saturating_mul(frag);
+                    resp.available_bytes = v.blocks_available().saturating_mul(frag);
+                    resp.used_bytes = v.blocks().saturating_sub(v.blocks_free()).saturating_mul(frag);
                     resp.total_inodes = v.files();
                     resp.available_inodes = v.files_available();
-                    resp.used_inodes = v.files() - v.files_free();
+                    resp.used_inodes = v.files().saturating_sub(v.files_free());
                 }
                 Err(e) => problems.push(format!("the filesystem does not answer ({e}); it may have shut down")),
             }
@@ -541,7 +701,7 @@ impl Volumes {
     }
 }
 
-async fn grow_filesystem(m: &mounts::MountEntry) -> Result<(), HostdError> {
+fn grow_filesystem(m: &mounts::MountEntry) -> Result<(), HostdError> {
     let (tool, arg) = match m.fs_type.as_str() {
         "ext4" | "ext3" | "ext2" => ("resize2fs", m.source.clone()),
         "xfs" => ("xfs_growfs", m.mount_point.display().to_string()),
@@ -551,7 +711,7 @@ async fn grow_filesystem(m: &mounts::MountEntry) -> Result<(), HostdError> {
     };
     let mut cmd = std::process::Command::new(tool);
     cmd.arg(&arg);
-    let out = crate::tool::run(cmd, tool).await?;
+    let out = crate::tool::run(cmd, tool)?;
     if !out.status.success() {
         return Err(HostdError::failed(
             "growing the filesystem on",

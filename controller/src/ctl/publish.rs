@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use proxmox_csi_common::NodeId;
+use proxmox_csi_common::contract::{CTX_GO_DEVICE_PATH, CTX_LUN, CTX_SERIAL, CTX_WWN};
 use proxmox_csi_proto::csi::v1 as csi;
 
 use super::{Controller, check_capabilities};
@@ -164,13 +165,13 @@ impl Controller {
 
 fn publish_context(a: &Attached) -> HashMap<String, String> {
     let lun = a.slot.trim_start_matches("scsi").to_string();
-    let mut ctx = HashMap::from([("wwn".to_string(), a.wwn.clone()), ("lun".to_string(), lun)]);
+    let mut ctx = HashMap::from([(CTX_WWN.to_string(), a.wwn.clone()), (CTX_LUN.to_string(), lun)]);
     if !a.serial.is_empty() {
-        ctx.insert("serial".into(), a.serial.clone());
+        ctx.insert(CTX_SERIAL.into(), a.serial.clone());
     }
     if !a.wwn.is_empty() {
         // What the Go driver's node plugin reads.
-        ctx.insert("DevicePath".into(), format!("/dev/disk/by-id/wwn-{}", a.wwn));
+        ctx.insert(CTX_GO_DEVICE_PATH.into(), format!("/dev/disk/by-id/wwn-{}", a.wwn));
     }
     ctx
 }
