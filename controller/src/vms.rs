@@ -59,19 +59,23 @@ impl VmIndex {
             .find(|v| v.vmid == vmid))
     }
 
-    /// A VM named like the Kubernetes node (exactly, or as a prefix of an FQDN).
-    pub async fn by_name(&self, client: &Client, name: &str, d: Deadline) -> Result<Option<VmResource>, PveError> {
+    /// The VMs named like the Kubernetes node: exactly, else as the first
+    /// label of an FQDN.
+    pub async fn by_name(&self, client: &Client, name: &str, d: Deadline) -> Result<Vec<VmResource>, PveError> {
         for refresh in [false, true] {
             let rows = self.rows(client, refresh, d).await?;
-            let exact = rows.iter().find(|v| v.name.as_deref() == Some(name));
-            let prefix = rows
+            let exact: Vec<VmResource> = rows.iter().filter(|v| v.name.as_deref() == Some(name)).cloned().collect();
+            let prefix: Vec<VmResource> = rows
                 .iter()
-                .find(|v| v.name.as_deref().is_some_and(|n| n.starts_with(&format!("{name}."))));
-            if let Some(v) = exact.or(prefix) {
-                return Ok(Some(v.clone()));
+                .filter(|v| v.name.as_deref().is_some_and(|n| n.starts_with(&format!("{name}."))))
+                .cloned()
+                .collect();
+            let found = if exact.is_empty() { prefix } else { exact };
+            if !found.is_empty() {
+                return Ok(found);
             }
         }
-        Ok(None)
+        Ok(Vec::new())
     }
 
     /// One of the controller's own VMs, `name`d and tagged `kind`. Found by

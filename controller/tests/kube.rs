@@ -160,3 +160,38 @@ async fn nodes_pvs_and_classes_from_kubernetes() {
     // A Node that is gone: unpublish counts it as detached.
     e.svc.controller_unpublish_volume(Request::new(unpublish_req(&fast, "worker-gone"))).await.unwrap();
 }
+
+/// The node id comes from the node plugin; the Node object is Kubernetes'.
+/// When both name a VM they must agree: a node plugin claiming another VM
+/// id gets nothing attached there.
+#[tokio::test]
+async fn a_node_id_that_contradicts_its_node_object_is_refused() {
+    let k = kube_api().await;
+    let e = env_with(|c| c.with_kube(Kube::new(k), "csi.proxmox.sinextra.dev")).await;
+    let vol = create(&e, "pvc-claim", Some("pve2")).await;
+    // worker-x's providerID names VM 113; worker's system UUID is VM 113's.
+    for claimed in ["worker-x/112", "worker/112"] {
+        let err = e.svc.controller_publish_volume(Request::new(publish_req(&vol, claimed))).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{claimed}: {err:?}");
+        assert!(err.message().contains("belongs to VM 113"), "{}", err.message());
+    }
+    assert!(e.vm(112).await["config"].to_string().find("pvc-claim").is_none(), "attached to the claimed VM");
+    // The id that agrees is served.
+    e.svc.controller_publish_volume(Request::new(publish_req(&vol, "worker-x/113"))).await.unwrap();
+}
+
+/// Without a VM id anywhere, a node is matched by name, and only when one
+/// VM has that name.
+#[tokio::test]
+async fn two_vms_with_a_nodes_name_are_not_guessed_between() {
+    let cluster = common::CLUSTER.replace(
+        "  - { vmid: 111, node: pve1, name: worker-1,",
+        "  - { vmid: 114, node: pve2, name: worker-2, config: { scsihw: virtio-scsi-pci } }\n  - { vmid: 111, node: pve1, name: worker-1,",
+    );
+    let e = common::env_from(&cluster).await;
+    let vol = create(&e, "pvc-twins", Some("pve2")).await;
+    let err = e.svc.controller_publish_volume(Request::new(publish_req(&vol, "worker-2"))).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("2 VMs are named worker-2 (112, 114)"), "{}", err.message());
+    e.svc.controller_publish_volume(Request::new(publish_req(&vol, "worker-2/114"))).await.unwrap();
+}

@@ -16,6 +16,9 @@ pub enum HostdError {
         root: PathBuf,
         expected: String,
     },
+    /// kubelet makes the directories above every path before it calls.
+    #[error("{field}: the directory above {path} does not exist")]
+    ParentMissing { field: &'static str, path: PathBuf },
     /// The path is this driver's, but it belongs to another volume, or
     /// holds what this volume did not put there.
     #[error("{field}: {path} is not volume {volume_id}'s: {reason}")]
@@ -69,7 +72,7 @@ impl HostdError {
 
     pub fn code(&self) -> Code {
         match self {
-            Self::InvalidArgument { .. } | Self::PathOutsideKubelet { .. } => Code::InvalidArgument,
+            Self::InvalidArgument { .. } | Self::PathOutsideKubelet { .. } | Self::ParentMissing { .. } => Code::InvalidArgument,
             Self::NotThisVolume { .. } => Code::FailedPrecondition,
             // Retryable: the attach may still be on its way.
             Self::DeviceNotFound { .. } => Code::Unavailable,

@@ -198,6 +198,7 @@ impl KubeletPaths {
             OpenHow::new().flags(PATH_ONLY | OFlag::O_DIRECTORY).resolve(beneath()),
         )
         .map_err(|e| match e {
+            Errno::ENOENT => HostdError::ParentMissing { field, path: path.to_path_buf() },
             Errno::ELOOP | Errno::EXDEV => {
                 HostdError::invalid(field, format!("a directory above {raw:?} is a symlink"))
             }

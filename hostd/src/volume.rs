@@ -609,9 +609,14 @@ impl Volumes {
     /// The place a Stats or Expand request names, and what is staged there.
     fn volume_at(&self, volume_id: &str, raw: &str) -> Result<(Place, Staged), HostdError> {
         check_volume_id(volume_id)?;
-        let place = self.paths.place("volume_path", raw, Layout::VOLUME)?;
         // A path that does not exist holds no volume (the spec's NOT_FOUND,
         // which the node plugin makes of NotStaged).
+        let place = match self.paths.place("volume_path", raw, Layout::VOLUME) {
+            Err(HostdError::ParentMissing { path, .. }) => {
+                return Err(HostdError::NotStaged(format!("{volume_id} (no such path {})", path.display())));
+            }
+            other => other?,
+        };
         if place.kind() == Kind::Missing {
             return Err(HostdError::NotStaged(format!("{volume_id} (no such path {})", place.path.display())));
         }

@@ -20,21 +20,51 @@ use crate::volume::VolumeId;
 impl Controller {
     /// The VM of a CSI node: the VM id in the node id, else the Node's
     /// providerID or instance-id annotation, else the VM whose SMBIOS uuid
-    /// is the Node's system UUID, else a VM named like the node.
+    /// is the Node's system UUID, else the one VM named like the node.
     /// `node` is the Kubernetes Node, when the API is there.
+    ///
+    /// The node id comes from the node plugin, which the controller does not
+    /// trust: when the Node object names a VM too (its providerID, or its
+    /// system UUID, which kubelet reads from the VM's SMBIOS), the two must
+    /// agree, so a node plugin cannot have another node's VM attached to.
     async fn vm_of_node(&self, client: &Client, node_id: &NodeId, node: Option<&NodeFacts>, d: Deadline) -> Result<Option<VmResource>, CtlError> {
-        let named = match node_id.vmid {
-            Some(v) => Some(NodeVm::Id(v)),
-            None => node.and_then(|n| n.vm.clone()),
-        };
-        Ok(match named {
+        let from_node = node.and_then(|n| n.vm.clone());
+        if let Some(claimed) = node_id.vmid {
+            let vouched = match &from_node {
+                Some(NodeVm::Id(v)) => Some(*v),
+                Some(NodeVm::SystemUuid(uuid)) => self.vms.by_smbios_uuid(client, &node_id.name, uuid, d).await?.map(|vm| vm.vmid),
+                None => None,
+            };
+            if let Some(vouched) = vouched.filter(|v| *v != claimed) {
+                return Err(CtlError::FailedPrecondition(format!(
+                    "node id {node_id} names VM {claimed}, but Kubernetes Node {} belongs to VM {vouched} (its providerID or system UUID)",
+                    node_id.name
+                )));
+            }
+            return Ok(self.vms.node_of(client, claimed, d).await?);
+        }
+        Ok(match from_node {
             Some(NodeVm::Id(vmid)) => self.vms.node_of(client, vmid, d).await?,
             Some(NodeVm::SystemUuid(uuid)) => match self.vms.by_smbios_uuid(client, &node_id.name, &uuid, d).await? {
                 Some(vm) => Some(vm),
-                None => self.vms.by_name(client, &node_id.name, d).await?,
+                None => self.one_named(client, &node_id.name, d).await?,
             },
-            None => self.vms.by_name(client, &node_id.name, d).await?,
+            None => self.one_named(client, &node_id.name, d).await?,
         })
+    }
+
+    /// The VM named like a node, if exactly one is.
+    async fn one_named(&self, client: &Client, name: &str, d: Deadline) -> Result<Option<VmResource>, CtlError> {
+        let mut found = self.vms.by_name(client, name, d).await?;
+        if found.len() > 1 {
+            let ids: Vec<String> = found.iter().map(|v| v.vmid.to_string()).collect();
+            return Err(CtlError::FailedPrecondition(format!(
+                "{} VMs are named {name} ({}): set the Node's providerID (proxmox://<region>/<vmid>) or give the node plugin --vmid",
+                found.len(),
+                ids.join(", ")
+            )));
+        }
+        Ok(found.pop())
     }
 
     /// The Kubernetes Node of `node_id`, read once per call (its VM and its

@@ -69,6 +69,7 @@ pub async fn env_from(cluster: &str) -> Env {
 }
 
 /// A controller built by `build` from the default one (to add a Kubernetes client).
+
 pub async fn env_with(f: impl FnOnce(Controller) -> Controller) -> Env {
     build(CLUSTER, f).await
 }
