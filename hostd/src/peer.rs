@@ -4,8 +4,8 @@
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Status};
 
-/// Allowed callers. Root is always allowed; with both lists empty, any
-/// process that can open the socket is.
+/// Allowed callers. Root is always allowed; with both lists empty, only
+/// root is.
 #[derive(Debug, Clone, Default)]
 pub struct PeerPolicy {
     pub uids: Vec<u32>,
@@ -14,9 +14,6 @@ pub struct PeerPolicy {
 
 impl PeerPolicy {
     pub fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
-        if self.uids.is_empty() && self.gids.is_empty() {
-            return Ok(());
-        }
         let cred = req
             .extensions()
             .get::<UdsConnectInfo>()

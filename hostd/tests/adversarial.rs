@@ -1,0 +1,367 @@
+//! hostd attacked by the caller it lets in: every request here comes from
+//! the node plugin's uid (allowed by `--allow-uid`), and each attack must be
+//! refused with nothing touched. Real loop devices, mkfs and mounts (needs
+//! root; CI is root).
+
+mod support;
+
+use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use proxmox_csi_proto::hostd::v1 as pb;
+use support::*;
+use tonic::Code;
+
+fn publish_req(vol: &str, staging: &Path, target: &Path) -> pb::PublishRequest {
+    pb::PublishRequest {
+        volume_id: vol.into(),
+        staging_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        read_only: false,
+        block: false,
+        mount_flags: vec![],
+        single_writer: false,
+    }
+}
+
+fn unpublish_req(vol: &str, target: &Path) -> pb::UnpublishRequest {
+    pb::UnpublishRequest { volume_id: vol.into(), target_path: target.display().to_string() }
+}
+
+fn unstage_req(vol: &str, staging: &Path) -> pb::UnstageRequest {
+    pb::UnstageRequest { volume_id: vol.into(), staging_path: staging.display().to_string() }
+}
+
+/// Every mount point under `dir`.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .filter(|p| Path::new(p).starts_with(dir))
+        .collect()
+}
+
+/// Swaps `path` between an empty directory and a symlink to `to`, as fast
+/// as it can, until told to stop.
+fn swap_with_symlink(path: PathBuf, to: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut swaps = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let _ = std::fs::remove_dir(&path).or_else(|_| std::fs::remove_file(&path));
+            let _ = std::os::unix::fs::symlink(&to, &path);
+            std::thread::yield_now();
+            let _ = std::fs::remove_file(&path);
+            let _ = std::fs::create_dir(&path);
+            swaps += 1;
+        }
+        swaps
+    })
+}
+
+const RACE_ROUNDS: usize = 300;
+
+#[tokio::test]
+async fn symlink_races_against_publish_and_unpublish_never_escape() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let mut node = env.node_plugin().await;
+    let wwn = env.disk(1);
+    let staging = env.staging("vol-a");
+    node.stage(stage_req("vol-a", &wwn, &staging, "ext4")).await.unwrap();
+    std::fs::write(staging.join("pod-data"), b"the volume's own file").unwrap();
+
+    // Outside kubelet's tree: what an escape would mount over or delete.
+    let victim = tempfile::tempdir().unwrap();
+    std::fs::write(victim.path().join("precious"), b"host file").unwrap();
+    let pv_dir = env.target("pod1", "volumes", "pv-a");
+    let target = pv_dir.join("mount");
+
+    // Publish while `mount` flips between a directory and a symlink out.
+    let stop = Arc::new(AtomicBool::new(false));
+    let racer = swap_with_symlink(target.clone(), victim.path().to_path_buf(), stop.clone());
+    let (mut published, mut refused) = (0, 0);
+    for _ in 0..RACE_ROUNDS {
+        match node.publish(publish_req("vol-a", &staging, &target)).await {
+            Ok(_) => {
+                published += 1;
+                // Under the race, Unpublish may be refused too (a symlink
+                // where the directory was); the next round tries again.
+                let _ = node.unpublish(unpublish_req("vol-a", &target)).await;
+            }
+            Err(_) => refused += 1,
+        }
+        assert!(mounts_under(victim.path()).is_empty(), "a mount escaped onto {}", victim.path().display());
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = racer.join().unwrap();
+    let _ = std::fs::remove_file(&target);
+    node.unpublish(unpublish_req("vol-a", &target)).await.unwrap();
+    assert!(mounts_under(&pv_dir).is_empty(), "a publication was left behind");
+    println!("publish race: {RACE_ROUNDS} rounds, {swaps} swaps, {published} published, {refused} refused, 0 escapes");
+    assert!(refused > 0, "the race never met a symlink: the attack did not run");
+
+    // Unpublish while `mount` flips between a directory and a symlink to a host file.
+    let stop = Arc::new(AtomicBool::new(false));
+    let racer = swap_with_symlink(target.clone(), victim.path().join("precious"), stop.clone());
+    for _ in 0..RACE_ROUNDS {
+        let _ = node.unpublish(unpublish_req("vol-a", &target)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    racer.join().unwrap();
+    assert_eq!(std::fs::read(victim.path().join("precious")).unwrap(), b"host file");
+    assert!(mounts_under(victim.path()).is_empty());
+    assert!(victim.path().is_dir());
+
+    // A target inside a mounted volume (which a pod writes) is no target.
+    std::fs::create_dir_all(staging.join("d")).unwrap();
+    let inside = pv_dir.join("mount/d");
+    let e = node.publish(publish_req("vol-a", &staging, &inside)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert_eq!(std::fs::read(staging.join("pod-data")).unwrap(), b"the volume's own file");
+}
+
+#[tokio::test]
+async fn foreign_paths_and_other_volumes_are_not_this_volumes() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let mut node = env.node_plugin().await;
+    let root = env.root.clone();
+    let wwn = env.disk(2);
+    let staging_a = env.staging("vol-a");
+    node.stage(stage_req("vol-a", &wwn, &staging_a, "ext4")).await.unwrap();
+    let target_a = env.target("pod-a", "volumes", "pv-a").join("mount");
+    node.publish(publish_req("vol-a", &staging_a, &target_a)).await.unwrap();
+
+    // Mounted things that are not this driver's: another driver's staging
+    // directory, a pod's secret volume. Each holds a secret.
+    let mut foreign = Vec::new();
+    for dir in [
+        "plugins/kubernetes.io/csi/other.driver/0d4c3b2a1f0e9d8c7b6a5f4e3d2c1b0a99887766554433221100ffeeddccbbaa/globalmount",
+        "pods/pod-z/volumes/kubernetes.io~secret/token",
+        "pods/pod-z/volumes/kubernetes.io~csi/pv-z/mount",
+    ] {
+        let p = root.join(dir);
+        std::fs::create_dir_all(&p).unwrap();
+        nix::mount::mount(Some("tmpfs"), &p, Some("tmpfs"), nix::mount::MsFlags::empty(), None::<&str>).unwrap();
+        std::fs::write(p.join("secret"), b"not yours").unwrap();
+        foreign.push(p);
+    }
+    let target = env.target("pod-b", "volumes", "pv-b").join("mount");
+    for source in &foreign {
+        let e = node.publish(publish_req("vol-b", source, &target)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{}: {e:?}", source.display());
+        assert!(!target.join("secret").exists(), "{} reached the target", source.display());
+    }
+    // Another volume's id on this volume's staging path and target.
+    let e = node.publish(publish_req("vol-b", &staging_a, &target)).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("is not volume vol-b's"), "{}", e.message());
+    assert!(mounts_under(&target).is_empty());
+    let e = node.unpublish(unpublish_req("vol-b", &target_a)).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let e = node.unstage(unstage_req("vol-b", &staging_a)).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    // Stage of another volume onto the staging path vol-a holds.
+    let wwn_b = env.disk(3);
+    let e = node.stage(stage_req("vol-b", &wwn_b, &staging_a, "ext4")).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    // Unstage and Unpublish of the other drivers' and pods' mounts.
+    for p in &foreign {
+        let e = node.unstage(unstage_req("vol-a", p)).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{}: {e:?}", p.display());
+    }
+    let e = node.unpublish(unpublish_req("vol-a", &foreign[2])).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    // A serial that is not the volume's own.
+    let mut req = stage_req("vol-b", &wwn_b, &env.staging("vol-b"), "ext4");
+    req.device.as_mut().unwrap().serial = "csi-0123456789abcdef".into();
+    let e = node.stage(req).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+
+    // Nothing was touched: vol-a still staged and published, every secret there.
+    assert_eq!(mount_at(&staging_a).as_deref(), Some("ext4"));
+    assert_eq!(mount_at(&target_a).as_deref(), Some("ext4"));
+    for p in &foreign {
+        assert_eq!(std::fs::read(p.join("secret")).unwrap(), b"not yours", "{}", p.display());
+        nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    }
+    // The image of vol-b was never formatted.
+    assert_eq!(std::fs::metadata(env.image(&wwn_b)).unwrap().blocks(), 0);
+}
+
+#[tokio::test]
+async fn mount_options_that_open_devices_or_panic_never_reach_the_kernel() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let mut node = env.node_plugin().await;
+    let (wwn, other) = (env.disk(4), env.disk(5));
+    let other_dev = env.loops.last().unwrap().dev.clone();
+    for (fs, flag) in [("xfs", format!("logdev={}", other_dev.display())), ("xfs", "rtdev=/dev/sda".into()), ("ext4", "errors=panic".into()), ("ext4", "noatime,journal_path=/dev/sda".into())] {
+        let staging = env.staging(&format!("vol-{fs}"));
+        let mut req = stage_req(&format!("vol-{fs}"), &wwn, &staging, fs);
+        if let Some(pb::stage_request::Access::Filesystem(f)) = req.access.as_mut() {
+            f.mount_flags = vec![flag.clone()];
+        }
+        let e = node.stage(req).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{flag}: {e:?}");
+        assert!(e.message().contains("is not allowed"), "{}", e.message());
+        assert_eq!(mount_at(&staging), None);
+    }
+    // Refused before anything was written to either disk.
+    for w in [&wwn, &other] {
+        assert_eq!(std::fs::metadata(env.image(w)).unwrap().blocks(), 0);
+    }
+}
+
+#[tokio::test]
+async fn a_users_device_file_or_directory_survives_unstage_and_restage() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let mut node = env.node_plugin().await;
+    let wwn = env.disk(6);
+    let staging = env.staging("vol-dev");
+    let req = stage_req("vol-dev", &wwn, &staging, "ext4");
+    for kind in ["file", "directory"] {
+        node.stage(req.clone()).await.unwrap();
+        let _ = std::fs::remove_file(staging.join("device")).or_else(|_| std::fs::remove_dir_all(staging.join("device")));
+        if kind == "file" {
+            std::fs::write(staging.join("device"), b"a user's file called device").unwrap();
+        } else {
+            std::fs::create_dir(staging.join("device")).unwrap();
+            std::fs::write(staging.join("device/inside"), b"kept").unwrap();
+        }
+        node.unstage(unstage_req("vol-dev", &staging)).await.unwrap();
+        assert_eq!(mount_at(&staging), None, "{kind}: unstage left the mount");
+        node.stage(req.clone()).await.unwrap();
+        if kind == "file" {
+            assert_eq!(std::fs::read(staging.join("device")).unwrap(), b"a user's file called device");
+        } else {
+            assert_eq!(std::fs::read(staging.join("device/inside")).unwrap(), b"kept");
+        }
+        node.unstage(unstage_req("vol-dev", &staging)).await.unwrap();
+    }
+}
+
+/// The ext4 superblock's checksum (`s_checksum`, the last 4 bytes of the
+/// 1 KiB superblock at byte 1024) broken: still someone's filesystem.
+fn break_ext4_checksum(img: &Path) {
+    let mut f = std::fs::OpenOptions::new().write(true).open(img).unwrap();
+    f.seek(SeekFrom::Start(1024 + 0x3FC)).unwrap();
+    f.write_all(&[0xde, 0xad, 0xbe, 0xef]).unwrap();
+}
+
+#[tokio::test]
+async fn data_without_a_clean_signature_is_never_formatted_and_nothing_is_discarded() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let mut node = env.node_plugin().await;
+
+    let wwn = env.disk(7);
+    let img = env.image(&wwn);
+    run("mkfs.ext4", &["-q", "-F"], &img);
+    break_ext4_checksum(&img);
+    let before = std::fs::read(&img).unwrap();
+    // Asked for xfs: it holds ext4. Asked for ext4: the kernel refuses to
+    // mount it. Either way nothing formats it.
+    let e = node.stage(stage_req("vol-csum", &wwn, &env.staging("vol-csum"), "xfs")).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("a ext4 signature"), "{}", e.message());
+    let e = node.stage(stage_req("vol-csum", &wwn, &env.staging("vol-csum"), "ext4")).await.unwrap_err();
+    assert!(e.message().contains("mounting"), "{e:?}");
+    assert!(std::fs::read(&img).unwrap() == before, "bad-checksum ext4 was written to");
+
+    // No signature in the first MiB, data at 40 MiB.
+    let wwn = env.disk(8);
+    let img = env.image(&wwn);
+    {
+        let mut f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+        f.seek(SeekFrom::Start(40 << 20)).unwrap();
+        f.write_all(b"a database written to the raw disk").unwrap();
+    }
+    let before = std::fs::read(&img).unwrap();
+    let e = node.stage(stage_req("vol-raw", &wwn, &env.staging("vol-raw"), "ext4")).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("data at byte 41943040"), "{}", e.message());
+    assert!(std::fs::read(&img).unwrap() == before, "the disk was written to");
+
+    // A blank but allocated disk keeps its blocks through mkfs: a discard
+    // would punch them out of the loop device's backing file.
+    for (i, fs) in ["ext4", "xfs"].into_iter().enumerate() {
+        let wwn = env.image_only(20 + i as u32);
+        let img = env.image(&wwn);
+        let st = std::process::Command::new("fallocate").args(["-l", &(320u64 << 20).to_string()]).arg(&img).status().unwrap();
+        assert!(st.success());
+        env.attach(&wwn);
+        let allocated = std::fs::metadata(&img).unwrap().blocks();
+        let vol = format!("vol-alloc-{fs}");
+        let r = node.stage(stage_req(&vol, &wwn, &env.staging(&vol), fs)).await.unwrap().into_inner();
+        assert!(r.actions.iter().any(|a| a.starts_with("mkfs")), "{:?}", r.actions);
+        let after = std::fs::metadata(&img).unwrap().blocks();
+        assert!(after >= allocated, "{fs}: {allocated} blocks before mkfs, {after} after: blocks were discarded");
+    }
+}
+
+/// Six LUKS stages with the default argon2id at once: the key derivation
+/// (about 2 s and up to 1 GiB each, serialised by libcryptsetup) runs off
+/// hostd's async workers, so Health and a plain stage answer meanwhile.
+/// This host has no device-mapper: each stage formats, then fails to open;
+/// the formats are the load. The guest benchmark measures the whole stage.
+#[tokio::test]
+async fn health_and_plain_stages_answer_during_six_argon2id_stages() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start_with_pbkdf("argon2id").await;
+    let node = env.node_plugin().await;
+    let mut stages = Vec::new();
+    for i in 0..6 {
+        let wwn = env.disk(30 + i);
+        let vol = format!("vol-luks-{i}");
+        let mut req = stage_req(&vol, &wwn, &env.staging(&vol), "ext4");
+        req.encryption = Some(pb::Encryption { passphrase: b"a passphrase".to_vec() });
+        let mut c = node.clone();
+        stages.push(tokio::spawn(async move { c.stage(req).await }));
+    }
+    let plain_wwn = env.disk(40);
+    let plain = stage_req("vol-plain", &plain_wwn, &env.staging("vol-plain"), "ext4");
+    let mut c = node.clone();
+    let plain = tokio::spawn(async move { c.stage(plain).await });
+
+    let mut health = node.clone();
+    let (mut answers, mut slowest, mut plain_done_first) = (0, Duration::ZERO, false);
+    while !stages.iter().all(|s| s.is_finished()) {
+        let t = Instant::now();
+        health.health(pb::HealthRequest {}).await.unwrap();
+        slowest = slowest.max(t.elapsed());
+        answers += 1;
+        if plain.is_finished() && !stages.iter().all(|s| s.is_finished()) {
+            plain_done_first = true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let formatted = futures::future::join_all(stages).await.into_iter().filter(|r| {
+        // Formatted, then refused at open: no device-mapper on this host.
+        r.as_ref().is_ok_and(|r| r.as_ref().err().is_some_and(|e| e.message().contains("dm-crypt") || e.message().contains("activating")))
+            || r.as_ref().is_ok_and(|r| r.is_ok())
+    });
+    assert_eq!(formatted.count(), 6);
+    plain.await.unwrap().unwrap();
+    println!("Health during six argon2id stages: {answers} answers, slowest {slowest:?}");
+    assert!(answers >= 6, "Health answered {answers} times while six argon2id stages ran");
+    assert!(plain_done_first, "a plain stage waited for the LUKS stages");
+}
