@@ -165,10 +165,19 @@ where
                 .and_then(|v| v.parse::<i32>().ok())
                 .map(tonic::Code::from_i32)
                 .unwrap_or(tonic::Code::Ok);
-            metrics.observe_rpc(&method, code, started);
+            // A path no service answers to names no method: one label for
+            // all of them, so a caller cannot grow the label set.
+            let method = if code == tonic::Code::Unimplemented { "unknown" } else { method.as_str() };
+            metrics.observe_rpc(method, code, started);
             Ok(resp)
         })
     }
+}
+
+/// Lets the layer wrap one service inside another (hostd counts only the
+/// calls its peer check let through).
+impl<S: tonic::server::NamedService> tonic::server::NamedService for GrpcMetricsService<S> {
+    const NAME: &'static str = S::NAME;
 }
 
 /// Serves `/metrics` on `addr` until `shutdown` resolves.
@@ -207,4 +216,27 @@ pub async fn serve_on(
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn paths_nobody_serves_share_one_label() {
+        use tower::{Layer, Service};
+        let metrics = std::sync::Arc::new(Metrics::new("t", "0"));
+        let inner = tower::service_fn(|req: http::Request<()>| async move {
+            let status = if req.uri().path().ends_with("/Probe") { "0" } else { "12" };
+            Ok::<_, std::convert::Infallible>(http::Response::builder().header("grpc-status", status).body(()).unwrap())
+        });
+        let mut svc = GrpcMetricsLayer(metrics.clone()).layer(inner);
+        for path in ["/csi.v1.Identity/Probe", "/x/AaaaRandom1", "/y/BbbbRandom2"] {
+            svc.call(http::Request::builder().uri(path).body(()).unwrap()).await.unwrap();
+        }
+        let text = metrics.render();
+        assert!(text.contains("method=\"Probe\""), "{text}");
+        assert!(text.contains("method=\"unknown\""), "{text}");
+        assert!(!text.contains("Random"), "{text}");
+    }
 }

@@ -138,6 +138,27 @@ impl CloudConfig {
         Self::parse(&text)
     }
 
+    /// What the configuration leaves open, for a warning at start: the API
+    /// token over plain HTTP, a certificate nobody checks.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for c in &self.clusters {
+            if c.url.scheme() == "http" {
+                out.push(format!(
+                    "cluster {}: url {} is plain HTTP: the API credentials cross the network unencrypted; use https://",
+                    c.region, c.url
+                ));
+            }
+            if c.insecure && c.url.scheme() == "https" {
+                out.push(format!(
+                    "cluster {}: insecure: true: the server's certificate is not checked, anyone in the path can take the credentials; set ca_file instead",
+                    c.region
+                ));
+            }
+        }
+        out
+    }
+
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let raw: RawConfig = if text.trim().is_empty() {
             RawConfig::default()

@@ -51,6 +51,9 @@ pub async fn run(
     for key in &config.ignored_keys {
         tracing::warn!(key = %key, "cloud config: key not recognised, ignored");
     }
+    for warning in config.warnings() {
+        tracing::warn!("cloud config: {warning}");
+    }
     let api_metrics = pve::metrics::ApiMetrics::default();
     let clients = config
         .clusters

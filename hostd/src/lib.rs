@@ -6,6 +6,7 @@ pub mod blockdev;
 pub mod device;
 pub mod discovery;
 pub mod error;
+pub mod hardening;
 pub mod health;
 pub mod identity;
 pub mod luks;

@@ -115,6 +115,10 @@ fn main() -> ExitCode {
         // SAFETY: no other thread exists yet.
         unsafe { std::env::set_var("DM_DISABLE_UDEV", "1") };
     }
+    if let Err(e) = proxmox_csi_hostd::hardening::harden() {
+        eprintln!("proxmox-csi-hostd: disabling core dumps: {e}");
+        return ExitCode::FAILURE;
+    }
     match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt.block_on(run()),
         Err(e) => {

@@ -402,6 +402,10 @@ mod tests {
         for bad in ["", "relative/path", "/", "/tmp/x"] {
             assert!(k.place("target_path", bad, Layout::VOLUME).is_err(), "{bad}");
         }
+        // A component with a character kubelet never writes is refused, not
+        // skipped (requests are proto strings: nothing but UTF-8 arrives).
+        let odd = format!("{}/pods/uid1/volumes/kubernetes.io~csi/pv\u{fffd}/mount", r.display());
+        assert!(k.place("target_path", &odd, Layout::TARGET).is_err());
     }
 
     #[test]

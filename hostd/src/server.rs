@@ -23,6 +23,10 @@ use crate::paths::KubeletPaths;
 use crate::volume::Volumes;
 use crate::service::HostdService;
 
+/// Calls hostd works on at once: far above what kubelet asks of one node
+/// (an operation per volume at a time), far below tokio's 512 blocking threads.
+pub const MAX_CALLS_IN_FLIGHT: usize = 64;
+
 /// Largest request hostd accepts; its requests are a few paths and flags.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
@@ -151,12 +155,17 @@ pub async fn run(
     tracing::info!(socket = %opts.socket.display(), mode = format!("{:o}", opts.socket_access.mode), "serving hostd");
     let peers = opts.peers.clone();
     let service = HostdService::new(health, opts.dmi_dir.clone(), volumes);
+    // The peer check comes first: a caller it refuses is counted by nothing
+    // it controls (its paths never become metric labels).
+    let counted = tower::Layer::layer(
+        &metrics::GrpcMetricsLayer(metrics),
+        HostdServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES),
+    );
     let router = tonic::transport::Server::builder()
-        .layer(metrics::GrpcMetricsLayer(metrics))
-        .add_service(InterceptedService::new(
-            HostdServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES),
-            move |req: tonic::Request<()>| peers.check(&req).map(|()| req),
-        ));
+        // Bounded work in flight, whoever connects how often: each call may
+        // hold a blocking thread. Calls beyond it wait their turn.
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(MAX_CALLS_IN_FLIGHT))
+        .add_service(InterceptedService::new(counted, move |req: tonic::Request<()>| peers.check(&req).map(|()| req)));
     listener
         .serve(router, async move {
             let _ = stop_rx.wait_for(|s| *s).await;

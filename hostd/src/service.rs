@@ -90,12 +90,12 @@ fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
 impl pb::hostd_server::Hostd for HostdService {
     async fn stage(&self, req: Request<pb::StageRequest>) -> Result<Response<pb::StageResponse>, Status> {
         let peer = peer_uid(&req);
-        let req = req.into_inner();
+        let mut req = req.into_inner();
         let id = req.volume_id.clone();
         in_span("Stage", &id, async move {
             let _guard = self.locks.lock(&req.volume_id).await;
             let volumes = self.volumes.clone();
-            let result = match self.volumes.prepare_stage(&req).await {
+            let result = match self.volumes.prepare_stage(&mut req).await {
                 Ok(work) => blocking(move || volumes.stage(work)).await,
                 Err(e) => Err(e),
             };

@@ -119,7 +119,7 @@ impl Volumes {
     }
 
     /// Stage's checks and its wait for the device; nothing is touched yet.
-    pub async fn prepare_stage(&self, req: &pb::StageRequest) -> Result<StageWork, HostdError> {
+    pub async fn prepare_stage(&self, req: &mut pb::StageRequest) -> Result<StageWork, HostdError> {
         check_volume_id(&req.volume_id)?;
         let access = req
             .access
@@ -139,9 +139,10 @@ impl Volumes {
                 format!("{:?} is not volume {}'s serial; the controller sets {own_serial:?}", dev.serial, req.volume_id),
             ));
         }
-        let passphrase = match &req.encryption {
+        // Moved, not copied, into a Secret: wiped when the stage is done.
+        let passphrase = match req.encryption.as_mut() {
             Some(e) if e.passphrase.is_empty() => return Err(HostdError::invalid("encryption.passphrase", "is empty")),
-            Some(e) => Some(Secret::new(e.passphrase.clone())),
+            Some(e) => Some(Secret::new(std::mem::take(&mut e.passphrase))),
             None => None,
         };
         if passphrase.is_some() && layout == Layout::BlockStaging {

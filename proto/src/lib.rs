@@ -14,6 +14,43 @@ pub mod hostd {
     }
 }
 
+/// Debug for the messages that carry secrets (build.rs `REDACTED`): the
+/// message's name only, so a `{:?}` anywhere can never print a secret.
+mod redacted {
+    macro_rules! redacted {
+        ($($t:path),* $(,)?) => {$(
+            impl std::fmt::Debug for $t {
+                fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str(concat!(stringify!($t), " { <redacted: carries secrets> }"))
+                }
+            }
+        )*};
+    }
+    use crate::csi::v1::*;
+    redacted!(
+        CreateVolumeRequest,
+        DeleteVolumeRequest,
+        ControllerPublishVolumeRequest,
+        ControllerUnpublishVolumeRequest,
+        ValidateVolumeCapabilitiesRequest,
+        ControllerModifyVolumeRequest,
+        CreateSnapshotRequest,
+        DeleteSnapshotRequest,
+        ListSnapshotsRequest,
+        GetSnapshotRequest,
+        ControllerExpandVolumeRequest,
+        NodeStageVolumeRequest,
+        NodePublishVolumeRequest,
+        NodeExpandVolumeRequest,
+        CreateVolumeGroupSnapshotRequest,
+        DeleteVolumeGroupSnapshotRequest,
+        GetVolumeGroupSnapshotRequest,
+        GetMetadataAllocatedRequest,
+        GetMetadataDeltaRequest,
+        crate::hostd::v1::Encryption,
+    );
+}
+
 /// Path of our own `csi.proto`, for tests that inspect the source.
 pub const CSI_PROTO_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/proto/csi.proto");
 

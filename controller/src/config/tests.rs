@@ -179,3 +179,16 @@ fn allow_lists_restrict_nodes_and_storages() {
     assert!(cl.storage_allowed("local-lvm") && !cl.storage_allowed("nfs"));
     assert!(c.ignored_keys.is_empty());
 }
+
+#[test]
+fn warns_of_plain_http_and_unchecked_certificates() {
+    let cluster = |url: &str, insecure: bool| {
+        format!("  - url: {url}\n    token_id: u@pve!t\n    token_secret: x\n    region: r-{}\n    insecure: {insecure}\n", url.len())
+    };
+    let c = CloudConfig::parse(&format!("clusters:\n{}{}{}", cluster("http://a:8006", false), cluster("https://bb:8006", true), cluster("https://ccc:8006", false)))
+        .unwrap();
+    let w = c.warnings();
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(w[0].starts_with("cluster r-13: url http://a:8006/api2/json is plain HTTP"), "{w:?}");
+    assert!(w[1].starts_with("cluster r-15: insecure: true: the server's certificate is not checked"), "{w:?}");
+}

@@ -19,6 +19,8 @@ use crate::config::{Cluster, Credentials};
 pub enum PveError {
     #[error("Proxmox cluster {region}: TLS: {reason}")]
     Tls { region: String, reason: String },
+    #[error("Proxmox cluster {region}: credentials: {reason}")]
+    Credentials { region: String, reason: String },
     #[error("Proxmox cluster {region}: {method} {path}: {source}")]
     Transport {
         region: String,
@@ -83,7 +85,7 @@ impl PveError {
             Self::Transport { .. } | Self::Deadline { .. } | Self::Unknown { .. } => ErrorKind::Transient,
             Self::Api { status, message, .. } => classify(Some(status.as_u16()), message),
             Self::Task { exitstatus, .. } => classify(None, exitstatus),
-            Self::Tls { .. } | Self::Decode { .. } => ErrorKind::Other,
+            Self::Tls { .. } | Self::Credentials { .. } | Self::Decode { .. } => ErrorKind::Other,
         }
     }
 
@@ -304,22 +306,18 @@ impl Client {
         method: &Method,
     ) -> Result<reqwest::RequestBuilder, PveError> {
         match &self.cluster.credentials {
-            Credentials::Token { id, secret } => Ok(req.header(
-                reqwest::header::AUTHORIZATION,
-                format!("PVEAPIToken={id}={}", secret.expose()),
-            )),
+            Credentials::Token { id, secret } => {
+                Ok(req.header(reqwest::header::AUTHORIZATION, sensitive(&self.cluster.region, &format!("PVEAPIToken={id}={}", secret.expose()))?))
+            }
             Credentials::Password { username, password } => {
                 let mut session = self.session.lock().await;
                 let s = match &mut *session {
                     Some(s) => &*s,
                     slot @ None => &*slot.insert(self.login(username, password).await?),
                 };
-                let mut req = req.header(
-                    reqwest::header::COOKIE,
-                    format!("PVEAuthCookie={}", s.cookie.expose()),
-                );
+                let mut req = req.header(reqwest::header::COOKIE, sensitive(&self.cluster.region, &format!("PVEAuthCookie={}", s.cookie.expose()))?);
                 if *method != Method::GET {
-                    req = req.header("CSRFPreventionToken", s.csrf.expose());
+                    req = req.header("CSRFPreventionToken", sensitive(&self.cluster.region, s.csrf.expose())?);
                 }
                 Ok(req)
             }
@@ -376,4 +374,24 @@ fn api_message(body: &str, reason: &str) -> String {
         }
     }
     msg
+}
+
+/// A credential header, marked sensitive: hyper and reqwest leave it out of
+/// their debug output and HTTP/2 never indexes it.
+fn sensitive(region: &str, value: &str) -> Result<reqwest::header::HeaderValue, PveError> {
+    let mut v = reqwest::header::HeaderValue::from_str(value).map_err(|_| PveError::Credentials {
+        region: region.to_string(),
+        reason: "they hold characters an HTTP header cannot carry".into(),
+    })?;
+    v.set_sensitive(true);
+    Ok(v)
+}
+
+#[cfg(test)]
+mod sensitive_tests {
+    #[test]
+    fn credential_headers_are_sensitive() {
+        assert!(super::sensitive("r", "PVEAPIToken=u@pve!t=s").unwrap().is_sensitive());
+        assert!(super::sensitive("r", "bad\nvalue").is_err());
+    }
 }

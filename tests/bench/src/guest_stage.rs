@@ -1,9 +1,12 @@
 //! In the guest VM: NodeStage of a LUKS volume (hostd: wait for the disk,
 //! luksFormat, open, mkfs.xfs, mount) against the bare commands
 //! `cryptsetup luksFormat` + `open` + `mkfs.xfs` + `mount` on another
-//! hot-plugged disk of the same size, with the same key derivation
-//! (PBKDF2, 1000 iterations, as the guest's hostd is started with), both
-//! timed from the host, alternating.
+//! hot-plugged disk of the same size, with the same key derivation on both
+//! sides, timed from the host, alternating: PBKDF2 at 1000 iterations (as
+//! the guest's hostd is started for the tests), then cryptsetup's default
+//! argon2id (as hostd runs by default). Then six argon2id stages at once,
+//! with the node plugin's Probe (which asks hostd's Health) timed
+//! throughout.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,7 +21,9 @@ use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::ctl::Controller;
 use proxmox_csi_controller::pve;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
+use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
+use tonic::transport::Channel;
 use tonic::Request;
 
 use crate::percentile;
@@ -44,8 +49,68 @@ async fn plugged(ctl: &ControllerService, uid: &str) -> Result<(callers::Persist
     Ok((pv, pc))
 }
 
-/// Medians in ms: (NodeStage with LUKS, bare commands).
-pub async fn compare(rounds: usize) -> Result<(f64, f64)> {
+/// The key derivation both sides use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kdf {
+    Pbkdf2,
+    Argon2id,
+}
+
+impl Kdf {
+    /// hostd's `--luks-pbkdf`.
+    fn hostd(self) -> &'static str {
+        match self {
+            Self::Pbkdf2 => "pbkdf2:1000",
+            Self::Argon2id => "argon2id",
+        }
+    }
+
+    /// cryptsetup's arguments for the same.
+    fn cryptsetup(self) -> &'static str {
+        match self {
+            Self::Pbkdf2 => "--pbkdf pbkdf2 --pbkdf-force-iterations 1000",
+            Self::Argon2id => "",
+        }
+    }
+}
+
+/// What one guest run measured, in ms.
+#[derive(Debug)]
+pub struct Report {
+    /// Medians per key derivation: (NodeStage, bare commands).
+    pub medians: Vec<(Kdf, f64, f64)>,
+    /// Six argon2id NodeStage calls at once: wall time of the last.
+    pub six_wall: f64,
+    /// Probe (hostd Health through the node plugin) during them.
+    pub probes: usize,
+    pub probe_p50: f64,
+    pub probe_max: f64,
+}
+
+/// Restarts the guest's hostd with another key derivation and waits until
+/// the node plugin's Probe says it answers.
+async fn restart_hostd(g: &mut Guest, ch: &Channel, kdf: Kdf) -> Result<()> {
+    g.sh(&format!(
+        "sed -i 's/--luks-pbkdf [^ ]*/--luks-pbkdf {}/' /bin/start-hostd; kill $(pidof proxmox-csi-hostd); sleep 0.5; start-hostd & sleep 0.5",
+        kdf.hostd()
+    ))
+    .await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if probe_ready(ch).await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("hostd did not answer again after its restart with {}", kdf.hostd())
+}
+
+async fn probe_ready(ch: &Channel) -> bool {
+    let mut probe = IdentityClient::new(ch.clone());
+    probe.probe(callers::identity::probe()).await.is_ok_and(|r| r.into_inner().ready == Some(true))
+}
+
+pub async fn run(rounds: usize) -> Result<Report> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut g = Guest::boot().await?;
     let images = tempfile::tempdir()?;
@@ -64,47 +129,91 @@ pub async fn compare(rounds: usize) -> Result<(f64, f64)> {
     let deadline = Instant::now() + Duration::from_secs(60);
     // QEMU accepts the forwarded port before the guest listens: ready is
     // when Probe says hostd answers.
-    let mut node = loop {
-        if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", g.csi_port))?.connect().await {
-            let mut probe = proxmox_csi_proto::csi::v1::identity_client::IdentityClient::new(ch.clone());
-            if probe.probe(callers::identity::probe()).await.is_ok_and(|r| r.into_inner().ready == Some(true)) {
-                break NodeClient::new(ch);
-            }
+    let ch = loop {
+        if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", g.csi_port))?.connect().await
+            && probe_ready(&ch).await
+        {
+            break ch;
         }
         if Instant::now() > deadline {
             bail!("the node plugin in the guest never answered");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    let mut node = NodeClient::new(ch.clone());
     let kubelet = Kubelet::new("/var/lib/kubelet");
-    let (mut ours, mut bare) = (Vec::new(), Vec::new());
-    for i in 0..rounds {
-        let (pv, pc) = plugged(&ctl, &format!("ours-{i}")).await?;
+    let mut medians = Vec::new();
+    for kdf in [Kdf::Pbkdf2, Kdf::Argon2id] {
+        restart_hostd(&mut g, &ch, kdf).await?;
+        let (mut ours, mut bare) = (Vec::new(), Vec::new());
+        for i in 0..rounds {
+            let tag = format!("{}-{i}", kdf.hostd().replace(':', ""));
+            let (pv, pc) = plugged(&ctl, &format!("ours-{tag}")).await?;
+            for d in kubelet.stage_dirs(&pv) {
+                g.sh(&format!("mkdir -p {d}")).await?;
+            }
+            let req = kubelet.node_stage(&pv, &pc, HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]));
+            let t = Instant::now();
+            node.node_stage_volume(req).await.map_err(|e| anyhow::anyhow!("NodeStage: {}", e.message()))?;
+            ours.push(t.elapsed().as_secs_f64() * 1000.0);
+            node.node_unstage_volume(kubelet.node_unstage(&pv)).await.map_err(|e| anyhow::anyhow!("NodeUnstage: {}", e.message()))?;
+
+            let (_, pc) = plugged(&ctl, &format!("bare-{tag}")).await?;
+            let wwn = pc.get("wwn").cloned().unwrap_or_default();
+            let dev = g.sh(&format!("udevadm settle; readlink -f /dev/disk/by-id/wwn-{wwn}")).await?;
+            let cmd = format!(
+                "printf %s '{PASSPHRASE}' | cryptsetup luksFormat --batch-mode --type luks2 --cipher aes-xts-plain64 --key-size 512 \
+                 {} --key-file - {dev} && \
+                 printf %s '{PASSPHRASE}' | cryptsetup open --key-file - {dev} bare{i} && mkfs.xfs -q /dev/mapper/bare{i} && \
+                 mkdir -p /mnt/bare{i} && mount /dev/mapper/bare{i} /mnt/bare{i}",
+                kdf.cryptsetup()
+            );
+            let t = Instant::now();
+            let (code, out) = g.sh_status(&cmd).await?;
+            if code != 0 {
+                bail!("bare commands failed: {out}");
+            }
+            bare.push(t.elapsed().as_secs_f64() * 1000.0);
+            g.sh(&format!("umount /mnt/bare{i} && cryptsetup close bare{i}")).await?;
+        }
+        medians.push((kdf, percentile(&mut ours, 50.0), percentile(&mut bare, 50.0)));
+    }
+
+    // Six argon2id stages at once; the Probe is asked every 100 ms meanwhile.
+    let mut stages = Vec::new();
+    for i in 0..6 {
+        let (pv, pc) = plugged(&ctl, &format!("six-{i}")).await?;
         for d in kubelet.stage_dirs(&pv) {
             g.sh(&format!("mkdir -p {d}")).await?;
         }
-        let req = kubelet.node_stage(&pv, &pc, HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]));
-        let t = Instant::now();
-        node.node_stage_volume(req).await.map_err(|e| anyhow::anyhow!("NodeStage: {}", e.message()))?;
-        ours.push(t.elapsed().as_secs_f64() * 1000.0);
-        node.node_unstage_volume(kubelet.node_unstage(&pv)).await.map_err(|e| anyhow::anyhow!("NodeUnstage: {}", e.message()))?;
-
-        let (_, pc) = plugged(&ctl, &format!("bare-{i}")).await?;
-        let wwn = pc.get("wwn").cloned().unwrap_or_default();
-        let dev = g.sh(&format!("udevadm settle; readlink -f /dev/disk/by-id/wwn-{wwn}")).await?;
-        let cmd = format!(
-            "printf %s '{PASSPHRASE}' | cryptsetup luksFormat --batch-mode --type luks2 --cipher aes-xts-plain64 --key-size 512 \
-             --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file - {dev} && \
-             printf %s '{PASSPHRASE}' | cryptsetup open --key-file - {dev} bare{i} && mkfs.xfs -q /dev/mapper/bare{i} && \
-             mkdir -p /mnt/bare{i} && mount /dev/mapper/bare{i} /mnt/bare{i}"
-        );
-        let t = Instant::now();
-        let (code, out) = g.sh_status(&cmd).await?;
-        if code != 0 {
-            bail!("bare commands failed: {out}");
-        }
-        bare.push(t.elapsed().as_secs_f64() * 1000.0);
-        g.sh(&format!("umount /mnt/bare{i} && cryptsetup close bare{i}")).await?;
+        stages.push(kubelet.node_stage(&pv, &pc, HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())])));
     }
-    Ok((percentile(&mut ours, 50.0), percentile(&mut bare, 50.0)))
+    let started = Instant::now();
+    let calls: Vec<_> = stages
+        .into_iter()
+        .map(|req| {
+            let mut n = node.clone();
+            tokio::spawn(async move { n.node_stage_volume(req).await })
+        })
+        .collect();
+    let mut probe = IdentityClient::new(ch.clone());
+    let mut latencies = Vec::new();
+    while !calls.iter().all(|c| c.is_finished()) {
+        let t = Instant::now();
+        probe.probe(callers::identity::probe()).await.map_err(|e| anyhow::anyhow!("Probe during the stages: {}", e.message()))?;
+        latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for c in calls {
+        c.await?.map_err(|e| anyhow::anyhow!("one of six NodeStage calls: {}", e.message()))?;
+    }
+    let six_wall = started.elapsed().as_secs_f64() * 1000.0;
+    let probe_max = latencies.iter().cloned().fold(0.0, f64::max);
+    Ok(Report {
+        medians,
+        six_wall,
+        probes: latencies.len(),
+        probe_p50: percentile(&mut latencies, 50.0),
+        probe_max,
+    })
 }

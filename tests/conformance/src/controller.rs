@@ -630,6 +630,12 @@ async fn snapshots(t: &Target, r: &mut Report) {
         "ListSnapshots: a starting_token not given out is ABORTED",
         expect_code(c.list_snapshots(Request::new(sanity::list_snapshots(0, "not-a-token", "", ""))).await, Code::Aborted), // a token never given out
     );
+    let mut negative = sanity::list_snapshots(2, "", "", "");
+    negative.max_entries = -1; // a negative page size, which no caller sends
+    r.clause(
+        "ListSnapshots: a negative max_entries is INVALID_ARGUMENT",
+        expect_code(c.list_snapshots(Request::new(negative)).await, Code::InvalidArgument),
+    );
     // The snapshotter's status check of a pre-provisioned VolumeSnapshotContent whose handle names no snapshot.
     r.clause(
         "ListSnapshots: filtering by a snapshot_id that does not exist answers an empty list, not an error",
