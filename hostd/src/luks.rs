@@ -64,6 +64,36 @@ pub fn mapper_path(name: &str) -> PathBuf {
     Path::new("/dev/mapper").join(name)
 }
 
+/// The CPU priority (nice) key derivation runs at. Argon2id takes every CPU
+/// for about two seconds per key slot; at a lower priority it still gets
+/// all of them when nothing else wants them, while hostd's Health, the node
+/// plugin and the node's pods are served first.
+const KDF_NICE: i32 = 10;
+
+/// Lowers the calling thread's priority until dropped; the threads Argon2
+/// starts meanwhile inherit it (nice is per thread on Linux).
+struct Lowered {
+    tid: nix::libc::id_t,
+    before: i32,
+}
+
+impl Lowered {
+    fn new() -> Self {
+        let tid = nix::unistd::gettid().as_raw() as nix::libc::id_t;
+        // SAFETY: plain system calls on this thread's own priority.
+        let before = unsafe { nix::libc::getpriority(nix::libc::PRIO_PROCESS, tid) };
+        unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, tid, KDF_NICE.max(before)) };
+        Self { tid, before }
+    }
+}
+
+impl Drop for Lowered {
+    fn drop(&mut self) {
+        // SAFETY: as above. Raising it back needs CAP_SYS_NICE, which hostd has.
+        unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, self.tid, self.before) };
+    }
+}
+
 fn err(action: &'static str, target: &Path, e: LibcryptErr) -> HostdError {
     HostdError::failed(action, target.display(), e)
 }
@@ -104,6 +134,7 @@ pub fn format(device: &Path, passphrase: &Secret<Vec<u8>>, pbkdf: Pbkdf) -> Resu
             None,
         )
         .map_err(|e| err("luksFormat", device, e))?;
+    let _lowered = Lowered::new();
     cd.keyslot_handle()
         .add_by_key(None, None, passphrase.expose(), CryptVolumeKey::empty())
         .map_err(|e| err("adding a key slot to", device, e))?;
@@ -120,10 +151,10 @@ pub fn open(device: &Path, name: &str, passphrase: &Secret<Vec<u8>>) -> Result<P
     cd.context_handle()
         .volume_key_keyring(false)
         .map_err(|e| err("disabling the kernel keyring for", device, e))?;
-    match cd
-        .activate_handle()
-        .activate_by_passphrase(Some(name), None, passphrase.expose(), CryptActivate::empty())
-    {
+    let lowered = Lowered::new();
+    let activated = cd.activate_handle().activate_by_passphrase(Some(name), None, passphrase.expose(), CryptActivate::empty());
+    drop(lowered);
+    match activated {
         Ok(_) => Ok(mapper_path(name)),
         Err(LibcryptErr::IOError(e)) if e.raw_os_error() == Some(libc_eperm()) => {
             Err(HostdError::DeviceRefused {
@@ -201,9 +232,10 @@ pub fn resize(name: &str, passphrase: Option<&Secret<Vec<u8>>>) -> Result<(), Ho
         let Some(pass) = passphrase else {
             return Err(err("resizing", &path, first));
         };
-        cd.activate_handle()
-            .activate_by_passphrase(None, None, pass.expose(), CryptActivate::empty())
-            .map_err(|e| err("unlocking for resize", &path, e))?;
+        let lowered = Lowered::new();
+        let unlocked = cd.activate_handle().activate_by_passphrase(None, None, pass.expose(), CryptActivate::empty());
+        drop(lowered);
+        unlocked.map_err(|e| err("unlocking for resize", &path, e))?;
         cd.context_handle()
             .resize(name, 0)
             .map_err(|e| err("resizing", &path, e))?;
@@ -222,6 +254,25 @@ mod tests {
         assert_ne!(a, mapping_name("region-1/pve2/local-lvm/vm-9999-pvc-0c6e8b"));
         assert_eq!(a.len(), "pvecsi-".len() + 32);
         assert!(a.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    }
+
+    #[test]
+    fn key_derivation_runs_at_a_lower_priority_and_gives_it_back() {
+        let prio = || unsafe { nix::libc::getpriority(nix::libc::PRIO_PROCESS, nix::unistd::gettid().as_raw() as nix::libc::id_t) };
+        std::thread::spawn(move || {
+            let before = prio();
+            {
+                let _l = Lowered::new();
+                assert_eq!(prio(), KDF_NICE.max(before));
+                // A thread started meanwhile (as Argon2's are) inherits it.
+                assert_eq!(std::thread::spawn(prio).join().unwrap(), KDF_NICE.max(before));
+            }
+            if nix::unistd::geteuid().is_root() {
+                assert_eq!(prio(), before);
+            }
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

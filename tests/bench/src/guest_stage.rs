@@ -84,7 +84,11 @@ pub struct Report {
     /// Probe (hostd Health through the node plugin) during them.
     pub probes: usize,
     pub probe_p50: f64,
+    pub probe_p90: f64,
+    pub probe_p99: f64,
     pub probe_max: f64,
+    /// Probes that took over 100 ms.
+    pub probes_over_100ms: usize,
 }
 
 /// Restarts the guest's hostd with another key derivation and waits until
@@ -209,11 +213,15 @@ pub async fn run(rounds: usize) -> Result<Report> {
     }
     let six_wall = started.elapsed().as_secs_f64() * 1000.0;
     let probe_max = latencies.iter().cloned().fold(0.0, f64::max);
+    let probes_over_100ms = latencies.iter().filter(|l| **l > 100.0).count();
     Ok(Report {
         medians,
         six_wall,
         probes: latencies.len(),
         probe_p50: percentile(&mut latencies, 50.0),
+        probe_p90: percentile(&mut latencies, 90.0),
+        probe_p99: percentile(&mut latencies, 99.0),
         probe_max,
+        probes_over_100ms,
     })
 }

@@ -132,9 +132,8 @@ pub async fn start() -> Result<Target, String> {
 /// mounts are seen. Loop devices on this host, or a guest VM.
 #[allow(async_fn_in_trait)]
 pub trait NodeHost {
-    /// A new disk reaching the node; the WWN (hex, no `0x`) its publish
-    /// context carries.
-    async fn disk(&mut self, n: u32) -> Result<String, String>;
+    /// A new disk reaching the node.
+    async fn disk(&mut self, n: u32) -> Result<Disk, String>;
     /// kubelet's root directory there.
     fn kubelet_root(&self) -> String;
     async fn mkdir(&mut self, path: &str) -> Result<(), String>;
@@ -146,9 +145,20 @@ pub trait NodeHost {
     async fn read(&mut self, path: &str) -> Option<String>;
 }
 
+/// A disk attached to the node: the volume it belongs to, and the publish
+/// context ControllerPublishVolume answered for it (the VolumeAttachment's
+/// attachmentMetadata kubelet passes on).
+#[derive(Debug, Clone)]
+pub struct Disk {
+    pub volume_id: String,
+    pub publish_context: HashMap<String, String>,
+}
+
 impl NodeHost for Target {
-    async fn disk(&mut self, n: u32) -> Result<String, String> {
-        self.loop_disk(n)
+    /// A loop device named by its "WWN"; it is volume `VOL`'s.
+    async fn disk(&mut self, n: u32) -> Result<Disk, String> {
+        let wwn = self.loop_disk(n)?;
+        Ok(Disk { volume_id: VOL.into(), publish_context: publish_context(&wwn) })
     }
 
     fn kubelet_root(&self) -> String {
@@ -196,12 +206,12 @@ impl Target {
 
 }
 
-/// The PersistentVolume of the volume `VOL` on the disk: what the
-/// provisioner writes for it (an ext4 StorageClass, a ReadWriteOnce claim).
-fn volume_pv() -> PersistentVolume {
+/// The PersistentVolume of the disk's volume: what the provisioner writes
+/// for it (an ext4 StorageClass, a ReadWriteOnce claim).
+fn volume_pv(volume_id: &str) -> PersistentVolume {
     let sc = provisioner::StorageClass::new(&[("storage", "local-lvm"), ("csi.storage.k8s.io/fstype", "ext4")]);
     let claim = provisioner::Claim::new("conf", "conf", DISK_BYTES);
-    provisioner::persistent_volume(&sc, &claim, &csi::Volume { volume_id: VOL.into(), capacity_bytes: DISK_BYTES, ..Default::default() })
+    provisioner::persistent_volume(&sc, &claim, &csi::Volume { volume_id: volume_id.into(), capacity_bytes: DISK_BYTES, ..Default::default() })
 }
 
 /// What ControllerPublishVolume answered for the disk (the
@@ -243,11 +253,11 @@ pub async fn run(report: &mut Report) {
 /// Runs every Node clause against `node`, running on `host`.
 pub async fn run_with<H: NodeHost>(host: &mut H, node: &mut NodeClient<Channel>, report: &mut Report) {
     info(node, report).await;
-    let wwn = match host.disk(1).await {
-        Ok(w) => w,
+    let disk = match host.disk(1).await {
+        Ok(d) => d,
         Err(e) => return report.clause("Node: a disk to stage", Err(e)),
     };
-    stage_clauses(host, node, report, &wwn).await;
+    stage_clauses(host, node, report, &disk).await;
 }
 
 async fn info(n: &mut NodeClient<Channel>, r: &mut Report) {
@@ -279,10 +289,10 @@ async fn info(n: &mut NodeClient<Channel>, r: &mut Report) {
     );
 }
 
-async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &mut Report, wwn: &str) {
+async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &mut Report, disk: &Disk) {
     let kubelet = Kubelet::new(&h.kubelet_root());
-    let pv = volume_pv();
-    let pc = publish_context(wwn);
+    let pv = volume_pv(&disk.volume_id);
+    let pc = disk.publish_context.clone();
     let pod = Pod::new(POD_A);
     mkdirs(h, kubelet.stage_dirs(&pv)).await;
     mkdirs(h, kubelet.publish_dirs(&pod, &pv)).await;

@@ -584,10 +584,10 @@ struct GuestNode<'a> {
 }
 
 impl conformance::node::NodeHost for GuestNode<'_> {
-    async fn disk(&mut self, n: u32) -> Result<String, String> {
+    async fn disk(&mut self, n: u32) -> Result<conformance::node::Disk, String> {
         let pv = provision(&self.ctl, &class("local-lvm", "ext4"), &claim(&format!("conf-{n}"))).await;
         let pc = self.ctl.controller_publish_volume(Request::new(attacher::controller_publish(&pv, WORKER_2))).await.map_err(|e| e.to_string())?;
-        Ok(pc.into_inner().publish_context.get("wwn").cloned().unwrap_or_default().trim_start_matches("0x").to_string())
+        Ok(conformance::node::Disk { volume_id: pv.handle.clone(), publish_context: pc.into_inner().publish_context })
     }
 
     fn kubelet_root(&self) -> String {

@@ -107,8 +107,8 @@ async fn main() -> Result<()> {
                 println!("  | {kdf:?} | {ours:.0} | {bare:.0} | {:+.0} |", ours - bare);
             }
             println!(
-                "  six argon2id NodeStage calls at once: {:.0} ms until the last; Probe (hostd Health via the node plugin) {} times meanwhile, p50 {:.0} ms, max {:.0} ms",
-                r.six_wall, r.probes, r.probe_p50, r.probe_max
+                "  six argon2id NodeStage calls at once: {:.0} ms until the last; Probe (hostd Health via the node plugin) {} times meanwhile: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms, {} over 100 ms",
+                r.six_wall, r.probes, r.probe_p50, r.probe_p90, r.probe_p99, r.probe_max, r.probes_over_100ms
             );
         }
     }
