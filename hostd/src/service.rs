@@ -169,12 +169,13 @@ impl pb::hostd_server::Hostd for HostdService {
         let peer = peer_uid(&req);
         let req = req.into_inner();
         let id = req.volume_id.clone();
-        in_span("Expand", &id, async move {
-            let _guard = self.locks.lock(&req.volume_id).await;
+        let path = req.volume_path.clone();
+        in_span("Expand", &id.clone(), async move {
+            let _guard = self.locks.lock(&id).await;
             let volumes = self.volumes.clone();
-            let r = req.clone();
-            let result = blocking(move || volumes.expand(&r)).await;
-            self.audit("Expand", peer, &req.volume_id, &req.volume_path, &result);
+            // Moved, not copied: the request may carry the passphrase.
+            let result = blocking(move || volumes.expand(&req)).await;
+            self.audit("Expand", peer, &id, &path, &result);
             Ok(Response::new(result?))
         })
         .await

@@ -11,6 +11,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use proxmox_csi_proto::hostd::v1 as pb;
 use proxmox_csi_proto::hostd::v1::hostd_client::HostdClient;
+use sha2::{Digest, Sha256};
 
 use crate::percentile;
 
@@ -50,8 +51,8 @@ fn run(cmd: &str, args: &[&str]) -> Result<()> {
 /// The options hostd's mkfs uses (hostd/src/mkfs.rs).
 fn bare_mkfs(fs: &str, dev: &str) -> Result<()> {
     match fs {
-        "ext4" => run("mkfs.ext4", &["-F", "-q", "-m0", dev]),
-        _ => run("mkfs.xfs", &["-q", "-b", "size=4096", "-i", "size=512", dev]),
+        "ext4" => run("mkfs.ext4", &["-q", "-m0", "-E", "nodiscard", dev]),
+        _ => run("mkfs.xfs", &["-q", "-K", "-b", "size=4096", "-i", "size=512", dev]),
     }
 }
 
@@ -64,7 +65,7 @@ pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64))> {
     let d = dir.path();
     let (root, images) = (d.join("kubelet"), d.join("images"));
     std::fs::create_dir_all(&images)?;
-    std::fs::create_dir_all(root.join("plugins/kubernetes.io/csi/bench"))?;
+    std::fs::create_dir_all(root.join("plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev"))?;
     let socket = d.join("hostd.sock");
     let s = |p: &Path| p.display().to_string();
     let hostd = demo::common::spawn(
@@ -100,11 +101,14 @@ pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64))> {
             // hostd: Stage finds the loop device by its image's name.
             let wwn = format!("5000c500{:04x}{i:04x}", fs.len());
             let dev = attach(&images.join(format!("{wwn}.raw")))?;
-            let staging = root.join(format!("plugins/kubernetes.io/csi/bench/{fs}-{i}"));
+            // kubelet's staging path: the SHA-256 of the volume id (csi_attacher.go makeDeviceMountPath).
+            let volume_id = format!("region-1/pve1/local-lvm/vm-9999-{fs}-{i}");
+            let hash: String = Sha256::digest(volume_id.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+            let staging = root.join("plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev").join(hash);
             std::fs::create_dir_all(&staging)?;
             let staging = staging.join("globalmount");
             let req = pb::StageRequest {
-                volume_id: format!("region-1/pve1/local-lvm/vm-9999-{fs}-{i}"),
+                volume_id: volume_id.clone(),
                 device: Some(pb::Device { wwn: format!("0x{wwn}"), serial: String::new() }),
                 staging_path: s(&staging),
                 access: Some(pb::stage_request::Access::Filesystem(pb::Filesystem { fs_type: fs.into(), ..Default::default() })),
@@ -115,7 +119,7 @@ pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64))> {
             client.stage(req).await.map_err(|e| anyhow::anyhow!("hostd Stage: {}", e.message()))?;
             ours.push(t.elapsed().as_secs_f64() * 1000.0);
             client
-                .unstage(pb::UnstageRequest { volume_id: format!("region-1/pve1/local-lvm/vm-9999-{fs}-{i}"), staging_path: s(&staging) })
+                .unstage(pb::UnstageRequest { volume_id, staging_path: s(&staging) })
                 .await
                 .map_err(|e| anyhow::anyhow!("hostd Unstage: {}", e.message()))?;
             drop(dev);
