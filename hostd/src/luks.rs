@@ -70,6 +70,15 @@ pub fn mapper_path(name: &str) -> PathBuf {
 /// plugin and the node's pods are served first.
 const KDF_NICE: i32 = 10;
 
+/// Argon2 threads for a new key slot: half the node's CPUs (cryptsetup's
+/// default is all of them, up to 4), so that a key derivation leaves the
+/// other half to the node's pods and hostd's own answers. The time cost is
+/// calibrated to the same 2 s either way.
+fn kdf_threads() -> u32 {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    u32::try_from((cpus / 2).clamp(1, 4)).unwrap_or(1)
+}
+
 /// Lowers the calling thread's priority until dropped; the threads Argon2
 /// starts meanwhile inherit it (nice is per thread on Linux).
 struct Lowered {
@@ -109,7 +118,7 @@ pub fn format(device: &Path, passphrase: &Secret<Vec<u8>>, pbkdf: Pbkdf) -> Resu
             time_ms,
             iterations: 0,
             max_memory_kb: memory_kb,
-            parallel_threads: 4,
+            parallel_threads: kdf_threads(),
             flags: CryptPbkdf::empty(),
         },
         Pbkdf::Pbkdf2 { iterations } => CryptPbkdfType {

@@ -140,6 +140,26 @@ async fn luks_xfs_volume_in_a_guest_vm() {
     assert!(mounts.contains(&staging) && mounts.contains("/dev/mapper/pvecsi-") && mounts.contains(" xfs "), "{mounts}");
     let luks_dump = g.sh(&format!("cryptsetup luksDump {dev} | grep -E 'Version|cipher:|Cipher key'")).await.unwrap();
     assert!(luks_dump.contains("aes-xts-plain64") && luks_dump.contains("512 bits"), "{luks_dump}");
+
+    // A node plugin that asks for this volume's open mapping on another
+    // volume's disk: refused by the serial the request names, then by the
+    // serial the disk carries; the other disk stays blank, the mapping on its own disk.
+    let other = provision(&ctl, &class("local-lvm", "xfs"), &claim("e2e-other")).await;
+    let mut other_pc = attach(&ctl, &other, WORKER_2).await;
+    let other_dev = g.sh(&format!("udevadm settle; readlink -f /dev/disk/by-id/wwn-{}", other_pc["wwn"])).await.unwrap().trim().to_string();
+    for (named, code) in [(true, tonic::Code::InvalidArgument), (false, tonic::Code::FailedPrecondition)] {
+        if !named {
+            other_pc.remove("serial");
+        }
+        let e = node.node_stage_volume(k.node_stage(&pv, &other_pc, luks())).await.unwrap_err();
+        assert_eq!(e.code(), code, "serial in the request: {named}: {e:?}");
+        assert!(e.message().contains("serial"), "{}", e.message());
+    }
+    let blank = g.sh(&format!("blkid -p {other_dev}; echo rc=$?")).await.unwrap();
+    assert!(blank.contains("rc=2"), "the other disk was written to: {blank}");
+    let under = g.sh("cat /sys/block/dm-*/slaves/*/dev 2>/dev/null; ls /sys/block/dm-*/slaves").await.unwrap();
+    assert!(under.contains(dev.trim_start_matches("/dev/")), "the mapping left its disk: {under}");
+    detach(&ctl, &other, WORKER_2).await;
     mkdirs(&mut g, k.publish_dirs(&pod, &pv)).await;
     node.node_publish_volume(k.node_publish(&pv, &pod, &pc)).await.unwrap();
     let sum = g.sh(&format!("dd if=/dev/urandom of={target}/data bs=1M count=8 2>/dev/null && sync && sha256sum {target}/data | cut -d' ' -f1")).await.unwrap();
