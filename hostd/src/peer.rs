@@ -31,3 +31,17 @@ impl PeerPolicy {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_lists_only_root_is_let_in() {
+        // A caller whose credentials are unknown is refused, lists or not.
+        let e = PeerPolicy::default().check(&Request::new(())).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        let e = PeerPolicy { uids: vec![65532], gids: vec![] }.check(&Request::new(())).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+    }
+}

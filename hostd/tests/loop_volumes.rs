@@ -211,6 +211,29 @@ async fn raw_block_volume_is_bound_through_to_the_pod() {
         f.write_all(b"raw block bytes").unwrap();
         f.sync_all().unwrap();
     }
+    // Stats and Expand on the published device node (a bind of a device,
+    // which the mount table shows as devtmpfs): read as the block device it is.
+    let stats = env
+        .client
+        .stats(pb::StatsRequest { volume_id: "vol-blk".into(), volume_path: target.display().to_string() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(stats.block, "{stats:?}");
+    assert_eq!(stats.total_bytes, 320 << 20, "{stats:?}");
+    assert!(!stats.condition.unwrap().abnormal);
+    let grown = env
+        .client
+        .expand(pb::ExpandRequest { volume_id: "vol-blk".into(), volume_path: target.display().to_string(), required_bytes: 320 << 20, encryption: None })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grown.size_bytes, 320 << 20);
+    // The disk is in use by its block staging bind: no filesystem stage of
+    // it, under whatever volume id.
+    let e = env.client.stage(stage_req("vol-other", &wwn, &env.staging("vol-other"), "ext4")).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("is bound at"), "{}", e.message());
     env.client
         .unpublish(pb::UnpublishRequest {
             volume_id: "vol-blk".into(),
@@ -578,4 +601,27 @@ async fn oversized_requests_are_refused() {
     assert_eq!(e.code(), Code::OutOfRange, "{e:?}");
     // hostd still serves.
     env.client.health(pb::HealthRequest {}).await.unwrap();
+}
+
+/// A read-only stage mounts what is there and never formats: a blank disk
+/// has nothing to mount (mount-utils refuses it too).
+#[tokio::test]
+async fn a_read_only_stage_never_formats() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let wwn = env.disk(80);
+    let staging = env.staging("vol-ro");
+    let mut req = stage_req("vol-ro", &wwn, &staging, "ext4");
+    req.read_only = true;
+    let e = env.client.stage(req.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("the stage is read-only"), "{}", e.message());
+    assert_eq!(std::fs::metadata(env.image(&wwn)).unwrap().len(), 320 << 20);
+    assert_eq!(sha_of(&env.image(&wwn)), format!("{:x}", Sha256::digest(vec![0u8; 4 << 20])));
+    // Once it holds a filesystem, it is mounted read-only.
+    run("mkfs.ext4", &["-q", "-F"], &env.image(&wwn));
+    env.client.stage(req).await.unwrap();
+    assert_eq!(mount_at(&staging).as_deref(), Some("ext4"));
 }
