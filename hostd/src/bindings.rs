@@ -82,6 +82,34 @@ impl Bindings {
             .map_err(|e| HostdError::failed("writing the record", path.display(), e))
     }
 
+    fn intent(&self, volume_id: &str) -> PathBuf {
+        self.dir.join(format!("{}.mkfs", crate::luks::mapping_name(volume_id)))
+    }
+
+    /// Notes, before mkfs starts, that hostd is formatting `majmin` for
+    /// `volume_id`. mkfs writes its superblock last: killed before that, it
+    /// leaves data without a signature, which a stage must otherwise never
+    /// format. The note tells the retry that this data is hostd's own.
+    pub fn begin_mkfs(&self, volume_id: &str, majmin: &str) -> Result<(), HostdError> {
+        let path = self.intent(volume_id);
+        std::fs::write(&path, majmin).map_err(|e| HostdError::failed("writing the record", path.display(), e))
+    }
+
+    /// Whether an earlier stage of `volume_id` began a mkfs on `majmin` that
+    /// never finished.
+    pub fn mkfs_begun(&self, volume_id: &str, majmin: &str) -> bool {
+        std::fs::read_to_string(self.intent(volume_id)).is_ok_and(|m| m == majmin)
+    }
+
+    pub fn end_mkfs(&self, volume_id: &str) -> Result<(), HostdError> {
+        let path = self.intent(volume_id);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(HostdError::failed("removing the record", path.display(), e)),
+        }
+    }
+
     pub fn remove(&self, volume_id: &str) -> Result<(), HostdError> {
         let path = self.file(volume_id);
         match std::fs::remove_file(&path) {
@@ -167,6 +195,12 @@ mod tests {
         assert_eq!(again.staged_at(Path::new("/k/plugins/y/globalmount")).unwrap(), None);
         again.remove("v1").unwrap();
         again.remove("v1").unwrap();
+        // An mkfs begun and never ended is found again, for its device only.
+        again.begin_mkfs("v1", "7:3").unwrap();
+        assert!(again.mkfs_begun("v1", "7:3") && !again.mkfs_begun("v1", "7:4") && !again.mkfs_begun("v2", "7:3"));
+        again.end_mkfs("v1").unwrap();
+        assert!(!again.mkfs_begun("v1", "7:3"));
+        assert_eq!(again.staged_at(Path::new("/k/plugins/x/globalmount")).unwrap(), None);
         assert_eq!(again.get("v1").unwrap(), None);
     }
 

@@ -183,7 +183,7 @@ impl Volumes {
         let (actions, majmin, block) = match &w.access {
             pb::stage_request::Access::Filesystem(fs) => {
                 let crypt = w.passphrase.as_ref().map(|p| (luks::mapping_name(&w.volume_id), p));
-                let (a, m) = self.stage_filesystem(&w.device, &w.staging, fs, w.read_only, crypt, &mut w.timings)?;
+                let (a, m) = self.stage_filesystem(&w.volume_id, &w.device, &w.staging, fs, w.read_only, crypt, &mut w.timings)?;
                 (a, m, false)
             }
             pb::stage_request::Access::Block(_) => {
@@ -209,8 +209,10 @@ impl Volumes {
     }
 
     /// Returns the actions taken and `major:minor` of what is mounted.
+    #[allow(clippy::too_many_arguments)]
     fn stage_filesystem(
         &self,
+        volume_id: &str,
         device: &Path,
         staging: &Place,
         fs: &pb::Filesystem,
@@ -278,7 +280,10 @@ impl Volumes {
             } else {
                 match probe::probe(device)? {
                     Contents::Blank => {
-                        refuse_data(device, read_only)?;
+                        if read_only {
+                            return Err(read_only_blank(device));
+                        }
+                        refuse_data(device)?;
                         let t = Instant::now();
                         luks::format(device, pass, self.pbkdf)?;
                         timings.insert("luks_format".into(), ms(t));
@@ -307,15 +312,26 @@ impl Volumes {
         let started = Instant::now();
         match probe::probe(fs_device)? {
             Contents::Blank => {
-                // A fresh mapping reads as noise, not zeros: only the bare disk is sampled.
-                if crypt.is_none() {
-                    refuse_data(device, read_only)?;
-                } else if read_only {
+                let target = device::majmin(fs_device)?;
+                let resumed = self.bindings.mkfs_begun(volume_id, &target);
+                if read_only {
                     return Err(read_only_blank(fs_device));
                 }
+                // A fresh mapping reads as noise, not zeros: only the bare
+                // disk is sampled; and data hostd's own interrupted mkfs left
+                // is not someone's.
+                if crypt.is_none() && !resumed {
+                    refuse_data(device)?;
+                }
+                self.bindings.begin_mkfs(volume_id, &target)?;
                 mkfs::run(fs_type, fs_device, opts)?;
+                self.bindings.end_mkfs(volume_id)?;
                 timings.insert("mkfs".into(), ms(started));
-                actions.push(format!("mkfs {}", fs_type.name()));
+                actions.push(if resumed {
+                    format!("mkfs {} (an earlier mkfs was interrupted)", fs_type.name())
+                } else {
+                    format!("mkfs {}", fs_type.name())
+                });
             }
             Contents::Unfinished(t) if t == fs_type.name() => {
                 let opts = MkfsOptions { replace_unfinished: true, ..opts };
@@ -443,6 +459,8 @@ impl Volumes {
                 || !blockdev::slaves(&dm).iter().all(|s| Path::new("/sys/class/block").join(s).exists());
             luks::close(&name, gone)?;
         }
+        // An mkfs note outlives no unstage: the next stage starts afresh.
+        self.bindings.end_mkfs(&req.volume_id)?;
         self.bindings.remove(&req.volume_id)
     }
 
@@ -541,22 +559,19 @@ impl Volumes {
     }
 }
 
-/// A blank disk is formatted only if none of the bytes hostd samples holds
-/// data, and never for a read-only stage (mount-utils refuses that too:
-/// `formatAndMountSensitive`).
-fn refuse_data(device: &Path, read_only: bool) -> Result<(), HostdError> {
+/// A blank disk is formatted only if none of the bytes hostd samples holds data.
+fn refuse_data(device: &Path) -> Result<(), HostdError> {
     if let Some(at) = probe::first_data(device)? {
         return Err(HostdError::HoldsData {
             device: device.to_path_buf(),
             found: format!("no signature, but data at byte {at}"),
         });
     }
-    if read_only {
-        return Err(read_only_blank(device));
-    }
     Ok(())
 }
 
+/// Never formatting for a read-only stage (mount-utils refuses that too:
+/// `formatAndMountSensitive`).
 fn read_only_blank(device: &Path) -> HostdError {
     HostdError::DeviceRefused {
         device: device.to_path_buf(),

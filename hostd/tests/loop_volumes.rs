@@ -625,3 +625,49 @@ async fn a_read_only_stage_never_formats() {
     env.client.stage(req).await.unwrap();
     assert_eq!(mount_at(&staging).as_deref(), Some("ext4"));
 }
+
+/// mke2fs writes its tables before its superblock: killed in between, it
+/// leaves data without a signature, which a stage never formats, unless
+/// hostd's own note says it began that mkfs on that disk for that volume.
+#[tokio::test]
+async fn an_mkfs_killed_before_its_superblock_is_made_again_and_only_by_its_volume() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    // An mkfs.ext4 that writes as mke2fs begins (tables at 5 KiB), then hangs.
+    let tools = tempfile::tempdir().unwrap();
+    let fake = tools.path().join("mkfs.ext4");
+    std::fs::write(&fake, "#!/bin/sh\nfor d; do :; done\nprintf 'inode tables' | dd of=\"$d\" bs=1 seek=5120 conv=notrunc 2>/dev/null\nsync\nexec sleep 600\n").unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    env.restart_hostd_with_tools(Some(tools.path())).await;
+
+    let wwn = env.disk(90);
+    let staging = env.staging("vol-mkfs");
+    let req = stage_req("vol-mkfs", &wwn, &staging, "ext4");
+    let mut c = env.client.clone();
+    let r = req.clone();
+    let call = tokio::spawn(async move { c.stage(r).await });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut head = vec![0u8; 8192];
+    loop {
+        std::fs::File::open(env.image(&wwn)).unwrap().read_exact(&mut head).unwrap();
+        if head[5120..5132] == *b"inode tables" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the fake mkfs never wrote");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Killed mid-mkfs; the new hostd has the real tools.
+    env.restart_hostd().await;
+    let _ = call.await;
+    let _ = Command::new("pkill").args(["-f", &fake.display().to_string()]).status();
+
+    // Another volume's stage of the same disk: data without a signature, refused.
+    let e = env.client.stage(stage_req("vol-other", &wwn, &env.staging("vol-other"), "ext4")).await.unwrap_err();
+    assert!(e.message().contains("data at byte 5120"), "{e:?}");
+    // The volume's own retry makes the filesystem again.
+    let r = env.client.stage(req).await.unwrap().into_inner();
+    assert!(r.actions.iter().any(|a| a == "mkfs ext4 (an earlier mkfs was interrupted)"), "{:?}", r.actions);
+    assert_eq!(mount_at(&staging).as_deref(), Some("ext4"));
+}

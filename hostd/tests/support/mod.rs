@@ -74,8 +74,13 @@ impl Drop for Env {
 }
 
 pub fn spawn_hostd(dir: &Path, root: &Path, images: &Path, log: &Path, pbkdf: &str) -> Child {
+    hostd_command(dir, root, images, log, pbkdf).spawn().unwrap()
+}
+
+pub fn hostd_command(dir: &Path, root: &Path, images: &Path, log: &Path, pbkdf: &str) -> Command {
     let socket = dir.join("hostd.sock");
-    Command::new(env!("CARGO_BIN_EXE_proxmox-csi-hostd"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_proxmox-csi-hostd"));
+    cmd
             .arg("--socket")
             .arg(&socket)
             .arg("--kubelet-root")
@@ -90,9 +95,8 @@ pub fn spawn_hostd(dir: &Path, root: &Path, images: &Path, log: &Path, pbkdf: &s
             // The node plugin's uid, as the DaemonSet and the extension run it.
             .args(["--socket-mode", "666", "--allow-uid", &NODE_PLUGIN_UID.to_string()])
             .stdout(Stdio::null())
-            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap())
-            .spawn()
-            .unwrap()
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap());
+    cmd
 }
 
 /// A client whose connection is made as `uid`, as the node plugin's is:
@@ -194,10 +198,20 @@ impl Env {
 
     /// SIGKILLs hostd and starts a new one on the same socket.
     pub async fn restart_hostd(&mut self) {
+        self.restart_hostd_with_tools(None).await;
+    }
+
+    /// SIGKILLs hostd and starts a new one whose tools (mkfs, …) are
+    /// looked up first in `tools`, when given.
+    pub async fn restart_hostd_with_tools(&mut self, tools: Option<&Path>) {
         let _ = self.hostd.kill();
         let _ = self.hostd.wait();
         let dir = self._dir.path().to_path_buf();
-        self.hostd = spawn_hostd(&dir, &self.root, &self.images, &self.log, self.pbkdf);
+        let mut cmd = hostd_command(&dir, &self.root, &self.images, &self.log, self.pbkdf);
+        if let Some(t) = tools {
+            cmd.env("PATH", format!("{}:{}", t.display(), std::env::var("PATH").unwrap_or_default()));
+        }
+        self.hostd = cmd.spawn().unwrap();
         self.client = connect(dir.join("hostd.sock")).await;
     }
 

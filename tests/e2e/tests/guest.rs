@@ -135,6 +135,9 @@ async fn luks_xfs_volume_in_a_guest_vm() {
     eprintln!("MEASURE NodeStage (LUKS format+open, mkfs.xfs, mount): {:?}", t.elapsed());
     let staged = g.sh("grep 'volume staged' /run/node.log | tail -1").await.unwrap();
     assert!(staged.contains("\"wait\"") && staged.contains("\"luks_format\"") && staged.contains("\"mkfs\""), "{staged}");
+    // The size hostd reports is the mapping's: the disk less the LUKS2 header.
+    let size: u64 = staged.split("size_bytes=").nth(1).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or(0);
+    assert!(size > (1 << 30) - (32 << 20) && size < 1 << 30, "{staged}");
     eprintln!("MEASURE NodeStage phases: {}", staged.split("timings_ms=").nth(1).unwrap_or("?"));
     let mounts = g.sh("grep globalmount /proc/mounts").await.unwrap();
     assert!(mounts.contains(&staging) && mounts.contains("/dev/mapper/pvecsi-") && mounts.contains(" xfs "), "{mounts}");
@@ -199,8 +202,14 @@ async fn luks_xfs_volume_in_a_guest_vm() {
     assert_eq!(again, sum, "data survived unplug and re-attach");
     let hostd_log = g.sh("cat /run/hostd.log").await.unwrap();
     assert!(!hostd_log.contains(PASSPHRASE), "the passphrase reached hostd's log");
+    // Surprise unplug under the open mapping: unstage still closes it (forced).
+    detach(&ctl, &pv, WORKER_2).await;
+    g.sh("udevadm settle").await.unwrap();
     node.node_unpublish_volume(k.node_unpublish(&pv, &pod)).await.unwrap();
     node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
+    let mapper = g.sh("ls /dev/mapper; dmsetup ls 2>/dev/null").await.unwrap();
+    assert!(!mapper.contains("pvecsi-"), "the mapping outlived its unplugged disk: {mapper}");
+    let pc = attach(&ctl, &pv, WORKER_2).await;
     // A wrong passphrase (the Secret changed) is refused without touching the header.
     let wrong = HashMap::from([("encryption-passphrase".to_string(), "not it".to_string())]);
     let err = node.node_stage_volume(k.node_stage(&pv, &pc, wrong)).await.unwrap_err();
