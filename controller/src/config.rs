@@ -163,7 +163,7 @@ impl CloudConfig {
         let raw: RawConfig = if text.trim().is_empty() {
             RawConfig::default()
         } else {
-            serde_norway::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?
+            serde_norway::from_str(text).map_err(|e| ConfigError::Syntax(without_values(&e.to_string())))?
         };
         let mut ignored_keys: Vec<String> = raw.other.keys().cloned().collect();
         ignored_keys.extend(raw.features.other.keys().map(|k| format!("features.{k}")));
@@ -331,6 +331,34 @@ fn parse_cluster(index: usize, rc: RawCluster) -> Result<Cluster, ConfigError> {
         allowed_nodes: rc.allowed_nodes,
         allowed_storages: rc.allowed_storages,
     })
+}
+
+/// A YAML error's text with every quoted value replaced by `"…"`: serde
+/// quotes what it could not take (`invalid type: string "…"`), and that may
+/// be a secret, or the whole file.
+fn without_values(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let (mut quoted, mut escaped) = (false, false);
+    for c in message.chars() {
+        match (quoted, escaped, c) {
+            (true, true, _) => escaped = false,
+            (true, false, '\\') => escaped = true,
+            (true, false, '"') => {
+                quoted = false;
+                out.push_str("…\"");
+            }
+            (true, false, _) => {}
+            (false, _, '"') => {
+                quoted = true;
+                out.push('"');
+            }
+            (false, _, c) => out.push(c),
+        }
+    }
+    if quoted {
+        out.push_str("…\"");
+    }
+    out
 }
 
 /// A value given inline or as `<key>_file` (whose content is trimmed), never both.

@@ -192,3 +192,17 @@ fn warns_of_plain_http_and_unchecked_certificates() {
     assert!(w[0].starts_with("cluster r-13: url http://a:8006/api2/json is plain HTTP"), "{w:?}");
     assert!(w[1].starts_with("cluster r-15: insecure: true: the server's certificate is not checked"), "{w:?}");
 }
+
+#[test]
+fn a_refusal_never_quotes_the_file() {
+    // Found by fuzzing: a document that is one string was echoed whole.
+    for text in [
+        "clusters\n\npassword: hunter2-secret-value",
+        "clusters: \"token_secret: hunter2-secret-value\"",
+        "a \" quote, then\n\ntoken_secret: hunter2-secret-value",
+    ] {
+        let e = CloudConfig::parse(text).unwrap_err().to_string();
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(e.starts_with("invalid cloud config: ") || e.contains("clusters"), "{e}");
+    }
+}
