@@ -473,6 +473,8 @@ impl Volumes {
         let opts = mountopts::check("mount_flags", None, &req.mount_flags)?;
         let record = self.bindings.get(&req.volume_id)?;
         let table = mounts::table()?;
+        // What is bound: the device file in a block staging directory, or
+        // (a second handle on) the filesystem staging directory itself.
         let source = if req.block { staging.child(BLOCK_FILE)? } else { self.paths.place("staging_path", &req.staging_path, &[staging_layout])? };
         let staged = self
             .mounted_at(&source, &table)?
