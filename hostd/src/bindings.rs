@@ -102,21 +102,20 @@ impl Bindings {
     }
 
     pub fn end_mkfs(&self, volume_id: &str) -> Result<(), HostdError> {
-        let path = self.intent(volume_id);
-        match std::fs::remove_file(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(HostdError::failed("removing the record", path.display(), e)),
-        }
+        remove_file(&self.intent(volume_id))
     }
 
     pub fn remove(&self, volume_id: &str) -> Result<(), HostdError> {
-        let path = self.file(volume_id);
-        match std::fs::remove_file(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(HostdError::failed("removing the record", path.display(), e)),
-        }
+        remove_file(&self.file(volume_id))
+    }
+}
+
+/// Removes one of hostd's own files; one already gone is fine.
+fn remove_file(path: &Path) -> Result<(), HostdError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(HostdError::failed("removing the record", path.display(), e)),
     }
 }
 

@@ -46,15 +46,16 @@ pub fn slaves(name: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Whether the LUKS mapping `name` still has its disk underneath.
+/// Whether the LUKS mapping `name` still has its disk underneath. The
+/// mapping is found in sysfs: with `DM_DISABLE_UDEV` its `/dev/mapper` entry
+/// is a device node, not a link to `dm-N`.
 pub fn backing_present(mapping: &str) -> bool {
-    let Some(dm) = kernel_name(&crate::luks::mapper_path(mapping)) else {
+    let Some(dm) = crate::luks::active(mapping) else {
         return false;
     };
     // An unplugged disk leaves sysfs even while the mapping still holds it.
-    slaves(&dm)
-        .iter()
-        .all(|s| Path::new("/sys/class/block").join(s).exists())
+    let under = slaves(&dm);
+    !under.is_empty() && under.iter().all(|s| Path::new("/sys/class/block").join(s).exists())
 }
 
 /// Asks a SCSI disk to re-read its capacity (after a Proxmox resize).

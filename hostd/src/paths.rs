@@ -125,6 +125,11 @@ impl KubeletPaths {
         &self.root
     }
 
+    /// The CSI driver whose staging directories these are.
+    pub fn driver(&self) -> &str {
+        &self.driver
+    }
+
     /// This driver's staging directory, `plugins/kubernetes.io/csi/<driver>`.
     pub fn driver_dir(&self) -> PathBuf {
         self.root.join("plugins/kubernetes.io/csi").join(&self.driver)

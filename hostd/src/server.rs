@@ -89,7 +89,6 @@ pub async fn run(
     health.set_udev_monitor_alive(true);
     let volumes = Arc::new(Volumes {
         paths,
-        driver: opts.driver_name.clone(),
         bindings,
         resolver: opts.resolver.clone(),
         index,

@@ -40,7 +40,6 @@ const RESCAN_GRACE: Duration = Duration::from_secs(3);
 #[derive(Debug)]
 pub struct Volumes {
     pub paths: KubeletPaths,
-    pub driver: String,
     pub bindings: Bindings,
     pub resolver: Resolver,
     pub index: Arc<DeviceIndex>,
@@ -388,7 +387,7 @@ impl Volumes {
                 return true;
             }
         }
-        (bindings::kubelet_says(&place.path, place.layout, volume_id, &self.driver) && self.bindings_free(place, volume_id))
+        (bindings::kubelet_says(&place.path, place.layout, volume_id, self.paths.driver()) && self.bindings_free(place, volume_id))
             || bindings::device_is_volumes(majmin, volume_id)
     }
 
@@ -453,11 +452,9 @@ impl Volumes {
         // Close the volume's mapping even if nothing was mounted (a crash
         // between unmount and close, or a surprise unplug).
         let name = luks::mapping_name(&req.volume_id);
-        if let Some(dm) = luks::active(&name) {
+        if luks::active(&name).is_some() {
             // A vanished disk leaves a mapping that only a forced close removes.
-            let gone = blockdev::slaves(&dm).is_empty()
-                || !blockdev::slaves(&dm).iter().all(|s| Path::new("/sys/class/block").join(s).exists());
-            luks::close(&name, gone)?;
+            luks::close(&name, !blockdev::backing_present(&name))?;
         }
         // An mkfs note outlives no unstage: the next stage starts afresh.
         self.bindings.end_mkfs(&req.volume_id)?;
