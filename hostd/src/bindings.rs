@@ -87,7 +87,8 @@ impl Bindings {
     }
 
     /// Notes, before mkfs starts, that hostd is formatting `majmin` for
-    /// `volume_id`. mkfs writes its superblock last: killed before that, it
+    /// `volume_id`. mkfs writes its superblock last (e2fsprogs misc/mke2fs.c
+    /// `main`: the superblock goes out in `ext2fs_close_free`): killed before that, it
     /// leaves data without a signature, which a stage must otherwise never
     /// format. The note tells the retry that this data is hostd's own.
     pub fn begin_mkfs(&self, volume_id: &str, majmin: &str) -> Result<(), HostdError> {
