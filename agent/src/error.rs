@@ -39,7 +39,9 @@ impl From<AgentError> for Status {
             AgentError::Hostd(s) => Status::new(s.code(), s.message().to_string()),
             AgentError::NotFound(_) => Status::not_found(e.to_string()),
             AgentError::Kubernetes(_) => Status::unavailable(e.to_string()),
-            AgentError::Topology(_) | AgentError::Unstaged(_) => Status::failed_precondition(e.to_string()),
+            AgentError::Topology(_) | AgentError::Unstaged(_) => {
+                Status::failed_precondition(e.to_string())
+            }
         }
     }
 }

@@ -6,8 +6,8 @@ use std::path::{Component, Path, PathBuf};
 
 use proxmox_csi_common::contract::{CTX_GO_DEVICE_PATH, CTX_SERIAL, CTX_WWN};
 use proxmox_csi_proto::csi::v1 as csi;
-use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use proxmox_csi_proto::csi::v1::volume_capability::AccessType;
+use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use proxmox_csi_proto::hostd::v1 as hostd;
 
 use crate::error::AgentError;
@@ -17,8 +17,20 @@ pub const PASSPHRASE_KEY: &str = "encryption-passphrase";
 
 /// Mount options that would change what is mounted rather than how.
 const FORBIDDEN_FLAGS: &[&str] = &[
-    "bind", "rbind", "remount", "move", "shared", "rshared", "slave", "rslave", "private",
-    "rprivate", "unbindable", "runbindable", "loop", "x-mount.mkdir",
+    "bind",
+    "rbind",
+    "remount",
+    "move",
+    "shared",
+    "rshared",
+    "slave",
+    "rslave",
+    "private",
+    "rprivate",
+    "unbindable",
+    "runbindable",
+    "loop",
+    "x-mount.mkdir",
 ];
 
 #[derive(Debug, Clone)]
@@ -53,7 +65,10 @@ impl Rules {
         required(field, v)?;
         let p = Path::new(v);
         if !p.is_absolute() {
-            return Err(AgentError::invalid(field, format!("{v:?} is not an absolute path")));
+            return Err(AgentError::invalid(
+                field,
+                format!("{v:?} is not an absolute path"),
+            ));
         }
         if p.components().any(|c| matches!(c, Component::ParentDir)) {
             return Err(AgentError::invalid(field, format!("{v:?} contains '..'")));
@@ -61,7 +76,10 @@ impl Rules {
         if !p.starts_with(&self.kubelet_root) {
             return Err(AgentError::invalid(
                 field,
-                format!("{v:?} is not under kubelet's directory {}", self.kubelet_root.display()),
+                format!(
+                    "{v:?} is not under kubelet's directory {}",
+                    self.kubelet_root.display()
+                ),
             ));
         }
         Ok(v.to_string())
@@ -83,19 +101,19 @@ fn capability<'a>(
     cap: Option<&'a csi::VolumeCapability>,
 ) -> Result<(&'a AccessType, Mode), AgentError> {
     let cap = cap.ok_or_else(|| AgentError::invalid(field, "is required"))?;
-    let access = cap
-        .access_type
-        .as_ref()
-        .ok_or_else(|| AgentError::invalid(format!("{field}.access_type"), "must be mount or block"))?;
+    let access = cap.access_type.as_ref().ok_or_else(|| {
+        AgentError::invalid(format!("{field}.access_type"), "must be mount or block")
+    })?;
     let mode = cap
         .access_mode
         .as_ref()
         .map(|m| m.mode())
         .ok_or_else(|| AgentError::invalid(format!("{field}.access_mode"), "is required"))?;
     match mode {
-        Mode::SingleNodeWriter | Mode::SingleNodeReaderOnly | Mode::SingleNodeSingleWriter | Mode::SingleNodeMultiWriter => {
-            Ok((access, mode))
-        }
+        Mode::SingleNodeWriter
+        | Mode::SingleNodeReaderOnly
+        | Mode::SingleNodeSingleWriter
+        | Mode::SingleNodeMultiWriter => Ok((access, mode)),
         other => Err(AgentError::invalid(
             format!("{field}.access_mode"),
             format!(
@@ -124,7 +142,9 @@ fn mount_flags(field: &str, flags: &[String]) -> Result<Vec<String>, AgentError>
         if f.is_empty() || f.contains([',', ' ', '\n', '\t']) || f.chars().any(char::is_control) {
             return Err(AgentError::invalid(
                 field,
-                format!("{f:?} is not a single mount option (one option per entry, no commas or spaces)"),
+                format!(
+                    "{f:?} is not a single mount option (one option per entry, no commas or spaces)"
+                ),
             ));
         }
         if FORBIDDEN_FLAGS.contains(&name) {
@@ -150,15 +170,24 @@ fn context_u32(ctx: &HashMap<String, String>, key: &str) -> Result<u32, AgentErr
     match ctx.get(key).map(String::as_str) {
         None | Some("") => Ok(0),
         Some(v) => v.parse::<u32>().map_err(|_| {
-            AgentError::invalid(format!("volume_context.{key}"), format!("{v:?} is not a number"))
+            AgentError::invalid(
+                format!("volume_context.{key}"),
+                format!("{v:?} is not a number"),
+            )
         }),
     }
 }
 
-fn passphrase(field: &str, secrets: &HashMap<String, String>) -> Result<Option<hostd::Encryption>, AgentError> {
+fn passphrase(
+    field: &str,
+    secrets: &HashMap<String, String>,
+) -> Result<Option<hostd::Encryption>, AgentError> {
     match secrets.get(PASSPHRASE_KEY) {
         None => Ok(None),
-        Some(p) if p.is_empty() => Err(AgentError::invalid(format!("{field}.{PASSPHRASE_KEY}"), "is empty")),
+        Some(p) if p.is_empty() => Err(AgentError::invalid(
+            format!("{field}.{PASSPHRASE_KEY}"),
+            "is empty",
+        )),
         Some(p) => Ok(Some(hostd::Encryption {
             passphrase: p.as_bytes().to_vec(),
         })),
@@ -194,7 +223,10 @@ fn device(ctx: &HashMap<String, String>) -> Result<hostd::Device, AgentError> {
 }
 
 impl Rules {
-    pub fn stage(&self, r: &csi::NodeStageVolumeRequest) -> Result<hostd::StageRequest, AgentError> {
+    pub fn stage(
+        &self,
+        r: &csi::NodeStageVolumeRequest,
+    ) -> Result<hostd::StageRequest, AgentError> {
         let volume_id = volume_id(&r.volume_id)?.to_string();
         let staging_path = self.path("staging_target_path", &r.staging_target_path)?;
         let (access, mode) = capability("volume_capability", r.volume_capability.as_ref())?;
@@ -226,14 +258,20 @@ impl Rules {
         })
     }
 
-    pub fn unstage(&self, r: &csi::NodeUnstageVolumeRequest) -> Result<hostd::UnstageRequest, AgentError> {
+    pub fn unstage(
+        &self,
+        r: &csi::NodeUnstageVolumeRequest,
+    ) -> Result<hostd::UnstageRequest, AgentError> {
         Ok(hostd::UnstageRequest {
             volume_id: volume_id(&r.volume_id)?.to_string(),
             staging_path: self.path("staging_target_path", &r.staging_target_path)?,
         })
     }
 
-    pub fn publish(&self, r: &csi::NodePublishVolumeRequest) -> Result<hostd::PublishRequest, AgentError> {
+    pub fn publish(
+        &self,
+        r: &csi::NodePublishVolumeRequest,
+    ) -> Result<hostd::PublishRequest, AgentError> {
         let volume_id = volume_id(&r.volume_id)?.to_string();
         let target_path = self.path("target_path", &r.target_path)?;
         let (access, mode) = capability("volume_capability", r.volume_capability.as_ref())?;
@@ -248,7 +286,10 @@ impl Rules {
             AccessType::Block(_) => (true, Vec::new()),
             AccessType::Mount(m) => {
                 fs_type("volume_capability.mount.fs_type", &m.fs_type)?;
-                (false, mount_flags("volume_capability.mount.mount_flags", &m.mount_flags)?)
+                (
+                    false,
+                    mount_flags("volume_capability.mount.mount_flags", &m.mount_flags)?,
+                )
             }
         };
         Ok(hostd::PublishRequest {
@@ -262,14 +303,20 @@ impl Rules {
         })
     }
 
-    pub fn unpublish(&self, r: &csi::NodeUnpublishVolumeRequest) -> Result<hostd::UnpublishRequest, AgentError> {
+    pub fn unpublish(
+        &self,
+        r: &csi::NodeUnpublishVolumeRequest,
+    ) -> Result<hostd::UnpublishRequest, AgentError> {
         Ok(hostd::UnpublishRequest {
             volume_id: volume_id(&r.volume_id)?.to_string(),
             target_path: self.path("target_path", &r.target_path)?,
         })
     }
 
-    pub fn expand(&self, r: &csi::NodeExpandVolumeRequest) -> Result<hostd::ExpandRequest, AgentError> {
+    pub fn expand(
+        &self,
+        r: &csi::NodeExpandVolumeRequest,
+    ) -> Result<hostd::ExpandRequest, AgentError> {
         if let Some(cap) = r.volume_capability.as_ref() {
             capability("volume_capability", Some(cap))?;
         }
@@ -289,7 +336,10 @@ impl Rules {
         })
     }
 
-    pub fn stats(&self, r: &csi::NodeGetVolumeStatsRequest) -> Result<hostd::StatsRequest, AgentError> {
+    pub fn stats(
+        &self,
+        r: &csi::NodeGetVolumeStatsRequest,
+    ) -> Result<hostd::StatsRequest, AgentError> {
         Ok(hostd::StatsRequest {
             volume_id: volume_id(&r.volume_id)?.to_string(),
             volume_path: self.volume_path(&r.volume_path)?,

@@ -84,7 +84,11 @@ pub async fn run(
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| StartError::Metrics { addr, source })?;
-        tokio::spawn(metrics::serve_on(listener, metrics.clone(), stopped(stop_rx.clone())));
+        tokio::spawn(metrics::serve_on(
+            listener,
+            metrics.clone(),
+            stopped(stop_rx.clone()),
+        ));
     }
     let listener = opts.csi_address.bind(SocketAccess::default()).await?;
     tracing::info!(endpoint = %opts.csi_address, hostd = %opts.hostd_socket.display(), "serving CSI");

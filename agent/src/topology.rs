@@ -49,7 +49,12 @@ pub fn from_labels(
                 ))
             })
     };
-    let region = get(REGION, REGION_FALLBACK, "cluster", "<region of the cluster in the cloud config>")?;
+    let region = get(
+        REGION,
+        REGION_FALLBACK,
+        "cluster",
+        "<region of the cluster in the cloud config>",
+    )?;
     let zone = get(ZONE, ZONE_FALLBACK, "node", "<Proxmox node the VM runs on>")?;
     let max_volumes = labels
         .get(MAX_VOLUMES_LABEL)
@@ -67,7 +72,10 @@ pub fn from_labels(
 pub fn max_volumes(label: Option<i64>, flag: i64, other_scsi_disks: u32) -> i64 {
     // The boot disk sits on scsi0, outside the CSI slots.
     let taken = i64::from(other_scsi_disks.saturating_sub(1));
-    label.unwrap_or(flag).clamp(1, SCSI_SLOTS).min((SCSI_SLOTS - taken).max(1))
+    label
+        .unwrap_or(flag)
+        .clamp(1, SCSI_SLOTS)
+        .min((SCSI_SLOTS - taken).max(1))
 }
 
 #[cfg(test)]
@@ -76,26 +84,46 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn standard_labels_win_over_the_fallbacks() {
         let t = from_labels(
             "w2",
-            labels(&[(REGION, "r1"), (ZONE, "pve2"), (REGION_FALLBACK, "x"), (ZONE_FALLBACK, "y")]),
+            labels(&[
+                (REGION, "r1"),
+                (ZONE, "pve2"),
+                (REGION_FALLBACK, "x"),
+                (ZONE_FALLBACK, "y"),
+            ]),
         )
         .unwrap();
         assert_eq!((t.region.as_str(), t.zone.as_str()), ("r1", "pve2"));
-        let t = from_labels("w2", labels(&[(REGION_FALLBACK, "r9"), (ZONE_FALLBACK, "pve9")])).unwrap();
+        let t = from_labels(
+            "w2",
+            labels(&[(REGION_FALLBACK, "r9"), (ZONE_FALLBACK, "pve9")]),
+        )
+        .unwrap();
         assert_eq!((t.region.as_str(), t.zone.as_str()), ("r9", "pve9"));
     }
 
     #[test]
     fn a_missing_label_says_which_and_how_to_set_it() {
-        let e = from_labels("w2", labels(&[(REGION, "r1")])).unwrap_err().to_string();
-        assert!(e.contains("Node w2 has no label topology.kubernetes.io/zone"), "{e}");
-        assert!(e.contains("kubectl label node w2 topology.kubernetes.io/zone="), "{e}");
+        let e = from_labels("w2", labels(&[(REGION, "r1")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("Node w2 has no label topology.kubernetes.io/zone"),
+            "{e}"
+        );
+        assert!(
+            e.contains("kubectl label node w2 topology.kubernetes.io/zone="),
+            "{e}"
+        );
     }
 
     #[test]
@@ -104,7 +132,11 @@ mod tests {
         assert_eq!(max_volumes(Some(10), 24, 1), 10);
         assert_eq!(max_volumes(None, 24, 10), 21);
         assert_eq!(max_volumes(None, 99, 0), 30);
-        let t = from_labels("w", labels(&[(REGION, "r"), (ZONE, "z"), (MAX_VOLUMES_LABEL, "31")])).unwrap();
+        let t = from_labels(
+            "w",
+            labels(&[(REGION, "r"), (ZONE, "z"), (MAX_VOLUMES_LABEL, "31")]),
+        )
+        .unwrap();
         assert_eq!(t.max_volumes, None);
     }
 }

@@ -30,7 +30,11 @@ fn spawn(bin: &str, args: &[&str], log: &Path) -> Proc {
 async fn wait_for(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !path.exists() {
-        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -58,11 +62,17 @@ async fn probe_is_ready_only_while_hostd_answers() {
         "--kubelet-root",
         dir.path().to_str().unwrap(),
     ];
-    let hostd_bin = env!("CARGO_BIN_EXE_proxmox-csi-node").replace("proxmox-csi-node", "proxmox-csi-hostd");
-    assert!(Path::new(&hostd_bin).exists(), "build hostd first: {hostd_bin}");
+    let hostd_bin =
+        env!("CARGO_BIN_EXE_proxmox-csi-node").replace("proxmox-csi-node", "proxmox-csi-hostd");
+    assert!(
+        Path::new(&hostd_bin).exists(),
+        "build hostd first: {hostd_bin}"
+    );
     let hostd = spawn(&hostd_bin, &hostd_args, &dir.path().join("hostd.log"));
     wait_for(&hostd_sock).await;
-    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&hostd_sock).unwrap().permissions());
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&hostd_sock).unwrap().permissions(),
+    );
     assert_eq!(mode & 0o777, 0o660);
 
     let _agent = spawn(
@@ -89,7 +99,11 @@ async fn probe_is_ready_only_while_hostd_answers() {
         .into_inner();
     assert_eq!(info.name, "csi.proxmox.sinextra.dev");
     assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
-    let probe = client.probe(callers::identity::probe()).await.unwrap().into_inner();
+    let probe = client
+        .probe(callers::identity::probe())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(probe.ready, Some(true));
 
     // hostd writes its health file for `talosctl read`.
@@ -98,7 +112,11 @@ async fn probe_is_ready_only_while_hostd_answers() {
     assert_eq!(h["version"], env!("CARGO_PKG_VERSION"));
 
     drop(hostd);
-    let probe = client.probe(callers::identity::probe()).await.unwrap().into_inner();
+    let probe = client
+        .probe(callers::identity::probe())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(probe.ready, Some(false));
     let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap();
     assert!(log.contains("probe: hostd did not answer Health"), "{log}");
@@ -123,16 +141,24 @@ fn every_binary_reports_its_version() {
 #[tokio::test]
 async fn hostd_checks_the_callers_credentials() {
     if !nix::unistd::geteuid().is_root() {
-        assert!(std::env::var_os("CI").is_none(), "this test needs root, and CI is set");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "this test needs root, and CI is set"
+        );
         eprintln!("SKIPPED: needs root to run the agent as another user");
         return;
     }
     for (allowed, want_ready) in [("12345", false), ("65534", true)] {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
         let hostd_sock = dir.path().join("hostd.sock");
         let csi_sock = dir.path().join("csi.sock");
-        let hostd_bin = env!("CARGO_BIN_EXE_proxmox-csi-node").replace("proxmox-csi-node", "proxmox-csi-hostd");
+        let hostd_bin =
+            env!("CARGO_BIN_EXE_proxmox-csi-node").replace("proxmox-csi-node", "proxmox-csi-hostd");
         let _hostd = spawn(
             &hostd_bin,
             &[
@@ -173,11 +199,18 @@ async fn hostd_checks_the_callers_credentials() {
             &dir.path().join("agent.log"),
         );
         let mut client = connect(csi_sock).await;
-        let probe = client.probe(callers::identity::probe()).await.unwrap().into_inner();
+        let probe = client
+            .probe(callers::identity::probe())
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(probe.ready, Some(want_ready), "allowed uid {allowed}");
         if !want_ready {
             let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap();
-            assert!(log.contains("caller uid 65534 gid 65534 is not allowed"), "{log}");
+            assert!(
+                log.contains("caller uid 65534 gid 65534 is not allowed"),
+                "{log}"
+            );
         }
     }
 }

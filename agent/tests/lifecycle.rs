@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use callers::PersistentVolume;
 use callers::kubelet::{Kubelet, Pod};
 use callers::provisioner::{self, Claim, StorageClass};
-use callers::PersistentVolume;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use tonic::Code;
@@ -56,7 +56,10 @@ fn require_root() -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;
     }
-    assert!(std::env::var_os("CI").is_none(), "the node lifecycle test needs root, and CI is set");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "the node lifecycle test needs root, and CI is set"
+    );
     eprintln!("SKIPPED: the node lifecycle test needs root");
     false
 }
@@ -79,20 +82,31 @@ fn spawn(cmd: &str, args: &[&str], log: &Path) -> Proc {
 async fn wait_for(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !path.exists() {
-        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 impl Env {
     async fn start() -> Self {
-        let help = Command::new(bin("proxmox-csi-hostd")).arg("--help").output().unwrap();
+        let help = Command::new(bin("proxmox-csi-hostd"))
+            .arg("--help")
+            .output()
+            .unwrap();
         assert!(
             String::from_utf8_lossy(&help.stdout).contains("--loop-dir"),
             "hostd was built without the loop-resolver test feature: run `cargo test --workspace`"
         );
         let dir = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
         let root = dir.path().join("kubelet");
         let images = dir.path().join("images");
         let sockets = dir.path().join("sockets");
@@ -100,20 +114,32 @@ impl Env {
             std::fs::create_dir_all(d).unwrap();
         }
         // The agent (uid 65534) creates its CSI socket here.
-        std::fs::set_permissions(&sockets, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        std::fs::set_permissions(
+            &sockets,
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
         let hostd_sock = sockets.join("hostd.sock");
         let csi_sock = sockets.join("csi.sock");
         let hostd = spawn(
             &bin("proxmox-csi-hostd"),
             &[
-                "--socket", hostd_sock.to_str().unwrap(),
-                "--socket-mode", "666",
-                "--allow-uid", "65534",
-                "--kubelet-root", root.to_str().unwrap(),
-                "--loop-dir", images.to_str().unwrap(),
-                "--device-events", "kernel",
-                "--device-wait", "5",
-                "--health-file", dir.path().join("health.json").to_str().unwrap(),
+                "--socket",
+                hostd_sock.to_str().unwrap(),
+                "--socket-mode",
+                "666",
+                "--allow-uid",
+                "65534",
+                "--kubelet-root",
+                root.to_str().unwrap(),
+                "--loop-dir",
+                images.to_str().unwrap(),
+                "--device-events",
+                "kernel",
+                "--device-wait",
+                "5",
+                "--health-file",
+                dir.path().join("health.json").to_str().unwrap(),
             ],
             &dir.path().join("hostd.log"),
         );
@@ -121,21 +147,34 @@ impl Env {
         let agent = spawn(
             "setpriv",
             &[
-                "--reuid=65534", "--regid=65534", "--clear-groups",
-                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--no-new-privs",
                 &bin("proxmox-csi-node"),
-                "--csi-address", &format!("unix://{}", csi_sock.display()),
-                "--hostd-socket", hostd_sock.to_str().unwrap(),
-                "--node-id", "worker-2",
-                "--vmid", "112",
-                "--region", "region-1",
-                "--zone", "pve2",
-                "--kubelet-root", root.to_str().unwrap(),
+                "--csi-address",
+                &format!("unix://{}", csi_sock.display()),
+                "--hostd-socket",
+                hostd_sock.to_str().unwrap(),
+                "--node-id",
+                "worker-2",
+                "--vmid",
+                "112",
+                "--region",
+                "region-1",
+                "--zone",
+                "pve2",
+                "--kubelet-root",
+                root.to_str().unwrap(),
             ],
             &dir.path().join("agent.log"),
         );
         wait_for(&csi_sock).await;
-        let ch = proxmox_csi_common::client::unix_channel(csi_sock).await.unwrap();
+        let ch = proxmox_csi_common::client::unix_channel(csi_sock)
+            .await
+            .unwrap();
         Self {
             root,
             images,
@@ -149,10 +188,18 @@ impl Env {
     fn disk(&mut self, n: u32) -> String {
         let wwn = format!("5000c500{n:08x}");
         let img = self.images.join(format!("{wwn}.raw"));
-        std::fs::File::create(&img).unwrap().set_len(320 << 20).unwrap();
-        let out = Command::new("losetup").args(["--find", "--show"]).arg(&img).output().unwrap();
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(320 << 20)
+            .unwrap();
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&img)
+            .output()
+            .unwrap();
         assert!(out.status.success());
-        self.loops.push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
+        self.loops
+            .push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
         wwn
     }
 
@@ -183,7 +230,8 @@ fn pv(uid: &str, fs: &str) -> PersistentVolume {
     if fs.is_empty() {
         claim = claim.block();
     } else {
-        sc.parameters.insert("csi.storage.k8s.io/fstype".into(), fs.into());
+        sc.parameters
+            .insert("csi.storage.k8s.io/fstype".into(), fs.into());
     }
     let volume = csi::Volume {
         volume_id: format!("region-1/pve2/local-lvm/vm-9999-pvc-{uid}"),
@@ -229,39 +277,87 @@ async fn mount_and_block_volumes_through_an_unprivileged_agent() {
     let (staging, target) = (k.staging_path(&vol), k.target_path(&pod, &vol));
     // kubelet repeats a call whose answer it did not see: each twice.
     for _ in 0..2 {
-        env.node.node_stage_volume(k.node_stage(&vol, &attached(&wwn), HashMap::new())).await.unwrap();
+        env.node
+            .node_stage_volume(k.node_stage(&vol, &attached(&wwn), HashMap::new()))
+            .await
+            .unwrap();
     }
     let (fs, opts) = mounted(&staging).unwrap();
     assert_eq!(fs, "xfs");
-    assert!(opts.contains("noatime"), "ssd=1 must mount with noatime: {opts}");
+    assert!(
+        opts.contains("noatime"),
+        "ssd=1 must mount with noatime: {opts}"
+    );
     for _ in 0..2 {
-        env.node.node_publish_volume(k.node_publish(&vol, &pod, &attached(&wwn))).await.unwrap();
+        env.node
+            .node_publish_volume(k.node_publish(&vol, &pod, &attached(&wwn)))
+            .await
+            .unwrap();
     }
-    std::fs::write(Path::new(&target).join("payload"), b"written through the pod's mount").unwrap();
+    std::fs::write(
+        Path::new(&target).join("payload"),
+        b"written through the pod's mount",
+    )
+    .unwrap();
     assert_eq!(
         std::fs::read(Path::new(&staging).join("payload")).unwrap(),
         b"written through the pod's mount"
     );
 
-    let stats = env.node.node_get_volume_stats(k.node_stats(&vol, &pod)).await.unwrap().into_inner();
+    let stats = env
+        .node
+        .node_get_volume_stats(k.node_stats(&vol, &pod))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(stats.usage.len(), 2, "bytes and inodes");
-    assert!(stats.usage[0].total > 200 << 20 && stats.usage[0].used > 0, "{stats:?}");
+    assert!(
+        stats.usage[0].total > 200 << 20 && stats.usage[0].used > 0,
+        "{stats:?}"
+    );
     assert!(!stats.volume_condition.unwrap().abnormal);
 
     // Grow the disk as Proxmox would, then NodeExpandVolume.
     let img = env.images.join(format!("{wwn}.raw"));
-    std::fs::OpenOptions::new().write(true).open(&img).unwrap().set_len(640 << 20).unwrap();
-    assert!(Command::new("losetup").arg("-c").arg(&env.loops[0]).status().unwrap().success());
-    let grown = env.node.node_expand_volume(k.node_expand(&vol, &pod, 640 << 20, HashMap::new())).await.unwrap().into_inner();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .set_len(640 << 20)
+        .unwrap();
+    assert!(
+        Command::new("losetup")
+            .arg("-c")
+            .arg(&env.loops[0])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let grown = env
+        .node
+        .node_expand_volume(k.node_expand(&vol, &pod, 640 << 20, HashMap::new()))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(grown.capacity_bytes, 640 << 20);
 
     for _ in 0..2 {
-        env.node.node_unpublish_volume(k.node_unpublish(&vol, &pod)).await.unwrap();
-        env.node.node_unstage_volume(k.node_unstage(&vol)).await.unwrap();
+        env.node
+            .node_unpublish_volume(k.node_unpublish(&vol, &pod))
+            .await
+            .unwrap();
+        env.node
+            .node_unstage_volume(k.node_unstage(&vol))
+            .await
+            .unwrap();
     }
     assert_eq!(mounted(&staging), None);
     assert!(!Path::new(&target).exists());
-    let e = env.node.node_get_volume_stats(k.node_stats(&vol, &pod)).await.unwrap_err();
+    let e = env
+        .node
+        .node_get_volume_stats(k.node_stats(&vol, &pod))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
 
     // Raw block volume, on kubelet's volumeDevices layout.
@@ -270,18 +366,33 @@ async fn mount_and_block_volumes_through_an_unprivileged_agent() {
     env.kubelet_dirs(&vol, &pod);
     let target = k.target_path(&pod, &vol);
     for _ in 0..2 {
-        env.node.node_stage_volume(k.node_stage(&vol, &attached(&wwn), HashMap::new())).await.unwrap();
-        env.node.node_publish_volume(k.node_publish(&vol, &pod, &attached(&wwn))).await.unwrap();
+        env.node
+            .node_stage_volume(k.node_stage(&vol, &attached(&wwn), HashMap::new()))
+            .await
+            .unwrap();
+        env.node
+            .node_publish_volume(k.node_publish(&vol, &pod, &attached(&wwn)))
+            .await
+            .unwrap();
     }
     {
-        let mut f = std::fs::OpenOptions::new().write(true).open(&target).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&target)
+            .unwrap();
         f.seek(SeekFrom::Start(4096)).unwrap();
         f.write_all(b"block bytes").unwrap();
         f.sync_all().unwrap();
     }
     for _ in 0..2 {
-        env.node.node_unpublish_volume(k.node_unpublish(&vol, &pod)).await.unwrap();
-        env.node.node_unstage_volume(k.node_unstage(&vol)).await.unwrap();
+        env.node
+            .node_unpublish_volume(k.node_unpublish(&vol, &pod))
+            .await
+            .unwrap();
+        env.node
+            .node_unstage_volume(k.node_unstage(&vol))
+            .await
+            .unwrap();
     }
     let mut buf = [0u8; 11];
     let mut f = std::fs::File::open(env.images.join(format!("{wwn}.raw"))).unwrap();
@@ -312,14 +423,31 @@ async fn node_info_and_bad_requests() {
         return;
     }
     let mut env = Env::start().await;
-    let info = env.node.node_get_info(callers::identity::node_get_info()).await.unwrap().into_inner();
+    let info = env
+        .node
+        .node_get_info(callers::identity::node_get_info())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(info.node_id, "worker-2/112");
     assert!((1..=24).contains(&info.max_volumes_per_node), "{info:?}");
     let segs = info.accessible_topology.unwrap().segments;
-    assert_eq!(segs.get("topology.kubernetes.io/region").map(String::as_str), Some("region-1"));
-    assert_eq!(segs.get("topology.kubernetes.io/zone").map(String::as_str), Some("pve2"));
+    assert_eq!(
+        segs.get("topology.kubernetes.io/region")
+            .map(String::as_str),
+        Some("region-1")
+    );
+    assert_eq!(
+        segs.get("topology.kubernetes.io/zone").map(String::as_str),
+        Some("pve2")
+    );
 
-    let caps = env.node.node_get_capabilities(callers::identity::node_get_capabilities()).await.unwrap().into_inner();
+    let caps = env
+        .node
+        .node_get_capabilities(callers::identity::node_get_capabilities())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(caps.capabilities.len(), 5);
 
     // kubelet's request for a good volume, each case breaking one field.
@@ -334,32 +462,70 @@ async fn node_info_and_bad_requests() {
     cases.push((r, "volume_id: is required"));
     let mut r = good.clone();
     r.staging_target_path = "/etc/kubernetes/x".into();
-    cases.push((r, "staging_target_path: \"/etc/kubernetes/x\" is not under kubelet's directory"));
+    cases.push((
+        r,
+        "staging_target_path: \"/etc/kubernetes/x\" is not under kubelet's directory",
+    ));
     // A ReadWriteMany PV.
-    let rwx = PersistentVolume { access_modes: vec![callers::AccessMode::ReadWriteMany], ..vol.clone() };
-    cases.push((k.node_stage(&rwx, &attached(&wwn), HashMap::new()), "volume_capability.access_mode: MULTI_NODE_MULTI_WRITER is not supported"));
+    let rwx = PersistentVolume {
+        access_modes: vec![callers::AccessMode::ReadWriteMany],
+        ..vol.clone()
+    };
+    cases.push((
+        k.node_stage(&rwx, &attached(&wwn), HashMap::new()),
+        "volume_capability.access_mode: MULTI_NODE_MULTI_WRITER is not supported",
+    ));
     // A PV whose fsType this driver does not make.
-    let ntfs = PersistentVolume { fs_type: "ntfs".into(), ..vol.clone() };
-    cases.push((k.node_stage(&ntfs, &attached(&wwn), HashMap::new()), "volume_capability.mount.fs_type: \"ntfs\" is not supported; allowed: ext4, xfs"));
+    let ntfs = PersistentVolume {
+        fs_type: "ntfs".into(),
+        ..vol.clone()
+    };
+    cases.push((
+        k.node_stage(&ntfs, &attached(&wwn), HashMap::new()),
+        "volume_capability.mount.fs_type: \"ntfs\" is not supported; allowed: ext4, xfs",
+    ));
     // An attachment without metadata.
-    cases.push((k.node_stage(&vol, &HashMap::new(), HashMap::new()), "publish_context.wwn: is required"));
+    cases.push((
+        k.node_stage(&vol, &HashMap::new(), HashMap::new()),
+        "publish_context.wwn: is required",
+    ));
     for (req, want) in cases {
         let e = env.node.node_stage_volume(req).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{want}: {e:?}");
-        assert!(e.message().starts_with(want), "want {want:?}, got {:?}", e.message());
+        assert!(
+            e.message().starts_with(want),
+            "want {want:?}, got {:?}",
+            e.message()
+        );
     }
     // Nothing was formatted by any of those.
     let mut head = vec![0u8; 1 << 20];
-    std::fs::File::open(env.images.join(format!("{wwn}.raw"))).unwrap().read_exact(&mut head).unwrap();
+    std::fs::File::open(env.images.join(format!("{wwn}.raw")))
+        .unwrap()
+        .read_exact(&mut head)
+        .unwrap();
     assert!(head.iter().all(|b| *b == 0));
 
     // Publish before stage: FailedPrecondition, per the spec.
-    let e = env.node.node_publish_volume(k.node_publish(&vol, &pod, &attached(&wwn))).await.unwrap_err();
+    let e = env
+        .node
+        .node_publish_volume(k.node_publish(&vol, &pod, &attached(&wwn)))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
 
     // A secret never reaches the agent's log.
-    let btrfs = PersistentVolume { fs_type: "btrfs".into(), ..vol.clone() };
-    let secret = HashMap::from([("encryption-passphrase".to_string(), "hunter2-secret".to_string())]);
-    let _ = env.node.node_stage_volume(k.node_stage(&btrfs, &attached(&wwn), secret)).await;
+    let btrfs = PersistentVolume {
+        fs_type: "btrfs".into(),
+        ..vol.clone()
+    };
+    let secret = HashMap::from([(
+        "encryption-passphrase".to_string(),
+        "hunter2-secret".to_string(),
+    )]);
+    let _ = env
+        .node
+        .node_stage_volume(k.node_stage(&btrfs, &attached(&wwn), secret))
+        .await;
     assert!(!env.agent_log().contains("hunter2-secret"));
 }

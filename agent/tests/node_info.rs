@@ -35,20 +35,28 @@ async fn node_object(UrlPath(name): UrlPath<String>) -> (StatusCode, Json<Value>
         _ => {
             return (
                 StatusCode::NOT_FOUND,
-                Json(json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": format!("nodes \"{name}\" not found")})),
+                Json(
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": format!("nodes \"{name}\" not found")}),
+                ),
             );
         }
     };
     (
         StatusCode::OK,
-        Json(json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, "labels": labels}})),
+        Json(
+            json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, "labels": labels}}),
+        ),
     )
 }
 
 async fn wait_for(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !path.exists() {
-        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -72,22 +80,34 @@ async fn node_info_reads_labels_and_smbios() {
     let dmi = dir.path().join("dmi");
     std::fs::create_dir_all(&dmi).unwrap();
     std::fs::write(dmi.join("product_serial"), "h=worker-3;i=203\n").unwrap();
-    std::fs::write(dmi.join("product_uuid"), "6e1b2f0a-0000-4000-8000-000000000203\n").unwrap();
+    std::fs::write(
+        dmi.join("product_uuid"),
+        "6e1b2f0a-0000-4000-8000-000000000203\n",
+    )
+    .unwrap();
 
     let hostd_sock = dir.path().join("hostd.sock");
     let _hostd = Proc(
-        Command::new(env!("CARGO_BIN_EXE_proxmox-csi-node").replace("proxmox-csi-node", "proxmox-csi-hostd"))
-            .args(["--socket", hostd_sock.to_str().unwrap()])
-            .args(["--kubelet-root", dir.path().to_str().unwrap()])
-            .args(["--dmi-dir", dmi.to_str().unwrap()])
-            .args(["--health-file", dir.path().join("h.json").to_str().unwrap()])
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+        Command::new(
+            env!("CARGO_BIN_EXE_proxmox-csi-node").replace("proxmox-csi-node", "proxmox-csi-hostd"),
+        )
+        .args(["--socket", hostd_sock.to_str().unwrap()])
+        .args(["--kubelet-root", dir.path().to_str().unwrap()])
+        .args(["--dmi-dir", dmi.to_str().unwrap()])
+        .args(["--health-file", dir.path().join("h.json").to_str().unwrap()])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
     );
     wait_for(&hostd_sock).await;
 
-    for (node, expect) in [("worker-3", Ok(("worker-3/203", "region-2", "pve3", 12))), ("worker-4", Err("Node worker-4 has no label topology.kubernetes.io/zone"))] {
+    for (node, expect) in [
+        ("worker-3", Ok(("worker-3/203", "region-2", "pve3", 12))),
+        (
+            "worker-4",
+            Err("Node worker-4 has no label topology.kubernetes.io/zone"),
+        ),
+    ] {
         let csi_sock = dir.path().join(format!("{node}.sock"));
         let _agent = Proc(
             Command::new(env!("CARGO_BIN_EXE_proxmox-csi-node"))
@@ -101,8 +121,12 @@ async fn node_info_reads_labels_and_smbios() {
                 .unwrap(),
         );
         wait_for(&csi_sock).await;
-        let ch = proxmox_csi_common::client::unix_channel(csi_sock).await.unwrap();
-        let got = NodeClient::new(ch).node_get_info(callers::identity::node_get_info()).await;
+        let ch = proxmox_csi_common::client::unix_channel(csi_sock)
+            .await
+            .unwrap();
+        let got = NodeClient::new(ch)
+            .node_get_info(callers::identity::node_get_info())
+            .await;
         match expect {
             Ok((id, region, zone, max)) => {
                 let info = got.unwrap().into_inner();
@@ -116,7 +140,12 @@ async fn node_info_reads_labels_and_smbios() {
                 let e = got.unwrap_err();
                 assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
                 assert!(e.message().contains(want), "{}", e.message());
-                assert!(e.message().contains("kubectl label node worker-4 topology.kubernetes.io/zone="), "{}", e.message());
+                assert!(
+                    e.message()
+                        .contains("kubectl label node worker-4 topology.kubernetes.io/zone="),
+                    "{}",
+                    e.message()
+                );
             }
         }
     }

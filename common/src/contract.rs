@@ -51,6 +51,9 @@ mod tests {
         // Fixed values: a change here breaks every attached disk's identity check.
         assert_eq!(serial_for("r/pve2/local-lvm/vm-9999-pvc-a").len(), 20);
         assert_eq!(serial_for("a"), "csi-ca978112ca1bbdca");
-        assert_ne!(serial_for("r/pve2/local-lvm/vm-9999-pvc-a"), serial_for("r/pve2/local-lvm/vm-9999-pvc-b"));
+        assert_ne!(
+            serial_for("r/pve2/local-lvm/vm-9999-pvc-a"),
+            serial_for("r/pve2/local-lvm/vm-9999-pvc-b")
+        );
     }
 }

@@ -10,9 +10,9 @@ use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use bytes::Bytes;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
-use bytes::Bytes;
 use tonic::body::Body;
 use tonic::service::Routes;
 use tonic::transport::server::Router;
@@ -20,9 +20,7 @@ use tower::{Layer, Service};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
-    #[error(
-        "endpoint {0:?} is not valid: expected unix:///absolute/path.sock or tcp://host:port"
-    )]
+    #[error("endpoint {0:?} is not valid: expected unix:///absolute/path.sock or tcp://host:port")]
     Invalid(String),
     #[error("endpoint {endpoint:?}: {path} exists and is not a socket; refusing to replace it")]
     NotASocket { endpoint: String, path: PathBuf },
@@ -102,8 +100,13 @@ impl Default for SocketAccess {
 /// A bound listener, ready to serve.
 #[derive(Debug)]
 pub enum Listener {
-    Unix { listener: UnixListener, path: PathBuf },
-    Tcp { listener: TcpListener },
+    Unix {
+        listener: UnixListener,
+        path: PathBuf,
+    },
+    Tcp {
+        listener: TcpListener,
+    },
 }
 
 impl Endpoint {
@@ -187,8 +190,10 @@ impl Listener {
     ) -> Result<(), EndpointError>
     where
         L: Layer<Routes>,
-        L::Service:
-            Service<http::Request<Body>, Response = http::Response<ResBody>> + Clone + Send + 'static,
+        L::Service: Service<http::Request<Body>, Response = http::Response<ResBody>>
+            + Clone
+            + Send
+            + 'static,
         <L::Service as Service<http::Request<Body>>>::Future: Send,
         <L::Service as Service<http::Request<Body>>>::Error:
             Into<Box<dyn std::error::Error + Send + Sync>> + Send,
@@ -238,7 +243,13 @@ mod tests {
             "tcp://:9000".parse::<Endpoint>().unwrap(),
             Endpoint::Tcp("0.0.0.0:9000".into())
         );
-        for bad in ["unix://relative.sock", "tcp://host", "tcp://h:notaport", "http://x:1", ""] {
+        for bad in [
+            "unix://relative.sock",
+            "tcp://host",
+            "tcp://h:notaport",
+            "http://x:1",
+            "",
+        ] {
             let err = bad.parse::<Endpoint>().unwrap_err().to_string();
             assert!(err.contains("unix:///absolute/path.sock"), "{bad}: {err}");
         }

@@ -22,12 +22,15 @@ impl NodeId {
         let (name, vmid) = match raw.split_once('/') {
             Some((n, v)) => {
                 // Digits only, no leading zero: one spelling per VM id.
-                let canonical = !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && !v.starts_with('0');
+                let canonical =
+                    !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && !v.starts_with('0');
                 let vmid = v
                     .parse::<u32>()
                     .ok()
                     .filter(|id| canonical && *id >= 100)
-                    .ok_or_else(|| format!("node id {raw:?}: {v:?} after '/' is not a VM id (100 or more)"))?;
+                    .ok_or_else(|| {
+                        format!("node id {raw:?}: {v:?} after '/' is not a VM id (100 or more)")
+                    })?;
                 (n, Some(vmid))
             }
             None => (raw, None),

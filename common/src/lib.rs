@@ -4,8 +4,8 @@
 
 pub mod client;
 pub mod contract;
-pub mod ids;
 pub mod endpoint;
+pub mod ids;
 pub mod logging;
 pub mod metrics;
 pub mod rpc;

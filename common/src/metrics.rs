@@ -167,7 +167,11 @@ where
                 .unwrap_or(tonic::Code::Ok);
             // A path no service answers to names no method: one label for
             // all of them, so a caller cannot grow the label set.
-            let method = if code == tonic::Code::Unimplemented { "unknown" } else { method.as_str() };
+            let method = if code == tonic::Code::Unimplemented {
+                "unknown"
+            } else {
+                method.as_str()
+            };
             metrics.observe_rpc(method, code, started);
             Ok(resp)
         })
@@ -227,12 +231,23 @@ mod tests {
         use tower::{Layer, Service};
         let metrics = std::sync::Arc::new(Metrics::new("t", "0"));
         let inner = tower::service_fn(|req: http::Request<()>| async move {
-            let status = if req.uri().path().ends_with("/Probe") { "0" } else { "12" };
-            Ok::<_, std::convert::Infallible>(http::Response::builder().header("grpc-status", status).body(()).unwrap())
+            let status = if req.uri().path().ends_with("/Probe") {
+                "0"
+            } else {
+                "12"
+            };
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .header("grpc-status", status)
+                    .body(())
+                    .unwrap(),
+            )
         });
         let mut svc = GrpcMetricsLayer(metrics.clone()).layer(inner);
         for path in ["/csi.v1.Identity/Probe", "/x/AaaaRandom1", "/y/BbbbRandom2"] {
-            svc.call(http::Request::builder().uri(path).body(()).unwrap()).await.unwrap();
+            svc.call(http::Request::builder().uri(path).body(()).unwrap())
+                .await
+                .unwrap();
         }
         let text = metrics.render();
         assert!(text.contains("method=\"Probe\""), "{text}");

@@ -27,7 +27,9 @@ pub enum Op {
         /// max_volumes_per_node); `None` for the controller's own VMs.
         limit: Option<u32>,
     },
-    Detach { volid: String },
+    Detach {
+        volid: String,
+    },
 }
 
 impl Op {
@@ -98,24 +100,41 @@ impl Attacher {
             vmid,
         };
         let (tx, rx) = oneshot::channel();
-        let job = Job { op, deadline, reply: tx };
+        let job = Job {
+            op,
+            deadline,
+            reply: tx,
+        };
         {
             let mut queues = self.queues.lock().await;
             let sender = queues.entry(key.clone()).or_insert_with(|| {
                 let (s, r) = mpsc::unbounded_channel();
-                tokio::spawn(worker(self.clone(), client.clone(), node.to_string(), vmid, r));
+                tokio::spawn(worker(
+                    self.clone(),
+                    client.clone(),
+                    node.to_string(),
+                    vmid,
+                    r,
+                ));
                 s
             });
             if let Err(mpsc::error::SendError(job)) = sender.send(job) {
                 // The worker ended (its VM's node changed); start a new one.
                 let (s, r) = mpsc::unbounded_channel();
-                tokio::spawn(worker(self.clone(), client.clone(), node.to_string(), vmid, r));
+                tokio::spawn(worker(
+                    self.clone(),
+                    client.clone(),
+                    node.to_string(),
+                    vmid,
+                    r,
+                ));
                 let _ = s.send(job);
                 queues.insert(key, s);
             }
         }
-        rx.await
-            .map_err(|_| CtlError::Unavailable(format!("attach queue of VM {vmid} stopped; retry")))?
+        rx.await.map_err(|_| {
+            CtlError::Unavailable(format!("attach queue of VM {vmid} stopped; retry"))
+        })?
     }
 }
 
@@ -128,7 +147,13 @@ impl Attacher {
 const GATHER_GAP: std::time::Duration = std::time::Duration::from_millis(30);
 const GATHER_MAX: std::time::Duration = std::time::Duration::from_millis(150);
 
-async fn worker(att: Arc<Attacher>, client: Arc<Client>, mut node: String, vmid: u32, mut rx: mpsc::UnboundedReceiver<Job>) {
+async fn worker(
+    att: Arc<Attacher>,
+    client: Arc<Client>,
+    mut node: String,
+    vmid: u32,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         let until = tokio::time::Instant::now() + GATHER_MAX;
@@ -149,11 +174,22 @@ async fn worker(att: Arc<Attacher>, client: Arc<Client>, mut node: String, vmid:
 /// Where VM `vmid` is now, after its config was not found on `node`
 /// (pve-guest-common AbstractConfig.pm load_config: "Configuration file
 /// 'nodes/<node>/qemu-server/<vmid>.conf' does not exist" once it moved).
-async fn follow(att: &Attacher, client: &Client, node: &str, vmid: u32, d: Deadline) -> Result<Option<String>, PveError> {
+async fn follow(
+    att: &Attacher,
+    client: &Client,
+    node: &str,
+    vmid: u32,
+    d: Deadline,
+) -> Result<Option<String>, PveError> {
     att.index.invalidate(client.region()).await;
     let now = att.index.node_of(client, vmid, d).await?.map(|v| v.node);
     if let Some(n) = now.as_deref().filter(|n| *n != node) {
-        tracing::info!(vmid, from = node, to = n, "VM moved to another Proxmox node; following it");
+        tracing::info!(
+            vmid,
+            from = node,
+            to = n,
+            "VM moved to another Proxmox node; following it"
+        );
     }
     Ok(now)
 }
@@ -174,8 +210,18 @@ enum Round {
     Split,
 }
 
-async fn run_batch(att: &Attacher, client: &Client, node: &mut String, vmid: u32, mut jobs: Vec<Job>) {
-    let deadline = jobs.iter().map(|j| j.deadline).max_by_key(|d| d.0).unwrap_or(Deadline::after(std::time::Duration::from_secs(30)));
+async fn run_batch(
+    att: &Attacher,
+    client: &Client,
+    node: &mut String,
+    vmid: u32,
+    mut jobs: Vec<Job>,
+) {
+    let deadline = jobs
+        .iter()
+        .map(|j| j.deadline)
+        .max_by_key(|d| d.0)
+        .unwrap_or(Deadline::after(std::time::Duration::from_secs(30)));
     let mut attempt = 0;
     let mut per_write = usize::MAX;
     while !jobs.is_empty() {
@@ -183,7 +229,11 @@ async fn run_batch(att: &Attacher, client: &Client, node: &mut String, vmid: u32
         match outcome {
             Ok(Round::Done) => {}
             Ok(Round::Split) => {
-                tracing::info!(vmid, jobs = jobs.len(), "a config write of several disks failed; trying them one by one");
+                tracing::info!(
+                    vmid,
+                    jobs = jobs.len(),
+                    "a config write of several disks failed; trying them one by one"
+                );
                 per_write = 1;
             }
             Err(e) if e.kind() == ErrorKind::NotFound && attempt < 3 => {
@@ -192,7 +242,9 @@ async fn run_batch(att: &Attacher, client: &Client, node: &mut String, vmid: u32
                     Ok(Some(now)) if now != *node => *node = now,
                     Ok(None) => {
                         for j in jobs.drain(..) {
-                            let _ = j.reply.send(Err(CtlError::NotFound(format!("VM {vmid} no longer exists: {e}"))));
+                            let _ = j.reply.send(Err(CtlError::NotFound(format!(
+                                "VM {vmid} no longer exists: {e}"
+                            ))));
                         }
                         return;
                     }
@@ -236,7 +288,15 @@ fn clone_err(e: &CtlError) -> CtlError {
 /// One read-plan-write-verify round of at most `per_write` changes. Jobs
 /// answered are removed from `jobs`; an `Err` (a lost digest race, a busy
 /// VM, the VM not where it was) leaves the rest for the caller to retry.
-async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs: &mut Vec<Job>, per_write: usize, d: Deadline) -> Result<Round, PveError> {
+async fn write_once(
+    att: &Attacher,
+    client: &Client,
+    node: &str,
+    vmid: u32,
+    jobs: &mut Vec<Job>,
+    per_write: usize,
+    d: Deadline,
+) -> Result<Round, PveError> {
     let cfg = client.vm_config(node, vmid, d).await?;
     let pending = client.vm_pending(node, vmid, d).await?;
     let pending_keys: BTreeSet<String> = pending
@@ -244,11 +304,21 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
         .filter(|p| p.pending.is_some() || p.delete.is_some())
         .map(|p| p.key.clone())
         .collect();
-    let mut taken: BTreeSet<String> = cfg.values.keys().cloned().chain(pending_keys.iter().cloned()).collect();
+    let mut taken: BTreeSet<String> = cfg
+        .values
+        .keys()
+        .cloned()
+        .chain(pending_keys.iter().cloned())
+        .collect();
     let wwns: BTreeSet<String> = cfg
         .values
         .values()
-        .filter_map(|v| DriveLine::parse(v).opts.get("wwn").map(|w| w.to_lowercase()))
+        .filter_map(|v| {
+            DriveLine::parse(v)
+                .opts
+                .get("wwn")
+                .map(|w| w.to_lowercase())
+        })
         .collect();
 
     let mut sets: Vec<(String, String)> = Vec::new();
@@ -260,14 +330,28 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
     for (i, job) in jobs.iter().enumerate() {
         let slots = drive::slots_with(&cfg.values, job.op.volid());
         match &job.op {
-            Op::Attach { volid, handle, opts, limit } => {
+            Op::Attach {
+                volid,
+                handle,
+                opts,
+                limit,
+            } => {
                 if let Some(slot) = slots.first() {
                     // Published again: the same answer, unless the access differs
                     // (the spec's ALREADY_EXISTS for an incompatible capability).
-                    let read_only = |o: &BTreeMap<String, String>| o.get("ro").is_some_and(|v| v == "1");
-                    let now = cfg.values.get(slot).map(|l| read_only(&DriveLine::parse(l).opts)).unwrap_or(false);
+                    let read_only =
+                        |o: &BTreeMap<String, String>| o.get("ro").is_some_and(|v| v == "1");
+                    let now = cfg
+                        .values
+                        .get(slot)
+                        .map(|l| read_only(&DriveLine::parse(l).opts))
+                        .unwrap_or(false);
                     if now != read_only(opts) {
-                        let (has, asked) = if now { ("read-only", "read-write") } else { ("read-write", "read-only") };
+                        let (has, asked) = if now {
+                            ("read-only", "read-write")
+                        } else {
+                            ("read-write", "read-only")
+                        };
                         done.push((i, Err(CtlError::AlreadyExists(format!(
                             "volume {handle} is published to VM {vmid} {has} ({slot}); it cannot also be published {asked}: unpublish it first"
                         )))));
@@ -282,11 +366,18 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
                 }
                 // Volumes of this driver on the VM (disks another VMID owns:
                 // the placeholder or a copy VM), with those planned here.
-                let ours = cfg.values.iter().filter(|(k, v)| drive::is_disk_key(k) && {
-                        let volume = DriveLine::parse(v).volume;
-                        let volname = volume.split_once(':').map_or(volume.as_str(), |(_, n)| n);
-                        crate::volume::owner_of(volname).is_some_and(|o| o != vmid)
-                    }).count()
+                let ours = cfg
+                    .values
+                    .iter()
+                    .filter(|(k, v)| {
+                        drive::is_disk_key(k) && {
+                            let volume = DriveLine::parse(v).volume;
+                            let volname =
+                                volume.split_once(':').map_or(volume.as_str(), |(_, n)| n);
+                            crate::volume::owner_of(volname).is_some_and(|o| o != vmid)
+                        }
+                    })
+                    .count()
                     + planned.len();
                 if let Some(max) = limit
                     && ours >= *max as usize
@@ -299,7 +390,10 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
                     )))));
                     continue;
                 }
-                let Some(slot) = SLOTS.map(|n| format!("scsi{n}")).find(|s| !taken.contains(s)) else {
+                let Some(slot) = SLOTS
+                    .map(|n| format!("scsi{n}"))
+                    .find(|s| !taken.contains(s))
+                else {
                     done.push((i, Err(CtlError::ResourceExhausted(format!(
                         "VM {vmid} has no free SCSI slot (scsi1–scsi30 are taken); detach a volume first"
                     )))));
@@ -325,9 +419,12 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
             }
             Op::Detach { volid } => {
                 if slots.is_empty() {
-                    att.attachments.record_absent(client.region(), volid, vmid).await;
+                    att.attachments
+                        .record_absent(client.region(), volid, vmid)
+                        .await;
                     done.push((i, Ok(None)));
-                } else if planned_detaches.contains(volid) || sets.len() + deletes.len() < per_write {
+                } else if planned_detaches.contains(volid) || sets.len() + deletes.len() < per_write
+                {
                     planned_detaches.insert(volid.clone());
                     for s in slots {
                         if !deletes.contains(&s) {
@@ -350,7 +447,8 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
         form.push(("delete", deletes.join(",")));
     }
     form.push(("digest", cfg.digest.clone()));
-    att.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    att.writes
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let result = client.update_config(node, vmid, &form, d).await;
     // A task that failed after its UPID may have left part of the change
     // (qemu-server writes each new disk key in its own step, and a hot-plug
@@ -359,17 +457,29 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
     // race wrote nothing (qemu-server checks the digest first).
     let hotplug_failure = match &result {
         Ok(()) => None,
-        Err(e @ PveError::Task { exitstatus, .. }) if e.kind() != ErrorKind::DigestMismatch => Some(exitstatus.clone()),
-        Err(e @ PveError::Api { message, .. }) if e.kind() == ErrorKind::HotplugFailed => Some(message.clone()),
-        Err(e) if e.is_transient() || e.kind() == ErrorKind::DigestMismatch => return result.map(|()| Round::Done),
+        Err(e @ PveError::Task { exitstatus, .. }) if e.kind() != ErrorKind::DigestMismatch => {
+            Some(exitstatus.clone())
+        }
+        Err(e @ PveError::Api { message, .. }) if e.kind() == ErrorKind::HotplugFailed => {
+            Some(message.clone())
+        }
+        Err(e) if e.is_transient() || e.kind() == ErrorKind::DigestMismatch => {
+            return result.map(|()| Round::Done);
+        }
         // Refused as a whole (nothing written): one change at a time tells
         // which one Proxmox refuses.
         Err(_) if multi => return Ok(Round::Split),
         Err(e) => {
             let err = CtlError::Internal(e.to_string());
-            let mine = |j: &Job| planned.contains_key(j.op.volid()) || planned_detaches.contains(j.op.volid());
-            let failed: Vec<(usize, Result<Option<Attached>, CtlError>)> =
-                jobs.iter().enumerate().filter(|(_, j)| mine(j)).map(|(i, _)| (i, Err(clone_err(&err)))).collect();
+            let mine = |j: &Job| {
+                planned.contains_key(j.op.volid()) || planned_detaches.contains(j.op.volid())
+            };
+            let failed: Vec<(usize, Result<Option<Attached>, CtlError>)> = jobs
+                .iter()
+                .enumerate()
+                .filter(|(_, j)| mine(j))
+                .map(|(i, _)| (i, Err(clone_err(&err))))
+                .collect();
             answer(jobs, failed);
             return Ok(Round::Done);
         }
@@ -406,12 +516,27 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
         let volid = job.op.volid().to_string();
         match &job.op {
             Op::Attach { .. } => {
-                let Some(p) = planned.get(&volid) else { continue };
-                if after.values.get(&p.slot).is_some_and(|v| DriveLine::parse(v).volume == volid) {
+                let Some(p) = planned.get(&volid) else {
+                    continue;
+                };
+                if after
+                    .values
+                    .get(&p.slot)
+                    .is_some_and(|v| DriveLine::parse(v).volume == volid)
+                {
                     att.attachments.record(client.region(), &volid, vmid).await;
-                    done.push((i, Ok(Some(Attached { slot: p.slot.clone(), wwn: p.wwn.clone(), serial: p.serial.clone() }))));
+                    done.push((
+                        i,
+                        Ok(Some(Attached {
+                            slot: p.slot.clone(),
+                            wwn: p.wwn.clone(),
+                            serial: p.serial.clone(),
+                        })),
+                    ));
                 } else {
-                    att.attachments.record_absent(client.region(), &volid, vmid).await;
+                    att.attachments
+                        .record_absent(client.region(), &volid, vmid)
+                        .await;
                     if !retry_rest && !multi {
                         done.push((i, Err(CtlError::Unavailable(format!(
                             "attaching {volid} to VM {vmid} as {} failed and was reverted: {why}", p.slot
@@ -424,15 +549,26 @@ async fn write_once(att: &Attacher, client: &Client, node: &str, vmid: u32, jobs
                     continue;
                 }
                 if drive::slots_with(&after.values, &volid).is_empty() {
-                    att.attachments.record_absent(client.region(), &volid, vmid).await;
-                    if after.values.iter().any(|(k, v)| k.starts_with("unused") && DriveLine::parse(v).volume == volid) {
-                        tracing::warn!(vmid, volid, "Proxmox kept the detached disk as unusedN: the VM owns it (a static volume)");
+                    att.attachments
+                        .record_absent(client.region(), &volid, vmid)
+                        .await;
+                    if after.values.iter().any(|(k, v)| {
+                        k.starts_with("unused") && DriveLine::parse(v).volume == volid
+                    }) {
+                        tracing::warn!(
+                            vmid,
+                            volid,
+                            "Proxmox kept the detached disk as unusedN: the VM owns it (a static volume)"
+                        );
                     }
                     done.push((i, Ok(None)));
                 } else if !retry_rest && !multi {
-                    done.push((i, Err(CtlError::Unavailable(format!(
-                        "detaching {volid} from VM {vmid} failed and was reverted: {why}"
-                    )))));
+                    done.push((
+                        i,
+                        Err(CtlError::Unavailable(format!(
+                            "detaching {volid} from VM {vmid} failed and was reverted: {why}"
+                        ))),
+                    ));
                 }
             }
         }

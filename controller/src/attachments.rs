@@ -49,7 +49,11 @@ const READ_ONE: std::time::Duration = std::time::Duration::from_secs(3);
 const READS_IN_FLIGHT: usize = 16;
 
 /// VM `vm`'s config, within `READ_ONE` of when its read starts.
-async fn read_one(client: &Client, vm: VmResource, d: Deadline) -> (VmResource, Result<VmConfig, PveError>) {
+async fn read_one(
+    client: &Client,
+    vm: VmResource,
+    d: Deadline,
+) -> (VmResource, Result<VmConfig, PveError>) {
     let short = Deadline(d.0.min(std::time::Instant::now() + READ_ONE));
     let cfg = client.vm_config(&vm.node, vm.vmid, short).await;
     (vm, cfg)
@@ -58,18 +62,40 @@ async fn read_one(client: &Client, vm: VmResource, d: Deadline) -> (VmResource, 
 /// The VMs whose disks are attachments: not the controller's own copy VMs
 /// and replicated volumes' holders (see ctl), and for a local volume
 /// (`zone`) only the VMs of its Proxmox node.
-async fn candidates(client: &Client, index: &VmIndex, zone: Option<&str>, d: Deadline) -> Result<Vec<VmResource>, PveError> {
+async fn candidates(
+    client: &Client,
+    index: &VmIndex,
+    zone: Option<&str>,
+    d: Deadline,
+) -> Result<Vec<VmResource>, PveError> {
     use crate::ctl::{REPLICATED_TAG, SNAPSHOT_TAG, VOLUME_TAG};
-    let copies = |v: &VmResource| [SNAPSHOT_TAG, VOLUME_TAG, REPLICATED_TAG].iter().any(|t| v.has_tag(t));
-    Ok(index.all(client, d).await?.into_iter().filter(|v| !copies(v) && zone.is_none_or(|z| v.node == z)).collect())
+    let copies = |v: &VmResource| {
+        [SNAPSHOT_TAG, VOLUME_TAG, REPLICATED_TAG]
+            .iter()
+            .any(|t| v.has_tag(t))
+    };
+    Ok(index
+        .all(client, d)
+        .await?
+        .into_iter()
+        .filter(|v| !copies(v) && zone.is_none_or(|z| v.node == z))
+        .collect())
 }
 
 impl Region {
     /// Reads the disks of `vms` into the index, `READS_IN_FLIGHT` at a time.
-    async fn read_all(&mut self, client: &Client, vms: &[VmResource], d: Deadline) -> Result<(), PveError> {
+    async fn read_all(
+        &mut self,
+        client: &Client,
+        vms: &[VmResource],
+        d: Deadline,
+    ) -> Result<(), PveError> {
         use futures::stream::{self, StreamExt};
         let reads = vms.iter().cloned().map(|vm| read_one(client, vm, d));
-        let read: Vec<_> = stream::iter(reads).buffer_unordered(READS_IN_FLIGHT).collect().await;
+        let read: Vec<_> = stream::iter(reads)
+            .buffer_unordered(READS_IN_FLIGHT)
+            .collect()
+            .await;
         for (vm, cfg) in read {
             self.take(&vm, cfg)?;
         }
@@ -99,7 +125,8 @@ impl Region {
             }
             Err(e) if e.is_transient() => {
                 tracing::warn!(vmid = vm.vmid, node = vm.node, error = %e, "VM config unreadable; its disks are the last ones read until its node answers");
-                self.unreadable.insert(vm.vmid, (vm.node.clone(), e.to_string()));
+                self.unreadable
+                    .insert(vm.vmid, (vm.node.clone(), e.to_string()));
                 Ok(())
             }
             Err(e) => Err(e),
@@ -108,14 +135,27 @@ impl Region {
 
     /// The region read again; VMs unreadable now keep what they were last
     /// read to hold.
-    async fn reread(&mut self, client: &Client, index: &VmIndex, d: Deadline) -> Result<(), PveError> {
+    async fn reread(
+        &mut self,
+        client: &Client,
+        index: &VmIndex,
+        d: Deadline,
+    ) -> Result<(), PveError> {
         let vms = candidates(client, index, None, d).await?;
-        let mut fresh = Region { generation: self.generation + 1, ..Region::default() };
+        let mut fresh = Region {
+            generation: self.generation + 1,
+            ..Region::default()
+        };
         fresh.read_all(client, &vms, d).await?;
         for vmid in fresh.unreadable.keys() {
             if self.read_once.contains(vmid) {
                 fresh.read_once.insert(*vmid);
-                fresh.found.extend(self.found.iter().filter(|(_, v)| **v == *vmid).map(|(k, v)| (k.clone(), *v)));
+                fresh.found.extend(
+                    self.found
+                        .iter()
+                        .filter(|(_, v)| **v == *vmid)
+                        .map(|(k, v)| (k.clone(), *v)),
+                );
             }
         }
         *self = fresh;
@@ -126,7 +166,9 @@ impl Region {
     fn unknown(&self, zone: Option<&str>) -> Vec<String> {
         self.unreadable
             .iter()
-            .filter(|(vmid, (node, _))| !self.read_once.contains(vmid) && zone.is_none_or(|z| z == node))
+            .filter(|(vmid, (node, _))| {
+                !self.read_once.contains(vmid) && zone.is_none_or(|z| z == node)
+            })
             .map(|(vmid, (node, why))| format!("VM {vmid} on {node} ({why})"))
             .collect()
     }
@@ -137,12 +179,24 @@ impl Attachments {
     /// so. `zone` is the node of a local volume (`None`: shared storage):
     /// while some VM that could hold it was never read, a volume not found
     /// is "unknown" (transient), never a guess.
-    async fn lookup(&self, client: &Client, index: &VmIndex, volid: &str, zone: Option<&str>, d: Deadline) -> Result<(Option<u32>, u64), PveError> {
+    async fn lookup(
+        &self,
+        client: &Client,
+        index: &VmIndex,
+        volid: &str,
+        zone: Option<&str>,
+        d: Deadline,
+    ) -> Result<(Option<u32>, u64), PveError> {
         // Held across the reads: a lookup never sees half an index. A
         // whole region is read at most once a minute (ListVolumes) or when
         // an entry proved stale, READS_IN_FLIGHT at a time.
         let mut map = self.map.lock().await;
-        let region = map.entry(client.region().to_string()).or_insert_with(|| Region { stale: true, ..Region::default() });
+        let region = map
+            .entry(client.region().to_string())
+            .or_insert_with(|| Region {
+                stale: true,
+                ..Region::default()
+            });
         if region.stale {
             region.reread(client, index, d).await?;
         }
@@ -165,13 +219,23 @@ impl Attachments {
         } else {
             Err(PveError::Unknown {
                 region: client.region().to_string(),
-                what: format!("whether {volid} is attached is unknown: the config of {} could not be read", unknown.join(", ")),
+                what: format!(
+                    "whether {volid} is attached is unknown: the config of {} could not be read",
+                    unknown.join(", ")
+                ),
             })
         }
     }
 
     /// The VM `volid` is attached to, by the index (see `lookup`).
-    pub async fn vm_of(&self, client: &Client, index: &VmIndex, volid: &str, zone: Option<&str>, d: Deadline) -> Result<Option<u32>, PveError> {
+    pub async fn vm_of(
+        &self,
+        client: &Client,
+        index: &VmIndex,
+        volid: &str,
+        zone: Option<&str>,
+        d: Deadline,
+    ) -> Result<Option<u32>, PveError> {
         Ok(self.lookup(client, index, volid, zone, d).await?.0)
     }
 
@@ -179,12 +243,25 @@ impl Attachments {
     /// the VM is now, before anyone is refused because of it: an entry
     /// Proxmox no longer shows (a disk detached in the UI) makes the region
     /// be read again, and the answer is what Proxmox says now.
-    pub async fn confirmed(&self, client: &Client, index: &VmIndex, volid: &str, zone: Option<&str>, d: Deadline) -> Result<Option<u32>, PveError> {
-        let (Some(vmid), generation) = self.lookup(client, index, volid, zone, d).await? else { return Ok(None) };
+    pub async fn confirmed(
+        &self,
+        client: &Client,
+        index: &VmIndex,
+        volid: &str,
+        zone: Option<&str>,
+        d: Deadline,
+    ) -> Result<Option<u32>, PveError> {
+        let (Some(vmid), generation) = self.lookup(client, index, volid, zone, d).await? else {
+            return Ok(None);
+        };
         if holds(client, index, vmid, volid, d).await? {
             return Ok(Some(vmid));
         }
-        tracing::info!(volid, vmid, "the attachment index was stale (changed outside the driver); reading every VM again");
+        tracing::info!(
+            volid,
+            vmid,
+            "the attachment index was stale (changed outside the driver); reading every VM again"
+        );
         if let Some(r) = self.map.lock().await.get_mut(client.region())
             && r.generation == generation
         {
@@ -197,7 +274,14 @@ impl Attachments {
     /// hold it, read now (not the index): for what cannot be undone,
     /// deleting a disk or growing it through a holder VM. The index is
     /// corrected with what was read.
-    pub async fn truth(&self, client: &Client, index: &VmIndex, volid: &str, zone: Option<&str>, d: Deadline) -> Result<Option<u32>, PveError> {
+    pub async fn truth(
+        &self,
+        client: &Client,
+        index: &VmIndex,
+        volid: &str,
+        zone: Option<&str>,
+        d: Deadline,
+    ) -> Result<Option<u32>, PveError> {
         let vms = candidates(client, index, zone, d).await?;
         let mut now = Region::default();
         now.read_all(client, &vms, d).await?;
@@ -207,7 +291,12 @@ impl Attachments {
         // (its config cannot change while its node is down); one never read
         // leaves the answer unknown.
         let held = now.found.get(volid).copied().or_else(|| {
-            known.and_then(|r| r.found.get(volid).copied().filter(|vmid| now.unreadable.contains_key(vmid) && r.read_once.contains(vmid)))
+            known.and_then(|r| {
+                r.found
+                    .get(volid)
+                    .copied()
+                    .filter(|vmid| now.unreadable.contains_key(vmid) && r.read_once.contains(vmid))
+            })
         });
         let never_read: Vec<String> = now
             .unreadable
@@ -218,7 +307,10 @@ impl Attachments {
         if held.is_none() && !never_read.is_empty() {
             return Err(PveError::Unknown {
                 region: client.region().to_string(),
-                what: format!("whether {volid} is attached is unknown: the config of {} could not be read", never_read.join(", ")),
+                what: format!(
+                    "whether {volid} is attached is unknown: the config of {} could not be read",
+                    never_read.join(", ")
+                ),
             });
         }
         if let Some(r) = map.get_mut(client.region()) {
@@ -234,7 +326,14 @@ impl Attachments {
     /// checked against the configs of the VMs that could hold the volume
     /// (`truth`), so a disk attached in the Proxmox UI since the last
     /// reconcile is not deleted or grown behind its VM's back.
-    pub async fn certain(&self, client: &Client, index: &VmIndex, volid: &str, zone: Option<&str>, d: Deadline) -> Result<Option<u32>, PveError> {
+    pub async fn certain(
+        &self,
+        client: &Client,
+        index: &VmIndex,
+        volid: &str,
+        zone: Option<&str>,
+        d: Deadline,
+    ) -> Result<Option<u32>, PveError> {
         match self.confirmed(client, index, volid, zone, d).await? {
             Some(vmid) => Ok(Some(vmid)),
             None => self.truth(client, index, volid, zone, d).await,
@@ -256,7 +355,12 @@ impl Attachments {
             && let Some(old) = m.found.insert(volid.to_string(), vmid)
             && old != vmid
         {
-            tracing::warn!(volid, vmid, was = old, "attachment index: the volume was recorded on another VM");
+            tracing::warn!(
+                volid,
+                vmid,
+                was = old,
+                "attachment index: the volume was recorded on another VM"
+            );
         }
     }
 
@@ -273,9 +377,19 @@ impl Attachments {
 
 /// Whether VM `vmid`'s config has `volid` in a disk slot, read where the VM
 /// is now (a VM that moved is followed; one that is gone holds nothing).
-async fn holds(client: &Client, index: &VmIndex, vmid: u32, volid: &str, d: Deadline) -> Result<bool, PveError> {
+async fn holds(
+    client: &Client,
+    index: &VmIndex,
+    vmid: u32,
+    volid: &str,
+    d: Deadline,
+) -> Result<bool, PveError> {
     for fresh in [false, true] {
-        let vm = if fresh { index.current(client, vmid, d).await? } else { index.node_of(client, vmid, d).await? };
+        let vm = if fresh {
+            index.current(client, vmid, d).await?
+        } else {
+            index.node_of(client, vmid, d).await?
+        };
         let Some(vm) = vm else { return Ok(false) };
         match client.vm_config(&vm.node, vmid, d).await {
             Ok(cfg) => return Ok(!drive::slots_with(&cfg.values, volid).is_empty()),

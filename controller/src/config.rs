@@ -163,7 +163,8 @@ impl CloudConfig {
         let raw: RawConfig = if text.trim().is_empty() {
             RawConfig::default()
         } else {
-            serde_norway::from_str(text).map_err(|e| ConfigError::Syntax(without_values(&e.to_string())))?
+            serde_norway::from_str(text)
+                .map_err(|e| ConfigError::Syntax(without_values(&e.to_string())))?
         };
         let mut ignored_keys: Vec<String> = raw.other.keys().cloned().collect();
         ignored_keys.extend(raw.features.other.keys().map(|k| format!("features.{k}")));
@@ -175,7 +176,10 @@ impl CloudConfig {
             // default there (pkg/config/config.go), and its chart suggests
             // `proxmox`: the same here, with a warning, not a crash loop.
             Some(other) => {
-                tracing::warn!(provider = other, "features.provider is neither default nor capmox; using default, as the Go driver does");
+                tracing::warn!(
+                    provider = other,
+                    "features.provider is neither default nor capmox; using default, as the Go driver does"
+                );
                 Provider::Default
             }
         };
@@ -231,7 +235,9 @@ fn controller_vmid(f: &RawFeatures) -> Result<u32, ConfigError> {
     if !(101..=999_999_999).contains(&value) {
         return Err(ConfigError::Feature {
             key: "controllerVmID",
-            reason: format!("invalid VM ID {value}, must be greater than 100 and at most 999999999"),
+            reason: format!(
+                "invalid VM ID {value}, must be greater than 100 and at most 999999999"
+            ),
         });
     }
     Ok(value as u32)
@@ -287,10 +293,16 @@ fn parse_cluster(index: usize, rc: RawCluster) -> Result<Cluster, ConfigError> {
         }
         (true, false) => {
             let id = token_id.ok_or_else(|| {
-                err("token_id", "token_secret is set but token_id is missing".into())
+                err(
+                    "token_id",
+                    "token_secret is set but token_id is missing".into(),
+                )
             })?;
             let secret = token_secret.ok_or_else(|| {
-                err("token_secret", "token_id is set but token_secret is missing".into())
+                err(
+                    "token_secret",
+                    "token_id is set but token_secret is missing".into(),
+                )
             })?;
             validate_token_id(&id).map_err(|r| err("token_id", r))?;
             Credentials::Token {
@@ -319,7 +331,10 @@ fn parse_cluster(index: usize, rc: RawCluster) -> Result<Cluster, ConfigError> {
     if let Some(ca) = &rc.ca_file
         && !ca.is_file()
     {
-        return Err(err("ca_file", format!("{} is not a readable file", ca.display())));
+        return Err(err(
+            "ca_file",
+            format!("{} is not a readable file", ca.display()),
+        ));
     }
 
     Ok(Cluster {

@@ -17,7 +17,10 @@ impl DriveLine {
     pub fn parse(value: &str) -> Self {
         let mut parts = value.split(',');
         let first = parts.next().unwrap_or_default();
-        let volume = first.strip_prefix("file=").or_else(|| first.strip_prefix("volume=")).unwrap_or(first);
+        let volume = first
+            .strip_prefix("file=")
+            .or_else(|| first.strip_prefix("volume="))
+            .unwrap_or(first);
         let opts = parts
             .filter_map(|p| p.split_once('='))
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -30,7 +33,11 @@ impl DriveLine {
 
     pub fn render(&self) -> String {
         // A volume that looks like an option keeps its `file=` key.
-        let mut s = if self.volume.contains('=') { format!("file={}", self.volume) } else { self.volume.clone() };
+        let mut s = if self.volume.contains('=') {
+            format!("file={}", self.volume)
+        } else {
+            self.volume.clone()
+        };
         for (k, v) in &self.opts {
             s.push_str(&format!(",{k}={v}"));
         }
@@ -52,7 +59,8 @@ pub fn slots_with(config: &BTreeMap<String, String>, volid: &str) -> Vec<String>
 
 pub fn is_disk_key(k: &str) -> bool {
     ["scsi", "virtio", "sata", "ide"].iter().any(|bus| {
-        k.strip_prefix(bus).is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+        k.strip_prefix(bus)
+            .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
     })
 }
 
@@ -63,7 +71,11 @@ mod tests {
     #[test]
     fn rendering_is_stable() {
         // Found by fuzzing: a doubled `file=` key changed on each round.
-        for raw in ["file=file=local-isklocal-isk-0,size=2G", "local-lvm:vm-1-disk-0,size=1G", "file=local-lvm:vm-1-disk-0"] {
+        for raw in [
+            "file=file=local-isklocal-isk-0,size=2G",
+            "local-lvm:vm-1-disk-0,size=1G",
+            "file=local-lvm:vm-1-disk-0",
+        ] {
             let once = DriveLine::parse(raw).render();
             assert_eq!(DriveLine::parse(&once).render(), once, "{raw}");
         }
@@ -74,9 +86,15 @@ mod tests {
         let d = DriveLine::parse("local-lvm:vm-9999-pvc-a,backup=0,size=1G,wwn=0x5000c500a1b2c3d4");
         assert_eq!(d.volume, "local-lvm:vm-9999-pvc-a");
         assert_eq!(d.opts["wwn"], "0x5000c500a1b2c3d4");
-        assert_eq!(d.render(), "local-lvm:vm-9999-pvc-a,backup=0,size=1G,wwn=0x5000c500a1b2c3d4");
+        assert_eq!(
+            d.render(),
+            "local-lvm:vm-9999-pvc-a,backup=0,size=1G,wwn=0x5000c500a1b2c3d4"
+        );
         let cfg = BTreeMap::from([
-            ("scsi0".to_string(), "local-lvm:vm-112-disk-0,size=32G".to_string()),
+            (
+                "scsi0".to_string(),
+                "local-lvm:vm-112-disk-0,size=32G".to_string(),
+            ),
             ("scsi3".to_string(), d.render()),
             ("unused0".to_string(), "local-lvm:vm-9999-pvc-a".to_string()),
         ]);

@@ -55,7 +55,10 @@ pub struct NodeFacts {
 
 /// The VM id in `proxmox://<region>/<vmid>` (or a bare VM id).
 pub fn vmid_from_provider_id(v: &str) -> Option<u32> {
-    let rest = v.strip_prefix("proxmox://").map(|r| r.rsplit('/').next().unwrap_or_default()).unwrap_or(v);
+    let rest = v
+        .strip_prefix("proxmox://")
+        .map(|r| r.rsplit('/').next().unwrap_or_default())
+        .unwrap_or(v);
     rest.parse().ok().filter(|id| *id >= 100)
 }
 
@@ -75,7 +78,11 @@ impl Kube {
     /// `node_vm`) and its max-volume-attachments label. `Ok(None)`: gone.
     pub async fn node(&self, name: &str) -> Result<Option<NodeFacts>, CtlError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let Some(node) = nodes.get_opt(name).await.map_err(|e| unavailable(&format!("reading Node {name}"), e))? else {
+        let Some(node) = nodes
+            .get_opt(name)
+            .await
+            .map_err(|e| unavailable(&format!("reading Node {name}"), e))?
+        else {
             return Ok(None);
         };
         let max_volumes = node
@@ -85,7 +92,11 @@ impl Kube {
             .and_then(|l| l.get(proxmox_csi_common::MAX_VOLUMES_LABEL))
             .and_then(|v| v.parse::<i64>().ok())
             .filter(|v| (1..=30).contains(v));
-        let from_provider = node.spec.as_ref().and_then(|s| s.provider_id.as_deref()).and_then(vmid_from_provider_id);
+        let from_provider = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .and_then(vmid_from_provider_id);
         let from_annotation = node
             .metadata
             .annotations
@@ -97,7 +108,10 @@ impl Kube {
             .and_then(|s| s.node_info)
             .map(|i| i.system_uuid.trim().to_ascii_lowercase())
             .filter(|u| !u.is_empty());
-        let vm = from_provider.or(from_annotation).map(NodeVm::Id).or(system_uuid.map(NodeVm::SystemUuid));
+        let vm = from_provider
+            .or(from_annotation)
+            .map(NodeVm::Id)
+            .or(system_uuid.map(NodeVm::SystemUuid));
         Ok(Some(NodeFacts { vm, max_volumes }))
     }
 
@@ -106,7 +120,10 @@ impl Kube {
     /// (pkg/controller/util.go GetNodeIDFromCSINode).
     pub async fn csi_node_ids(&self, driver: &str) -> Result<Vec<String>, CtlError> {
         let nodes: Api<CSINode> = Api::all(self.client.clone());
-        let list = nodes.list(&ListParams::default()).await.map_err(|e| unavailable("listing CSINodes", e))?;
+        let list = nodes
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| unavailable("listing CSINodes", e))?;
         Ok(list
             .items
             .into_iter()
@@ -117,7 +134,11 @@ impl Kube {
     }
 
     /// The PersistentVolume whose CSI volume handle is `handle`.
-    pub async fn pv_for_handle(&self, driver: &str, handle: &str) -> Result<Option<PvFacts>, CtlError> {
+    pub async fn pv_for_handle(
+        &self,
+        driver: &str,
+        handle: &str,
+    ) -> Result<Option<PvFacts>, CtlError> {
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
         let list = pvs
             .list(&ListParams::default())
@@ -128,7 +149,13 @@ impl Kube {
             let csi = spec.csi.as_ref()?;
             (csi.driver == driver && csi.volume_handle == handle).then(|| PvFacts {
                 name: pv.metadata.name.clone().unwrap_or_default(),
-                keep: pv.metadata.annotations.as_ref().and_then(|a| a.get(LIFECYCLE)).map(String::as_str) == Some("keep"),
+                keep: pv
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(LIFECYCLE))
+                    .map(String::as_str)
+                    == Some("keep"),
                 attributes_class: spec.volume_attributes_class_name.clone(),
             })
         }))

@@ -3,13 +3,13 @@
 pub mod attach;
 pub mod attachments;
 pub mod config;
+pub mod csi;
 pub mod ctl;
 pub mod drive;
+pub mod error;
 pub mod kube;
 pub mod params;
-pub mod volume;
-pub mod vms;
-pub mod error;
-pub mod csi;
 pub mod pve;
 pub mod server;
+pub mod vms;
+pub mod volume;

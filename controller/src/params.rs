@@ -16,12 +16,32 @@ pub struct ParamError {
 
 /// Keys the Go driver reads, plus `discard` (settable on its own).
 const KEYS: &[&str] = &[
-    "storage", "storageFormat", "cache", "ssd", "discard", "aio", "iothread", "backup", "diskIOPS",
-    "diskMBps", "blockSize", "inodeSize", "replicate", "replicateSchedule", "replicateZones",
+    "storage",
+    "storageFormat",
+    "cache",
+    "ssd",
+    "discard",
+    "aio",
+    "iothread",
+    "backup",
+    "diskIOPS",
+    "diskMBps",
+    "blockSize",
+    "inodeSize",
+    "replicate",
+    "replicateSchedule",
+    "replicateZones",
 ];
 
 /// Keys a VolumeAttributesClass may set.
-const MUTABLE_KEYS: &[&str] = &["diskIOPS", "diskMBps", "backup", "cache", "replicateSchedule", "replicateZones"];
+const MUTABLE_KEYS: &[&str] = &[
+    "diskIOPS",
+    "diskMBps",
+    "backup",
+    "cache",
+    "replicateSchedule",
+    "replicateZones",
+];
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StorageParams {
@@ -89,12 +109,20 @@ impl StorageParams {
             match key.as_str() {
                 "storage" => p.storage = v.to_string(),
                 // Go: anything but qcow2 is raw (pkg/csi/controller.go).
-                "storageFormat" => p.format = Some(if v == "qcow2" { "qcow2" } else { "raw" }.to_string()),
+                "storageFormat" => {
+                    p.format = Some(if v == "qcow2" { "qcow2" } else { "raw" }.to_string())
+                }
                 // The external-provisioner's legacy key, passed through
                 // (pkg/controller/controller.go prepareProvision); the
                 // filesystem reaches the node in the volume capability.
                 "fstype" | "fsType" | "FSType" => {}
-                "cache" => p.cache = Some(one_of(key, v, &["none", "writethrough", "writeback", "unsafe", "directsync"])?),
+                "cache" => {
+                    p.cache = Some(one_of(
+                        key,
+                        v,
+                        &["none", "writethrough", "writeback", "unsafe", "directsync"],
+                    )?)
+                }
                 "ssd" => p.ssd = Some(parse_bool(key, v)?),
                 "discard" => p.discard = Some(one_of(key, v, &["on", "ignore"])?),
                 "aio" => p.aio = Some(one_of(key, v, &["native", "threads", "io_uring"])?),
@@ -107,10 +135,19 @@ impl StorageParams {
                 "replicate" => p.replicate = parse_bool(key, v)?,
                 "replicateSchedule" => p.replicate_schedule = Some(v.to_string()),
                 "replicateZones" => {
-                    p.replicate_zones = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+                    p.replicate_zones = v
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(String::from)
+                        .collect()
                 }
                 other => {
-                    tracing::warn!(parameter = other, "unknown StorageClass parameter, ignored; known: {}", KEYS.join(", "));
+                    tracing::warn!(
+                        parameter = other,
+                        "unknown StorageClass parameter, ignored; known: {}",
+                        KEYS.join(", ")
+                    );
                     p.ignored.push(other.to_string());
                 }
             }
@@ -132,7 +169,13 @@ impl StorageParams {
                 "diskIOPS" => self.iops = Some(number::<u64>(key, v)?).filter(|n| *n > 0),
                 "diskMBps" => self.mbps = Some(number::<u64>(key, v)?).filter(|n| *n > 0),
                 "backup" => self.backup = parse_bool(key, v)?,
-                "cache" => self.cache = Some(one_of(key, v, &["none", "writethrough", "writeback", "unsafe", "directsync"])?),
+                "cache" => {
+                    self.cache = Some(one_of(
+                        key,
+                        v,
+                        &["none", "writethrough", "writeback", "unsafe", "directsync"],
+                    )?)
+                }
                 // The Go driver's VolumeAttributesClass keys for replication,
                 // parsed and not acted on there (pkg/csi/parameters.go
                 // ModifyVolumeParameters): accepted and ignored alike.
@@ -140,7 +183,10 @@ impl StorageParams {
                 other => {
                     return Err(ParamError {
                         key: other.into(),
-                        reason: format!("not a mutable parameter; allowed: {}", MUTABLE_KEYS.join(", ")),
+                        reason: format!(
+                            "not a mutable parameter; allowed: {}",
+                            MUTABLE_KEYS.join(", ")
+                        ),
                     });
                 }
             }
@@ -188,8 +234,11 @@ impl StorageParams {
     /// StorageParameters and ModifyVolumeParameters.MergeMap). Only the keys
     /// we know are read; the rest is not ours to police.
     pub fn from_context(ctx: &HashMap<String, String>) -> Result<Self, ParamError> {
-        let known: HashMap<String, String> =
-            ctx.iter().filter(|(k, _)| KEYS.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let known: HashMap<String, String> = ctx
+            .iter()
+            .filter(|(k, _)| KEYS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         Self::parse(&known)
     }
 
@@ -242,7 +291,10 @@ mod tests {
     use super::*;
 
     fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -272,7 +324,10 @@ mod tests {
         let ctx = map(&[
             ("storage", "local-lvm"),
             ("ssd", "1"),
-            ("storage.kubernetes.io/csiProvisionerIdentity", "1730000000000-8081-csi.proxmox.sinextra.dev"),
+            (
+                "storage.kubernetes.io/csiProvisionerIdentity",
+                "1730000000000-8081-csi.proxmox.sinextra.dev",
+            ),
             ("resizeRequired", "true"),
             ("resizeSizeBytes", "1073741824"),
             ("iops_rd", "100"),
@@ -286,22 +341,49 @@ mod tests {
 
     #[test]
     fn discard_can_be_set_on_its_own() {
-        let p = StorageParams::parse(&map(&[("storage", "s"), ("ssd", "1"), ("discard", "ignore")])).unwrap();
+        let p = StorageParams::parse(&map(&[
+            ("storage", "s"),
+            ("ssd", "1"),
+            ("discard", "ignore"),
+        ]))
+        .unwrap();
         let o = p.drive_options(true);
-        assert_eq!((o["ssd"].as_str(), o["discard"].as_str(), o["ro"].as_str()), ("1", "ignore", "1"));
+        assert_eq!(
+            (o["ssd"].as_str(), o["discard"].as_str(), o["ro"].as_str()),
+            ("1", "ignore", "1")
+        );
     }
 
     #[test]
     fn errors_name_the_key_and_what_is_allowed() {
         let e = |pairs: &[(&str, &str)]| StorageParams::parse(&map(pairs)).unwrap_err().to_string();
-        assert_eq!(e(&[("storage", "s"), ("ssd", "yes")]), "parameter ssd: \"yes\" is not a boolean; allowed: true, false, 1, 0");
-        assert!(e(&[("storage", "s"), ("cache", "fast")]).starts_with("parameter cache: \"fast\" is not allowed; allowed: none, writethrough"));
+        assert_eq!(
+            e(&[("storage", "s"), ("ssd", "yes")]),
+            "parameter ssd: \"yes\" is not a boolean; allowed: true, false, 1, 0"
+        );
+        assert!(
+            e(&[("storage", "s"), ("cache", "fast")]).starts_with(
+                "parameter cache: \"fast\" is not allowed; allowed: none, writethrough"
+            )
+        );
         // As the Go driver: an unknown key is ignored (and logged), the
         // provisioner's legacy `fstype` too, any format but qcow2 is raw.
-        let p = StorageParams::parse(&map(&[("storage", "s"), ("stroage", "x"), ("fstype", "xfs"), ("storageFormat", "vmdk")])).unwrap();
+        let p = StorageParams::parse(&map(&[
+            ("storage", "s"),
+            ("stroage", "x"),
+            ("fstype", "xfs"),
+            ("storageFormat", "vmdk"),
+        ]))
+        .unwrap();
         assert_eq!(p.ignored, ["stroage"]);
         assert_eq!(p.format.as_deref(), Some("raw"));
-        assert_eq!(e(&[("ssd", "1")]), "parameter storage: parameter storage must be provided");
-        assert_eq!(e(&[("storage", "s"), ("diskIOPS", "lots")]), "parameter diskIOPS: \"lots\" is not a number");
+        assert_eq!(
+            e(&[("ssd", "1")]),
+            "parameter storage: parameter storage must be provided"
+        );
+        assert_eq!(
+            e(&[("storage", "s"), ("diskIOPS", "lots")]),
+            "parameter diskIOPS: \"lots\" is not a number"
+        );
     }
 }

@@ -62,13 +62,21 @@ pub async fn run(
         .map(|c| pve::Client::new(c, opts.api_timeout, api_metrics.clone()))
         .collect::<Result<Vec<_>, _>>()?;
     let regions: Vec<&str> = clients.iter().map(|c| c.region()).collect();
-    tracing::info!(?regions, controller_vmid = config.controller_vmid, "cloud config loaded");
+    tracing::info!(
+        ?regions,
+        controller_vmid = config.controller_vmid,
+        "cloud config loaded"
+    );
 
     let mut metrics = Metrics::new("controller", env!("CARGO_PKG_VERSION"));
     api_metrics.register(metrics.registry_mut());
     let metrics = Arc::new(metrics);
     let clients: Vec<Arc<pve::Client>> = clients.into_iter().map(Arc::new).collect();
-    let identity = Identity::new(opts.driver_name.clone(), clients.clone(), Duration::from_secs(5));
+    let identity = Identity::new(
+        opts.driver_name.clone(),
+        clients.clone(),
+        Duration::from_secs(5),
+    );
     let mut controller = Controller::new(clients, config.controller_vmid, Duration::from_secs(60));
     match kube::Client::try_default().await {
         Ok(k) => controller = controller.with_kube(crate::kube::Kube::new(k), &opts.driver_name),
@@ -95,7 +103,11 @@ pub async fn run(
             .await
             .map_err(|source| StartError::Metrics { addr, source })?;
         tracing::info!(%addr, "serving metrics on /metrics");
-        tokio::spawn(metrics::serve_on(listener, metrics.clone(), stopped(stop_rx.clone())));
+        tokio::spawn(metrics::serve_on(
+            listener,
+            metrics.clone(),
+            stopped(stop_rx.clone()),
+        ));
     }
 
     let listener = opts.csi_address.bind(SocketAccess::default()).await?;

@@ -21,7 +21,12 @@ pub struct VmIndex {
 }
 
 impl VmIndex {
-    async fn rows(&self, client: &Client, refresh: bool, d: Deadline) -> Result<Vec<VmResource>, PveError> {
+    async fn rows(
+        &self,
+        client: &Client,
+        refresh: bool,
+        d: Deadline,
+    ) -> Result<Vec<VmResource>, PveError> {
         let mut map = self.by_region.lock().await;
         if let Some((at, rows)) = map.get(client.region())
             && !refresh
@@ -35,9 +40,19 @@ impl VmIndex {
     }
 
     /// The Proxmox node VM `vmid` runs on, or `None` if it does not exist.
-    pub async fn node_of(&self, client: &Client, vmid: u32, d: Deadline) -> Result<Option<VmResource>, PveError> {
+    pub async fn node_of(
+        &self,
+        client: &Client,
+        vmid: u32,
+        d: Deadline,
+    ) -> Result<Option<VmResource>, PveError> {
         for refresh in [false, true] {
-            if let Some(v) = self.rows(client, refresh, d).await?.into_iter().find(|v| v.vmid == vmid) {
+            if let Some(v) = self
+                .rows(client, refresh, d)
+                .await?
+                .into_iter()
+                .find(|v| v.vmid == vmid)
+            {
                 return Ok(Some(v));
             }
         }
@@ -61,13 +76,26 @@ impl VmIndex {
 
     /// The VMs named like the Kubernetes node: exactly, else as the first
     /// label of an FQDN.
-    pub async fn by_name(&self, client: &Client, name: &str, d: Deadline) -> Result<Vec<VmResource>, PveError> {
+    pub async fn by_name(
+        &self,
+        client: &Client,
+        name: &str,
+        d: Deadline,
+    ) -> Result<Vec<VmResource>, PveError> {
         for refresh in [false, true] {
             let rows = self.rows(client, refresh, d).await?;
-            let exact: Vec<VmResource> = rows.iter().filter(|v| v.name.as_deref() == Some(name)).cloned().collect();
+            let exact: Vec<VmResource> = rows
+                .iter()
+                .filter(|v| v.name.as_deref() == Some(name))
+                .cloned()
+                .collect();
             let prefix: Vec<VmResource> = rows
                 .iter()
-                .filter(|v| v.name.as_deref().is_some_and(|n| n.starts_with(&format!("{name}."))))
+                .filter(|v| {
+                    v.name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with(&format!("{name}.")))
+                })
                 .cloned()
                 .collect();
             let found = if exact.is_empty() { prefix } else { exact };
@@ -85,11 +113,20 @@ impl VmIndex {
     /// extract_vm_stats; PVE/Service/pvestatd.pm update_qemu_status), so a
     /// VM made a moment ago has none yet. VMs made before identity tags are
     /// still found by name.
-    pub async fn own(&self, client: &Client, name: &str, kind: &str, d: Deadline) -> Result<Option<VmResource>, PveError> {
+    pub async fn own(
+        &self,
+        client: &Client,
+        name: &str,
+        kind: &str,
+        d: Deadline,
+    ) -> Result<Option<VmResource>, PveError> {
         let tag = name_tag(name);
         for refresh in [false, true] {
             let rows = self.rows(client, refresh, d).await?;
-            if let Some(v) = rows.iter().find(|v| v.has_tag(kind) && (v.has_tag(&tag) || v.name.as_deref() == Some(name))) {
+            if let Some(v) = rows
+                .iter()
+                .find(|v| v.has_tag(kind) && (v.has_tag(&tag) || v.name.as_deref() == Some(name)))
+            {
                 return Ok(Some(v.clone()));
             }
         }
@@ -100,16 +137,36 @@ impl VmIndex {
     /// as a prefix are asked first; if none is named so, every VM of the
     /// region is (one config read per VM, as with Cluster API machines whose
     /// VM names differ from the node names).
-    pub async fn by_smbios_uuid(&self, client: &Client, name: &str, uuid: &str, d: Deadline) -> Result<Option<VmResource>, PveError> {
+    pub async fn by_smbios_uuid(
+        &self,
+        client: &Client,
+        name: &str,
+        uuid: &str,
+        d: Deadline,
+    ) -> Result<Option<VmResource>, PveError> {
         let rows = self.rows(client, false, d).await?;
         let known = self.by_uuid.lock().await.get(uuid).copied();
-        let named: Vec<&VmResource> = rows.iter().filter(|v| v.name.as_deref().is_some_and(|n| n.starts_with(name))).collect();
-        let scan = if named.is_empty() { rows.iter().collect() } else { named };
+        let named: Vec<&VmResource> = rows
+            .iter()
+            .filter(|v| v.name.as_deref().is_some_and(|n| n.starts_with(name)))
+            .collect();
+        let scan = if named.is_empty() {
+            rows.iter().collect()
+        } else {
+            named
+        };
         // The VM found last time first; the scan covers a recreated VM.
-        let candidates = rows.iter().filter(|v| Some(v.vmid) == known).chain(scan.into_iter().filter(|v| Some(v.vmid) != known));
+        let candidates = rows
+            .iter()
+            .filter(|v| Some(v.vmid) == known)
+            .chain(scan.into_iter().filter(|v| Some(v.vmid) != known));
         for vm in candidates {
             let config = client.vm_config(&vm.node, vm.vmid, d).await?;
-            if config.values.get("smbios1").is_some_and(|line| smbios_uuid(line).as_deref() == Some(uuid)) {
+            if config
+                .values
+                .get("smbios1")
+                .is_some_and(|line| smbios_uuid(line).as_deref() == Some(uuid))
+            {
                 self.by_uuid.lock().await.insert(uuid.to_string(), vm.vmid);
                 return Ok(Some(vm.clone()));
             }
@@ -134,14 +191,22 @@ impl VmIndex {
 pub fn name_tag(name: &str) -> String {
     let clean: String = name
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+') { c.to_ascii_lowercase() } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+') {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
         .collect();
     format!("csi-name.{clean}")
 }
 
 /// The `uuid=` of an `smbios1` config line, lower-case.
 fn smbios_uuid(line: &str) -> Option<String> {
-    line.split(',').find_map(|kv| kv.strip_prefix("uuid=")).map(|u| u.trim().to_ascii_lowercase())
+    line.split(',')
+        .find_map(|kv| kv.strip_prefix("uuid="))
+        .map(|u| u.trim().to_ascii_lowercase())
 }
 
 #[cfg(test)]
@@ -150,8 +215,14 @@ mod tests {
 
     #[test]
     fn smbios1_uuid() {
-        assert_eq!(smbios_uuid("uuid=6E1B3C2A-0000-4000-8000-0000000000AB").as_deref(), Some("6e1b3c2a-0000-4000-8000-0000000000ab"));
-        assert_eq!(smbios_uuid("base64=1,serial=aT0xMTM=,uuid=abc").as_deref(), Some("abc"));
+        assert_eq!(
+            smbios_uuid("uuid=6E1B3C2A-0000-4000-8000-0000000000AB").as_deref(),
+            Some("6e1b3c2a-0000-4000-8000-0000000000ab")
+        );
+        assert_eq!(
+            smbios_uuid("base64=1,serial=aT0xMTM=,uuid=abc").as_deref(),
+            Some("abc")
+        );
         assert_eq!(smbios_uuid("serial=x"), None);
     }
 }

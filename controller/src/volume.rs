@@ -66,7 +66,10 @@ pub fn owner_of(disk: &str) -> Option<u32> {
     while let Some(pos) = disk[i..].find("vm-") {
         let start = i + pos;
         let boundary = start == 0 || matches!(bytes[start - 1], b'-' | b'/');
-        let digits: String = disk[start + 3..].chars().take_while(char::is_ascii_digit).collect();
+        let digits: String = disk[start + 3..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
         let end = start + 3 + digits.len();
         let after_ok = end == disk.len() || bytes[end] == b'-';
         if boundary && (3..=9).contains(&digits.len()) && !digits.starts_with('0') && after_ok {
@@ -96,13 +99,26 @@ pub fn disk_filename(vmid: u32, name: &str, file_storage: bool, format: &str) ->
 /// appended, so two names never share a disk.
 pub fn disk_name(name: &str) -> String {
     let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-    if !name.is_empty() && name.chars().all(allowed) && name.ends_with(|c: char| c.is_ascii_alphanumeric()) {
+    if !name.is_empty()
+        && name.chars().all(allowed)
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+    {
         return name.to_string();
     }
     use sha2::Digest;
-    let hash: String = sha2::Sha256::digest(name.as_bytes()).iter().take(4).map(|b| format!("{b:02x}")).collect();
-    let clean: String = name.chars().map(|c| if allowed(c) { c } else { '-' }).collect();
-    format!("{}-{hash}", clean.trim_matches(|c: char| !c.is_ascii_alphanumeric()))
+    let hash: String = sha2::Sha256::digest(name.as_bytes())
+        .iter()
+        .take(4)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let clean: String = name
+        .chars()
+        .map(|c| if allowed(c) { c } else { '-' })
+        .collect();
+    format!(
+        "{}-{hash}",
+        clean.trim_matches(|c: char| !c.is_ascii_alphanumeric())
+    )
 }
 
 #[cfg(test)]
@@ -111,11 +127,22 @@ mod tests {
 
     #[test]
     fn disk_names_are_valid_on_every_storage() {
-        assert_eq!(disk_name("pvc-5bc58ec7-1c2d-4e5f-8a9b-0c1d2e3f4a5b"), "pvc-5bc58ec7-1c2d-4e5f-8a9b-0c1d2e3f4a5b");
+        assert_eq!(
+            disk_name("pvc-5bc58ec7-1c2d-4e5f-8a9b-0c1d2e3f4a5b"),
+            "pvc-5bc58ec7-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
+        );
         let odd = disk_name("sanity-vol+1-83CE3ED4");
-        assert!(odd.starts_with("sanity-vol-1-83CE3ED4-") && odd.len() == "sanity-vol-1-83CE3ED4-".len() + 8, "{odd}");
+        assert!(
+            odd.starts_with("sanity-vol-1-83CE3ED4-")
+                && odd.len() == "sanity-vol-1-83CE3ED4-".len() + 8,
+            "{odd}"
+        );
         assert_ne!(disk_name("a+b"), disk_name("a-b"));
-        assert!(disk_name("x/").chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+        assert!(
+            disk_name("x/")
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-')
+        );
     }
 
     #[test]
@@ -130,7 +157,10 @@ mod tests {
         assert_eq!(s.disk, "9999/vm-9999-pvc-a.raw");
         assert_eq!(s.to_string(), "r//nfs/9999/vm-9999-pvc-a.raw");
         let e = VolumeId::parse("r/z/s").unwrap_err();
-        assert!(e.contains("VolumeID must be in the format of region/zone/storageName/diskName"), "{e}");
+        assert!(
+            e.contains("VolumeID must be in the format of region/zone/storageName/diskName"),
+            "{e}"
+        );
         assert!(VolumeId::parse("r/z//d").is_err());
     }
 

@@ -53,7 +53,11 @@ fn start_controller(dir: &Path, config: &str, extra: &[&str]) -> Controller {
 async fn connect(socket: &Path) -> IdentityClient<Channel> {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !socket.exists() {
-        assert!(Instant::now() < deadline, "{} never appeared", socket.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            socket.display()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let socket = socket.to_path_buf();
@@ -100,17 +104,28 @@ async fn answers_plugin_info_and_a_real_probe_over_tls() {
         .into_inner();
     assert!(!caps.capabilities.is_empty());
 
-    let probe = client.probe(callers::identity::probe()).await.unwrap().into_inner();
+    let probe = client
+        .probe(callers::identity::probe())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(probe.ready, Some(true));
 
     // Proxmox goes away: Probe must say so.
     drop(sim);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let probe = client.probe(callers::identity::probe()).await.unwrap().into_inner();
+    let probe = client
+        .probe(callers::identity::probe())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(probe.ready, Some(false));
     let log = std::fs::read_to_string(&ctl.log).unwrap();
     assert!(log.contains("Proxmox cluster region-1"), "{log}");
-    assert!(!log.contains(TOKEN_SECRET), "the token secret reached the log:\n{log}");
+    assert!(
+        !log.contains(TOKEN_SECRET),
+        "the token secret reached the log:\n{log}"
+    );
 }
 
 #[tokio::test]
@@ -127,10 +142,17 @@ async fn probe_is_not_ready_when_the_token_is_wrong_or_tls_is_untrusted() {
         &[],
     );
     let mut client = connect(&ctl.socket).await;
-    let probe = client.probe(callers::identity::probe()).await.unwrap().into_inner();
+    let probe = client
+        .probe(callers::identity::probe())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(probe.ready, Some(false));
     let log = std::fs::read_to_string(&ctl.log).unwrap();
-    assert!(log.contains("GET /version: Authentication failed!"), "{log}");
+    assert!(
+        log.contains("GET /version: Authentication failed!"),
+        "{log}"
+    );
 
     // No CA given: the system roots do not trust pvesim's CA.
     let untrusted = tempfile::tempdir().unwrap();
@@ -140,13 +162,21 @@ async fn probe_is_not_ready_when_the_token_is_wrong_or_tls_is_untrusted() {
         &[],
     );
     let mut client = connect(&ctl.socket).await;
-    let probe = client.probe(callers::identity::probe()).await.unwrap().into_inner();
+    let probe = client
+        .probe(callers::identity::probe())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(probe.ready, Some(false));
 }
 
 #[tokio::test]
 async fn serves_metrics_and_stops_on_sigterm() {
-    let sim = Sim::new(state()).plain_http().start("127.0.0.1:0").await.unwrap();
+    let sim = Sim::new(state())
+        .plain_http()
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -159,12 +189,23 @@ async fn serves_metrics_and_stops_on_sigterm() {
     );
     let mut client = connect(&ctl.socket).await;
     assert_eq!(
-        client.probe(callers::identity::probe()).await.unwrap().into_inner().ready,
+        client
+            .probe(callers::identity::probe())
+            .await
+            .unwrap()
+            .into_inner()
+            .ready,
         Some(true)
     );
     let body = http_get(port, "/metrics").await;
-    assert!(body.contains("proxmox_csi_build_info{component=\"controller\""), "{body}");
-    assert!(body.contains("proxmox_csi_grpc_requests_total{method=\"Probe\",code=\"Ok\"} 1"), "{body}");
+    assert!(
+        body.contains("proxmox_csi_build_info{component=\"controller\""),
+        "{body}"
+    );
+    assert!(
+        body.contains("proxmox_csi_grpc_requests_total{method=\"Probe\",code=\"Ok\"} 1"),
+        "{body}"
+    );
 
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(ctl.child.id() as i32),
@@ -185,7 +226,9 @@ async fn serves_metrics_and_stops_on_sigterm() {
 
 async fn http_get(port: u16, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
         .await
         .unwrap();

@@ -24,21 +24,31 @@ const FAST: &str = "region-1/pve2/local-lvm/vm-9999-pvc-fast";
 fn not_found(what: &str) -> (StatusCode, Json<Value>) {
     (
         StatusCode::NOT_FOUND,
-        Json(json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": format!("{what} not found")})),
+        Json(
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": format!("{what} not found")}),
+        ),
     )
 }
 
 async fn node(Path(name): Path<String>) -> (StatusCode, Json<Value>) {
     let (spec, annotations) = match name.as_str() {
         "worker-x" => (json!({"providerID": "proxmox://region-1/113"}), json!({})),
-        "worker-y" => (json!({}), json!({"proxmox.sinextra.dev/instance-id": "112"})),
+        "worker-y" => (
+            json!({}),
+            json!({"proxmox.sinextra.dev/instance-id": "112"}),
+        ),
         // Named like both worker-2 and worker-3: only the SMBIOS uuid tells them apart.
         "worker" => (json!({}), json!({})),
         _ => return not_found(&format!("nodes \"{name}\"")),
     };
     let status = json!({"nodeInfo": {"systemUUID": "5E7F1C2A-9B3D-4C1E-8F00-00000000A113", "machineID": "", "bootID": "", "kernelVersion": "", "osImage": "",
         "containerRuntimeVersion": "", "kubeletVersion": "", "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"}});
-    (StatusCode::OK, Json(json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, "annotations": annotations}, "spec": spec, "status": status})))
+    (
+        StatusCode::OK,
+        Json(
+            json!({"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, "annotations": annotations}, "spec": spec, "status": status}),
+        ),
+    )
 }
 
 fn pv(name: &str, handle: &str, annotations: Value, vac: Option<&str>) -> Value {
@@ -61,20 +71,22 @@ async fn pvs() -> Json<Value> {
 
 async fn vac(Path(name): Path<String>) -> (StatusCode, Json<Value>) {
     if name != "fast" {
-        return not_found(&format!("volumeattributesclasses.storage.k8s.io \"{name}\""));
+        return not_found(&format!(
+            "volumeattributesclasses.storage.k8s.io \"{name}\""
+        ));
     }
     (
         StatusCode::OK,
-        Json(json!({"kind": "VolumeAttributesClass", "apiVersion": "storage.k8s.io/v1", "metadata": {"name": "fast"}, "driverName": "csi.proxmox.sinextra.dev", "parameters": {"diskIOPS": "500"}})),
+        Json(
+            json!({"kind": "VolumeAttributesClass", "apiVersion": "storage.k8s.io/v1", "metadata": {"name": "fast"}, "driverName": "csi.proxmox.sinextra.dev", "parameters": {"diskIOPS": "500"}}),
+        ),
     )
 }
 
 /// What the node plugins registered: worker-y's id has no VM id (its Node's
 /// annotation names VM 112).
 async fn csinodes() -> Json<Value> {
-    let csinode = |name: &str, id: &str| {
-        json!({"metadata": {"name": name}, "spec": {"drivers": [{"name": "csi.proxmox.sinextra.dev", "nodeID": id, "topologyKeys": ["topology.kubernetes.io/zone"]}]}})
-    };
+    let csinode = |name: &str, id: &str| json!({"metadata": {"name": name}, "spec": {"drivers": [{"name": "csi.proxmox.sinextra.dev", "nodeID": id, "topologyKeys": ["topology.kubernetes.io/zone"]}]}});
     Json(json!({
         "kind": "CSINodeList", "apiVersion": "storage.k8s.io/v1", "metadata": {"resourceVersion": "1"},
         "items": [csinode("worker-y", "worker-y"), csinode("worker-x", "worker-x")],
@@ -87,7 +99,10 @@ async fn kube_api() -> kube::Client {
     let app = axum::Router::new()
         .route("/api/v1/nodes/{name}", get(node))
         .route("/api/v1/persistentvolumes", get(pvs))
-        .route("/apis/storage.k8s.io/v1/volumeattributesclasses/{name}", get(vac))
+        .route(
+            "/apis/storage.k8s.io/v1/volumeattributesclasses/{name}",
+            get(vac),
+        )
         .route("/apis/storage.k8s.io/v1/csinodes", get(csinodes));
     tokio::spawn(async move { axum::serve(listener, app).await });
     let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
@@ -104,61 +119,164 @@ async fn nodes_pvs_and_classes_from_kubernetes() {
     assert_eq!(fast.volume_id, FAST);
 
     // Node ids without a VM id: providerID, then the annotation.
-    let ctx = e.svc.controller_publish_volume(Request::new(publish_req(&keep, "worker-x"))).await.unwrap().into_inner().publish_context;
-    assert!(e.vm(113).await["config"][format!("scsi{}", ctx["lun"])].as_str().unwrap().contains("pvc-keep"));
-    let ctx = e.svc.controller_publish_volume(Request::new(publish_req(&fast, "worker-y"))).await.unwrap().into_inner().publish_context;
+    let ctx = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&keep, "worker-x")))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    assert!(
+        e.vm(113).await["config"][format!("scsi{}", ctx["lun"])]
+            .as_str()
+            .unwrap()
+            .contains("pvc-keep")
+    );
+    let ctx = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&fast, "worker-y")))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
     let slot = format!("scsi{}", ctx["lun"]);
     // The PV's class applies at attach.
-    let line = e.vm(112).await["config"][&slot].as_str().unwrap().to_string();
-    assert!(line.contains("iops_rd=500") && line.contains("iops_wr=500"), "{line}");
+    let line = e.vm(112).await["config"][&slot]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        line.contains("iops_rd=500") && line.contains("iops_wr=500"),
+        "{line}"
+    );
 
     // A controller that never published (restarted) lists the volumes
     // published to the ids in CSINode, as the attacher compares them.
     let fresh = ControllerService(Arc::new(
-        common::controller_on(&e).with_kube(Kube::new(kube_api().await), "csi.proxmox.sinextra.dev"),
+        common::controller_on(&e)
+            .with_kube(Kube::new(kube_api().await), "csi.proxmox.sinextra.dev"),
     ));
-    let listed = fresh.list_volumes(Request::new(callers::attacher::list_volumes(""))).await.unwrap().into_inner();
-    assert!(callers::attacher::published(&listed.entries, FAST, "worker-y"), "{listed:?}");
-    assert!(callers::attacher::published(&listed.entries, KEEP, "worker-x"), "{listed:?}");
+    let listed = fresh
+        .list_volumes(Request::new(callers::attacher::list_volumes("")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        callers::attacher::published(&listed.entries, FAST, "worker-y"),
+        "{listed:?}"
+    );
+    assert!(
+        callers::attacher::published(&listed.entries, KEEP, "worker-x"),
+        "{listed:?}"
+    );
 
     // ModifyVolume on the attached disk: limits changed and removed at once.
     e.svc
-        .controller_modify_volume(Request::new(callers::resizer::controller_modify(&pv_of(&fast), &[("diskIOPS", "0"), ("diskMBps", "20")])))
+        .controller_modify_volume(Request::new(callers::resizer::controller_modify(
+            &pv_of(&fast),
+            &[("diskIOPS", "0"), ("diskMBps", "20")],
+        )))
         .await
         .unwrap();
-    let line = e.vm(112).await["config"][&slot].as_str().unwrap().to_string();
-    assert!(!line.contains("iops_rd") && line.contains("mbps_rd=20"), "{line}");
+    let line = e.vm(112).await["config"][&slot]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        !line.contains("iops_rd") && line.contains("mbps_rd=20"),
+        "{line}"
+    );
     let err = e
         .svc
-        .controller_modify_volume(Request::new(callers::resizer::controller_modify(&pv_of(&fast), &[("ssd", "1")])))
+        .controller_modify_volume(Request::new(callers::resizer::controller_modify(
+            &pv_of(&fast),
+            &[("ssd", "1")],
+        )))
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    assert!(err.message().contains("not a mutable parameter; allowed: diskIOPS, diskMBps, backup, cache"), "{}", err.message());
+    assert!(
+        err.message()
+            .contains("not a mutable parameter; allowed: diskIOPS, diskMBps, backup, cache"),
+        "{}",
+        err.message()
+    );
 
     // `lifecycle: keep`: DeleteVolume succeeds and the disk stays.
-    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&keep, "worker-x"))).await.unwrap();
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&keep, "worker-x")))
+        .await
+        .unwrap();
     // No VM id on the Node: its system UUID is found in VM 113's smbios1.
-    let ctx = e.svc.controller_publish_volume(Request::new(publish_req(&keep, "worker"))).await.unwrap().into_inner().publish_context;
-    let line = e.vm(113).await["config"][format!("scsi{}", ctx["lun"])].as_str().unwrap().to_string();
+    let ctx = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&keep, "worker")))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    let line = e.vm(113).await["config"][format!("scsi{}", ctx["lun"])]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(line.contains("pvc-keep"), "{line}");
-    assert!(e.vm(112).await["config"].to_string().find("pvc-keep").is_none(), "attached to the wrong VM");
+    assert!(
+        e.vm(112).await["config"]
+            .to_string()
+            .find("pvc-keep")
+            .is_none(),
+        "attached to the wrong VM"
+    );
     // Found again: one config read confirms the VM found last time, no scan.
-    let config_reads = |c: Value| c["GET /nodes/{node}/qemu/{vmid}/config"].as_u64().unwrap_or(0);
+    let config_reads = |c: Value| {
+        c["GET /nodes/{node}/qemu/{vmid}/config"]
+            .as_u64()
+            .unwrap_or(0)
+    };
     e.admin("DELETE", "counters", "").await;
-    e.svc.controller_publish_volume(Request::new(publish_req(&keep, "worker"))).await.unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&keep, "worker")))
+        .await
+        .unwrap();
     let by_uuid = config_reads(e.admin("GET", "counters", "").await);
     e.admin("DELETE", "counters", "").await;
-    e.svc.controller_publish_volume(Request::new(publish_req(&keep, "worker-3/113"))).await.unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&keep, "worker-3/113")))
+        .await
+        .unwrap();
     let by_id = config_reads(e.admin("GET", "counters", "").await);
-    assert_eq!(by_uuid, by_id + 1, "config reads: {by_uuid} by uuid, {by_id} by VM id");
-    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&keep, "worker"))).await.unwrap();
-    assert!(e.vm(113).await["config"].to_string().find("pvc-keep").is_none(), "detached again");
-    e.svc.delete_volume(Request::new(delete_req(&keep))).await.unwrap();
+    assert_eq!(
+        by_uuid,
+        by_id + 1,
+        "config reads: {by_uuid} by uuid, {by_id} by VM id"
+    );
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&keep, "worker")))
+        .await
+        .unwrap();
+    assert!(
+        e.vm(113).await["config"]
+            .to_string()
+            .find("pvc-keep")
+            .is_none(),
+        "detached again"
+    );
+    e.svc
+        .delete_volume(Request::new(delete_req(&keep)))
+        .await
+        .unwrap();
     let vols = e.admin("GET", "volumes", "").await;
-    assert!(vols.as_array().unwrap().iter().any(|v| v["volid"] == "local-lvm:vm-9999-pvc-keep"));
+    assert!(
+        vols.as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["volid"] == "local-lvm:vm-9999-pvc-keep")
+    );
     // A Node that is gone: unpublish counts it as detached.
-    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&fast, "worker-gone"))).await.unwrap();
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&fast, "worker-gone")))
+        .await
+        .unwrap();
 }
 
 /// The node id comes from the node plugin; the Node object is Kubernetes'.
@@ -171,13 +289,34 @@ async fn a_node_id_that_contradicts_its_node_object_is_refused() {
     let vol = create(&e, "pvc-claim", Some("pve2")).await;
     // worker-x's providerID names VM 113; worker's system UUID is VM 113's.
     for claimed in ["worker-x/112", "worker/112"] {
-        let err = e.svc.controller_publish_volume(Request::new(publish_req(&vol, claimed))).await.unwrap_err();
-        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{claimed}: {err:?}");
-        assert!(err.message().contains("belongs to VM 113"), "{}", err.message());
+        let err = e
+            .svc
+            .controller_publish_volume(Request::new(publish_req(&vol, claimed)))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.code(),
+            tonic::Code::FailedPrecondition,
+            "{claimed}: {err:?}"
+        );
+        assert!(
+            err.message().contains("belongs to VM 113"),
+            "{}",
+            err.message()
+        );
     }
-    assert!(e.vm(112).await["config"].to_string().find("pvc-claim").is_none(), "attached to the claimed VM");
+    assert!(
+        e.vm(112).await["config"]
+            .to_string()
+            .find("pvc-claim")
+            .is_none(),
+        "attached to the claimed VM"
+    );
     // The id that agrees is served.
-    e.svc.controller_publish_volume(Request::new(publish_req(&vol, "worker-x/113"))).await.unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&vol, "worker-x/113")))
+        .await
+        .unwrap();
 }
 
 /// Without a VM id anywhere, a node is matched by name, and only when one
@@ -190,8 +329,20 @@ async fn two_vms_with_a_nodes_name_are_not_guessed_between() {
     );
     let e = common::env_from(&cluster).await;
     let vol = create(&e, "pvc-twins", Some("pve2")).await;
-    let err = e.svc.controller_publish_volume(Request::new(publish_req(&vol, "worker-2"))).await.unwrap_err();
+    let err = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&vol, "worker-2")))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("2 VMs are named worker-2 (112, 114)"), "{}", err.message());
-    e.svc.controller_publish_volume(Request::new(publish_req(&vol, "worker-2/114"))).await.unwrap();
+    assert!(
+        err.message()
+            .contains("2 VMs are named worker-2 (112, 114)"),
+        "{}",
+        err.message()
+    );
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&vol, "worker-2/114")))
+        .await
+        .unwrap();
 }

@@ -13,9 +13,10 @@ use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use serde_json::Value;
 use tonic::Request;
 
-
 async fn count(e: &Env, key: &str) -> u64 {
-    e.admin("GET", "counters", "").await[key].as_u64().unwrap_or(0)
+    e.admin("GET", "counters", "").await[key]
+        .as_u64()
+        .unwrap_or(0)
 }
 
 async fn vms_tagged(e: &Env, tag: &str) -> Vec<Value> {
@@ -23,7 +24,11 @@ async fn vms_tagged(e: &Env, tag: &str) -> Vec<Value> {
     all.as_array()
         .unwrap()
         .iter()
-        .filter(|v| v["config"]["tags"].as_str().is_some_and(|t| t.split(';').any(|x| x == tag)))
+        .filter(|v| {
+            v["config"]["tags"]
+                .as_str()
+                .is_some_and(|t| t.split(';').any(|x| x == tag))
+        })
         .cloned()
         .collect()
 }
@@ -38,7 +43,10 @@ async fn volumes_on_local_lvm_are_created_once() {
     let b = create(&e, "pvc-lvm", Some("pve2")).await;
     assert_eq!(a.volume_id, "region-1/pve2/local-lvm/vm-9999-pvc-lvm");
     assert_eq!(a.volume_id, b.volume_id);
-    assert_eq!(count(&e, "POST /nodes/{node}/storage/{storage}/content").await, 1);
+    assert_eq!(
+        count(&e, "POST /nodes/{node}/storage/{storage}/content").await,
+        1
+    );
 }
 
 /// A wording the error corpus does not know is settled by the storage's
@@ -47,16 +55,35 @@ async fn volumes_on_local_lvm_are_created_once() {
 async fn an_unknown_answer_for_a_volume_is_settled_by_the_listing() {
     let e = env().await;
     create(&e, "pvc-known", Some("pve2")).await;
-    assert_eq!(count(&e, "GET /nodes/{node}/storage/{storage}/content").await, 0, "the listing is off the common path");
-    e.knobs(r#"{"missing_volume_text": "lvs: unexpected reply from lvmetad"}"#).await;
+    assert_eq!(
+        count(&e, "GET /nodes/{node}/storage/{storage}/content").await,
+        0,
+        "the listing is off the common path"
+    );
+    e.knobs(r#"{"missing_volume_text": "lvs: unexpected reply from lvmetad"}"#)
+        .await;
     let a = create(&e, "pvc-unknown", Some("pve2")).await;
     let b = create(&e, "pvc-unknown", Some("pve2")).await;
     assert_eq!(a.volume_id, b.volume_id);
-    assert_eq!(count(&e, "POST /nodes/{node}/storage/{storage}/content").await, 2, "pvc-known and pvc-unknown, once each");
-    assert_eq!(count(&e, "GET /nodes/{node}/storage/{storage}/content").await, 1, "one listing for the one unknown answer");
+    assert_eq!(
+        count(&e, "POST /nodes/{node}/storage/{storage}/content").await,
+        2,
+        "pvc-known and pvc-unknown, once each"
+    );
+    assert_eq!(
+        count(&e, "GET /nodes/{node}/storage/{storage}/content").await,
+        1,
+        "one listing for the one unknown answer"
+    );
     // A volume that is gone is gone for the listing too.
-    let missing = callers::sanity::validate_volume_capabilities(&pv_id("region-1/pve2/local-lvm/vm-9999-pvc-never"));
-    let err = e.svc.validate_volume_capabilities(Request::new(missing)).await.unwrap_err();
+    let missing = callers::sanity::validate_volume_capabilities(&pv_id(
+        "region-1/pve2/local-lvm/vm-9999-pvc-never",
+    ));
+    let err = e
+        .svc
+        .validate_volume_capabilities(Request::new(missing))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
 }
 
@@ -66,18 +93,48 @@ async fn an_unknown_answer_for_a_volume_is_settled_by_the_listing() {
 async fn a_worker_vm_that_moved_keeps_attaching_and_detaching() {
     let e = env().await;
     let nfs = |name: &str| create_req(name, 1 << 30, &[("storage", "nfs")], None);
-    let a = e.svc.create_volume(Request::new(nfs("pvc-mv-a"))).await.unwrap().into_inner().volume.unwrap();
-    let b = e.svc.create_volume(Request::new(nfs("pvc-mv-b"))).await.unwrap().into_inner().volume.unwrap();
-    e.svc.controller_publish_volume(Request::new(publish_req(&a, "worker-2/112"))).await.unwrap();
+    let a = e
+        .svc
+        .create_volume(Request::new(nfs("pvc-mv-a")))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let b = e
+        .svc
+        .create_volume(Request::new(nfs("pvc-mv-b")))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&a, "worker-2/112")))
+        .await
+        .unwrap();
     e.admin("POST", "vms/112/relocate?node=pve1", "").await;
-    e.svc.controller_publish_volume(Request::new(publish_req(&b, "worker-2/112"))).await.unwrap();
-    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&a, "worker-2/112"))).await.unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&b, "worker-2/112")))
+        .await
+        .unwrap();
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&a, "worker-2/112")))
+        .await
+        .unwrap();
     let vm = e.vm(112).await;
     assert_eq!(vm["node"], "pve1");
     let config = vm["config"].as_object().unwrap();
-    let disks: Vec<&str> = config.values().filter_map(Value::as_str).filter(|v| v.starts_with("nfs:")).collect();
+    let disks: Vec<&str> = config
+        .values()
+        .filter_map(Value::as_str)
+        .filter(|v| v.starts_with("nfs:"))
+        .collect();
     assert_eq!(disks.len(), 1, "{config:?}");
-    assert!(disks[0].starts_with("nfs:9999/vm-9999-pvc-mv-b.raw,"), "{disks:?}");
+    assert!(
+        disks[0].starts_with("nfs:9999/vm-9999-pvc-mv-b.raw,"),
+        "{disks:?}"
+    );
     assert_eq!(vm["pending"], serde_json::json!({}));
 }
 
@@ -88,16 +145,30 @@ async fn a_worker_vm_that_moved_keeps_attaching_and_detaching() {
 async fn no_duplicate_copy_vm_while_names_lag() {
     let e = env_with_role(COPY_ROLE).await;
     let v = create(&e, "pvc-src", Some("pve2")).await;
-    e.knobs(r#"{"rrd_lag_ms": 10000, "copy_ms_per_gib": 3000}"#).await;
+    e.knobs(r#"{"rrd_lag_ms": 10000, "copy_ms_per_gib": 3000}"#)
+        .await;
     let first = create_snapshot(&e, "snapshot-lag", &v.volume_id).await;
     for _ in 0..3 {
         let again = create_snapshot(&e, "snapshot-lag", &v.volume_id).await;
         assert_eq!(again.snapshot_id, first.snapshot_id);
     }
-    assert_eq!(vms_tagged(&e, "csi-snapshot").await.len(), 1, "one copy VM, however often CreateSnapshot is called");
+    assert_eq!(
+        vms_tagged(&e, "csi-snapshot").await.len(),
+        1,
+        "one copy VM, however often CreateSnapshot is called"
+    );
     // And /cluster/resources really had no name for it.
     let rows = e.api("/cluster/resources?type=vm").await;
-    let copy = rows.as_array().unwrap().iter().find(|r| r["tags"].as_str().is_some_and(|t| t.contains("csi-snapshot"))).unwrap();
+    let copy = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| {
+            r["tags"]
+                .as_str()
+                .is_some_and(|t| t.contains("csi-snapshot"))
+        })
+        .unwrap();
     assert!(copy.get("name").is_none(), "{copy}");
 }
 
@@ -117,8 +188,15 @@ async fn a_new_vm_never_takes_the_placeholder_vmid() {
     let copies = vms_tagged(&e, "csi-snapshot").await;
     assert_eq!(copies.len(), 1);
     assert_eq!(copies[0]["vmid"], 10000, "{copies:?}");
-    assert!(s.snapshot_id.ends_with("snapshot-vm-10000"), "{}", s.snapshot_id);
-    assert!(e.admin("GET", "vms/9999", "").await.is_null(), "no VM under the placeholder VMID");
+    assert!(
+        s.snapshot_id.ends_with("snapshot-vm-10000"),
+        "{}",
+        s.snapshot_id
+    );
+    assert!(
+        e.admin("GET", "vms/9999", "").await.is_null(),
+        "no VM under the placeholder VMID"
+    );
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
@@ -141,7 +219,10 @@ async fn a_restore_runs_on_the_node_of_the_snapshots_vm() {
         .into_inner()
         .volume
         .unwrap();
-    let snap = until_ready(&e, "snapshot-shared", &src.volume_id).await.pop().unwrap();
+    let snap = until_ready(&e, "snapshot-shared", &src.volume_id)
+        .await
+        .pop()
+        .unwrap();
     assert!(snap.ready_to_use, "{snap:?}");
     let copy = vms_tagged(&e, "csi-snapshot").await.remove(0);
     let other = if copy["node"] == "pve1" {
@@ -155,8 +236,15 @@ async fn a_restore_runs_on_the_node_of_the_snapshots_vm() {
         "",
     )
     .await;
-    let source = csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource { snapshot_id: snap.snapshot_id.clone() });
-    let v = until_created(&e, from_source(source, "pvc-restored", 1 << 30, &[("storage", "nfs")], None)).await;
+    let source =
+        csi::volume_content_source::Type::Snapshot(csi::volume_content_source::SnapshotSource {
+            snapshot_id: snap.snapshot_id.clone(),
+        });
+    let v = until_created(
+        &e,
+        from_source(source, "pvc-restored", 1 << 30, &[("storage", "nfs")], None),
+    )
+    .await;
     let restored = vms_tagged(&e, "csi-volume").await;
     assert_eq!(restored.len(), 1);
     assert_eq!(
@@ -174,28 +262,84 @@ async fn a_restore_runs_on_the_node_of_the_snapshots_vm() {
 async fn a_node_down_leaves_the_rest_of_the_attachment_index_usable() {
     let e = env().await;
     let local = create(&e, "pvc-local", Some("pve2")).await;
-    let shared = e.svc.create_volume(Request::new(create_req("pvc-shared", 1 << 30, &[("storage", "nfs")], None))).await.unwrap().into_inner().volume.unwrap();
+    let shared = e
+        .svc
+        .create_volume(Request::new(create_req(
+            "pvc-shared",
+            1 << 30,
+            &[("storage", "nfs")],
+            None,
+        )))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     // worker-1 (VM 111) lives on pve1, which goes down before the index is built.
     e.admin("PUT", "nodes/pve1/online?value=0", "").await;
-    e.svc.controller_publish_volume(Request::new(publish_req(&local, "worker-2/112"))).await.unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&local, "worker-2/112")))
+        .await
+        .unwrap();
     let mut req = Request::new(publish_req(&shared, "worker-2/112"));
-    req.metadata_mut().insert("grpc-timeout", "10S".parse().unwrap());
+    req.metadata_mut()
+        .insert("grpc-timeout", "10S".parse().unwrap());
     let err = e.svc.controller_publish_volume(req).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
-    assert!(err.message().contains("VM 111 on pve1"), "{}", err.message());
+    assert!(
+        err.message().contains("VM 111 on pve1"),
+        "{}",
+        err.message()
+    );
     e.admin("PUT", "nodes/pve1/online?value=1", "").await;
-    e.svc.controller_publish_volume(Request::new(publish_req(&shared, "worker-2/112"))).await.unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&shared, "worker-2/112")))
+        .await
+        .unwrap();
 
     // Down after its VMs were read: through the attacher's reconcile (every
     // VM read again) they keep the disks they were last read to hold, so
     // shared volumes still publish and delete, through a node that is up
     // (the storage's RRD row still says `available` on the one down).
-    let more = e.svc.create_volume(Request::new(create_req("pvc-shared-2", 1 << 30, &[("storage", "nfs")], None))).await.unwrap().into_inner().volume.unwrap();
-    let gone = e.svc.create_volume(Request::new(create_req("pvc-shared-3", 1 << 30, &[("storage", "nfs")], None))).await.unwrap().into_inner().volume.unwrap();
+    let more = e
+        .svc
+        .create_volume(Request::new(create_req(
+            "pvc-shared-2",
+            1 << 30,
+            &[("storage", "nfs")],
+            None,
+        )))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let gone = e
+        .svc
+        .create_volume(Request::new(create_req(
+            "pvc-shared-3",
+            1 << 30,
+            &[("storage", "nfs")],
+            None,
+        )))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     e.admin("PUT", "nodes/pve1/online?value=0", "").await;
-    let _ = e.svc.list_volumes(Request::new(callers::attacher::list_volumes(""))).await;
-    e.svc.controller_publish_volume(Request::new(publish_req(&more, "worker-2/112"))).await.unwrap();
-    e.svc.delete_volume(Request::new(delete_req(&gone))).await.unwrap();
+    let _ = e
+        .svc
+        .list_volumes(Request::new(callers::attacher::list_volumes("")))
+        .await;
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&more, "worker-2/112")))
+        .await
+        .unwrap();
+    e.svc
+        .delete_volume(Request::new(delete_req(&gone)))
+        .await
+        .unwrap();
     e.admin("PUT", "nodes/pve1/online?value=1", "").await;
 }
 
@@ -209,7 +353,8 @@ async fn a_refused_volume_does_not_fail_the_others_of_its_write() {
     for i in 0..4 {
         vols.push(create(&e, &format!("pvc-b{i}"), Some("pve2")).await);
     }
-    e.knobs(r#"{"hotplug_latency_ms": 200, "refuse_volumes": ["local-lvm:vm-9999-pvc-b2"]}"#).await;
+    e.knobs(r#"{"hotplug_latency_ms": 200, "refuse_volumes": ["local-lvm:vm-9999-pvc-b2"]}"#)
+        .await;
     let calls = vols.iter().map(|v| {
         let svc = e.svc.clone();
         let req = publish_req(v, "worker-2/112");
@@ -218,13 +363,23 @@ async fn a_refused_volume_does_not_fail_the_others_of_its_write() {
     let results = futures::future::join_all(calls).await;
     for (i, r) in results.iter().enumerate() {
         match (i, r) {
-            (2, Err(s)) => assert!(s.message().contains("no such logical volume pve/vm-9999-pvc-b2"), "{s:?}"),
+            (2, Err(s)) => assert!(
+                s.message()
+                    .contains("no such logical volume pve/vm-9999-pvc-b2"),
+                "{s:?}"
+            ),
             (2, Ok(_)) => panic!("the refused volume was published"),
             (_, r) => assert!(r.is_ok(), "pvc-b{i}: {r:?}"),
         }
     }
     let vm = e.vm(112).await;
-    let attached: Vec<&str> = vm["config"].as_object().unwrap().values().filter_map(Value::as_str).filter(|v| v.contains("pvc-b")).collect();
+    let attached: Vec<&str> = vm["config"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter_map(Value::as_str)
+        .filter(|v| v.contains("pvc-b"))
+        .collect();
     assert_eq!(attached.len(), 3, "{attached:?}");
     assert_eq!(vm["pending"], serde_json::json!({}));
 }
@@ -236,14 +391,31 @@ async fn a_refused_volume_does_not_fail_the_others_of_its_write() {
 async fn a_class_may_refuse_snapshots_of_attached_volumes() {
     let e = env_with_role(COPY_ROLE).await;
     let v = create(&e, "pvc-live", Some("pve2")).await;
-    e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
     let pv = pv_of(&v);
-    let req = || Request::new(callers::snapshotter::create_snapshot("5e1d2c3b-4a59-4687-9a0b-1c2d3e4f5a6b", "live", &pv, &[("attached", "refuse")]));
+    let req = || {
+        Request::new(callers::snapshotter::create_snapshot(
+            "5e1d2c3b-4a59-4687-9a0b-1c2d3e4f5a6b",
+            "live",
+            &pv,
+            &[("attached", "refuse")],
+        ))
+    };
     let err = e.svc.create_snapshot(req()).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("attached to VM 112") && err.message().contains("attached: refuse"), "{}", err.message());
+    assert!(
+        err.message().contains("attached to VM 112") && err.message().contains("attached: refuse"),
+        "{}",
+        err.message()
+    );
     assert!(vms_tagged(&e, "csi-snapshot").await.is_empty());
-    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112"))).await.unwrap();
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
     e.svc.create_snapshot(req()).await.unwrap();
     assert_eq!(vms_tagged(&e, "csi-snapshot").await.len(), 1);
 }
@@ -256,17 +428,35 @@ async fn quorum_loss_is_unavailable_and_passes() {
     let e = env().await;
     let local = create(&e, "pvc-q", Some("pve2")).await;
     e.knobs(r#"{"no_quorum": true}"#).await;
-    let mut req = Request::new(create_req("pvc-q-shared", 1 << 30, &[("storage", "nfs")], None));
-    req.metadata_mut().insert("grpc-timeout", "2S".parse().unwrap());
+    let mut req = Request::new(create_req(
+        "pvc-q-shared",
+        1 << 30,
+        &[("storage", "nfs")],
+        None,
+    ));
+    req.metadata_mut()
+        .insert("grpc-timeout", "2S".parse().unwrap());
     let err = e.svc.create_volume(req).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
     assert!(err.message().contains("no quorum"), "{}", err.message());
     let mut req = Request::new(publish_req(&local, "worker-2/112"));
-    req.metadata_mut().insert("grpc-timeout", "2S".parse().unwrap());
+    req.metadata_mut()
+        .insert("grpc-timeout", "2S".parse().unwrap());
     let err = e.svc.controller_publish_volume(req).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
     e.knobs(r#"{"no_quorum": false}"#).await;
-    e.svc.create_volume(Request::new(create_req("pvc-q-shared", 1 << 30, &[("storage", "nfs")], None))).await.unwrap();
-    e.svc.controller_publish_volume(Request::new(publish_req(&local, "worker-2/112"))).await.unwrap();
+    e.svc
+        .create_volume(Request::new(create_req(
+            "pvc-q-shared",
+            1 << 30,
+            &[("storage", "nfs")],
+            None,
+        )))
+        .await
+        .unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&local, "worker-2/112")))
+        .await
+        .unwrap();
     assert_eq!(e.vm(112).await["pending"], serde_json::json!({}));
 }

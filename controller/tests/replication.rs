@@ -29,10 +29,19 @@ acl:
   - { path: /, roles: [CSI], users: [kubernetes-csi@pve], tokens: ["kubernetes-csi@pve!csi"] }
 "#;
 
-const PARAMS: &[(&str, &str)] = &[("storage", "local-zfs"), ("replicate", "true"), ("replicateZones", "pve1,pve2"), ("replicateSchedule", "*/5")];
+const PARAMS: &[(&str, &str)] = &[
+    ("storage", "local-zfs"),
+    ("replicate", "true"),
+    ("replicateZones", "pve1,pve2"),
+    ("replicateSchedule", "*/5"),
+];
 
 async fn jobs(e: &Env) -> Vec<Value> {
-    e.api("/cluster/replication").await.as_array().cloned().unwrap_or_default()
+    e.api("/cluster/replication")
+        .await
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
 }
 
 fn holder_of(v: &csi::Volume) -> u64 {
@@ -44,65 +53,168 @@ fn holder_of(v: &csi::Volume) -> u64 {
 async fn replicated_volume_lives_in_a_holder_that_follows_the_pod() {
     let e = env_from(CLUSTER).await;
     let req = create_req("pvc-r", 1 << 30, PARAMS, Some("pve1"));
-    let v = e.svc.create_volume(Request::new(req.clone())).await.unwrap().into_inner().volume.unwrap();
+    let v = e
+        .svc
+        .create_volume(Request::new(req.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     let h = holder_of(&v);
     assert_eq!(v.volume_id, format!("region-1//local-zfs/vm-{h}-pvc-r"));
-    let zones: Vec<&str> = v.accessible_topology.iter().map(|t| t.segments["topology.kubernetes.io/zone"].as_str()).collect();
+    let zones: Vec<&str> = v
+        .accessible_topology
+        .iter()
+        .map(|t| t.segments["topology.kubernetes.io/zone"].as_str())
+        .collect();
     assert_eq!(zones, ["pve1", "pve2"]);
     let holder = e.vm(h as u32).await;
     assert_eq!(holder["node"], "pve1");
     assert_eq!(holder["running"], false);
     assert_eq!(holder["config"]["name"], "pvc-r");
-    assert_eq!(holder["config"]["tags"], "proxmox-csi;csi-replicated;csi-name.pvc-r");
-    assert_eq!(holder["config"]["scsi0"], format!("local-zfs:vm-{h}-pvc-r,backup=1,replicate=1,size=1G"));
+    assert_eq!(
+        holder["config"]["tags"],
+        "proxmox-csi;csi-replicated;csi-name.pvc-r"
+    );
+    assert_eq!(
+        holder["config"]["scsi0"],
+        format!("local-zfs:vm-{h}-pvc-r,backup=1,replicate=1,size=1G")
+    );
     let j = jobs(&e).await;
     assert_eq!(j.len(), 1, "{j:?}");
-    assert_eq!((j[0]["id"].as_str(), j[0]["target"].as_str(), j[0]["schedule"].as_str()), (Some(format!("{h}-1").as_str()), Some("pve2"), Some("*/5")));
+    assert_eq!(
+        (
+            j[0]["id"].as_str(),
+            j[0]["target"].as_str(),
+            j[0]["schedule"].as_str()
+        ),
+        (Some(format!("{h}-1").as_str()), Some("pve2"), Some("*/5"))
+    );
     assert_eq!(j[0]["comment"], "CSI Replication for Persistent Volume");
 
     // Idempotent: the same volume, one holder, one job.
-    let again = e.svc.create_volume(Request::new(req)).await.unwrap().into_inner().volume.unwrap();
+    let again = e
+        .svc
+        .create_volume(Request::new(req))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     assert_eq!(again, v);
     assert_eq!(jobs(&e).await.len(), 1);
-    let named: Vec<Value> = e.admin("GET", "vms", "").await.as_array().unwrap().iter().filter(|x| x["config"]["name"] == "pvc-r").cloned().collect();
+    let named: Vec<Value> = e
+        .admin("GET", "vms", "")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["config"]["name"] == "pvc-r")
+        .cloned()
+        .collect();
     assert_eq!(named.len(), 1);
 
     // A pod on pve2: the holder moves there first, then the disk attaches.
-    e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2"))).await.unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2")))
+        .await
+        .unwrap();
     assert_eq!(e.vm(h as u32).await["node"], "pve2");
     let w2 = e.vm(112).await;
-    assert!(w2["config"]["scsi1"].as_str().unwrap().starts_with(&format!("local-zfs:vm-{h}-pvc-r,")), "{w2}");
+    assert!(
+        w2["config"]["scsi1"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("local-zfs:vm-{h}-pvc-r,")),
+        "{w2}"
+    );
     // The holder is not an attachment: the volume is on one worker only.
-    let err = e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-1"))).await.unwrap_err();
+    let err = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-1")))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("attached to VM 112"), "{}", err.message());
-    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2"))).await.unwrap();
-    e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-1"))).await.unwrap();
+    assert!(
+        err.message().contains("attached to VM 112"),
+        "{}",
+        err.message()
+    );
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2")))
+        .await
+        .unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-1")))
+        .await
+        .unwrap();
     assert_eq!(e.vm(h as u32).await["node"], "pve1");
-    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-1"))).await.unwrap();
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-1")))
+        .await
+        .unwrap();
 
     // Offline growth through the holder.
     let grow = expand_req(&v, 2 << 30);
-    let grown = e.svc.controller_expand_volume(Request::new(grow)).await.unwrap().into_inner();
+    let grown = e
+        .svc
+        .controller_expand_volume(Request::new(grow))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(grown.capacity_bytes, 2 << 30);
-    assert!(e.vm(h as u32).await["config"]["scsi0"].as_str().unwrap().contains("size=2G"));
+    assert!(
+        e.vm(h as u32).await["config"]["scsi0"]
+            .as_str()
+            .unwrap()
+            .contains("size=2G")
+    );
 
     // Listed with its zone-less handle.
-    let listed = e.svc.list_volumes(Request::new(callers::attacher::list_volumes(""))).await.unwrap().into_inner();
-    assert!(listed.entries.iter().any(|x| x.volume.as_ref().unwrap().volume_id == v.volume_id), "{listed:?}");
+    let listed = e
+        .svc
+        .list_volumes(Request::new(callers::attacher::list_volumes("")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        listed
+            .entries
+            .iter()
+            .any(|x| x.volume.as_ref().unwrap().volume_id == v.volume_id),
+        "{listed:?}"
+    );
 
     // Delete: holder, jobs and disk are gone; a repeat is fine.
     for _ in 0..2 {
-        e.svc.delete_volume(Request::new(delete_req(&v))).await.unwrap();
+        e.svc
+            .delete_volume(Request::new(delete_req(&v)))
+            .await
+            .unwrap();
     }
     assert!(e.admin("GET", &format!("vms/{h}"), "").await.is_null());
     assert!(jobs(&e).await.is_empty());
     let vols = e.admin("GET", "volumes", "").await;
-    assert!(!vols.as_array().unwrap().iter().any(|x| x["volid"].as_str().unwrap().contains("pvc-r")), "{vols}");
+    assert!(
+        !vols
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["volid"].as_str().unwrap().contains("pvc-r")),
+        "{vols}"
+    );
     for w in [111, 112] {
         let vm = e.vm(w).await;
         assert_eq!(vm["pending"], serde_json::json!({}));
-        assert!(!vm["config"].as_object().unwrap().keys().any(|k| k.starts_with("unused") || k == "scsi1"), "{vm}");
+        assert!(
+            !vm["config"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .any(|k| k.starts_with("unused") || k == "scsi1"),
+            "{vm}"
+        );
     }
 }
 
@@ -110,18 +222,56 @@ async fn replicated_volume_lives_in_a_holder_that_follows_the_pod() {
 async fn replication_parameters_are_checked() {
     let e = env_from(CLUSTER).await;
     let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
-        (vec![("storage", "local-lvm"), ("replicate", "true"), ("replicateZones", "pve1,pve2")], "parameters.replicate: storage \"local-lvm\" is a lvmthin storage; replication needs a local zfspool storage"),
-        (vec![("storage", "local-zfs"), ("replicate", "true")], "parameters.replicateZones: is required with replicate=true"),
-        (vec![("storage", "local-zfs"), ("replicate", "true"), ("replicateZones", "pve1,pve9")], "parameters.replicateZones: storage \"local-zfs\" is not available on [\"pve9\"]"),
+        (
+            vec![
+                ("storage", "local-lvm"),
+                ("replicate", "true"),
+                ("replicateZones", "pve1,pve2"),
+            ],
+            "parameters.replicate: storage \"local-lvm\" is a lvmthin storage; replication needs a local zfspool storage",
+        ),
+        (
+            vec![("storage", "local-zfs"), ("replicate", "true")],
+            "parameters.replicateZones: is required with replicate=true",
+        ),
+        (
+            vec![
+                ("storage", "local-zfs"),
+                ("replicate", "true"),
+                ("replicateZones", "pve1,pve9"),
+            ],
+            "parameters.replicateZones: storage \"local-zfs\" is not available on [\"pve9\"]",
+        ),
     ];
     for (params, want) in cases {
-        let err = e.svc.create_volume(Request::new(create_req("pvc-x", 1 << 30, &params, None))).await.unwrap_err();
+        let err = e
+            .svc
+            .create_volume(Request::new(create_req("pvc-x", 1 << 30, &params, None)))
+            .await
+            .unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-        assert!(err.message().starts_with(want), "want {want:?}, got {:?}", err.message());
+        assert!(
+            err.message().starts_with(want),
+            "want {want:?}, got {:?}",
+            err.message()
+        );
     }
 
     let e = env_from(&CLUSTER.replace("VM.Replicate, ", "")).await;
-    let err = e.svc.create_volume(Request::new(create_req("pvc-y", 1 << 30, PARAMS, Some("pve1")))).await.unwrap_err();
+    let err = e
+        .svc
+        .create_volume(Request::new(create_req(
+            "pvc-y",
+            1 << 30,
+            PARAMS,
+            Some("pve1"),
+        )))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("grant VM.Replicate to the CSI role"), "{}", err.message());
+    assert!(
+        err.message().contains("grant VM.Replicate to the CSI role"),
+        "{}",
+        err.message()
+    );
 }

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
-use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use proxmox_csi_proto::csi::v1::volume_capability::AccessMode;
+use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use tonic::{Code, Request};
 
 #[tokio::test]
@@ -25,47 +25,150 @@ async fn create_is_idempotent_and_strict() {
     let again = create(&e, "pvc-a", Some("pve2")).await;
     assert_eq!(again, v);
     let vols = e.admin("GET", "volumes", "").await;
-    assert_eq!(vols.as_array().unwrap().iter().filter(|v| v["volid"] == "local-lvm:vm-9999-pvc-a").count(), 1);
+    assert_eq!(
+        vols.as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| v["volid"] == "local-lvm:vm-9999-pvc-a")
+            .count(),
+        1
+    );
 
     // Same name, another size: AlreadyExists.
-    let err = e.svc.create_volume(Request::new(create_req("pvc-a", 5 << 30, &[("storage", "local-lvm")], Some("pve2")))).await.unwrap_err();
+    let err = e
+        .svc
+        .create_volume(Request::new(create_req(
+            "pvc-a",
+            5 << 30,
+            &[("storage", "local-lvm")],
+            Some("pve2"),
+        )))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
 
     // Sizes: 512 MiB steps; the default 10 GiB.
-    let v = e.svc.create_volume(Request::new(create_req("pvc-b", (1 << 30) + 1, &[("storage", "local-lvm")], Some("pve2")))).await.unwrap().into_inner().volume.unwrap();
+    let v = e
+        .svc
+        .create_volume(Request::new(create_req(
+            "pvc-b",
+            (1 << 30) + 1,
+            &[("storage", "local-lvm")],
+            Some("pve2"),
+        )))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     assert_eq!(v.capacity_bytes, 1536 << 20);
 
     // Strict parameters, access modes, topology.
     let cases: Vec<(csi::CreateVolumeRequest, Code, &str)> = vec![
-        (create_req("x", 1, &[("storage", "local-lvm"), ("ssd", "sure")], None), Code::InvalidArgument, "parameters.ssd: \"sure\" is not a boolean"),
-        (create_req("x", 1, &[], None), Code::InvalidArgument, "parameters.storage: parameter storage must be provided"),
-        (create_req("x", 1, &[("storage", "nope")], None), Code::InvalidArgument, "parameters.storage: storage \"nope\" is not available"),
-        (create_req("", 1, &[("storage", "local-lvm")], None), Code::InvalidArgument, "name: is required"),
-        (create_req("x", 1, &[("storage", "nfs")], Some("pve3")), Code::ResourceExhausted, "storage \"nfs\" is on none of the requested zones"),
+        (
+            create_req("x", 1, &[("storage", "local-lvm"), ("ssd", "sure")], None),
+            Code::InvalidArgument,
+            "parameters.ssd: \"sure\" is not a boolean",
+        ),
+        (
+            create_req("x", 1, &[], None),
+            Code::InvalidArgument,
+            "parameters.storage: parameter storage must be provided",
+        ),
+        (
+            create_req("x", 1, &[("storage", "nope")], None),
+            Code::InvalidArgument,
+            "parameters.storage: storage \"nope\" is not available",
+        ),
+        (
+            create_req("", 1, &[("storage", "local-lvm")], None),
+            Code::InvalidArgument,
+            "name: is required",
+        ),
+        (
+            create_req("x", 1, &[("storage", "nfs")], Some("pve3")),
+            Code::ResourceExhausted,
+            "storage \"nfs\" is on none of the requested zones",
+        ),
     ];
     for (req, code, want) in cases {
         let err = e.svc.create_volume(Request::new(req)).await.unwrap_err();
         assert_eq!(err.code(), code, "{want}: {err:?}");
-        assert!(err.message().contains(want), "want {want:?}, got {:?}", err.message());
+        assert!(
+            err.message().contains(want),
+            "want {want:?}, got {:?}",
+            err.message()
+        );
     }
     let mut rwx = create_req("x", 1, &[("storage", "local-lvm")], None);
-    rwx.volume_capabilities[0].access_mode = Some(AccessMode { mode: Mode::MultiNodeMultiWriter as i32 });
+    rwx.volume_capabilities[0].access_mode = Some(AccessMode {
+        mode: Mode::MultiNodeMultiWriter as i32,
+    });
     let err = e.svc.create_volume(Request::new(rwx)).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(err.message().contains("MULTI_NODE_MULTI_WRITER is not supported"), "{}", err.message());
+    assert!(
+        err.message()
+            .contains("MULTI_NODE_MULTI_WRITER is not supported"),
+        "{}",
+        err.message()
+    );
 }
 
 #[tokio::test]
 async fn zone_is_chosen_by_free_capacity_and_shared_storage_has_region_topology() {
     let e = env().await;
     // Fill pve1's local-lvm so that pve2 or pve3 has more room.
-    let big = e.svc.create_volume(Request::new(create_req("pvc-big", 50 << 30, &[("storage", "local-lvm")], Some("pve1")))).await.unwrap();
-    assert!(big.get_ref().volume.as_ref().unwrap().volume_id.contains("/pve1/"));
-    let v = e.svc.create_volume(Request::new(create_req("pvc-free", 1 << 30, &[("storage", "local-lvm")], None))).await.unwrap().into_inner().volume.unwrap();
+    let big = e
+        .svc
+        .create_volume(Request::new(create_req(
+            "pvc-big",
+            50 << 30,
+            &[("storage", "local-lvm")],
+            Some("pve1"),
+        )))
+        .await
+        .unwrap();
+    assert!(
+        big.get_ref()
+            .volume
+            .as_ref()
+            .unwrap()
+            .volume_id
+            .contains("/pve1/")
+    );
+    let v = e
+        .svc
+        .create_volume(Request::new(create_req(
+            "pvc-free",
+            1 << 30,
+            &[("storage", "local-lvm")],
+            None,
+        )))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     assert!(!v.volume_id.contains("/pve1/"), "{}", v.volume_id);
-    let s = e.svc.create_volume(Request::new(create_req("pvc-shared", 1 << 30, &[("storage", "nfs")], None))).await.unwrap().into_inner().volume.unwrap();
+    let s = e
+        .svc
+        .create_volume(Request::new(create_req(
+            "pvc-shared",
+            1 << 30,
+            &[("storage", "nfs")],
+            None,
+        )))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     assert_eq!(s.volume_id, "region-1//nfs/9999/vm-9999-pvc-shared.raw");
-    let zones: Vec<&str> = s.accessible_topology.iter().map(|t| t.segments["topology.kubernetes.io/zone"].as_str()).collect();
+    let zones: Vec<&str> = s
+        .accessible_topology
+        .iter()
+        .map(|t| t.segments["topology.kubernetes.io/zone"].as_str())
+        .collect();
     assert_eq!(zones, ["pve1", "pve2"], "the storage's nodes list");
 }
 
@@ -73,47 +176,123 @@ async fn zone_is_chosen_by_free_capacity_and_shared_storage_has_region_topology(
 async fn publish_attaches_with_wwn_and_serial_and_unpublish_leaves_nothing() {
     let e = env().await;
     let v = create(&e, "pvc-p", Some("pve2")).await;
-    let ctx = e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap().into_inner().publish_context;
+    let ctx = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
     let cfg = e.vm(112).await;
     let line = cfg["config"]["scsi1"].as_str().unwrap();
     assert!(line.starts_with("local-lvm:vm-9999-pvc-p,"), "{line}");
-    assert!(line.contains("discard=on") && line.contains("ssd=1") && line.contains("backup=0") && line.contains("iothread=1"), "{line}");
-    assert!(line.contains(&format!("wwn={}", ctx["wwn"])), "{line} / {ctx:?}");
-    assert!(line.contains(&format!("serial={}", ctx["serial"])), "{line}");
+    assert!(
+        line.contains("discard=on")
+            && line.contains("ssd=1")
+            && line.contains("backup=0")
+            && line.contains("iothread=1"),
+        "{line}"
+    );
+    assert!(
+        line.contains(&format!("wwn={}", ctx["wwn"])),
+        "{line} / {ctx:?}"
+    );
+    assert!(
+        line.contains(&format!("serial={}", ctx["serial"])),
+        "{line}"
+    );
     assert_eq!(ctx["lun"], "1");
-    assert_eq!(ctx["DevicePath"], format!("/dev/disk/by-id/wwn-{}", ctx["wwn"]));
+    assert_eq!(
+        ctx["DevicePath"],
+        format!("/dev/disk/by-id/wwn-{}", ctx["wwn"])
+    );
     // Idempotent: same context, no second slot.
-    let again = e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap().into_inner().publish_context;
+    let again = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
     assert_eq!(again, ctx);
     assert!(e.vm(112).await["config"].get("scsi2").is_none());
     // Attached to another VM: refused with the reason.
-    let err = e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-3/113"))).await.unwrap_err();
+    let err = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-3/113")))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
-    assert!(err.message().contains("is attached to VM 112"), "{}", err.message());
+    assert!(
+        err.message().contains("is attached to VM 112"),
+        "{}",
+        err.message()
+    );
     // Local storage of pve2 cannot go to a VM on pve1: the remedy is named.
-    let err = e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-1/111"))).await.unwrap_err();
+    let err = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-1/111")))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
-    assert!(err.message().contains("pvecsictl migrate"), "{}", err.message());
+    assert!(
+        err.message().contains("pvecsictl migrate"),
+        "{}",
+        err.message()
+    );
     // Delete refuses an attached disk.
-    let err = e.svc.delete_volume(Request::new(delete_req(&v))).await.unwrap_err();
+    let err = e
+        .svc
+        .delete_volume(Request::new(delete_req(&v)))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
-    assert!(err.message().contains("attached to VM 112"), "{}", err.message());
+    assert!(
+        err.message().contains("attached to VM 112"),
+        "{}",
+        err.message()
+    );
 
     for _ in 0..2 {
-        e.svc.controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112"))).await.unwrap();
+        e.svc
+            .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112")))
+            .await
+            .unwrap();
     }
     let vm = e.vm(112).await;
     assert!(vm["config"].get("scsi1").is_none(), "{vm}");
-    assert!(vm["config"].as_object().unwrap().keys().all(|k| !k.starts_with("unused")), "{vm}");
-    assert!(vm["pending"].as_object().unwrap().is_empty() && vm["pending_delete"].as_object().unwrap().is_empty(), "{vm}");
+    assert!(
+        vm["config"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .all(|k| !k.starts_with("unused")),
+        "{vm}"
+    );
+    assert!(
+        vm["pending"].as_object().unwrap().is_empty()
+            && vm["pending_delete"].as_object().unwrap().is_empty(),
+        "{vm}"
+    );
     // A node whose VM is gone counts as detached.
-    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&v, "ghost/4242"))).await.unwrap();
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&v, "ghost/4242")))
+        .await
+        .unwrap();
 
     for _ in 0..2 {
-        e.svc.delete_volume(Request::new(delete_req(&v))).await.unwrap();
+        e.svc
+            .delete_volume(Request::new(delete_req(&v)))
+            .await
+            .unwrap();
     }
     let vols = e.admin("GET", "volumes", "").await;
-    assert!(vols.as_array().unwrap().iter().all(|x| x["volid"] != "local-lvm:vm-9999-pvc-p"));
+    assert!(
+        vols.as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["volid"] != "local-lvm:vm-9999-pvc-p")
+    );
 }
 
 #[tokio::test]
@@ -121,15 +300,34 @@ async fn a_failed_hotplug_is_reverted_and_retryable() {
     let e = env().await;
     let v = create(&e, "pvc-h", Some("pve2")).await;
     e.knobs(r#"{"fail_hotplugs": 1}"#).await;
-    let err = e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap_err();
+    let err = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
-    assert!(err.message().contains("hotplug problem"), "{}", err.message());
+    assert!(
+        err.message().contains("hotplug problem"),
+        "{}",
+        err.message()
+    );
     let vm = e.vm(112).await;
     assert!(vm["config"].get("scsi1").is_none(), "{vm}");
-    assert!(vm["pending"].as_object().unwrap().is_empty(), "nothing left pending: {vm}");
+    assert!(
+        vm["pending"].as_object().unwrap().is_empty(),
+        "nothing left pending: {vm}"
+    );
     // The retry (as the attacher sidecar does) succeeds.
-    e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap();
-    assert!(e.vm(112).await["config"]["scsi1"].as_str().unwrap().starts_with("local-lvm:vm-9999-pvc-h"));
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
+    assert!(
+        e.vm(112).await["config"]["scsi1"]
+            .as_str()
+            .unwrap()
+            .starts_with("local-lvm:vm-9999-pvc-h")
+    );
 }
 
 #[tokio::test]
@@ -142,38 +340,76 @@ async fn locks_5xx_and_dropped_connections_are_retried_within_the_deadline() {
     let addr = e.sim.addr;
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(700)).await;
-        let _ = http.delete(format!("http://{addr}/pvesim/vms/112/lock")).send().await;
+        let _ = http
+            .delete(format!("http://{addr}/pvesim/vms/112/lock"))
+            .send()
+            .await;
     });
-    e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
 
     // A lock that outlasts the deadline: Unavailable, with Proxmox's text.
     e.admin("PUT", "vms/112/lock?value=backup", "").await;
     let mut req = Request::new(unpublish_req(&v, "worker-2/112"));
-    req.metadata_mut().insert("grpc-timeout", "1500m".parse().unwrap());
+    req.metadata_mut()
+        .insert("grpc-timeout", "1500m".parse().unwrap());
     let err = e.svc.controller_unpublish_volume(req).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
-    assert!(err.message().contains("VM is locked (backup)"), "{}", err.message());
+    assert!(
+        err.message().contains("VM is locked (backup)"),
+        "{}",
+        err.message()
+    );
     e.admin("DELETE", "vms/112/lock", "").await;
 
     // 5xx and dropped connections.
     e.knobs(r#"{"drop_connections": 2}"#).await;
-    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112"))).await.unwrap();
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
     e.knobs(r#"{"error_5xx_rate": 0.3}"#).await;
-    e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
     e.knobs(r#"{"error_5xx_rate": 0.0}"#).await;
     // A task that fails after its UPID: the exit status is read.
     e.knobs(r#"{"fail_tasks": 1}"#).await;
-    let err = e.svc.controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112"))).await.unwrap_err();
-    assert!(err.message().contains("task failed (injected by pvesim)"), "{err:?}");
+    let err = e
+        .svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112")))
+        .await
+        .unwrap_err();
+    assert!(
+        err.message().contains("task failed (injected by pvesim)"),
+        "{err:?}"
+    );
     // Retryable, as the sidecars must try again (the soak found it final).
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
-    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112"))).await.unwrap();
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
     assert!(e.vm(112).await["config"].get("scsi1").is_none());
     e.knobs(r#"{"fail_tasks": 1}"#).await;
-    let err = e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap_err();
+    let err = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
-    assert_eq!(e.vm(112).await["pending"], serde_json::json!({}), "nothing left pending");
-    e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap();
+    assert_eq!(
+        e.vm(112).await["pending"],
+        serde_json::json!({}),
+        "nothing left pending"
+    );
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -183,9 +419,13 @@ async fn a_config_lock_held_12_s_is_waited_out() {
     e.admin("POST", "vms/112/hold-lock?seconds=12", "").await;
     let started = Instant::now();
     let mut req = Request::new(publish_req(&v, "worker-2/112"));
-    req.metadata_mut().insert("grpc-timeout", "30S".parse().unwrap());
+    req.metadata_mut()
+        .insert("grpc-timeout", "30S".parse().unwrap());
     e.svc.controller_publish_volume(req).await.unwrap();
-    assert!(started.elapsed() >= Duration::from_secs(10), "the write had to wait for the lock");
+    assert!(
+        started.elapsed() >= Duration::from_secs(10),
+        "the write had to wait for the lock"
+    );
     assert!(e.vm(112).await["config"]["scsi1"].as_str().is_some());
 }
 
@@ -197,7 +437,12 @@ async fn concurrent_publishes_to_one_vm_are_coalesced() {
     for i in 0..8 {
         vols.push(create(&e, &format!("pvc-c{i}"), Some("pve2")).await);
     }
-    let before = e.svc.0.attacher.writes.load(std::sync::atomic::Ordering::Relaxed);
+    let before = e
+        .svc
+        .0
+        .attacher
+        .writes
+        .load(std::sync::atomic::Ordering::Relaxed);
     let calls = vols.iter().map(|v| {
         let svc = e.svc.clone();
         let req = publish_req(v, "worker-2/112");
@@ -209,7 +454,13 @@ async fn concurrent_publishes_to_one_vm_are_coalesced() {
         luns.insert(r.unwrap().into_inner().publish_context["lun"].clone());
     }
     assert_eq!(luns.len(), 8, "every volume has its own slot");
-    let writes = e.svc.0.attacher.writes.load(std::sync::atomic::Ordering::Relaxed) - before;
+    let writes = e
+        .svc
+        .0
+        .attacher
+        .writes
+        .load(std::sync::atomic::Ordering::Relaxed)
+        - before;
     assert!(writes < 8, "8 attaches took {writes} config writes");
     let cfg = e.vm(112).await;
     for i in 1..=8 {
@@ -224,14 +475,28 @@ async fn two_controllers_racing_on_one_vm_both_land() {
     let a = create(&e, "pvc-r1", Some("pve2")).await;
     let b = create(&e, "pvc-r2", Some("pve2")).await;
     let (ra, rb) = tokio::join!(
-        e.svc.controller_publish_volume(Request::new(publish_req(&a, "worker-2/112"))),
+        e.svc
+            .controller_publish_volume(Request::new(publish_req(&a, "worker-2/112"))),
         other.controller_publish_volume(Request::new(publish_req(&b, "worker-2/112"))),
     );
-    let (la, lb) = (ra.unwrap().into_inner().publish_context["lun"].clone(), rb.unwrap().into_inner().publish_context["lun"].clone());
+    let (la, lb) = (
+        ra.unwrap().into_inner().publish_context["lun"].clone(),
+        rb.unwrap().into_inner().publish_context["lun"].clone(),
+    );
     assert_ne!(la, lb, "the digest kept them from taking the same slot");
     let cfg = e.vm(112).await;
-    assert!(cfg["config"][format!("scsi{la}")].as_str().unwrap().contains("pvc-r1"));
-    assert!(cfg["config"][format!("scsi{lb}")].as_str().unwrap().contains("pvc-r2"));
+    assert!(
+        cfg["config"][format!("scsi{la}")]
+            .as_str()
+            .unwrap()
+            .contains("pvc-r1")
+    );
+    assert!(
+        cfg["config"][format!("scsi{lb}")]
+            .as_str()
+            .unwrap()
+            .contains("pvc-r2")
+    );
 }
 
 /// A second controller (its own queues and caches) on the same pvesim.
@@ -245,53 +510,134 @@ async fn expand_capacity_list_and_get() {
     let v = create(&e, "pvc-x", Some("pve2")).await;
     let exp = |bytes: i64| expand_req(&v, bytes);
     // Not attached, and the minimal role may not create the holder VM.
-    let err = e.svc.controller_expand_volume(Request::new(exp(2 << 30))).await.unwrap_err();
+    let err = e
+        .svc
+        .controller_expand_volume(Request::new(exp(2 << 30)))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("grant VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options"), "{}", err.message());
     // Attached: grown through the VM; asking again is a no-op.
-    e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap();
-    let r = e.svc.controller_expand_volume(Request::new(exp(2 << 30))).await.unwrap().into_inner();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
+    let r = e
+        .svc
+        .controller_expand_volume(Request::new(exp(2 << 30)))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(r.capacity_bytes, 2 << 30);
     assert!(r.node_expansion_required);
-    assert!(e.vm(112).await["config"]["scsi1"].as_str().unwrap().contains("size=2G"));
-    let r = e.svc.controller_expand_volume(Request::new(exp(1 << 30))).await.unwrap().into_inner();
+    assert!(
+        e.vm(112).await["config"]["scsi1"]
+            .as_str()
+            .unwrap()
+            .contains("size=2G")
+    );
+    let r = e
+        .svc
+        .controller_expand_volume(Request::new(exp(1 << 30)))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(r.capacity_bytes, 2 << 30);
 
     let cap = e
         .svc
         .get_capacity(Request::new(callers::provisioner::get_capacity(
             &callers::provisioner::StorageClass::new(&[("storage", "local-lvm")]),
-            Some(&[("topology.kubernetes.io/region", "region-1"), ("topology.kubernetes.io/zone", "pve2")]),
+            Some(&[
+                ("topology.kubernetes.io/region", "region-1"),
+                ("topology.kubernetes.io/zone", "pve2"),
+            ]),
         )))
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(cap.available_capacity, 107374182400 - (32 << 30) - (2 << 30));
+    assert_eq!(
+        cap.available_capacity,
+        107374182400 - (32 << 30) - (2 << 30)
+    );
     assert!(cap.maximum_volume_size.unwrap() <= cap.available_capacity);
 
     create(&e, "pvc-y", Some("pve3")).await;
-    let page1 = e.svc.list_volumes(Request::new(callers::sanity::list_volumes(1, ""))).await.unwrap().into_inner();
+    let page1 = e
+        .svc
+        .list_volumes(Request::new(callers::sanity::list_volumes(1, "")))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(page1.entries.len(), 1);
-    let page2 = e.svc.list_volumes(Request::new(callers::sanity::list_volumes(5, &page1.next_token))).await.unwrap().into_inner();
+    let page2 = e
+        .svc
+        .list_volumes(Request::new(callers::sanity::list_volumes(
+            5,
+            &page1.next_token,
+        )))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(page2.entries.len(), 1);
     assert!(page2.next_token.is_empty());
     let all: Vec<_> = page1.entries.iter().chain(page2.entries.iter()).collect();
-    let published = all.iter().find(|e| e.volume.as_ref().unwrap().volume_id == v.volume_id).unwrap();
-    assert_eq!(published.status.as_ref().unwrap().published_node_ids, ["worker-2/112"]);
-    let err = e.svc.list_volumes(Request::new(callers::sanity::list_volumes(1, "bogus"))).await.unwrap_err();
+    let published = all
+        .iter()
+        .find(|e| e.volume.as_ref().unwrap().volume_id == v.volume_id)
+        .unwrap();
+    assert_eq!(
+        published.status.as_ref().unwrap().published_node_ids,
+        ["worker-2/112"]
+    );
+    let err = e
+        .svc
+        .list_volumes(Request::new(callers::sanity::list_volumes(1, "bogus")))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Aborted, "{err:?}");
 
-    let g = e.svc.controller_get_volume(Request::new(callers::health::controller_get_volume(&pv_of(&v)))).await.unwrap().into_inner();
+    let g = e
+        .svc
+        .controller_get_volume(Request::new(callers::health::controller_get_volume(
+            &pv_of(&v),
+        )))
+        .await
+        .unwrap()
+        .into_inner();
     let cond = g.status.unwrap().volume_condition.unwrap();
     assert!(!cond.abnormal, "{cond:?}");
     e.admin("PUT", "vms/112/lock?value=backup", "").await;
-    let g = e.svc.controller_get_volume(Request::new(callers::health::controller_get_volume(&pv_of(&v)))).await.unwrap().into_inner();
+    let g = e
+        .svc
+        .controller_get_volume(Request::new(callers::health::controller_get_volume(
+            &pv_of(&v),
+        )))
+        .await
+        .unwrap()
+        .into_inner();
     let cond = g.status.unwrap().volume_condition.unwrap();
-    assert!(cond.abnormal && cond.message.contains("VM 112 is locked (backup)"), "{cond:?}");
-    let err = e.svc.controller_get_volume(Request::new(callers::health::controller_get_volume(&pv_id("region-1/pve2/local-lvm/vm-9999-none")))).await.unwrap_err();
+    assert!(
+        cond.abnormal && cond.message.contains("VM 112 is locked (backup)"),
+        "{cond:?}"
+    );
+    let err = e
+        .svc
+        .controller_get_volume(Request::new(callers::health::controller_get_volume(
+            &pv_id("region-1/pve2/local-lvm/vm-9999-none"),
+        )))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
 
-    let val = e.svc.validate_volume_capabilities(Request::new(callers::sanity::validate_volume_capabilities(&pv_of(&v)))).await.unwrap().into_inner();
+    let val = e
+        .svc
+        .validate_volume_capabilities(Request::new(callers::sanity::validate_volume_capabilities(
+            &pv_of(&v),
+        )))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(val.confirmed.is_some());
 }
 
@@ -301,29 +647,50 @@ async fn calls_per_operation() {
     e.admin("DELETE", "counters", "").await;
     // Warm the caches as a running controller has them.
     let warm = create(&e, "pvc-warm", Some("pve2")).await;
-    e.svc.controller_publish_volume(Request::new(publish_req(&warm, "worker-2/112"))).await.unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&warm, "worker-2/112")))
+        .await
+        .unwrap();
     let mut n = Vec::new();
     let mut step = |name: &'static str, before: u64, after: u64| n.push((name, after - before));
     let b = e.calls().await;
     let v = create(&e, "pvc-n", Some("pve2")).await;
     step("create", b, e.calls().await);
     let b = e.calls().await;
-    e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
     step("attach", b, e.calls().await);
     let b = e.calls().await;
-    e.svc.controller_expand_volume(Request::new(expand_req(&v, 2 << 30))).await.unwrap();
+    e.svc
+        .controller_expand_volume(Request::new(expand_req(&v, 2 << 30)))
+        .await
+        .unwrap();
     step("expand", b, e.calls().await);
     let b = e.calls().await;
-    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112"))).await.unwrap();
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
     step("detach", b, e.calls().await);
     let b = e.calls().await;
-    e.svc.delete_volume(Request::new(delete_req(&v))).await.unwrap();
+    e.svc
+        .delete_volume(Request::new(delete_req(&v)))
+        .await
+        .unwrap();
     step("delete", b, e.calls().await);
     eprintln!("CALLS {n:?}");
     // Budgets well under the Go driver's (create ≈5, attach ≈12, detach ≈10, delete ≈6).
     // Delete reads the config of every VM on the volume's node (two here)
     // before a disk is deleted: what cannot be undone is checked with Proxmox.
-    let budget = [("create", 3), ("attach", 8), ("expand", 6), ("detach", 8), ("delete", 5)];
+    let budget = [
+        ("create", 3),
+        ("attach", 8),
+        ("expand", 6),
+        ("detach", 8),
+        ("delete", 5),
+    ];
     for ((name, used), (_, max)) in n.iter().zip(budget) {
         assert!(*used <= max, "{name}: {used} calls > {max}");
     }
@@ -342,24 +709,53 @@ async fn detached_volumes_expand_through_a_holder_vm() {
     assert_eq!(r.capacity_bytes, 3 << 30);
     assert!(r.node_expansion_required);
     let vols = e.admin("GET", "volumes", "").await;
-    let vol = vols.as_array().unwrap().iter().find(|x| x["volid"] == "local-lvm:vm-9999-pvc-off").unwrap().clone();
+    let vol = vols
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["volid"] == "local-lvm:vm-9999-pvc-off")
+        .unwrap()
+        .clone();
     assert_eq!(vol["size"], 3u64 << 30);
     // The holder VM is stopped, on the volume's node, and holds nothing afterwards.
     let holder = e.admin("GET", "vms/100", "").await;
     assert_eq!(holder["node"], "pve2");
     assert_eq!(holder["running"], false);
     assert_eq!(holder["config"]["name"], "proxmox-csi-holder-pve2");
-    assert!(holder["config"].as_object().unwrap().keys().all(|k| !k.starts_with("scsi") || k == "scsihw"), "{holder}");
+    assert!(
+        holder["config"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .all(|k| !k.starts_with("scsi") || k == "scsihw"),
+        "{holder}"
+    );
     // The volume publishes normally afterwards, at its new size.
-    e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap();
-    assert!(e.vm(112).await["config"]["scsi1"].as_str().unwrap().contains("size=3G"));
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
+    assert!(
+        e.vm(112).await["config"]["scsi1"]
+            .as_str()
+            .unwrap()
+            .contains("size=3G")
+    );
 }
 
 #[tokio::test]
 async fn several_regions_and_allow_lists() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let a = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap()).plain_http().start("127.0.0.1:0").await.unwrap();
-    let b = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap()).plain_http().start("127.0.0.1:0").await.unwrap();
+    let a = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap())
+        .plain_http()
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
+    let b = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap())
+        .plain_http()
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
     let cfg = proxmox_csi_controller::config::CloudConfig::parse(&format!(
         "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n    allowed_nodes: [pve3]\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-2\n    allowed_storages: [nfs]\n",
         a.api_url(),
@@ -369,31 +765,95 @@ async fn several_regions_and_allow_lists() {
     let clients = cfg
         .clusters
         .into_iter()
-        .map(|c| std::sync::Arc::new(proxmox_csi_controller::pve::Client::new(c, Duration::from_secs(10), Default::default()).unwrap()))
+        .map(|c| {
+            std::sync::Arc::new(
+                proxmox_csi_controller::pve::Client::new(
+                    c,
+                    Duration::from_secs(10),
+                    Default::default(),
+                )
+                .unwrap(),
+            )
+        })
         .collect();
     let svc = proxmox_csi_controller::csi::controller::ControllerService(std::sync::Arc::new(
         proxmox_csi_controller::ctl::Controller::new(clients, 9999, Duration::from_secs(20)),
     ));
     // region-1 may only use pve3, whatever has more room.
-    let v = svc.create_volume(Request::new(create_req("pvc-r1", 1 << 30, &[("storage", "local-lvm")], None))).await.unwrap().into_inner().volume.unwrap();
+    let v = svc
+        .create_volume(Request::new(create_req(
+            "pvc-r1",
+            1 << 30,
+            &[("storage", "local-lvm")],
+            None,
+        )))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     assert_eq!(v.volume_id, "region-1/pve3/local-lvm/vm-9999-pvc-r1");
     // region-2 goes to the second cluster, and only to nfs.
     let mut req = create_req("pvc-r2", 1 << 30, &[("storage", "local-lvm")], None);
-    req.accessibility_requirements.as_mut().unwrap().preferred[0].segments.insert("topology.kubernetes.io/region".into(), "region-2".into());
-    req.accessibility_requirements.as_mut().unwrap().requisite.clear();
-    let err = svc.create_volume(Request::new(req.clone())).await.unwrap_err();
+    req.accessibility_requirements.as_mut().unwrap().preferred[0]
+        .segments
+        .insert("topology.kubernetes.io/region".into(), "region-2".into());
+    req.accessibility_requirements
+        .as_mut()
+        .unwrap()
+        .requisite
+        .clear();
+    let err = svc
+        .create_volume(Request::new(req.clone()))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(err.message().contains("not in allowed_storages of region region-2"), "{}", err.message());
+    assert!(
+        err.message()
+            .contains("not in allowed_storages of region region-2"),
+        "{}",
+        err.message()
+    );
     req.parameters.insert("storage".into(), "nfs".into());
-    let v = svc.create_volume(Request::new(req)).await.unwrap().into_inner().volume.unwrap();
+    let v = svc
+        .create_volume(Request::new(req))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     assert_eq!(v.volume_id, "region-2//nfs/9999/vm-9999-pvc-r2.raw");
-    let b_vols: serde_json::Value = reqwest::get(format!("http://{}/pvesim/volumes", b.addr)).await.unwrap().json().await.unwrap();
-    assert!(b_vols["data"].as_array().unwrap().iter().any(|v| v["volid"] == "nfs:9999/vm-9999-pvc-r2.raw"));
-    let a_vols: serde_json::Value = reqwest::get(format!("http://{}/pvesim/volumes", a.addr)).await.unwrap().json().await.unwrap();
-    assert!(a_vols["data"].as_array().unwrap().iter().all(|v| v["volid"] != "nfs:9999/vm-9999-pvc-r2.raw"));
+    let b_vols: serde_json::Value = reqwest::get(format!("http://{}/pvesim/volumes", b.addr))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        b_vols["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["volid"] == "nfs:9999/vm-9999-pvc-r2.raw")
+    );
+    let a_vols: serde_json::Value = reqwest::get(format!("http://{}/pvesim/volumes", a.addr))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        a_vols["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["volid"] != "nfs:9999/vm-9999-pvc-r2.raw")
+    );
     // An unknown region names the configured ones.
     let mut req = create_req("pvc-r3", 1 << 30, &[("storage", "nfs")], None);
-    req.accessibility_requirements.as_mut().unwrap().preferred[0].segments.insert("topology.kubernetes.io/region".into(), "region-9".into());
+    req.accessibility_requirements.as_mut().unwrap().preferred[0]
+        .segments
+        .insert("topology.kubernetes.io/region".into(), "region-9".into());
     let err = svc.create_volume(Request::new(req)).await.unwrap_err();
     assert!(err.message().contains("\"region-9\" is not a cluster of the cloud config; configured: [\"region-1\", \"region-2\"]"), "{}", err.message());
 }
@@ -405,33 +865,109 @@ async fn several_regions_and_allow_lists() {
 async fn changes_made_in_proxmox_behind_the_controllers_back() {
     let e = env().await;
     let v = create(&e, "pvc-oob", Some("pve2")).await;
-    let ctx = e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2/112"))).await.unwrap().into_inner().publish_context;
+    let ctx = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
     // Detached in the UI (a synchronous PUT), then the PV deleted: no
     // refusal from a remembered attachment.
-    e.api_write("PUT", "/nodes/pve2/qemu/112/config", &[("delete", &format!("scsi{}", ctx["lun"]))]).await;
-    e.svc.delete_volume(Request::new(delete_req(&v))).await.unwrap();
-    assert!(e.admin("GET", "volumes", "").await.as_array().unwrap().iter().all(|x| x["volid"] != "local-lvm:vm-9999-pvc-oob"));
+    e.api_write(
+        "PUT",
+        "/nodes/pve2/qemu/112/config",
+        &[("delete", &format!("scsi{}", ctx["lun"]))],
+    )
+    .await;
+    e.svc
+        .delete_volume(Request::new(delete_req(&v)))
+        .await
+        .unwrap();
+    assert!(
+        e.admin("GET", "volumes", "")
+            .await
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["volid"] != "local-lvm:vm-9999-pvc-oob")
+    );
 
     // Attached in the UI to VM 113: the attacher's reconcile sees it, and a
     // publish to VM 112 is refused with the VM that really has it.
     let w = create(&e, "pvc-oob2", Some("pve2")).await;
-    e.api_write("PUT", "/nodes/pve2/qemu/113/config", &[("scsi7", "local-lvm:vm-9999-pvc-oob2,backup=0")]).await;
-    let listed = e.svc.list_volumes(Request::new(callers::attacher::list_volumes(""))).await.unwrap().into_inner();
-    let entry = listed.entries.iter().find(|x| x.volume.as_ref().unwrap().volume_id == w.volume_id).unwrap();
+    e.api_write(
+        "PUT",
+        "/nodes/pve2/qemu/113/config",
+        &[("scsi7", "local-lvm:vm-9999-pvc-oob2,backup=0")],
+    )
+    .await;
+    let listed = e
+        .svc
+        .list_volumes(Request::new(callers::attacher::list_volumes("")))
+        .await
+        .unwrap()
+        .into_inner();
+    let entry = listed
+        .entries
+        .iter()
+        .find(|x| x.volume.as_ref().unwrap().volume_id == w.volume_id)
+        .unwrap();
     let published = &entry.status.as_ref().unwrap().published_node_ids;
-    assert!(published.len() == 1 && published[0].ends_with("113"), "{entry:?}");
-    let err = e.svc.controller_publish_volume(Request::new(publish_req(&w, "worker-2/112"))).await.unwrap_err();
+    assert!(
+        published.len() == 1 && published[0].ends_with("113"),
+        "{entry:?}"
+    );
+    let err = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&w, "worker-2/112")))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("is attached to VM 113"), "{}", err.message());
-    assert!(e.vm(112).await["config"].to_string().find("pvc-oob2").is_none(), "attached twice");
+    assert!(
+        err.message().contains("is attached to VM 113"),
+        "{}",
+        err.message()
+    );
+    assert!(
+        e.vm(112).await["config"]
+            .to_string()
+            .find("pvc-oob2")
+            .is_none(),
+        "attached twice"
+    );
 
     // Attached in the UI and deleted before any reconcile: DeleteVolume
     // reads the VMs of the volume's node and refuses.
     let x = create(&e, "pvc-oob3", Some("pve2")).await;
-    e.svc.list_volumes(Request::new(callers::attacher::list_volumes(""))).await.unwrap();
-    e.api_write("PUT", "/nodes/pve2/qemu/113/config", &[("scsi8", "local-lvm:vm-9999-pvc-oob3,backup=0")]).await;
-    let err = e.svc.delete_volume(Request::new(delete_req(&x))).await.unwrap_err();
+    e.svc
+        .list_volumes(Request::new(callers::attacher::list_volumes("")))
+        .await
+        .unwrap();
+    e.api_write(
+        "PUT",
+        "/nodes/pve2/qemu/113/config",
+        &[("scsi8", "local-lvm:vm-9999-pvc-oob3,backup=0")],
+    )
+    .await;
+    let err = e
+        .svc
+        .delete_volume(Request::new(delete_req(&x)))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("attached to VM 113"), "{}", err.message());
-    assert!(e.admin("GET", "volumes", "").await.as_array().unwrap().iter().any(|v| v["volid"] == "local-lvm:vm-9999-pvc-oob3"), "the disk was deleted");
+    assert!(
+        err.message().contains("attached to VM 113"),
+        "{}",
+        err.message()
+    );
+    assert!(
+        e.admin("GET", "volumes", "")
+            .await
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["volid"] == "local-lvm:vm-9999-pvc-oob3"),
+        "the disk was deleted"
+    );
 }

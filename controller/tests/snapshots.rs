@@ -11,36 +11,55 @@ use std::time::Duration;
 
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
-use proxmox_csi_proto::csi::v1::volume_content_source::{SnapshotSource, Type as Source, VolumeSource};
+use proxmox_csi_proto::csi::v1::volume_content_source::{
+    SnapshotSource, Type as Source, VolumeSource,
+};
 use serde_json::Value;
 use tonic::{Code, Request};
 
-
-
 fn from(source: Source, name: &str, bytes: i64) -> csi::CreateVolumeRequest {
-    from_source(source, name, bytes, &[("storage", "local-lvm")], Some("pve2"))
+    from_source(
+        source,
+        name,
+        bytes,
+        &[("storage", "local-lvm")],
+        Some("pve2"),
+    )
 }
 
 fn with_timeout<T>(msg: T, ms: u64) -> Request<T> {
     let mut r = Request::new(msg);
-    r.metadata_mut().insert("grpc-timeout", format!("{ms}m").parse().unwrap());
+    r.metadata_mut()
+        .insert("grpc-timeout", format!("{ms}m").parse().unwrap());
     r
 }
 
-
 async fn vms_named(e: &Env, name: &str) -> Vec<Value> {
     let all = e.admin("GET", "vms", "").await;
-    all.as_array().unwrap().iter().filter(|v| v["config"]["name"] == name).cloned().collect()
+    all.as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["config"]["name"] == name)
+        .cloned()
+        .collect()
 }
 
 async fn counters(e: &Env) -> HashMap<String, u64> {
     let c = e.admin("GET", "counters", "").await;
-    c.as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap())).collect()
+    c.as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_u64().unwrap()))
+        .collect()
 }
 
 async fn volumes(e: &Env) -> Vec<String> {
     let vols = e.admin("GET", "volumes", "").await;
-    vols.as_array().unwrap().iter().map(|v| v["volid"].as_str().unwrap().to_string()).collect()
+    vols.as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["volid"].as_str().unwrap().to_string())
+        .collect()
 }
 
 #[tokio::test]
@@ -49,35 +68,85 @@ async fn snapshot_restore_and_clone_with_a_token() {
     // 1 GiB takes 2 s to copy, so that the snapshot is seen unready.
     e.knobs(r#"{"copy_ms_per_gib": 2000}"#).await;
     let v = create(&e, "pvc-a", Some("pve2")).await;
-    e.svc.controller_publish_volume(Request::new(publish_req(&v, "worker-2"))).await.unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2")))
+        .await
+        .unwrap();
 
     let seen = until_ready(&e, "snapshot-1", &v.volume_id).await;
-    assert!(!seen[0].ready_to_use, "the first answer comes before the copy is done");
+    assert!(
+        !seen[0].ready_to_use,
+        "the first answer comes before the copy is done"
+    );
     let snap = seen.last().unwrap().clone();
-    assert!(seen.iter().all(|s| s.snapshot_id == snap.snapshot_id), "one ID for every answer: {seen:?}");
-    let vmid: u32 = snap.snapshot_id.rsplit("snapshot-vm-").next().unwrap().parse().unwrap();
-    assert_eq!(snap.snapshot_id, format!("region-1/pve2/local-lvm/snapshot-vm-{vmid}"));
+    assert!(
+        seen.iter().all(|s| s.snapshot_id == snap.snapshot_id),
+        "one ID for every answer: {seen:?}"
+    );
+    let vmid: u32 = snap
+        .snapshot_id
+        .rsplit("snapshot-vm-")
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        snap.snapshot_id,
+        format!("region-1/pve2/local-lvm/snapshot-vm-{vmid}")
+    );
     assert_eq!(snap.source_volume_id, v.volume_id);
     assert_eq!(snap.size_bytes, 1 << 30);
-    assert!(snap.creation_time.as_ref().is_some_and(|t| t.seconds > 1_700_000_000), "{:?}", snap.creation_time);
+    assert!(
+        snap.creation_time
+            .as_ref()
+            .is_some_and(|t| t.seconds > 1_700_000_000),
+        "{:?}",
+        snap.creation_time
+    );
 
     // The copy VM: stopped, tagged, the copy as unused0, nothing pending.
     let vm = e.vm(vmid).await;
     assert_eq!(vm["running"], false);
     assert_eq!(vm["config"]["name"], "snapshot-1");
-    assert_eq!(vm["config"]["tags"], "proxmox-csi;csi-snapshot;csi-name.snapshot-1");
-    assert_eq!(vm["config"]["unused0"], format!("local-lvm:vm-{vmid}-disk-0"));
+    assert_eq!(
+        vm["config"]["tags"],
+        "proxmox-csi;csi-snapshot;csi-name.snapshot-1"
+    );
+    assert_eq!(
+        vm["config"]["unused0"],
+        format!("local-lvm:vm-{vmid}-disk-0")
+    );
     assert!(vm["config"].get("scsi0").is_none(), "{vm}");
     assert_eq!(vm["pending"], serde_json::json!({}), "{vm}");
-    assert!(volumes(&e).await.contains(&format!("local-lvm:vm-{vmid}-disk-0")));
+    assert!(
+        volumes(&e)
+            .await
+            .contains(&format!("local-lvm:vm-{vmid}-disk-0"))
+    );
 
     // Same name, same source: the same snapshot; another source: AlreadyExists.
     assert_eq!(create_snapshot(&e, "snapshot-1", &v.volume_id).await, snap);
     let other = create(&e, "pvc-b", Some("pve2")).await;
-    let err = e.svc.create_snapshot(Request::new(snap_req("snapshot-1", &other.volume_id))).await.unwrap_err();
+    let err = e
+        .svc
+        .create_snapshot(Request::new(snap_req("snapshot-1", &other.volume_id)))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
-    assert!(err.message().contains("already exists as a copy of region-1/pve2/local-lvm/vm-9999-pvc-a"), "{}", err.message());
-    let err = e.svc.create_snapshot(Request::new(snap_req("snapshot-s", "region-1/pve2/local-lvm/vm-9999-nope"))).await.unwrap_err();
+    assert!(
+        err.message()
+            .contains("already exists as a copy of region-1/pve2/local-lvm/vm-9999-pvc-a"),
+        "{}",
+        err.message()
+    );
+    let err = e
+        .svc
+        .create_snapshot(Request::new(snap_req(
+            "snapshot-s",
+            "region-1/pve2/local-lvm/vm-9999-nope",
+        )))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
     let mut bad = snap_req("snapshot-s", &v.volume_id);
     bad.parameters = HashMap::from([("attached".to_string(), "never".to_string())]);
@@ -91,61 +160,177 @@ async fn snapshot_restore_and_clone_with_a_token() {
     );
 
     // Restore into a larger volume: grown after the copy.
-    let restore = from(Source::Snapshot(SnapshotSource { snapshot_id: snap.snapshot_id.clone() }), "pvc-r", 2 << 30);
-    let r = e.svc.create_volume(Request::new(restore.clone())).await.unwrap().into_inner().volume.unwrap();
+    let restore = from(
+        Source::Snapshot(SnapshotSource {
+            snapshot_id: snap.snapshot_id.clone(),
+        }),
+        "pvc-r",
+        2 << 30,
+    );
+    let r = e
+        .svc
+        .create_volume(Request::new(restore.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     let rvm = vms_named(&e, "pvc-r").await;
     assert_eq!(rvm.len(), 1);
     let rid = rvm[0]["vmid"].as_u64().unwrap();
-    assert_eq!(r.volume_id, format!("region-1/pve2/local-lvm/vm-{rid}-disk-0"));
+    assert_eq!(
+        r.volume_id,
+        format!("region-1/pve2/local-lvm/vm-{rid}-disk-0")
+    );
     assert_eq!(r.capacity_bytes, 2 << 30);
     assert_eq!(r.content_source, restore.volume_content_source);
-    assert_eq!(rvm[0]["config"]["tags"], "proxmox-csi;csi-volume;csi-name.pvc-r");
-    assert_eq!(rvm[0]["config"]["unused0"], format!("local-lvm:vm-{rid}-disk-0"));
+    assert_eq!(
+        rvm[0]["config"]["tags"],
+        "proxmox-csi;csi-volume;csi-name.pvc-r"
+    );
+    assert_eq!(
+        rvm[0]["config"]["unused0"],
+        format!("local-lvm:vm-{rid}-disk-0")
+    );
     // Idempotent: the same answer, no second copy.
-    let again = e.svc.create_volume(Request::new(restore)).await.unwrap().into_inner().volume.unwrap();
+    let again = e
+        .svc
+        .create_volume(Request::new(restore))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     assert_eq!(again, r);
     assert_eq!(vms_named(&e, "pvc-r").await.len(), 1);
 
     // The restored volume attaches like any other, and lists as ours.
-    let ctx = e.svc.controller_publish_volume(Request::new(publish_req(&r, "worker-2"))).await.unwrap().into_inner();
+    let ctx = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&r, "worker-2")))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(ctx.publish_context.contains_key("wwn"), "{ctx:?}");
     let w = e.vm(112).await;
-    assert!(w["config"].as_object().unwrap().values().any(|l| l.as_str().is_some_and(|l| l.starts_with(&format!("local-lvm:vm-{rid}-disk-0,")))), "{w}");
-    let listed = e.svc.list_volumes(Request::new(callers::attacher::list_volumes(""))).await.unwrap().into_inner();
-    let ids: Vec<String> = listed.entries.iter().map(|x| x.volume.as_ref().unwrap().volume_id.clone()).collect();
-    assert!(ids.contains(&r.volume_id) && ids.contains(&v.volume_id), "{ids:?}");
-    assert!(!ids.iter().any(|i| i.contains("snapshot-vm") || i.ends_with(&format!("vm-{vmid}-disk-0"))), "snapshots are not volumes: {ids:?}");
+    assert!(
+        w["config"].as_object().unwrap().values().any(|l| l
+            .as_str()
+            .is_some_and(|l| l.starts_with(&format!("local-lvm:vm-{rid}-disk-0,")))),
+        "{w}"
+    );
+    let listed = e
+        .svc
+        .list_volumes(Request::new(callers::attacher::list_volumes("")))
+        .await
+        .unwrap()
+        .into_inner();
+    let ids: Vec<String> = listed
+        .entries
+        .iter()
+        .map(|x| x.volume.as_ref().unwrap().volume_id.clone())
+        .collect();
+    assert!(
+        ids.contains(&r.volume_id) && ids.contains(&v.volume_id),
+        "{ids:?}"
+    );
+    assert!(
+        !ids.iter()
+            .any(|i| i.contains("snapshot-vm") || i.ends_with(&format!("vm-{vmid}-disk-0"))),
+        "snapshots are not volumes: {ids:?}"
+    );
 
     // Deleting the attached restore is refused; detached, its copy VM goes with it.
-    let err = e.svc.delete_volume(Request::new(callers::provisioner::delete_volume(&pv_of(&r)))).await.unwrap_err();
+    let err = e
+        .svc
+        .delete_volume(Request::new(callers::provisioner::delete_volume(&pv_of(
+            &r,
+        ))))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
-    e.svc.controller_unpublish_volume(Request::new(unpublish_req(&r, "worker-2"))).await.unwrap();
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&r, "worker-2")))
+        .await
+        .unwrap();
     for _ in 0..2 {
-        e.svc.delete_volume(Request::new(callers::provisioner::delete_volume(&pv_of(&r)))).await.unwrap();
+        e.svc
+            .delete_volume(Request::new(callers::provisioner::delete_volume(&pv_of(
+                &r,
+            ))))
+            .await
+            .unwrap();
     }
     assert!(vms_named(&e, "pvc-r").await.is_empty());
-    assert!(!volumes(&e).await.contains(&format!("local-lvm:vm-{rid}-disk-0")));
+    assert!(
+        !volumes(&e)
+            .await
+            .contains(&format!("local-lvm:vm-{rid}-disk-0"))
+    );
 
     // A clone of the (attached) volume, at the source's size.
-    let mut clone = from(Source::Volume(VolumeSource { volume_id: v.volume_id.clone() }), "pvc-c", 0);
+    let mut clone = from(
+        Source::Volume(VolumeSource {
+            volume_id: v.volume_id.clone(),
+        }),
+        "pvc-c",
+        0,
+    );
     clone.capacity_range = None;
-    let c = e.svc.create_volume(Request::new(clone)).await.unwrap().into_inner().volume.unwrap();
+    let c = e
+        .svc
+        .create_volume(Request::new(clone))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     assert_eq!(c.capacity_bytes, 1 << 30);
-    assert!(c.volume_id.starts_with("region-1/pve2/local-lvm/vm-"), "{}", c.volume_id);
+    assert!(
+        c.volume_id.starts_with("region-1/pve2/local-lvm/vm-"),
+        "{}",
+        c.volume_id
+    );
 
     // Delete the snapshot: the VM and its disk are gone; a repeat is fine.
     for _ in 0..2 {
-        e.svc.delete_snapshot(Request::new(callers::snapshotter::delete_snapshot(&snap.snapshot_id))).await.unwrap();
+        e.svc
+            .delete_snapshot(Request::new(callers::snapshotter::delete_snapshot(
+                &snap.snapshot_id,
+            )))
+            .await
+            .unwrap();
     }
     assert!(e.admin("GET", &format!("vms/{vmid}"), "").await.is_null());
-    assert!(!volumes(&e).await.contains(&format!("local-lvm:vm-{vmid}-disk-0")));
-    let err = e.svc.create_volume(Request::new(from(Source::Snapshot(SnapshotSource { snapshot_id: snap.snapshot_id.clone() }), "pvc-z", 1 << 30))).await.unwrap_err();
+    assert!(
+        !volumes(&e)
+            .await
+            .contains(&format!("local-lvm:vm-{vmid}-disk-0"))
+    );
+    let err = e
+        .svc
+        .create_volume(Request::new(from(
+            Source::Snapshot(SnapshotSource {
+                snapshot_id: snap.snapshot_id.clone(),
+            }),
+            "pvc-z",
+            1 << 30,
+        )))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
 
     // The worker VM has nothing pending and no unusedN entry.
     let w = e.vm(112).await;
     assert_eq!(w["pending"], serde_json::json!({}), "{w}");
-    assert!(!w["config"].as_object().unwrap().keys().any(|k| k.starts_with("unused")), "{w}");
+    assert!(
+        !w["config"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .any(|k| k.starts_with("unused")),
+        "{w}"
+    );
 }
 
 #[tokio::test]
@@ -153,38 +338,105 @@ async fn list_and_get_snapshots_page_and_filter() {
     let e = env_with_role(COPY_ROLE).await;
     let a = create(&e, "pvc-a", Some("pve2")).await;
     let b = create(&e, "pvc-b", Some("pve1")).await;
-    let sa = until_ready(&e, "snapshot-a", &a.volume_id).await.pop().unwrap();
-    let sb = until_ready(&e, "snapshot-b", &b.volume_id).await.pop().unwrap();
-    assert_eq!(sb.snapshot_id.split('/').nth(1), Some("pve1"), "the copy stays on the source's node");
+    let sa = until_ready(&e, "snapshot-a", &a.volume_id)
+        .await
+        .pop()
+        .unwrap();
+    let sb = until_ready(&e, "snapshot-b", &b.volume_id)
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(
+        sb.snapshot_id.split('/').nth(1),
+        Some("pve1"),
+        "the copy stays on the source's node"
+    );
 
     let list = callers::sanity::list_snapshots;
-    let all = e.svc.list_snapshots(Request::new(list(0, "", "", ""))).await.unwrap().into_inner();
+    let all = e
+        .svc
+        .list_snapshots(Request::new(list(0, "", "", "")))
+        .await
+        .unwrap()
+        .into_inner();
     let mut want = vec![sa.clone(), sb.clone()];
     want.sort_by(|x, y| x.snapshot_id.cmp(&y.snapshot_id));
-    assert_eq!(all.entries.iter().map(|x| x.snapshot.clone().unwrap()).collect::<Vec<_>>(), want);
-    let p1 = e.svc.list_snapshots(Request::new(list(1, "", "", ""))).await.unwrap().into_inner();
+    assert_eq!(
+        all.entries
+            .iter()
+            .map(|x| x.snapshot.clone().unwrap())
+            .collect::<Vec<_>>(),
+        want
+    );
+    let p1 = e
+        .svc
+        .list_snapshots(Request::new(list(1, "", "", "")))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(p1.entries.len(), 1);
-    let p2 = e.svc.list_snapshots(Request::new(list(1, &p1.next_token, "", ""))).await.unwrap().into_inner();
+    let p2 = e
+        .svc
+        .list_snapshots(Request::new(list(1, &p1.next_token, "", "")))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(p2.entries[0].snapshot, Some(want[1].clone()));
     assert_eq!(p2.next_token, "");
-    let by_source = e.svc.list_snapshots(Request::new(list(0, "", &b.volume_id, ""))).await.unwrap().into_inner();
+    let by_source = e
+        .svc
+        .list_snapshots(Request::new(list(0, "", &b.volume_id, "")))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(by_source.entries.len(), 1);
     assert_eq!(by_source.entries[0].snapshot, Some(sb.clone()));
-    let by_id = e.svc.list_snapshots(Request::new(list(0, "", "", &sa.snapshot_id))).await.unwrap().into_inner();
+    let by_id = e
+        .svc
+        .list_snapshots(Request::new(list(0, "", "", &sa.snapshot_id)))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(by_id.entries[0].snapshot, Some(sa.clone()));
-    let none = e.svc.list_snapshots(Request::new(list(0, "", "", "region-1/pve2/local-lvm/snapshot-vm-777"))).await.unwrap().into_inner();
+    let none = e
+        .svc
+        .list_snapshots(Request::new(list(
+            0,
+            "",
+            "",
+            "region-1/pve2/local-lvm/snapshot-vm-777",
+        )))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(none.entries.is_empty());
-    let err = e.svc.list_snapshots(Request::new(list(0, "99", "", ""))).await.unwrap_err();
+    let err = e
+        .svc
+        .list_snapshots(Request::new(list(0, "99", "", "")))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Aborted);
 
-    let got = e.svc.get_snapshot(Request::new(callers::sanity::get_snapshot(&sa.snapshot_id))).await.unwrap();
+    let got = e
+        .svc
+        .get_snapshot(Request::new(callers::sanity::get_snapshot(&sa.snapshot_id)))
+        .await
+        .unwrap();
     assert_eq!(got.into_inner().snapshot, Some(sa));
-    let err = e.svc.get_snapshot(Request::new(callers::sanity::get_snapshot("region-1/pve2/local-lvm/snapshot-vm-777"))).await.unwrap_err();
+    let err = e
+        .svc
+        .get_snapshot(Request::new(callers::sanity::get_snapshot(
+            "region-1/pve2/local-lvm/snapshot-vm-777",
+        )))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
 
     let caps = e
         .svc
-        .controller_get_capabilities(Request::new(callers::identity::controller_get_capabilities()))
+        .controller_get_capabilities(Request::new(
+            callers::identity::controller_get_capabilities(),
+        ))
         .await
         .unwrap()
         .into_inner();
@@ -217,16 +469,55 @@ async fn a_slow_copy_answers_aborted_with_progress_and_the_retry_finishes_it() {
     let e = env_with_role(COPY_ROLE).await;
     let v = create(&e, "pvc-a", Some("pve2")).await;
     e.knobs(r#"{"copy_ms_per_gib": 4000}"#).await;
-    let req = from(Source::Volume(VolumeSource { volume_id: v.volume_id.clone() }), "pvc-slow", 1 << 30);
-    let first = e.svc.create_volume(with_timeout(req.clone(), 1500)).await.unwrap_err();
+    let req = from(
+        Source::Volume(VolumeSource {
+            volume_id: v.volume_id.clone(),
+        }),
+        "pvc-slow",
+        1 << 30,
+    );
+    let first = e
+        .svc
+        .create_volume(with_timeout(req.clone(), 1500))
+        .await
+        .unwrap_err();
     assert_eq!(first.code(), Code::Aborted, "{first:?}");
-    assert!(first.message().contains("copying local-lvm:vm-9999-pvc-a into VM"), "{}", first.message());
-    let second = e.svc.create_volume(with_timeout(req.clone(), 1500)).await.unwrap_err();
+    assert!(
+        first
+            .message()
+            .contains("copying local-lvm:vm-9999-pvc-a into VM"),
+        "{}",
+        first.message()
+    );
+    let second = e
+        .svc
+        .create_volume(with_timeout(req.clone(), 1500))
+        .await
+        .unwrap_err();
     assert_eq!(second.code(), Code::Aborted, "{second:?}");
-    assert!(second.message().contains("transferred"), "progress from the task log: {}", second.message());
-    let done = e.svc.create_volume(Request::new(req)).await.unwrap().into_inner().volume.unwrap();
-    assert_eq!(vms_named(&e, "pvc-slow").await.len(), 1, "one copy VM however often it was asked");
-    let copies = volumes(&e).await.into_iter().filter(|x| done.volume_id.ends_with(x.split(':').nth(1).unwrap())).count();
+    assert!(
+        second.message().contains("transferred"),
+        "progress from the task log: {}",
+        second.message()
+    );
+    let done = e
+        .svc
+        .create_volume(Request::new(req))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(
+        vms_named(&e, "pvc-slow").await.len(),
+        1,
+        "one copy VM however often it was asked"
+    );
+    let copies = volumes(&e)
+        .await
+        .into_iter()
+        .filter(|x| done.volume_id.ends_with(x.split(':').nth(1).unwrap()))
+        .count();
     assert_eq!(copies, 1);
 }
 
@@ -240,10 +531,22 @@ async fn a_failed_copy_is_reported_and_started_again() {
     // The import task is waiting to start: make it fail after its UPID.
     e.knobs(r#"{"fail_tasks": 1}"#).await;
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let err = e.svc.create_snapshot(Request::new(snap_req("snapshot-f", &v.volume_id))).await.unwrap_err();
+    let err = e
+        .svc
+        .create_snapshot(Request::new(snap_req("snapshot-f", &v.volume_id)))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
-    assert!(err.message().contains("task failed (injected by pvesim); the next call starts it again"), "{}", err.message());
-    let ready = until_ready(&e, "snapshot-f", &v.volume_id).await.pop().unwrap();
+    assert!(
+        err.message()
+            .contains("task failed (injected by pvesim); the next call starts it again"),
+        "{}",
+        err.message()
+    );
+    let ready = until_ready(&e, "snapshot-f", &v.volume_id)
+        .await
+        .pop()
+        .unwrap();
     assert_eq!(ready.snapshot_id, s.snapshot_id);
     assert_eq!(vms_named(&e, "snapshot-f").await.len(), 1);
 }
@@ -258,19 +561,44 @@ async fn a_failed_copy_is_reported_and_started_again() {
 async fn a_restore_waits_out_a_locked_snapshot_vm() {
     let e = env_with_role(COPY_ROLE).await;
     let v = create(&e, "pvc-a", Some("pve2")).await;
-    let snap = until_ready(&e, "snapshot-l", &v.volume_id).await.pop().unwrap();
-    let holder: u32 = snap.snapshot_id.rsplit("snapshot-vm-").next().unwrap().parse().unwrap();
+    let snap = until_ready(&e, "snapshot-l", &v.volume_id)
+        .await
+        .pop()
+        .unwrap();
+    let holder: u32 = snap
+        .snapshot_id
+        .rsplit("snapshot-vm-")
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
     // The owner lock is given 3 × 200 ms; another task holds it for 4 s.
     e.knobs(r#"{"lock_timeout_ms": 200}"#).await;
-    e.admin("POST", &format!("vms/{holder}/hold-lock?seconds=4"), "").await;
-    let restore = from(Source::Snapshot(SnapshotSource { snapshot_id: snap.snapshot_id.clone() }), "pvc-r", 1 << 30);
+    e.admin("POST", &format!("vms/{holder}/hold-lock?seconds=4"), "")
+        .await;
+    let restore = from(
+        Source::Snapshot(SnapshotSource {
+            snapshot_id: snap.snapshot_id.clone(),
+        }),
+        "pvc-r",
+        1 << 30,
+    );
     // The provisioner calls again, unchanged, until it succeeds.
     let started = std::time::Instant::now();
     let mut answers = Vec::new();
     let restored = loop {
-        match e.svc.create_volume(with_timeout(restore.clone(), 1000)).await {
+        match e
+            .svc
+            .create_volume(with_timeout(restore.clone(), 1000))
+            .await
+        {
             Ok(r) => break r.into_inner().volume.unwrap(),
-            Err(s) if matches!(s.code(), Code::Aborted | Code::Unavailable | Code::DeadlineExceeded) && started.elapsed() < Duration::from_secs(30) => {
+            Err(s)
+                if matches!(
+                    s.code(),
+                    Code::Aborted | Code::Unavailable | Code::DeadlineExceeded
+                ) && started.elapsed() < Duration::from_secs(30) =>
+            {
                 answers.push(s.message().to_string());
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
@@ -278,26 +606,65 @@ async fn a_restore_waits_out_a_locked_snapshot_vm() {
         }
     };
     let lock = format!("can't lock file '/var/lock/qemu-server/lock-{holder}.conf' - got timeout");
-    assert!(answers.iter().any(|a| a.contains(&lock)), "no answer named the held lock: {answers:#?}");
-    assert_eq!(vms_named(&e, "pvc-r").await.len(), 1, "one copy VM for the restore");
-    let copies: Vec<String> = volumes(&e).await.into_iter().filter(|v| v.contains("disk-") && !v.contains(&format!("vm-{holder}-")) && !v.contains("vm-112-")).collect();
-    assert_eq!(copies, [restored.volume_id.rsplit('/').next().map(|n| format!("local-lvm:{n}")).unwrap()], "only the restored disk besides the snapshot's and the worker's own");
+    assert!(
+        answers.iter().any(|a| a.contains(&lock)),
+        "no answer named the held lock: {answers:#?}"
+    );
+    assert_eq!(
+        vms_named(&e, "pvc-r").await.len(),
+        1,
+        "one copy VM for the restore"
+    );
+    let copies: Vec<String> = volumes(&e)
+        .await
+        .into_iter()
+        .filter(|v| {
+            v.contains("disk-") && !v.contains(&format!("vm-{holder}-")) && !v.contains("vm-112-")
+        })
+        .collect();
+    assert_eq!(
+        copies,
+        [restored
+            .volume_id
+            .rsplit('/')
+            .next()
+            .map(|n| format!("local-lvm:{n}"))
+            .unwrap()],
+        "only the restored disk besides the snapshot's and the worker's own"
+    );
 }
 
 #[tokio::test]
 async fn missing_privileges_name_what_to_grant() {
     let e = env().await;
     let v = create(&e, "pvc-a", Some("pve2")).await;
-    let err = e.svc.create_snapshot(Request::new(snap_req("snapshot-x", &v.volume_id))).await.unwrap_err();
+    let err = e
+        .svc
+        .create_snapshot(Request::new(snap_req("snapshot-x", &v.volume_id)))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("grant VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options to the CSI role"), "{}", err.message());
 
     let e = env_with_role("[VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]").await;
     let v = create(&e, "pvc-a", Some("pve2")).await;
-    let err = e.svc.create_snapshot(Request::new(snap_req("snapshot-x", &v.volume_id))).await.unwrap_err();
+    let err = e
+        .svc
+        .create_snapshot(Request::new(snap_req("snapshot-x", &v.volume_id)))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("Permission check failed (/vms/9999, VM.Clone)"), "{}", err.message());
-    assert!(err.message().contains("grant VM.Clone"), "{}", err.message());
+    assert!(
+        err.message()
+            .contains("Permission check failed (/vms/9999, VM.Clone)"),
+        "{}",
+        err.message()
+    );
+    assert!(
+        err.message().contains("grant VM.Clone"),
+        "{}",
+        err.message()
+    );
 }
 
 #[tokio::test]
@@ -309,24 +676,58 @@ async fn calls_per_snapshot_operation() {
     let mut n = Vec::new();
     let b = e.calls().await;
     let seen = until_ready(&e, "snapshot-n", &v.volume_id).await;
-    n.push(("snapshot, every call until ready", e.calls().await - b, seen.len()));
+    n.push((
+        "snapshot, every call until ready",
+        e.calls().await - b,
+        seen.len(),
+    ));
     let s = seen.last().unwrap().clone();
     let b = e.calls().await;
     create_snapshot(&e, "snapshot-n", &v.volume_id).await;
     n.push(("snapshot, repeated when ready", e.calls().await - b, 1));
     let before = counters(&e).await;
-    let r = e.svc.create_volume(Request::new(from(Source::Snapshot(SnapshotSource { snapshot_id: s.snapshot_id.clone() }), "pvc-n", 2 << 30))).await.unwrap().into_inner().volume.unwrap();
+    let r = e
+        .svc
+        .create_volume(Request::new(from(
+            Source::Snapshot(SnapshotSource {
+                snapshot_id: s.snapshot_id.clone(),
+            }),
+            "pvc-n",
+            2 << 30,
+        )))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     let after = counters(&e).await;
-    let used: u64 = after.iter().map(|(k, v)| v - before.get(k).copied().unwrap_or(0)).sum();
-    let mut by_endpoint: Vec<(String, u64)> = after.iter().map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0))).filter(|(_, n)| *n > 0).collect();
+    let used: u64 = after
+        .iter()
+        .map(|(k, v)| v - before.get(k).copied().unwrap_or(0))
+        .sum();
+    let mut by_endpoint: Vec<(String, u64)> = after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
     by_endpoint.sort();
     eprintln!("RESTORE {by_endpoint:?}");
     n.push(("restore (grown to 2 GiB)", used, 1));
     let b = e.calls().await;
-    e.svc.delete_volume(Request::new(callers::provisioner::delete_volume(&pv_of(&r)))).await.unwrap();
+    e.svc
+        .delete_volume(Request::new(callers::provisioner::delete_volume(&pv_of(
+            &r,
+        ))))
+        .await
+        .unwrap();
     n.push(("delete restored volume", e.calls().await - b, 1));
     let b = e.calls().await;
-    e.svc.delete_snapshot(Request::new(callers::snapshotter::delete_snapshot(&s.snapshot_id))).await.unwrap();
+    e.svc
+        .delete_snapshot(Request::new(callers::snapshotter::delete_snapshot(
+            &s.snapshot_id,
+        )))
+        .await
+        .unwrap();
     n.push(("delete snapshot", e.calls().await - b, 1));
     eprintln!("CALLS {n:?}");
     // Budgets: snapshot ≤ 18 over its calls (the first one also builds the

@@ -11,7 +11,9 @@ fn secrets(text: &str) -> Vec<&str> {
         .filter_map(|l| {
             let (k, v) = l.split_once(':')?;
             let k = k.trim().trim_start_matches("- ");
-            ["token_secret", "password"].contains(&k).then(|| v.trim().trim_matches(['"', '\'']))
+            ["token_secret", "password"]
+                .contains(&k)
+                .then(|| v.trim().trim_matches(['"', '\'']))
         })
         // Short values can stand in any message by chance ("x", "ok"), and
         // a value also written elsewhere (as the url, say) may be quoted
@@ -19,7 +21,10 @@ fn secrets(text: &str) -> Vec<&str> {
         .filter(|v| v.len() >= 8 && text.matches(*v).count() == 1)
         // Plain tokens, which another token of their length replaces without
         // changing the document's structure.
-        .filter(|v| v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+        .filter(|v| {
+            v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
         .collect()
 }
 
@@ -31,9 +36,14 @@ fuzz_target!(|text: &str| {
             // The secret shows because it was given, not because the
             // message holds those words anyway: with another value of the
             // same length in its place, they are gone.
-            let other = CloudConfig::parse(&text.replace(s, &"Q".repeat(s.len()))).err().map(|e| e.to_string());
+            let other = CloudConfig::parse(&text.replace(s, &"Q".repeat(s.len())))
+                .err()
+                .map(|e| e.to_string());
             let caused = other.is_some_and(|o| !o.contains(s));
-            assert!(!(message.contains(s) && caused), "the refusal shows a secret: {message}");
+            assert!(
+                !(message.contains(s) && caused),
+                "the refusal shows a secret: {message}"
+            );
         }
     }
 });

@@ -25,7 +25,11 @@ fn root() -> &'static (tempfile::TempDir, KubeletPaths) {
         }
         // A symlink out of the tree, where a pod volume's directory would be.
         std::fs::create_dir_all(dir.path().join("pods/evil/volumes")).expect("dirs");
-        std::os::unix::fs::symlink("/etc", dir.path().join("pods/evil/volumes/kubernetes.io~csi")).expect("symlink");
+        std::os::unix::fs::symlink(
+            "/etc",
+            dir.path().join("pods/evil/volumes/kubernetes.io~csi"),
+        )
+        .expect("symlink");
         let paths = KubeletPaths::new(dir.path(), DRIVER).expect("root");
         (dir, paths)
     })
@@ -37,9 +41,16 @@ fuzz_target!(|raw: &str| {
     // Relative inputs are tried under the root as well.
     for candidate in [raw.to_string(), format!("{}/{raw}", root.display())] {
         if let Ok(p) = paths.place("staging_path", &candidate, Layout::VOLUME) {
-            assert!(p.path.starts_with(&root), "{candidate:?} resolved to {}", p.path.display());
+            assert!(
+                p.path.starts_with(&root),
+                "{candidate:?} resolved to {}",
+                p.path.display()
+            );
             assert_eq!(paths.classify(&p.path), Some(p.layout), "{candidate:?}");
-            assert!(!p.path.starts_with(root.join("pods/evil")), "{candidate:?} went through a symlink");
+            assert!(
+                !p.path.starts_with(root.join("pods/evil")),
+                "{candidate:?} went through a symlink"
+            );
         }
     }
 });

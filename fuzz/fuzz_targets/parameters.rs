@@ -17,7 +17,14 @@ fuzz_target!(|text: &str| {
     if let Ok(p) = StorageParams::parse(&map) {
         let ctx: HashMap<String, String> = p.context().into_iter().collect();
         let back = StorageParams::from_context(&ctx).expect("a context we wrote parses");
-        assert_eq!(back, StorageParams { ignored: Vec::new(), ..p.clone() }, "{map:?}");
+        assert_eq!(
+            back,
+            StorageParams {
+                ignored: Vec::new(),
+                ..p.clone()
+            },
+            "{map:?}"
+        );
         let _ = p.drive_options(true);
     }
 });

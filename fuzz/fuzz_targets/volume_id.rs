@@ -12,6 +12,10 @@ fuzz_target!(|raw: &str| {
         let _ = v.owner();
     }
     if let Ok(s) = SnapshotId::parse(raw) {
-        assert_eq!(SnapshotId::parse(&s.to_string()).as_ref(), Ok(&s), "{raw:?}");
+        assert_eq!(
+            SnapshotId::parse(&s.to_string()).as_ref(),
+            Ok(&s),
+            "{raw:?}"
+        );
     }
 });

@@ -41,11 +41,14 @@ impl Bindings {
     pub fn open(dir: &Path) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-        Ok(Self { dir: dir.to_path_buf() })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+        })
     }
 
     fn file(&self, volume_id: &str) -> PathBuf {
-        self.dir.join(format!("{}.json", crate::luks::mapping_name(volume_id)))
+        self.dir
+            .join(format!("{}.json", crate::luks::mapping_name(volume_id)))
     }
 
     pub fn get(&self, volume_id: &str) -> Result<Option<Binding>, HostdError> {
@@ -61,7 +64,8 @@ impl Bindings {
 
     /// The record of the volume staged at `staging`, whichever it is.
     pub fn staged_at(&self, staging: &Path) -> Result<Option<Binding>, HostdError> {
-        let entries = std::fs::read_dir(&self.dir).map_err(|e| HostdError::failed("listing", self.dir.display(), e))?;
+        let entries = std::fs::read_dir(&self.dir)
+            .map_err(|e| HostdError::failed("listing", self.dir.display(), e))?;
         for e in entries.flatten() {
             if let Ok(b) = std::fs::read(e.path())
                 && let Ok(b) = serde_json::from_slice::<Binding>(&b)
@@ -76,14 +80,16 @@ impl Bindings {
     pub fn put(&self, b: &Binding) -> Result<(), HostdError> {
         let path = self.file(&b.volume_id);
         let tmp = path.with_extension("tmp");
-        let bytes = serde_json::to_vec(b).map_err(|e| HostdError::failed("writing the record", path.display(), e))?;
+        let bytes = serde_json::to_vec(b)
+            .map_err(|e| HostdError::failed("writing the record", path.display(), e))?;
         std::fs::write(&tmp, bytes)
             .and_then(|()| std::fs::rename(&tmp, &path))
             .map_err(|e| HostdError::failed("writing the record", path.display(), e))
     }
 
     fn intent(&self, volume_id: &str) -> PathBuf {
-        self.dir.join(format!("{}.mkfs", crate::luks::mapping_name(volume_id)))
+        self.dir
+            .join(format!("{}.mkfs", crate::luks::mapping_name(volume_id)))
     }
 
     /// Notes, before mkfs starts, that hostd is formatting `majmin` for
@@ -93,7 +99,8 @@ impl Bindings {
     /// format. The note tells the retry that this data is hostd's own.
     pub fn begin_mkfs(&self, volume_id: &str, majmin: &str) -> Result<(), HostdError> {
         let path = self.intent(volume_id);
-        std::fs::write(&path, majmin).map_err(|e| HostdError::failed("writing the record", path.display(), e))
+        std::fs::write(&path, majmin)
+            .map_err(|e| HostdError::failed("writing the record", path.display(), e))
     }
 
     /// Whether an earlier stage of `volume_id` began a mkfs on `majmin` that
@@ -123,15 +130,26 @@ fn remove_file(path: &Path) -> Result<(), HostdError> {
 /// Whether kubelet's own structure ties `path` (of `layout`) to `volume_id`
 /// of `driver`: the staging directory's hash, or `vol_data.json`.
 pub fn kubelet_says(path: &Path, layout: Layout, volume_id: &str, driver: &str) -> bool {
-    let hex = |s: &str| Sha256::digest(s.as_bytes()).iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let hex = |s: &str| {
+        Sha256::digest(s.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
     let vol_data = match layout {
         Layout::FsStaging => {
-            return path.parent().and_then(Path::file_name).and_then(|n| n.to_str()) == Some(hex(volume_id).as_str());
+            return path
+                .parent()
+                .and_then(Path::file_name)
+                .and_then(|n| n.to_str())
+                == Some(hex(volume_id).as_str());
         }
         // pods/<uid>/volumes/kubernetes.io~csi/<pv>/vol_data.json
         Layout::FsTarget => path.parent().map(|p| p.join("vol_data.json")),
         // plugins/kubernetes.io/csi/volumeDevices/<pv>/data/vol_data.json
-        Layout::BlockStaging | Layout::BlockTarget | Layout::BlockMap => block_pv_dir(path, layout).map(|d| d.join("data/vol_data.json")),
+        Layout::BlockStaging | Layout::BlockTarget | Layout::BlockMap => {
+            block_pv_dir(path, layout).map(|d| d.join("data/vol_data.json"))
+        }
     };
     #[derive(Deserialize)]
     struct VolData {
@@ -152,7 +170,10 @@ fn block_pv_dir(path: &Path, layout: Layout) -> Option<PathBuf> {
         // volumeDevices/staging/<pv>
         Layout::BlockStaging => (path.parent()?.parent()?, path.file_name()?),
         // volumeDevices/publish/<pv>/<pod>
-        Layout::BlockTarget => (path.parent()?.parent()?.parent()?, path.parent()?.file_name()?),
+        Layout::BlockTarget => (
+            path.parent()?.parent()?.parent()?,
+            path.parent()?.file_name()?,
+        ),
         // volumeDevices/<pv>/dev/<pod>
         Layout::BlockMap => return path.parent()?.parent().map(Path::to_path_buf),
         _ => return None,
@@ -164,12 +185,15 @@ fn block_pv_dir(path: &Path, layout: Layout) -> Option<PathBuf> {
 /// dm-crypt mapping (named from the volume id), or a disk whose SCSI serial
 /// is the one the controller derives from the volume id.
 pub fn device_is_volumes(majmin: &str, volume_id: &str) -> bool {
-    let Some(name) = crate::blockdev::name_of(majmin) else { return false };
+    let Some(name) = crate::blockdev::name_of(majmin) else {
+        return false;
+    };
     let sys = Path::new("/sys/class/block").join(&name);
     if let Ok(dm) = std::fs::read_to_string(sys.join("dm/name")) {
         return dm.trim() == crate::luks::mapping_name(volume_id);
     }
-    crate::device::serial_of(&name).is_some_and(|s| s == proxmox_csi_common::contract::serial_for(volume_id))
+    crate::device::serial_of(&name)
+        .is_some_and(|s| s == proxmox_csi_common::contract::serial_for(volume_id))
 }
 
 #[cfg(test)]
@@ -191,16 +215,35 @@ mod tests {
         b.put(&rec).unwrap();
         let again = Bindings::open(&dir.path().join("volumes")).unwrap();
         assert_eq!(again.get("v1").unwrap(), Some(rec.clone()));
-        assert_eq!(again.staged_at(Path::new("/k/plugins/x/globalmount")).unwrap(), Some(rec));
-        assert_eq!(again.staged_at(Path::new("/k/plugins/y/globalmount")).unwrap(), None);
+        assert_eq!(
+            again
+                .staged_at(Path::new("/k/plugins/x/globalmount"))
+                .unwrap(),
+            Some(rec)
+        );
+        assert_eq!(
+            again
+                .staged_at(Path::new("/k/plugins/y/globalmount"))
+                .unwrap(),
+            None
+        );
         again.remove("v1").unwrap();
         again.remove("v1").unwrap();
         // An mkfs begun and never ended is found again, for its device only.
         again.begin_mkfs("v1", "7:3").unwrap();
-        assert!(again.mkfs_begun("v1", "7:3") && !again.mkfs_begun("v1", "7:4") && !again.mkfs_begun("v2", "7:3"));
+        assert!(
+            again.mkfs_begun("v1", "7:3")
+                && !again.mkfs_begun("v1", "7:4")
+                && !again.mkfs_begun("v2", "7:3")
+        );
         again.end_mkfs("v1").unwrap();
         assert!(!again.mkfs_begun("v1", "7:3"));
-        assert_eq!(again.staged_at(Path::new("/k/plugins/x/globalmount")).unwrap(), None);
+        assert_eq!(
+            again
+                .staged_at(Path::new("/k/plugins/x/globalmount"))
+                .unwrap(),
+            None
+        );
         assert_eq!(again.get("v1").unwrap(), None);
     }
 
@@ -208,7 +251,10 @@ mod tests {
     fn kubelets_structure_names_the_volume() {
         let dir = tempfile::tempdir().unwrap();
         let id = "region-1/pve2/local-lvm/vm-9999-pvc-1";
-        let hash: String = Sha256::digest(id.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+        let hash: String = Sha256::digest(id.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         let staging = dir.path().join(format!("csi/drv/{hash}/globalmount"));
         assert!(kubelet_says(&staging, Layout::FsStaging, id, "drv"));
         assert!(!kubelet_says(&staging, Layout::FsStaging, "another", "drv"));
@@ -216,12 +262,20 @@ mod tests {
         std::fs::create_dir_all(&pv).unwrap();
         let target = pv.join("mount");
         assert!(!kubelet_says(&target, Layout::FsTarget, id, "drv"));
-        std::fs::write(pv.join("vol_data.json"), format!(r#"{{"volumeHandle":"{id}","driverName":"drv","specVolID":"pv1"}}"#)).unwrap();
+        std::fs::write(
+            pv.join("vol_data.json"),
+            format!(r#"{{"volumeHandle":"{id}","driverName":"drv","specVolID":"pv1"}}"#),
+        )
+        .unwrap();
         assert!(kubelet_says(&target, Layout::FsTarget, id, "drv"));
         assert!(!kubelet_says(&target, Layout::FsTarget, id, "other.driver"));
         let devices = dir.path().join("volumeDevices");
         std::fs::create_dir_all(devices.join("pv1/data")).unwrap();
-        std::fs::write(devices.join("pv1/data/vol_data.json"), format!(r#"{{"volumeHandle":"{id}","driverName":"drv"}}"#)).unwrap();
+        std::fs::write(
+            devices.join("pv1/data/vol_data.json"),
+            format!(r#"{{"volumeHandle":"{id}","driverName":"drv"}}"#),
+        )
+        .unwrap();
         for (p, l) in [
             (devices.join("staging/pv1"), Layout::BlockStaging),
             (devices.join("publish/pv1/pod1"), Layout::BlockTarget),

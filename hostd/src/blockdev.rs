@@ -7,7 +7,10 @@ nix::ioctl_none!(blkflsbuf, 0x12, 97);
 /// The kernel name (`sdb`, `dm-0`) of `major:minor`, from sysfs (which,
 /// unlike `/dev/block`, exists without udev).
 pub fn name_of(majmin: &str) -> Option<String> {
-    let real = Path::new("/sys/dev/block").join(majmin).canonicalize().ok()?;
+    let real = Path::new("/sys/dev/block")
+        .join(majmin)
+        .canonicalize()
+        .ok()?;
     real.file_name().map(|n| n.to_string_lossy().into_owned())
 }
 
@@ -16,7 +19,9 @@ pub fn name_of(majmin: &str) -> Option<String> {
 pub fn flush(majmin: &str) {
     let Some(name) = name_of(majmin) else { return };
     let path = Path::new("/dev").join(name);
-    let Ok(f) = std::fs::File::open(&path) else { return };
+    let Ok(f) = std::fs::File::open(&path) else {
+        return;
+    };
     // SAFETY: BLKFLSBUF takes no argument; the fd is open for the call's duration.
     if let Err(e) = unsafe { blkflsbuf(std::os::fd::AsRawFd::as_raw_fd(&f)) } {
         tracing::debug!(device = %path.display(), error = %e, "flushing buffers failed");
@@ -42,7 +47,11 @@ pub fn kernel_name(node: &Path) -> Option<String> {
 /// For a device-mapper device, the kernel names of the devices under it.
 pub fn slaves(name: &str) -> Vec<String> {
     std::fs::read_dir(Path::new("/sys/class/block").join(name).join("slaves"))
-        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -55,12 +64,17 @@ pub fn backing_present(mapping: &str) -> bool {
     };
     // An unplugged disk leaves sysfs even while the mapping still holds it.
     let under = slaves(&dm);
-    !under.is_empty() && under.iter().all(|s| Path::new("/sys/class/block").join(s).exists())
+    !under.is_empty()
+        && under
+            .iter()
+            .all(|s| Path::new("/sys/class/block").join(s).exists())
 }
 
 /// Asks a SCSI disk to re-read its capacity (after a Proxmox resize).
 pub fn rescan(name: &str) {
-    let path = Path::new("/sys/class/block").join(name).join("device/rescan");
+    let path = Path::new("/sys/class/block")
+        .join(name)
+        .join("device/rescan");
     if path.exists()
         && let Err(e) = std::fs::write(&path, "1")
     {

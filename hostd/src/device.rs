@@ -62,7 +62,9 @@ impl Default for Resolver {
 }
 
 fn read_trim(p: &Path) -> Option<String> {
-    std::fs::read_to_string(p).ok().map(|s| s.trim().to_string())
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 impl Resolver {
@@ -71,7 +73,9 @@ impl Resolver {
         match self {
             Self::Sysfs { .. } => format!("naa.{}", wwn.hex()),
             #[cfg(feature = "loop-resolver")]
-            Self::Loop { dir } => format!("file:{}", dir.join(format!("{}.raw", wwn.hex())).display()),
+            Self::Loop { dir } => {
+                format!("file:{}", dir.join(format!("{}.raw", wwn.hex())).display())
+            }
         }
     }
 
@@ -80,7 +84,13 @@ impl Resolver {
     /// names a serial, the SCSI serial (VPD page 0x80) matches it; and a
     /// disk carrying a serial this driver made (`csi-…`) carries the one of
     /// `volume_id`, whatever the request says. (The Go driver set none.)
-    pub fn verify_identity(&self, device: &Path, wwn: &Wwn, serial: &str, volume_id: &str) -> Result<(), HostdError> {
+    pub fn verify_identity(
+        &self,
+        device: &Path,
+        wwn: &Wwn,
+        serial: &str,
+        volume_id: &str,
+    ) -> Result<(), HostdError> {
         let refuse = |reason: String| HostdError::DeviceRefused {
             device: device.to_path_buf(),
             reason,
@@ -104,13 +114,20 @@ impl Resolver {
                 let twins: Vec<String> = std::fs::read_dir(sys_block)
                     .map(|d| {
                         d.flatten()
-                            .filter(|e| read_trim(&e.path().join("device/wwid")).is_some_and(|w| w.to_ascii_lowercase() == want))
+                            .filter(|e| {
+                                read_trim(&e.path().join("device/wwid"))
+                                    .is_some_and(|w| w.to_ascii_lowercase() == want)
+                            })
                             .map(|e| e.file_name().to_string_lossy().into_owned())
                             .collect()
                     })
                     .unwrap_or_default();
                 if twins.len() > 1 {
-                    return Err(refuse(format!("{} disks carry {want}: {}", twins.len(), twins.join(", "))));
+                    return Err(refuse(format!(
+                        "{} disks carry {want}: {}",
+                        twins.len(),
+                        twins.join(", ")
+                    )));
                 }
                 let found = read_vpd_serial(&sys.join("device/vpd_pg80"));
                 if !serial.is_empty() && found.as_deref() != Some(serial) {
@@ -120,8 +137,12 @@ impl Resolver {
                     )));
                 }
                 let own = contract::serial_for(volume_id);
-                if let Some(found) = found.filter(|f| f.starts_with(contract::SERIAL_PREFIX) && *f != own) {
-                    return Err(refuse(format!("its serial {found:?} names another volume than {volume_id} ({own:?})")));
+                if let Some(found) =
+                    found.filter(|f| f.starts_with(contract::SERIAL_PREFIX) && *f != own)
+                {
+                    return Err(refuse(format!(
+                        "its serial {found:?} names another volume than {volume_id} ({own:?})"
+                    )));
                 }
                 Ok(())
             }
@@ -131,7 +152,8 @@ impl Resolver {
                 let name = device
                     .file_name()
                     .ok_or_else(|| refuse("has no device name".into()))?;
-                let backing = read_trim(&Path::new("/sys/block").join(name).join("loop/backing_file"));
+                let backing =
+                    read_trim(&Path::new("/sys/block").join(name).join("loop/backing_file"));
                 let want = dir.join(format!("{}.raw", wwn.hex()));
                 if backing.as_deref().map(Path::new) != Some(want.as_path()) {
                     return Err(refuse(format!("it is not backed by {}", want.display())));
@@ -144,7 +166,8 @@ impl Resolver {
 
 /// The SCSI serial (VPD page 0x80) of the disk called `name`, if it has one.
 pub fn serial_of(name: &str) -> Option<String> {
-    read_vpd_serial(&Path::new("/sys/block").join(name).join("device/vpd_pg80")).filter(|s| !s.is_empty())
+    read_vpd_serial(&Path::new("/sys/block").join(name).join("device/vpd_pg80"))
+        .filter(|s| !s.is_empty())
 }
 
 /// The unit serial number from a raw VPD page 0x80: a 4-byte header, the
@@ -168,7 +191,11 @@ pub fn majmin(device: &Path) -> Result<String, HostdError> {
         });
     }
     let rdev = meta.rdev();
-    Ok(format!("{}:{}", nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev)))
+    Ok(format!(
+        "{}:{}",
+        nix::sys::stat::major(rdev),
+        nix::sys::stat::minor(rdev)
+    ))
 }
 
 /// Checks that `device` is a whole disk that nothing else uses. The volume's
@@ -204,7 +231,10 @@ pub fn verify_unused(
     }
     // A raw block volume's staging bind of this disk's node shows as
     // devtmpfs, its root the node's name.
-    if let Some(m) = mounts.iter().find(|m| m.fs_type == "devtmpfs" && m.root.trim_start_matches('/') == name) {
+    if let Some(m) = mounts
+        .iter()
+        .find(|m| m.fs_type == "devtmpfs" && m.root.trim_start_matches('/') == name)
+    {
         return Err(refuse(format!("is bound at {}", m.mount_point.display())));
     }
     if let Some(m) = mounts.iter().find(|m| own.contains(&m.majmin)) {
@@ -216,12 +246,20 @@ pub fn verify_unused(
     // Holders of the disk and of each of its partitions.
     let mut dirs = vec![sys.join("holders")];
     if let Ok(entries) = std::fs::read_dir(Path::new("/sys/block").join(name)) {
-        dirs.extend(entries.flatten().filter(|e| e.path().join("partition").exists()).map(|e| e.path().join("holders")));
+        dirs.extend(
+            entries
+                .flatten()
+                .filter(|e| e.path().join("partition").exists())
+                .map(|e| e.path().join("holders")),
+        );
     }
     let holders: Vec<String> = dirs
         .iter()
         .filter_map(|d| std::fs::read_dir(d).ok())
-        .flat_map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .flat_map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+        })
         .filter(|h| {
             let dm_name = read_trim(&Path::new("/sys/class/block").join(h).join("dm/name"));
             own_mapping.is_none() || dm_name.as_deref() != own_mapping
@@ -239,9 +277,21 @@ mod tests {
 
     #[test]
     fn parses_wwns_as_proxmox_writes_them() {
-        assert_eq!(Wwn::parse("0x5000C500A1B2C3D4").unwrap().hex(), "5000c500a1b2c3d4");
-        assert_eq!(Wwn::parse("5000c500a1b2c3d4").unwrap().to_string(), "0x5000c500a1b2c3d4");
-        for bad in ["", "0x123", "0xZZ00c500a1b2c3d4", "/dev/sda", "0x5000c500a1b2c3d4ff"] {
+        assert_eq!(
+            Wwn::parse("0x5000C500A1B2C3D4").unwrap().hex(),
+            "5000c500a1b2c3d4"
+        );
+        assert_eq!(
+            Wwn::parse("5000c500a1b2c3d4").unwrap().to_string(),
+            "0x5000c500a1b2c3d4"
+        );
+        for bad in [
+            "",
+            "0x123",
+            "0xZZ00c500a1b2c3d4",
+            "/dev/sda",
+            "0x5000c500a1b2c3d4ff",
+        ] {
             let e = Wwn::parse(bad).unwrap_err().to_string();
             assert!(e.starts_with("device.wwn: "), "{e}");
         }
@@ -265,33 +315,61 @@ mod tests {
         let dev = Path::new("/dev/sdb");
         r.verify_identity(dev, &wwn, "", id).unwrap();
         r.verify_identity(dev, &wwn, &own, id).unwrap();
-        let e = r.verify_identity(dev, &wwn, "csi-0000000000000000", id).unwrap_err();
+        let e = r
+            .verify_identity(dev, &wwn, "csi-0000000000000000", id)
+            .unwrap_err();
         assert_eq!(e.code(), tonic::Code::FailedPrecondition);
-        assert!(e.to_string().contains(&format!("its serial is {own:?}, expected \"csi-0000000000000000\"")), "{e}");
+        assert!(
+            e.to_string().contains(&format!(
+                "its serial is {own:?}, expected \"csi-0000000000000000\""
+            )),
+            "{e}"
+        );
         // The request leaves the serial out; the disk's own still names its volume.
-        let e = r.verify_identity(dev, &wwn, "", "region-1/pve2/local-lvm/vm-9999-pvc-2").unwrap_err().to_string();
+        let e = r
+            .verify_identity(dev, &wwn, "", "region-1/pve2/local-lvm/vm-9999-pvc-2")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("names another volume"), "{e}");
         let other = Wwn::parse("0x1111111111111111").unwrap();
-        let e = r.verify_identity(dev, &other, "", id).unwrap_err().to_string();
-        assert!(e.contains("its wwid is naa.5000c500a1b2c3d4, expected naa.1111111111111111"), "{e}");
+        let e = r
+            .verify_identity(dev, &other, "", id)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("its wwid is naa.5000c500a1b2c3d4, expected naa.1111111111111111"),
+            "{e}"
+        );
         // A second disk with the same WWID: neither is used.
         std::fs::create_dir_all(dir.path().join("sdc/device")).unwrap();
         std::fs::write(dir.path().join("sdc/device/wwid"), "naa.5000c500a1b2c3d4\n").unwrap();
-        let e = r.verify_identity(dev, &wwn, "", id).unwrap_err().to_string();
+        let e = r
+            .verify_identity(dev, &wwn, "", id)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("2 disks carry naa.5000c500a1b2c3d4"), "{e}");
         let e = String::from("its wwid is naa.5000c500a1b2c3d4, expected naa.1111111111111111");
-        assert!(e.contains("its wwid is naa.5000c500a1b2c3d4, expected naa.1111111111111111"), "{e}");
+        assert!(
+            e.contains("its wwid is naa.5000c500a1b2c3d4, expected naa.1111111111111111"),
+            "{e}"
+        );
     }
 
     #[test]
     fn refuses_the_root_disk_and_non_devices() {
         let mounts = crate::mounts::table().unwrap();
-        let root = mounts.iter().find(|m| m.mount_point == Path::new("/")).unwrap();
+        let root = mounts
+            .iter()
+            .find(|m| m.mount_point == Path::new("/"))
+            .unwrap();
         // Find the block device of the root filesystem, if it is one.
         let dev = Path::new("/dev/block").join(&root.majmin);
         if let Ok(real) = dev.canonicalize() {
             let e = verify_unused(&real, &mounts, None).unwrap_err().to_string();
-            assert!(e.contains("root filesystem") || e.contains("partition") || e.contains("in use"), "{e}");
+            assert!(
+                e.contains("root filesystem") || e.contains("partition") || e.contains("in use"),
+                "{e}"
+            );
         }
         let e = verify_unused(Path::new("/etc/hostname"), &mounts, None).unwrap_err();
         assert!(e.to_string().contains("not a block device"), "{e}");

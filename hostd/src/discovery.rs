@@ -103,7 +103,9 @@ impl DeviceIndex {
 
     /// Fills the index from sysfs: every whole disk under `/sys/block`.
     pub fn scan_sysfs(&self, sys_block: &Path) {
-        let Ok(entries) = std::fs::read_dir(sys_block) else { return };
+        let Ok(entries) = std::fs::read_dir(sys_block) else {
+            return;
+        };
         for e in entries.flatten() {
             let dev = Path::new("/dev").join(e.file_name());
             self.add(&e.path(), &dev);
@@ -180,7 +182,11 @@ pub fn start_monitor(
     match ready_rx.recv() {
         Ok(Ok(())) => Ok(died_rx),
         Ok(Err(e)) => Err(HostdError::failed("starting", "the udev monitor", e)),
-        Err(_) => Err(HostdError::failed("starting", "the udev monitor", "thread exited")),
+        Err(_) => Err(HostdError::failed(
+            "starting",
+            "the udev monitor",
+            "thread exited",
+        )),
     }
 }
 
@@ -229,13 +235,21 @@ fn run(socket: &udev::MonitorSocket, index: &DeviceIndex) -> String {
         if revents.contains(PollFlags::POLLERR) {
             // A burst of events overflowed the socket (ENOBUFS): events were
             // lost, so re-read the whole device list instead of dying.
-            match nix::sys::socket::getsockopt(&socket.as_fd(), nix::sys::socket::sockopt::SocketError) {
+            match nix::sys::socket::getsockopt(
+                &socket.as_fd(),
+                nix::sys::socket::sockopt::SocketError,
+            ) {
                 Ok(e) if e == nix::errno::Errno::ENOBUFS as i32 || e == 0 => {
                     tracing::warn!("udev monitor overflowed; re-reading block devices");
                     enumerate(index);
                     continue;
                 }
-                Ok(e) => return format!("udev monitor socket error: {}", nix::errno::Errno::from_raw(e)),
+                Ok(e) => {
+                    return format!(
+                        "udev monitor socket error: {}",
+                        nix::errno::Errno::from_raw(e)
+                    );
+                }
                 Err(e) => return format!("udev monitor socket error: {e}"),
             }
         }
@@ -284,7 +298,12 @@ mod tests {
             })
         };
         let got = index
-            .wait_for("naa.5000c500a1b2c3d4", Duration::from_secs(5), Duration::from_secs(60), || {})
+            .wait_for(
+                "naa.5000c500a1b2c3d4",
+                Duration::from_secs(5),
+                Duration::from_secs(60),
+                || {},
+            )
             .await;
         adder.await.unwrap();
         assert_eq!(got.as_deref(), Some(Path::new("/dev/sdb")));
@@ -297,9 +316,12 @@ mod tests {
         let index = DeviceIndex::default();
         let mut rescans = 0;
         let got = index
-            .wait_for("naa.0000000000000001", Duration::from_millis(200), Duration::from_millis(20), || {
-                rescans += 1
-            })
+            .wait_for(
+                "naa.0000000000000001",
+                Duration::from_millis(200),
+                Duration::from_millis(20),
+                || rescans += 1,
+            )
             .await;
         assert_eq!(got, None);
         assert_eq!(rescans, 1);

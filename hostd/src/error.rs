@@ -42,7 +42,9 @@ pub enum HostdError {
     },
     #[error("volume {0} is not staged")]
     NotStaged(String),
-    #[error("volume {volume_id} is SINGLE_NODE_SINGLE_WRITER and already published read-write at {other}")]
+    #[error(
+        "volume {volume_id} is SINGLE_NODE_SINGLE_WRITER and already published read-write at {other}"
+    )]
     PublishedElsewhere { volume_id: String, other: PathBuf },
     #[error("{0}")]
     Unsupported(String),
@@ -55,7 +57,11 @@ pub enum HostdError {
 }
 
 impl HostdError {
-    pub fn failed(action: &'static str, target: impl std::fmt::Display, reason: impl std::fmt::Display) -> Self {
+    pub fn failed(
+        action: &'static str,
+        target: impl std::fmt::Display,
+        reason: impl std::fmt::Display,
+    ) -> Self {
         Self::Failed {
             action,
             target: target.to_string(),
@@ -72,7 +78,9 @@ impl HostdError {
 
     pub fn code(&self) -> Code {
         match self {
-            Self::InvalidArgument { .. } | Self::PathOutsideKubelet { .. } | Self::ParentMissing { .. } => Code::InvalidArgument,
+            Self::InvalidArgument { .. }
+            | Self::PathOutsideKubelet { .. }
+            | Self::ParentMissing { .. } => Code::InvalidArgument,
             Self::NotThisVolume { .. } => Code::FailedPrecondition,
             // Retryable: the attach may still be on its way.
             Self::DeviceNotFound { .. } => Code::Unavailable,

@@ -18,6 +18,9 @@ mod tests {
     fn leaves_no_core_and_no_dumpable_memory() {
         harden().unwrap();
         assert!(!nix::sys::prctl::get_dumpable().unwrap());
-        assert_eq!(nix::sys::resource::getrlimit(Resource::RLIMIT_CORE).unwrap(), (0, 0));
+        assert_eq!(
+            nix::sys::resource::getrlimit(Resource::RLIMIT_CORE).unwrap(),
+            (0, 0)
+        );
     }
 }

@@ -100,8 +100,7 @@ mod tests {
         h.set_devices_indexed(3);
         h.record_error("udev monitor: socket closed");
         h.write_file(&path).unwrap();
-        let v: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(v["devices_indexed"], 3);
         assert_eq!(v["last_error"], "udev monitor: socket closed");
         assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));

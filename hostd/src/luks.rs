@@ -39,11 +39,19 @@ impl std::str::FromStr for Pbkdf {
     /// `argon2id`, `argon2id:<ms>:<KiB>`, `pbkdf2:<iterations>`.
     fn from_str(s: &str) -> Result<Self, String> {
         let parts: Vec<&str> = s.split(':').collect();
-        let num = |v: &str| v.parse::<u32>().map_err(|_| format!("{v:?} is not a number in {s:?}"));
+        let num = |v: &str| {
+            v.parse::<u32>()
+                .map_err(|_| format!("{v:?} is not a number in {s:?}"))
+        };
         match parts.as_slice() {
             ["argon2id"] => Ok(Self::default()),
-            ["argon2id", t, m] => Ok(Self::Argon2id { time_ms: num(t)?, memory_kb: num(m)? }),
-            ["pbkdf2", i] if num(i)? >= 1000 => Ok(Self::Pbkdf2 { iterations: num(i)? }),
+            ["argon2id", t, m] => Ok(Self::Argon2id {
+                time_ms: num(t)?,
+                memory_kb: num(m)?,
+            }),
+            ["pbkdf2", i] if num(i)? >= 1000 => Ok(Self::Pbkdf2 {
+                iterations: num(i)?,
+            }),
             _ => Err(format!(
                 "{s:?} is not a PBKDF setting: use argon2id, argon2id:<ms>:<KiB> or pbkdf2:<iterations ≥ 1000>"
             )),
@@ -75,7 +83,9 @@ const KDF_NICE: i32 = 10;
 /// other half to the node's pods and hostd's own answers. The time cost is
 /// calibrated to the same 2 s either way.
 fn kdf_threads() -> u32 {
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     u32::try_from((cpus / 2).clamp(1, 4)).unwrap_or(1)
 }
 
@@ -152,7 +162,11 @@ pub fn format(device: &Path, passphrase: &Secret<Vec<u8>>, pbkdf: Pbkdf) -> Resu
 
 /// Opens `device` as `/dev/mapper/<name>`. A wrong passphrase is a
 /// FailedPrecondition naming the volume, not an internal error.
-pub fn open(device: &Path, name: &str, passphrase: &Secret<Vec<u8>>) -> Result<PathBuf, HostdError> {
+pub fn open(
+    device: &Path,
+    name: &str,
+    passphrase: &Secret<Vec<u8>>,
+) -> Result<PathBuf, HostdError> {
     let mut cd = CryptInit::init(device).map_err(|e| err("opening", device, e))?;
     cd.context_handle()
         .load::<libcryptsetup_rs::CryptParamsLuks2Ref<'_>>(Some(EncryptionFormat::Luks2), None)
@@ -161,7 +175,12 @@ pub fn open(device: &Path, name: &str, passphrase: &Secret<Vec<u8>>) -> Result<P
         .volume_key_keyring(false)
         .map_err(|e| err("disabling the kernel keyring for", device, e))?;
     let lowered = Lowered::new();
-    let activated = cd.activate_handle().activate_by_passphrase(Some(name), None, passphrase.expose(), CryptActivate::empty());
+    let activated = cd.activate_handle().activate_by_passphrase(
+        Some(name),
+        None,
+        passphrase.expose(),
+        CryptActivate::empty(),
+    );
     drop(lowered);
     match activated {
         Ok(_) => Ok(mapper_path(name)),
@@ -189,7 +208,8 @@ pub fn has_keyslot(device: &Path) -> Result<bool, HostdError> {
     cd.context_handle()
         .load::<libcryptsetup_rs::CryptParamsLuks2Ref<'_>>(Some(EncryptionFormat::Luks2), None)
         .map_err(|e| err("reading the LUKS2 header of", device, e))?;
-    let max = libcryptsetup_rs::CryptKeyslotHandle::max_keyslots(EncryptionFormat::Luks2).unwrap_or(32);
+    let max =
+        libcryptsetup_rs::CryptKeyslotHandle::max_keyslots(EncryptionFormat::Luks2).unwrap_or(32);
     for slot in 0..max {
         if matches!(
             cd.keyslot_handle().status(slot),
@@ -221,7 +241,11 @@ pub fn close(name: &str, force: bool) -> Result<(), HostdError> {
     let path = mapper_path(name);
     let mut cd = CryptInit::init_by_name_and_header(name, None)
         .map_err(|e| err("looking up mapping", &path, e))?;
-    let flags = if force { CryptDeactivate::FORCE } else { CryptDeactivate::empty() };
+    let flags = if force {
+        CryptDeactivate::FORCE
+    } else {
+        CryptDeactivate::empty()
+    };
     cd.activate_handle()
         .deactivate(name, flags)
         .map_err(|e| err("closing mapping", &path, e))
@@ -242,7 +266,12 @@ pub fn resize(name: &str, passphrase: Option<&Secret<Vec<u8>>>) -> Result<(), Ho
             return Err(err("resizing", &path, first));
         };
         let lowered = Lowered::new();
-        let unlocked = cd.activate_handle().activate_by_passphrase(None, None, pass.expose(), CryptActivate::empty());
+        let unlocked = cd.activate_handle().activate_by_passphrase(
+            None,
+            None,
+            pass.expose(),
+            CryptActivate::empty(),
+        );
         drop(lowered);
         unlocked.map_err(|e| err("unlocking for resize", &path, e))?;
         cd.context_handle()
@@ -259,22 +288,36 @@ mod tests {
     #[test]
     fn mapping_names_are_stable_short_and_safe() {
         let a = mapping_name("region-1/pve2/local-lvm/vm-9999-pvc-0c6e8a");
-        assert_eq!(a, mapping_name("region-1/pve2/local-lvm/vm-9999-pvc-0c6e8a"));
-        assert_ne!(a, mapping_name("region-1/pve2/local-lvm/vm-9999-pvc-0c6e8b"));
+        assert_eq!(
+            a,
+            mapping_name("region-1/pve2/local-lvm/vm-9999-pvc-0c6e8a")
+        );
+        assert_ne!(
+            a,
+            mapping_name("region-1/pve2/local-lvm/vm-9999-pvc-0c6e8b")
+        );
         assert_eq!(a.len(), "pvecsi-".len() + 32);
         assert!(a.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
     }
 
     #[test]
     fn key_derivation_runs_at_a_lower_priority_and_gives_it_back() {
-        let prio = || unsafe { nix::libc::getpriority(nix::libc::PRIO_PROCESS, nix::unistd::gettid().as_raw() as nix::libc::id_t) };
+        let prio = || unsafe {
+            nix::libc::getpriority(
+                nix::libc::PRIO_PROCESS,
+                nix::unistd::gettid().as_raw() as nix::libc::id_t,
+            )
+        };
         std::thread::spawn(move || {
             let before = prio();
             {
                 let _l = Lowered::new();
                 assert_eq!(prio(), KDF_NICE.max(before));
                 // A thread started meanwhile (as Argon2's are) inherits it.
-                assert_eq!(std::thread::spawn(prio).join().unwrap(), KDF_NICE.max(before));
+                assert_eq!(
+                    std::thread::spawn(prio).join().unwrap(),
+                    KDF_NICE.max(before)
+                );
             }
             if nix::unistd::geteuid().is_root() {
                 assert_eq!(prio(), before);
@@ -286,10 +329,16 @@ mod tests {
 
     #[test]
     fn parses_pbkdf_settings() {
-        assert_eq!("pbkdf2:1000".parse::<Pbkdf>().unwrap(), Pbkdf::Pbkdf2 { iterations: 1000 });
+        assert_eq!(
+            "pbkdf2:1000".parse::<Pbkdf>().unwrap(),
+            Pbkdf::Pbkdf2 { iterations: 1000 }
+        );
         assert_eq!(
             "argon2id:500:65536".parse::<Pbkdf>().unwrap(),
-            Pbkdf::Argon2id { time_ms: 500, memory_kb: 65536 }
+            Pbkdf::Argon2id {
+                time_ms: 500,
+                memory_kb: 65536
+            }
         );
         assert!("pbkdf2:10".parse::<Pbkdf>().is_err());
         assert!("scrypt".parse::<Pbkdf>().unwrap_err().contains("argon2id"));

@@ -119,7 +119,10 @@ fn main() -> ExitCode {
         eprintln!("proxmox-csi-hostd: disabling core dumps: {e}");
         return ExitCode::FAILURE;
     }
-    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt.block_on(run()),
         Err(e) => {
             eprintln!("proxmox-csi-hostd: starting the async runtime: {e}");
@@ -138,7 +141,10 @@ async fn run() -> ExitCode {
         // The node plugin runs in that group, without capabilities: it must
         // reach hostd's socket and create its own under kubelet's plugins.
         let socket_dir = args.socket.parent().map(|d| (d.to_path_buf(), 0o750));
-        for (dir, mode) in socket_dir.into_iter().chain(args.plugin_dir.iter().map(|d| (d.clone(), 0o770))) {
+        for (dir, mode) in socket_dir
+            .into_iter()
+            .chain(args.plugin_dir.iter().map(|d| (d.clone(), 0o770)))
+        {
             if let Err(e) = proxmox_csi_hostd::share::share_dir(&dir, gid, mode) {
                 tracing::error!(error = %e, "hostd cannot start");
                 return ExitCode::FAILURE;
@@ -160,9 +166,12 @@ async fn run() -> ExitCode {
         dmi_dir: args.dmi_dir,
         metrics_address: args.metrics_address,
         kubelet_root: args.kubelet_root,
-        state_dir: args
-            .state_dir
-            .unwrap_or_else(|| args.socket.parent().unwrap_or(std::path::Path::new("/run/proxmox-csi-hostd")).join("volumes")),
+        state_dir: args.state_dir.unwrap_or_else(|| {
+            args.socket
+                .parent()
+                .unwrap_or(std::path::Path::new("/run/proxmox-csi-hostd"))
+                .join("volumes")
+        }),
         driver_name: args.driver_name,
         resolver,
         event_source: args.device_events,

@@ -82,16 +82,28 @@ pub fn command(fs: FsType, device: &Path, opts: MkfsOptions) -> Command {
 
 pub fn validate(opts: MkfsOptions) -> Result<(), HostdError> {
     let pow2 = |v: u32| v == 0 || v.is_power_of_two();
-    if !pow2(opts.block_size) || opts.block_size > 65536 || (opts.block_size != 0 && opts.block_size < 512) {
+    if !pow2(opts.block_size)
+        || opts.block_size > 65536
+        || (opts.block_size != 0 && opts.block_size < 512)
+    {
         return Err(HostdError::invalid(
             "filesystem.block_size",
-            format!("{} is not a power of two between 512 and 65536", opts.block_size),
+            format!(
+                "{} is not a power of two between 512 and 65536",
+                opts.block_size
+            ),
         ));
     }
-    if !pow2(opts.inode_size) || opts.inode_size > 4096 || (opts.inode_size != 0 && opts.inode_size < 128) {
+    if !pow2(opts.inode_size)
+        || opts.inode_size > 4096
+        || (opts.inode_size != 0 && opts.inode_size < 128)
+    {
         return Err(HostdError::invalid(
             "filesystem.inode_size",
-            format!("{} is not a power of two between 128 and 4096", opts.inode_size),
+            format!(
+                "{} is not a power of two between 128 and 4096",
+                opts.inode_size
+            ),
         ));
     }
     Ok(())
@@ -103,7 +115,11 @@ pub fn run(fs: FsType, device: &Path, opts: MkfsOptions) -> Result<(), HostdErro
         return Err(HostdError::failed(
             "formatting",
             format!("{} as {}", device.display(), fs.name()),
-            format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()),
+            format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
         ));
     }
     Ok(())
@@ -128,24 +144,81 @@ mod tests {
             ["mkfs.ext4", "-q", "-m0", "-E", "nodiscard", "/dev/sdb"]
         );
         assert_eq!(
-            args(&command(FsType::Ext4, d, MkfsOptions { block_size: 4096, inode_size: 256, ..Default::default() })),
-            ["mkfs.ext4", "-q", "-m0", "-E", "nodiscard", "-b", "4096", "-I", "256", "/dev/sdb"]
+            args(&command(
+                FsType::Ext4,
+                d,
+                MkfsOptions {
+                    block_size: 4096,
+                    inode_size: 256,
+                    ..Default::default()
+                }
+            )),
+            [
+                "mkfs.ext4",
+                "-q",
+                "-m0",
+                "-E",
+                "nodiscard",
+                "-b",
+                "4096",
+                "-I",
+                "256",
+                "/dev/sdb"
+            ]
         );
         assert_eq!(
-            args(&command(FsType::Xfs, d, MkfsOptions { block_size: 4096, inode_size: 512, ..Default::default() })),
-            ["mkfs.xfs", "-q", "-K", "-b", "size=4096", "-i", "size=512", "/dev/sdb"]
+            args(&command(
+                FsType::Xfs,
+                d,
+                MkfsOptions {
+                    block_size: 4096,
+                    inode_size: 512,
+                    ..Default::default()
+                }
+            )),
+            [
+                "mkfs.xfs",
+                "-q",
+                "-K",
+                "-b",
+                "size=4096",
+                "-i",
+                "size=512",
+                "/dev/sdb"
+            ]
         );
     }
 
     #[test]
     fn refuses_odd_sizes_and_unknown_filesystems() {
-        assert!(validate(MkfsOptions { block_size: 3000, ..Default::default() })
+        assert!(
+            validate(MkfsOptions {
+                block_size: 3000,
+                ..Default::default()
+            })
             .unwrap_err()
             .to_string()
-            .starts_with("filesystem.block_size: 3000"));
-        assert!(validate(MkfsOptions { inode_size: 64, ..Default::default() }).is_err());
-        assert!(validate(MkfsOptions { block_size: 1024, inode_size: 256, ..Default::default() }).is_ok());
+            .starts_with("filesystem.block_size: 3000")
+        );
+        assert!(
+            validate(MkfsOptions {
+                inode_size: 64,
+                ..Default::default()
+            })
+            .is_err()
+        );
+        assert!(
+            validate(MkfsOptions {
+                block_size: 1024,
+                inode_size: 256,
+                ..Default::default()
+            })
+            .is_ok()
+        );
         let e = FsType::parse("btrfs").unwrap_err().to_string();
-        assert_eq!(e, "filesystem.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs");
+        assert_eq!(
+            e,
+            "filesystem.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs"
+        );
     }
 }

@@ -18,7 +18,9 @@ use crate::error::HostdError;
 fn generic(o: &str) -> Option<MsFlags> {
     Some(match o {
         "ro" => MsFlags::MS_RDONLY,
-        "rw" | "defaults" | "async" | "exec" | "suid" | "dev" | "atime" | "diratime" => MsFlags::empty(),
+        "rw" | "defaults" | "async" | "exec" | "suid" | "dev" | "atime" | "diratime" => {
+            MsFlags::empty()
+        }
         "noatime" => MsFlags::MS_NOATIME,
         "nodiratime" => MsFlags::MS_NODIRATIME,
         "relatime" => MsFlags::MS_RELATIME,
@@ -35,13 +37,26 @@ fn generic(o: &str) -> Option<MsFlags> {
 
 /// Options only mount(8) and fstab readers act on.
 fn userspace_only(o: &str) -> bool {
-    matches!(o, "auto" | "noauto" | "nofail" | "_netdev" | "user" | "nouser" | "users" | "owner" | "group" | "comment")
-        || o.starts_with("x-")
+    matches!(
+        o,
+        "auto"
+            | "noauto"
+            | "nofail"
+            | "_netdev"
+            | "user"
+            | "nouser"
+            | "users"
+            | "owner"
+            | "group"
+            | "comment"
+    ) || o.starts_with("x-")
         || o.starts_with("comment=")
 }
 
 fn selinux(o: &str) -> bool {
-    ["context=", "fscontext=", "defcontext=", "rootcontext="].iter().any(|p| o.starts_with(p))
+    ["context=", "fscontext=", "defcontext=", "rootcontext="]
+        .iter()
+        .any(|p| o.starts_with(p))
 }
 
 fn number(v: &str) -> bool {
@@ -57,20 +72,57 @@ fn ext4_data(o: &str) -> bool {
     let (k, v) = o.split_once('=').unwrap_or((o, ""));
     match (k, v) {
         (
-            "discard" | "nodiscard" | "barrier" | "nobarrier" | "user_xattr" | "acl" | "noacl" | "delalloc"
-            | "nodelalloc" | "auto_da_alloc" | "noauto_da_alloc" | "dioread_lock" | "dioread_nolock"
-            | "journal_checksum" | "nojournal_checksum" | "journal_async_commit" | "init_itable"
-            | "noinit_itable" | "quota" | "noquota" | "usrquota" | "grpquota" | "prjquota" | "i_version"
-            | "nombcache" | "block_validity" | "noblock_validity" | "grpid" | "bsdgroups" | "nogrpid"
-            | "sysvgroups" | "nouid32" | "debug" | "dax",
+            "discard"
+            | "nodiscard"
+            | "barrier"
+            | "nobarrier"
+            | "user_xattr"
+            | "acl"
+            | "noacl"
+            | "delalloc"
+            | "nodelalloc"
+            | "auto_da_alloc"
+            | "noauto_da_alloc"
+            | "dioread_lock"
+            | "dioread_nolock"
+            | "journal_checksum"
+            | "nojournal_checksum"
+            | "journal_async_commit"
+            | "init_itable"
+            | "noinit_itable"
+            | "quota"
+            | "noquota"
+            | "usrquota"
+            | "grpquota"
+            | "prjquota"
+            | "i_version"
+            | "nombcache"
+            | "block_validity"
+            | "noblock_validity"
+            | "grpid"
+            | "bsdgroups"
+            | "nogrpid"
+            | "sysvgroups"
+            | "nouid32"
+            | "debug"
+            | "dax",
             "",
         ) => true,
         ("data", "ordered" | "writeback" | "journal") => true,
         ("errors", "remount-ro" | "continue") => true,
         ("dax", "always" | "never" | "inode") => true,
         (
-            "commit" | "barrier" | "init_itable" | "stripe" | "max_batch_time" | "min_batch_time"
-            | "inode_readahead_blks" | "resuid" | "resgid" | "journal_ioprio" | "max_dir_size_kb",
+            "commit"
+            | "barrier"
+            | "init_itable"
+            | "stripe"
+            | "max_batch_time"
+            | "min_batch_time"
+            | "inode_readahead_blks"
+            | "resuid"
+            | "resgid"
+            | "journal_ioprio"
+            | "max_dir_size_kb",
             v,
         ) => number(v),
         _ => false,
@@ -81,11 +133,11 @@ fn xfs_data(o: &str) -> bool {
     let (k, v) = o.split_once('=').unwrap_or((o, ""));
     match (k, v) {
         (
-            "nouuid" | "discard" | "nodiscard" | "wsync" | "noalign" | "swalloc" | "inode32" | "inode64"
-            | "largeio" | "nolargeio" | "filestreams" | "ikeep" | "noikeep" | "grpid" | "bsdgroups"
-            | "nogrpid" | "sysvgroups" | "quota" | "usrquota" | "uquota" | "uqnoenforce" | "qnoenforce"
-            | "gquota" | "grpquota" | "gqnoenforce" | "pquota" | "prjquota" | "pqnoenforce" | "noquota"
-            | "attr2" | "noattr2" | "dax",
+            "nouuid" | "discard" | "nodiscard" | "wsync" | "noalign" | "swalloc" | "inode32"
+            | "inode64" | "largeio" | "nolargeio" | "filestreams" | "ikeep" | "noikeep" | "grpid"
+            | "bsdgroups" | "nogrpid" | "sysvgroups" | "quota" | "usrquota" | "uquota"
+            | "uqnoenforce" | "qnoenforce" | "gquota" | "grpquota" | "gqnoenforce" | "pquota"
+            | "prjquota" | "pqnoenforce" | "noquota" | "attr2" | "noattr2" | "dax",
             "",
         ) => true,
         ("dax", "always" | "never" | "inode") => true,
@@ -114,7 +166,10 @@ fn split(flags: &[String]) -> Vec<String> {
         }
         out.push(cur);
     }
-    out.into_iter().map(|o| o.trim().to_string()).filter(|o| !o.is_empty()).collect()
+    out.into_iter()
+        .map(|o| o.trim().to_string())
+        .filter(|o| !o.is_empty())
+        .collect()
 }
 
 /// What to hand to mount(2): its flags and the filesystem's data string.
@@ -126,25 +181,38 @@ pub struct Checked {
 
 impl Default for Checked {
     fn default() -> Self {
-        Self { flags: MsFlags::empty(), data: String::new() }
+        Self {
+            flags: MsFlags::empty(),
+            data: String::new(),
+        }
     }
 }
 
 /// Checks mount flags for a filesystem (`ext4`, `xfs`), or for a bind
 /// mount (`None`: only generic flags take effect there; a filesystem's own
 /// options, still checked, were given to the staging mount).
-pub fn check(field: &'static str, fs: Option<&str>, flags: &[String]) -> Result<Checked, HostdError> {
+pub fn check(
+    field: &'static str,
+    fs: Option<&str>,
+    flags: &[String],
+) -> Result<Checked, HostdError> {
     let mut out = Checked::default();
     let mut data = Vec::new();
     for o in split(flags) {
         if o.contains(['\n', '\0']) {
-            return Err(HostdError::invalid(field, format!("{o:?} holds a control character")));
+            return Err(HostdError::invalid(
+                field,
+                format!("{o:?} holds a control character"),
+            ));
         }
         if let Some(f) = generic(&o) {
             out.flags |= f;
         } else if userspace_only(&o) {
             continue;
-        } else if selinux(&o) || (fs != Some("xfs") && ext4_data(&o)) || (fs != Some("ext4") && xfs_data(&o)) {
+        } else if selinux(&o)
+            || (fs != Some("xfs") && ext4_data(&o))
+            || (fs != Some("ext4") && xfs_data(&o))
+        {
             data.push(o);
         } else {
             return Err(HostdError::invalid(
@@ -174,17 +242,57 @@ mod tests {
 
     #[test]
     fn splits_flags_into_kernel_flags_and_data() {
-        let c = check("f", Some("xfs"), &v(&["noatime", "nouuid", "ro", "discard"])).unwrap();
-        assert_eq!(c, Checked { flags: MsFlags::MS_NOATIME | MsFlags::MS_RDONLY, data: "nouuid,discard".into() });
+        let c = check(
+            "f",
+            Some("xfs"),
+            &v(&["noatime", "nouuid", "ro", "discard"]),
+        )
+        .unwrap();
+        assert_eq!(
+            c,
+            Checked {
+                flags: MsFlags::MS_NOATIME | MsFlags::MS_RDONLY,
+                data: "nouuid,discard".into()
+            }
+        );
     }
 
     #[test]
     fn takes_what_mount8_takes_and_drops_its_own_options() {
-        let c = check("f", Some("ext4"), &v(&["noatime,discard", "nofail", "_netdev", "x-systemd.automount", "auto", "exec", "async"]))
-            .unwrap();
-        assert_eq!(c, Checked { flags: MsFlags::MS_NOATIME, data: "discard".into() });
-        let c = check("f", Some("ext4"), &v(&["context=\"system_u:object_r:container_file_t:s0:c1,c2\"", "errors=remount-ro"])).unwrap();
-        assert_eq!(c.data, "context=\"system_u:object_r:container_file_t:s0:c1,c2\",errors=remount-ro");
+        let c = check(
+            "f",
+            Some("ext4"),
+            &v(&[
+                "noatime,discard",
+                "nofail",
+                "_netdev",
+                "x-systemd.automount",
+                "auto",
+                "exec",
+                "async",
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            c,
+            Checked {
+                flags: MsFlags::MS_NOATIME,
+                data: "discard".into()
+            }
+        );
+        let c = check(
+            "f",
+            Some("ext4"),
+            &v(&[
+                "context=\"system_u:object_r:container_file_t:s0:c1,c2\"",
+                "errors=remount-ro",
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            c.data,
+            "context=\"system_u:object_r:container_file_t:s0:c1,c2\",errors=remount-ro"
+        );
     }
 
     #[test]
@@ -200,11 +308,22 @@ mod tests {
             ("xfs", "data=journal"),
             ("ext4", "commit=5s"),
         ] {
-            let e = check("volume_capability.mount_flags", Some(fs), &v(&[o])).unwrap_err().to_string();
-            assert!(e.starts_with("volume_capability.mount_flags: mount option"), "{e}");
+            let e = check("volume_capability.mount_flags", Some(fs), &v(&[o]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("volume_capability.mount_flags: mount option"),
+                "{e}"
+            );
         }
         // A bind mount checks them too, and hands on only the generic flags.
         assert!(check("f", None, &v(&["logdev=/dev/sda"])).is_err());
-        assert_eq!(check("f", None, &v(&["discard", "ro"])).unwrap(), Checked { flags: MsFlags::MS_RDONLY, data: String::new() });
+        assert_eq!(
+            check("f", None, &v(&["discard", "ro"])).unwrap(),
+            Checked {
+                flags: MsFlags::MS_RDONLY,
+                data: String::new()
+            }
+        );
     }
 }

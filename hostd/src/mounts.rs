@@ -48,7 +48,13 @@ pub fn at(path: &Path) -> Result<Option<MountEntry>, HostdError> {
 
 /// Mounts a filesystem. `target` is a `/proc/self/fd/N` path (see
 /// `paths::Opened`), so the kernel mounts on exactly the directory checked.
-pub fn mount_fs(device: &Path, target: &Path, fs_type: &str, opts: &Checked, read_only: bool) -> Result<(), HostdError> {
+pub fn mount_fs(
+    device: &Path,
+    target: &Path,
+    fs_type: &str,
+    opts: &Checked,
+    read_only: bool,
+) -> Result<(), HostdError> {
     let mut ms = opts.flags;
     if read_only {
         ms |= MsFlags::MS_RDONLY;
@@ -61,19 +67,41 @@ pub fn mount_fs(device: &Path, target: &Path, fs_type: &str, opts: &Checked, rea
 /// Bind-mounts `source` (a `/proc/self/fd/N` path, or a device node) onto
 /// the place `target`, read-only if asked (which takes a second, remounting
 /// call on the new mount).
-pub fn bind(source: &Path, target: &Place, read_only: bool, opts: &Checked) -> Result<(), HostdError> {
+pub fn bind(
+    source: &Path,
+    target: &Place,
+    read_only: bool,
+    opts: &Checked,
+) -> Result<(), HostdError> {
     let what = || format!("{} onto {}", source.display(), target.path.display());
     let under = target.open()?;
-    mount(Some(source), &under.proc_path(), None::<&str>, MsFlags::MS_BIND, None::<&str>)
-        .map_err(|e| HostdError::failed("bind-mounting", what(), e))?;
+    mount(
+        Some(source),
+        &under.proc_path(),
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|e| HostdError::failed("bind-mounting", what(), e))?;
     drop(under);
-    let ro = if read_only { MsFlags::MS_RDONLY } else { MsFlags::empty() };
+    let ro = if read_only {
+        MsFlags::MS_RDONLY
+    } else {
+        MsFlags::empty()
+    };
     if !(opts.flags | ro).is_empty() {
         let ms = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | opts.flags | ro;
         // Opened again: now the new mount, not the directory under it.
-        let result = target
-            .open()
-            .and_then(|on| mount(None::<&str>, &on.proc_path(), None::<&str>, ms, None::<&str>).map_err(|e| HostdError::failed("remounting read-only", what(), e)));
+        let result = target.open().and_then(|on| {
+            mount(
+                None::<&str>,
+                &on.proc_path(),
+                None::<&str>,
+                ms,
+                None::<&str>,
+            )
+            .map_err(|e| HostdError::failed("remounting read-only", what(), e))
+        });
         if let Err(e) = result {
             let _ = umount2(&target.via_parent(), MntFlags::UMOUNT_NOFOLLOW);
             return Err(e);
@@ -96,6 +124,10 @@ mod tests {
     fn reads_the_mount_table() {
         let t = table().unwrap();
         assert!(t.iter().any(|m| m.mount_point == Path::new("/")));
-        assert!(at(Path::new("/proc")).unwrap().is_some_and(|m| m.fs_type == "proc"));
+        assert!(
+            at(Path::new("/proc"))
+                .unwrap()
+                .is_some_and(|m| m.fs_type == "proc")
+        );
     }
 }

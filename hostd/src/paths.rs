@@ -45,16 +45,26 @@ impl Layout {
     pub const STAGING: &[Layout] = &[Layout::FsStaging, Layout::BlockStaging];
     pub const TARGET: &[Layout] = &[Layout::FsTarget, Layout::BlockTarget];
     /// What NodeGetVolumeStats and NodeExpandVolume name.
-    pub const VOLUME: &[Layout] =
-        &[Layout::FsTarget, Layout::FsStaging, Layout::BlockTarget, Layout::BlockMap, Layout::BlockStaging];
+    pub const VOLUME: &[Layout] = &[
+        Layout::FsTarget,
+        Layout::FsStaging,
+        Layout::BlockTarget,
+        Layout::BlockMap,
+        Layout::BlockStaging,
+    ];
 
     pub fn is_block(self) -> bool {
-        matches!(self, Self::BlockStaging | Self::BlockTarget | Self::BlockMap)
+        matches!(
+            self,
+            Self::BlockStaging | Self::BlockTarget | Self::BlockMap
+        )
     }
 
     fn shape(self) -> &'static str {
         match self {
-            Self::FsStaging => "plugins/kubernetes.io/csi/<driver>/<sha256 of the volume id>/globalmount",
+            Self::FsStaging => {
+                "plugins/kubernetes.io/csi/<driver>/<sha256 of the volume id>/globalmount"
+            }
             Self::BlockStaging => "plugins/kubernetes.io/csi/volumeDevices/staging/<pv>",
             Self::FsTarget => "pods/<pod uid>/volumes/kubernetes.io~csi/<pv>/mount",
             Self::BlockTarget => "plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<pod uid>",
@@ -94,7 +104,9 @@ pub enum Kind {
 const PATH_ONLY: OFlag = OFlag::O_PATH.union(OFlag::O_CLOEXEC);
 
 fn beneath() -> ResolveFlag {
-    ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS
+    ResolveFlag::RESOLVE_BENEATH
+        | ResolveFlag::RESOLVE_NO_SYMLINKS
+        | ResolveFlag::RESOLVE_NO_MAGICLINKS
 }
 
 /// A name kubelet puts in a path: a PV name (DNS subdomain), an escaped
@@ -103,7 +115,8 @@ fn plain_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
         && !s.starts_with('.')
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'))
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'))
 }
 
 fn sha256_hex(s: &str) -> bool {
@@ -132,30 +145,50 @@ impl KubeletPaths {
 
     /// This driver's staging directory, `plugins/kubernetes.io/csi/<driver>`.
     pub fn driver_dir(&self) -> PathBuf {
-        self.root.join("plugins/kubernetes.io/csi").join(&self.driver)
+        self.root
+            .join("plugins/kubernetes.io/csi")
+            .join(&self.driver)
     }
 
     /// The layout of a path relative to kubelet's root, if it has one.
     fn layout_of(&self, parts: &[&str]) -> Option<Layout> {
         match parts {
-            ["plugins", "kubernetes.io", "csi", "volumeDevices", "staging", pv] if plain_name(pv) => {
-                Some(Layout::BlockStaging)
-            }
-            ["plugins", "kubernetes.io", "csi", "volumeDevices", "publish", pv, pod]
-                if plain_name(pv) && plain_name(pod) =>
-            {
-                Some(Layout::BlockTarget)
-            }
-            ["plugins", "kubernetes.io", "csi", "volumeDevices", pv, "dev", pod]
-                if plain_name(pv) && plain_name(pod) && !matches!(*pv, "staging" | "publish") =>
-            {
+            [
+                "plugins",
+                "kubernetes.io",
+                "csi",
+                "volumeDevices",
+                "staging",
+                pv,
+            ] if plain_name(pv) => Some(Layout::BlockStaging),
+            [
+                "plugins",
+                "kubernetes.io",
+                "csi",
+                "volumeDevices",
+                "publish",
+                pv,
+                pod,
+            ] if plain_name(pv) && plain_name(pod) => Some(Layout::BlockTarget),
+            [
+                "plugins",
+                "kubernetes.io",
+                "csi",
+                "volumeDevices",
+                pv,
+                "dev",
+                pod,
+            ] if plain_name(pv) && plain_name(pod) && !matches!(*pv, "staging" | "publish") => {
                 Some(Layout::BlockMap)
             }
-            ["plugins", "kubernetes.io", "csi", driver, hash, "globalmount"]
-                if *driver == self.driver && sha256_hex(hash) =>
-            {
-                Some(Layout::FsStaging)
-            }
+            [
+                "plugins",
+                "kubernetes.io",
+                "csi",
+                driver,
+                hash,
+                "globalmount",
+            ] if *driver == self.driver && sha256_hex(hash) => Some(Layout::FsStaging),
             // kubelet names the last directory `mount`; csi-sanity, the CSI
             // conformance suite, names it `target` and `other_target`. The
             // name carries no privilege: the directory above it is kubelet's.
@@ -172,22 +205,40 @@ impl KubeletPaths {
     /// parent directory beneath kubelet's root, refusing any symlink on the
     /// way. The last component may not exist yet; if it does, it must not be
     /// a symlink.
-    pub fn place(&self, field: &'static str, raw: &str, allowed: &[Layout]) -> Result<Place, HostdError> {
+    pub fn place(
+        &self,
+        field: &'static str,
+        raw: &str,
+        allowed: &[Layout],
+    ) -> Result<Place, HostdError> {
         if raw.is_empty() {
             return Err(HostdError::invalid(field, "is empty"));
         }
         let path = Path::new(raw);
         if !path.is_absolute() {
-            return Err(HostdError::invalid(field, format!("{raw:?} is not an absolute path")));
+            return Err(HostdError::invalid(
+                field,
+                format!("{raw:?} is not an absolute path"),
+            ));
         }
-        if path.components().any(|c| matches!(c, Component::ParentDir | Component::CurDir)) {
-            return Err(HostdError::invalid(field, format!("{raw:?} contains '..' or '.'")));
+        if path
+            .components()
+            .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+        {
+            return Err(HostdError::invalid(
+                field,
+                format!("{raw:?} contains '..' or '.'"),
+            ));
         }
         let outside = || HostdError::PathOutsideKubelet {
             field,
             path: path.to_path_buf(),
             root: self.root.clone(),
-            expected: allowed.iter().map(|l| l.shape()).collect::<Vec<_>>().join(" or "),
+            expected: allowed
+                .iter()
+                .map(|l| l.shape())
+                .collect::<Vec<_>>()
+                .join(" or "),
         };
         let rel = path.strip_prefix(&self.root).map_err(|_| outside())?;
         let parts: Vec<&str> = rel
@@ -195,19 +246,30 @@ impl KubeletPaths {
             .map(|c| c.to_str())
             .collect::<Option<_>>()
             .ok_or_else(|| HostdError::invalid(field, format!("{raw:?} is not UTF-8")))?;
-        let layout = self.layout_of(&parts).filter(|l| allowed.contains(l)).ok_or_else(outside)?;
+        let layout = self
+            .layout_of(&parts)
+            .filter(|l| allowed.contains(l))
+            .ok_or_else(outside)?;
         let (leaf, dirs) = parts.split_last().ok_or_else(outside)?;
         let parent = openat2(
             self.root_fd.as_fd(),
             dirs.join("/").as_str(),
-            OpenHow::new().flags(PATH_ONLY | OFlag::O_DIRECTORY).resolve(beneath()),
+            OpenHow::new()
+                .flags(PATH_ONLY | OFlag::O_DIRECTORY)
+                .resolve(beneath()),
         )
         .map_err(|e| match e {
-            Errno::ENOENT => HostdError::ParentMissing { field, path: path.to_path_buf() },
+            Errno::ENOENT => HostdError::ParentMissing {
+                field,
+                path: path.to_path_buf(),
+            },
             Errno::ELOOP | Errno::EXDEV => {
                 HostdError::invalid(field, format!("a directory above {raw:?} is a symlink"))
             }
-            e => HostdError::invalid(field, format!("the directory above {raw:?} cannot be opened: {e}")),
+            e => HostdError::invalid(
+                field,
+                format!("the directory above {raw:?} cannot be opened: {e}"),
+            ),
         })?;
         let place = Place {
             path: self.root.join(rel),
@@ -215,7 +277,10 @@ impl KubeletPaths {
             parent,
             leaf: OsString::from(leaf),
         };
-        if place.lstat().is_some_and(|s| SFlag::from_bits_truncate(s.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK) {
+        if place
+            .lstat()
+            .is_some_and(|s| SFlag::from_bits_truncate(s.st_mode) & SFlag::S_IFMT == SFlag::S_IFLNK)
+        {
             return Err(HostdError::invalid(field, format!("{raw:?} is a symlink")));
         }
         Ok(place)
@@ -231,11 +296,19 @@ impl KubeletPaths {
 
 impl Place {
     fn lstat(&self) -> Option<FileStat> {
-        fstatat(self.parent.as_fd(), self.leaf.as_os_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).ok()
+        fstatat(
+            self.parent.as_fd(),
+            self.leaf.as_os_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .ok()
     }
 
     pub fn kind(&self) -> Kind {
-        match self.lstat().map(|s| SFlag::from_bits_truncate(s.st_mode) & SFlag::S_IFMT) {
+        match self
+            .lstat()
+            .map(|s| SFlag::from_bits_truncate(s.st_mode) & SFlag::S_IFMT)
+        {
             None => Kind::Missing,
             Some(SFlag::S_IFDIR) => Kind::Dir,
             Some(SFlag::S_IFREG) => Kind::File,
@@ -249,7 +322,9 @@ impl Place {
         let dir = openat2(
             self.parent.as_fd(),
             self.leaf.as_os_str(),
-            OpenHow::new().flags(PATH_ONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW).resolve(beneath()),
+            OpenHow::new()
+                .flags(PATH_ONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW)
+                .resolve(beneath()),
         )
         .map_err(|e| HostdError::failed("opening", self.path.display(), e))?;
         Ok(Place {
@@ -262,10 +337,18 @@ impl Place {
 
     /// Makes the directory (mode 0750, as kubelet makes its own) unless it is one.
     pub fn ensure_dir(&self) -> Result<(), HostdError> {
-        match mkdirat(self.parent.as_fd(), self.leaf.as_os_str(), Mode::from_bits_truncate(0o750)) {
+        match mkdirat(
+            self.parent.as_fd(),
+            self.leaf.as_os_str(),
+            Mode::from_bits_truncate(0o750),
+        ) {
             Ok(()) => Ok(()),
             Err(Errno::EEXIST) if self.kind() == Kind::Dir => Ok(()),
-            Err(e) => Err(HostdError::failed("creating directory", self.path.display(), e)),
+            Err(e) => Err(HostdError::failed(
+                "creating directory",
+                self.path.display(),
+                e,
+            )),
         }
     }
 
@@ -290,7 +373,9 @@ impl Place {
         openat2(
             self.parent.as_fd(),
             self.leaf.as_os_str(),
-            OpenHow::new().flags(PATH_ONLY | OFlag::O_NOFOLLOW).resolve(beneath()),
+            OpenHow::new()
+                .flags(PATH_ONLY | OFlag::O_NOFOLLOW)
+                .resolve(beneath()),
         )
         .map(Opened)
         .map_err(|e| HostdError::failed("opening", self.path.display(), e))
@@ -312,7 +397,11 @@ impl Place {
             Kind::Dir => UnlinkatFlags::RemoveDir,
             Kind::File => UnlinkatFlags::NoRemoveDir,
             Kind::Other => {
-                return Err(HostdError::failed("removing", self.path.display(), "it is neither a directory nor a file"));
+                return Err(HostdError::failed(
+                    "removing",
+                    self.path.display(),
+                    "it is neither a directory nor a file",
+                ));
             }
         };
         match unlinkat(self.parent.as_fd(), self.leaf.as_os_str(), how) {
@@ -374,12 +463,26 @@ mod tests {
         let (dir, k) = setup();
         let r = dir.path().canonicalize().unwrap();
         for (p, layout) in [
-            (format!("plugins/kubernetes.io/csi/{DRIVER}/{HASH}/globalmount"), Layout::FsStaging),
-            ("plugins/kubernetes.io/csi/volumeDevices/staging/pv1".into(), Layout::BlockStaging),
-            ("pods/uid1/volumes/kubernetes.io~csi/pv1/mount".into(), Layout::FsTarget),
-            ("plugins/kubernetes.io/csi/volumeDevices/publish/pv1/uid1".into(), Layout::BlockTarget),
+            (
+                format!("plugins/kubernetes.io/csi/{DRIVER}/{HASH}/globalmount"),
+                Layout::FsStaging,
+            ),
+            (
+                "plugins/kubernetes.io/csi/volumeDevices/staging/pv1".into(),
+                Layout::BlockStaging,
+            ),
+            (
+                "pods/uid1/volumes/kubernetes.io~csi/pv1/mount".into(),
+                Layout::FsTarget,
+            ),
+            (
+                "plugins/kubernetes.io/csi/volumeDevices/publish/pv1/uid1".into(),
+                Layout::BlockTarget,
+            ),
         ] {
-            let got = k.place("target_path", r.join(&p).to_str().unwrap(), Layout::VOLUME).unwrap();
+            let got = k
+                .place("target_path", r.join(&p).to_str().unwrap(), Layout::VOLUME)
+                .unwrap();
             assert_eq!((got.path, got.layout), (r.join(&p), layout));
         }
     }
@@ -397,19 +500,33 @@ mod tests {
             "pods/uid1/volumes/kubernetes.io~csi/pv1".into(),
             "plugins/kubernetes.io/csi/volumeDevices/staging/pv1/device".into(),
         ] {
-            let e = k.place("staging_path", r.join(&p).to_str().unwrap(), Layout::VOLUME).unwrap_err();
-            assert!(matches!(e, HostdError::PathOutsideKubelet { .. }), "{p}: {e}");
+            let e = k
+                .place("staging_path", r.join(&p).to_str().unwrap(), Layout::VOLUME)
+                .unwrap_err();
+            assert!(
+                matches!(e, HostdError::PathOutsideKubelet { .. }),
+                "{p}: {e}"
+            );
             assert!(e.to_string().starts_with("staging_path: "), "{e}");
         }
         // A target is not a staging path, and the other way round.
         let target = r.join("pods/uid1/volumes/kubernetes.io~csi/pv1/mount");
-        assert!(k.place("staging_path", target.to_str().unwrap(), Layout::STAGING).is_err());
+        assert!(
+            k.place("staging_path", target.to_str().unwrap(), Layout::STAGING)
+                .is_err()
+        );
         for bad in ["", "relative/path", "/", "/tmp/x"] {
-            assert!(k.place("target_path", bad, Layout::VOLUME).is_err(), "{bad}");
+            assert!(
+                k.place("target_path", bad, Layout::VOLUME).is_err(),
+                "{bad}"
+            );
         }
         // A component with a character kubelet never writes is refused, not
         // skipped (requests are proto strings: nothing but UTF-8 arrives).
-        let odd = format!("{}/pods/uid1/volumes/kubernetes.io~csi/pv\u{fffd}/mount", r.display());
+        let odd = format!(
+            "{}/pods/uid1/volumes/kubernetes.io~csi/pv\u{fffd}/mount",
+            r.display()
+        );
         assert!(k.place("target_path", &odd, Layout::TARGET).is_err());
     }
 
@@ -419,20 +536,35 @@ mod tests {
         let r = dir.path().canonicalize().unwrap();
         // `..` is refused outright, even when it would land inside.
         let e = k
-            .place("target_path", &format!("{}/pods/uid1/../uid1/volumes/kubernetes.io~csi/pv1/mount", r.display()), Layout::TARGET)
+            .place(
+                "target_path",
+                &format!(
+                    "{}/pods/uid1/../uid1/volumes/kubernetes.io~csi/pv1/mount",
+                    r.display()
+                ),
+                Layout::TARGET,
+            )
             .unwrap_err();
         assert!(e.to_string().contains("contains '..'"), "{e}");
         // A symlinked parent that leads outside: refused when opened.
         std::fs::create_dir_all(r.join("pods/uid2/volumes")).unwrap();
         std::os::unix::fs::symlink("/etc", r.join("pods/uid2/volumes/kubernetes.io~csi")).unwrap();
         let e = k
-            .place("target_path", r.join("pods/uid2/volumes/kubernetes.io~csi/pv1/mount").to_str().unwrap(), Layout::TARGET)
+            .place(
+                "target_path",
+                r.join("pods/uid2/volumes/kubernetes.io~csi/pv1/mount")
+                    .to_str()
+                    .unwrap(),
+                Layout::TARGET,
+            )
             .unwrap_err();
         assert!(e.to_string().contains("is a symlink"), "{e}");
         // The last component as a symlink.
         let link = r.join("pods/uid1/volumes/kubernetes.io~csi/pv1/mount");
         std::os::unix::fs::symlink("/usr/sbin", &link).unwrap();
-        let e = k.place("target_path", link.to_str().unwrap(), Layout::TARGET).unwrap_err();
+        let e = k
+            .place("target_path", link.to_str().unwrap(), Layout::TARGET)
+            .unwrap_err();
         assert!(e.to_string().contains("is a symlink"), "{e}");
     }
 
@@ -441,7 +573,9 @@ mod tests {
         let (dir, k) = setup();
         let r = dir.path().canonicalize().unwrap();
         let target = r.join("pods/uid1/volumes/kubernetes.io~csi/pv1/mount");
-        let place = k.place("target_path", target.to_str().unwrap(), Layout::TARGET).unwrap();
+        let place = k
+            .place("target_path", target.to_str().unwrap(), Layout::TARGET)
+            .unwrap();
         // The pod volume's directory is swapped for a symlink after the
         // check: the place still makes its directory in the one it opened.
         let pv = r.join("pods/uid1/volumes/kubernetes.io~csi/pv1");

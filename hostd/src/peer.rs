@@ -18,7 +18,9 @@ impl PeerPolicy {
             .extensions()
             .get::<UdsConnectInfo>()
             .and_then(|i| i.peer_cred)
-            .ok_or_else(|| Status::permission_denied("caller credentials unavailable (SO_PEERCRED)"))?;
+            .ok_or_else(|| {
+                Status::permission_denied("caller credentials unavailable (SO_PEERCRED)")
+            })?;
         let (uid, gid) = (cred.uid(), cred.gid());
         if uid == 0 || self.uids.contains(&uid) || self.gids.contains(&gid) {
             Ok(())
@@ -41,7 +43,12 @@ mod tests {
         // A caller whose credentials are unknown is refused, lists or not.
         let e = PeerPolicy::default().check(&Request::new(())).unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
-        let e = PeerPolicy { uids: vec![65532], gids: vec![] }.check(&Request::new(())).unwrap_err();
+        let e = PeerPolicy {
+            uids: vec![65532],
+            gids: vec![],
+        }
+        .check(&Request::new(()))
+        .unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
     }
 }

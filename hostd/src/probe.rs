@@ -95,7 +95,13 @@ fn samples(size: u64) -> Vec<(u64, u64)> {
     while o < size {
         let len = if o < (4 << 30) { CHUNK } else { 4 << 10 };
         at.push((o, len.min(size - o)));
-        o += if o < HEAD { MIB } else if o < (4 << 30) { 64 << 20 } else { 1 << 30 };
+        o += if o < HEAD {
+            MIB
+        } else if o < (4 << 30) {
+            64 << 20
+        } else {
+            1 << 30
+        };
     }
     let tail = size.saturating_sub(MIB);
     at.push((tail, size - tail));
@@ -115,7 +121,10 @@ pub fn first_data(device: &Path) -> Result<Option<u64>, HostdError> {
     // O_DIRECT: exactly the bytes sampled, no readahead around each sample
     // and no page cache filled with a disk's zeros. Files that do not take
     // it (a test's image on tmpfs) are read through the cache.
-    let direct = std::fs::OpenOptions::new().read(true).custom_flags(nix::libc::O_DIRECT).open(device);
+    let direct = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_DIRECT)
+        .open(device);
     let mut f = match direct {
         Ok(f) => f,
         Err(_) => std::fs::File::open(device).map_err(fail)?,
@@ -129,7 +138,9 @@ pub fn first_data(device: &Path) -> Result<Option<u64>, HostdError> {
         let chunk = &mut buf[..usize::try_from(len).unwrap_or(0)];
         if let Err(e) = f.read_exact_at(chunk, at) {
             // An unaligned tail under O_DIRECT: read it through the cache.
-            std::fs::File::open(device).and_then(|g| g.read_exact_at(chunk, at)).map_err(|_| fail(e))?;
+            std::fs::File::open(device)
+                .and_then(|g| g.read_exact_at(chunk, at))
+                .map_err(|_| fail(e))?;
         }
         if let Some(i) = chunk.iter().position(|b| *b != 0) {
             return Ok(Some(at + i as u64));

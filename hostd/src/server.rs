@@ -13,15 +13,15 @@ use proxmox_csi_proto::hostd::v1::hostd_server::HostdServer;
 use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 
+use crate::bindings::Bindings;
 use crate::device::Resolver;
 use crate::discovery::{self, DeviceIndex, EventSource};
-use crate::bindings::Bindings;
 use crate::error::HostdError;
 use crate::health::Health;
-use crate::peer::PeerPolicy;
 use crate::paths::KubeletPaths;
-use crate::volume::Volumes;
+use crate::peer::PeerPolicy;
 use crate::service::HostdService;
+use crate::volume::Volumes;
 
 /// Calls hostd works on at once: far above what kubelet asks of one node
 /// (an operation per volume at a time), far below tokio's 512 blocking threads.
@@ -75,9 +75,11 @@ pub async fn run(
     opts: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
-    let paths = KubeletPaths::new(&opts.kubelet_root, &opts.driver_name).map_err(|source| StartError::KubeletRoot {
-        path: opts.kubelet_root.clone(),
-        source,
+    let paths = KubeletPaths::new(&opts.kubelet_root, &opts.driver_name).map_err(|source| {
+        StartError::KubeletRoot {
+            path: opts.kubelet_root.clone(),
+            source,
+        }
     })?;
     let bindings = Bindings::open(&opts.state_dir).map_err(|source| StartError::StateDir {
         path: opts.state_dir.clone(),
@@ -136,13 +138,13 @@ pub async fn run(
 
     let metrics = Arc::new(Metrics::new("hostd", env!("CARGO_PKG_VERSION")));
     if let Some(addr) = opts.metrics_address {
-        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| {
-            EndpointError::Io {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| EndpointError::Io {
                 endpoint: format!("metrics {addr}"),
                 action: "binding",
                 source,
-            }
-        })?;
+            })?;
         let mut stop = stop_rx.clone();
         tokio::spawn(metrics::serve_on(listener, metrics.clone(), async move {
             let _ = stop.wait_for(|s| *s).await;
@@ -163,8 +165,13 @@ pub async fn run(
     let router = tonic::transport::Server::builder()
         // Bounded work in flight, whoever connects how often: each call may
         // hold a blocking thread. Calls beyond it wait their turn.
-        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(MAX_CALLS_IN_FLIGHT))
-        .add_service(InterceptedService::new(counted, move |req: tonic::Request<()>| peers.check(&req).map(|()| req)));
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+            MAX_CALLS_IN_FLIGHT,
+        ))
+        .add_service(InterceptedService::new(
+            counted,
+            move |req: tonic::Request<()>| peers.check(&req).map(|()| req),
+        ));
     listener
         .serve(router, async move {
             let _ = stop_rx.wait_for(|s| *s).await;

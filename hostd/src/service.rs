@@ -4,9 +4,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use proxmox_csi_common::rpc::{in_span, traced};
 use proxmox_csi_proto::hostd::v1 as pb;
 use tonic::transport::server::UdsConnectInfo;
-use proxmox_csi_common::rpc::{in_span, traced};
 use tonic::{Request, Response, Status};
 
 use crate::error::HostdError;
@@ -59,9 +59,12 @@ impl HostdService {
         result: &Result<T, HostdError>,
     ) {
         match result {
-            Ok(_) => tracing::info!(target: "audit", call, volume_id, path, peer_uid = peer, outcome = "ok"),
+            Ok(_) => {
+                tracing::info!(target: "audit", call, volume_id, path, peer_uid = peer, outcome = "ok")
+            }
             Err(e) => {
-                self.health.record_error(&format!("{call} {volume_id}: {e}"));
+                self.health
+                    .record_error(&format!("{call} {volume_id}: {e}"));
                 tracing::warn!(target: "audit", call, volume_id, path, peer_uid = peer, outcome = "error", code = ?e.code(), error = %e)
             }
         }
@@ -88,7 +91,10 @@ fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
 
 #[tonic::async_trait]
 impl pb::hostd_server::Hostd for HostdService {
-    async fn stage(&self, req: Request<pb::StageRequest>) -> Result<Response<pb::StageResponse>, Status> {
+    async fn stage(
+        &self,
+        req: Request<pb::StageRequest>,
+    ) -> Result<Response<pb::StageResponse>, Status> {
         let peer = peer_uid(&req);
         let mut req = req.into_inner();
         let id = req.volume_id.clone();
@@ -181,11 +187,17 @@ impl pb::hostd_server::Hostd for HostdService {
         .await
     }
 
-    async fn stats(&self, req: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
+    async fn stats(
+        &self,
+        req: Request<pb::StatsRequest>,
+    ) -> Result<Response<pb::StatsResponse>, Status> {
         let req = req.into_inner();
         let id = req.volume_id.clone();
         let volumes = self.volumes.clone();
-        traced("Stats", &id, async move { Ok(Response::new(blocking(move || volumes.stats(&req)).await?)) }).await
+        traced("Stats", &id, async move {
+            Ok(Response::new(blocking(move || volumes.stats(&req)).await?))
+        })
+        .await
     }
 
     async fn node_identity(
@@ -200,7 +212,8 @@ impl pb::hostd_server::Hostd for HostdService {
                 system_serial: id.system_serial,
                 vmid: id.vmid.unwrap_or_default(),
                 product_name: id.product_name,
-                other_scsi_disks: u32::try_from(self.volumes.other_scsi_disks()).unwrap_or(u32::MAX),
+                other_scsi_disks: u32::try_from(self.volumes.other_scsi_disks())
+                    .unwrap_or(u32::MAX),
             }))
         })
         .await

@@ -8,10 +8,14 @@ use std::path::Path;
 
 /// Creates `dir` if needed and gives it group `gid` and `mode`.
 pub fn share_dir(dir: &Path, gid: u32, mode: u32) -> Result<(), String> {
-    let fail = |what: &str, e: &dyn std::fmt::Display| format!("sharing {} with group {gid}: {what}: {e}", dir.display());
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        format!("sharing {} with group {gid}: {what}: {e}", dir.display())
+    };
     std::fs::create_dir_all(dir).map_err(|e| fail("creating it", &e))?;
-    nix::unistd::chown(dir, None, Some(nix::unistd::Gid::from_raw(gid))).map_err(|e| fail("setting its group", &e))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(|e| fail("setting its mode", &e))?;
+    nix::unistd::chown(dir, None, Some(nix::unistd::Gid::from_raw(gid)))
+        .map_err(|e| fail("setting its group", &e))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| fail("setting its mode", &e))?;
     Ok(())
 }
 
@@ -33,6 +37,12 @@ mod tests {
         let file = t.path().join("f");
         std::fs::write(&file, "").unwrap();
         let e = share_dir(&file.join("x"), gid, 0o750).unwrap_err();
-        assert!(e.starts_with(&format!("sharing {}/x with group {gid}: creating it:", file.display())), "{e}");
+        assert!(
+            e.starts_with(&format!(
+                "sharing {}/x with group {gid}: creating it:",
+                file.display()
+            )),
+            "{e}"
+        );
     }
 }

@@ -84,7 +84,11 @@ impl Volumes {
     pub fn staged_count(&self) -> usize {
         let base = self.paths.root().join("plugins/kubernetes.io/csi");
         mounts::table()
-            .map(|t| t.iter().filter(|m| m.mount_point.starts_with(&base)).count())
+            .map(|t| {
+                t.iter()
+                    .filter(|m| m.mount_point.starts_with(&base))
+                    .count()
+            })
             .unwrap_or(0)
     }
 
@@ -103,7 +107,9 @@ impl Volumes {
                 under
             })
             .collect();
-        let Ok(disks) = std::fs::read_dir("/sys/block") else { return 0 };
+        let Ok(disks) = std::fs::read_dir("/sys/block") else {
+            return 0;
+        };
         disks
             .flatten()
             .filter(|d| d.path().join("device/scsi_device").exists())
@@ -128,26 +134,43 @@ impl Volumes {
             pb::stage_request::Access::Filesystem(_) => Layout::FsStaging,
             pb::stage_request::Access::Block(_) => Layout::BlockStaging,
         };
-        let staging = self.paths.place("staging_path", &req.staging_path, &[layout])?;
-        let dev = req.device.as_ref().ok_or_else(|| HostdError::invalid("device", "is required"))?;
+        let staging = self
+            .paths
+            .place("staging_path", &req.staging_path, &[layout])?;
+        let dev = req
+            .device
+            .as_ref()
+            .ok_or_else(|| HostdError::invalid("device", "is required"))?;
         let wwn = Wwn::parse(&dev.wwn)?;
         let own_serial = proxmox_csi_common::contract::serial_for(&req.volume_id);
         if !dev.serial.is_empty() && dev.serial != own_serial {
             return Err(HostdError::invalid(
                 "device.serial",
-                format!("{:?} is not volume {}'s serial; the controller sets {own_serial:?}", dev.serial, req.volume_id),
+                format!(
+                    "{:?} is not volume {}'s serial; the controller sets {own_serial:?}",
+                    dev.serial, req.volume_id
+                ),
             ));
         }
         // Moved, not copied, into a Secret: wiped when the stage is done.
         let passphrase = match req.encryption.as_mut() {
-            Some(e) if e.passphrase.is_empty() => return Err(HostdError::invalid("encryption.passphrase", "is empty")),
+            Some(e) if e.passphrase.is_empty() => {
+                return Err(HostdError::invalid("encryption.passphrase", "is empty"));
+            }
             Some(e) => Some(Secret::new(std::mem::take(&mut e.passphrase))),
             None => None,
         };
         if passphrase.is_some() && layout == Layout::BlockStaging {
-            return Err(HostdError::invalid("encryption", "is supported for filesystem volumes only, not raw block"));
+            return Err(HostdError::invalid(
+                "encryption",
+                "is supported for filesystem volumes only, not raw block",
+            ));
         }
-        if let Some(other) = self.bindings.staged_at(&staging.path)?.filter(|b| b.volume_id != req.volume_id) {
+        if let Some(other) = self
+            .bindings
+            .staged_at(&staging.path)?
+            .filter(|b| b.volume_id != req.volume_id)
+        {
             return Err(HostdError::NotThisVolume {
                 field: "staging_path",
                 path: staging.path.clone(),
@@ -159,13 +182,16 @@ impl Volumes {
         let index = &self.index;
         let waiting = Instant::now();
         let device = index
-            .wait_for(&key, self.device_wait, RESCAN_GRACE, || discovery::rescan_scsi(index))
+            .wait_for(&key, self.device_wait, RESCAN_GRACE, || {
+                discovery::rescan_scsi(index)
+            })
             .await
             .ok_or_else(|| HostdError::DeviceNotFound {
                 wwn: wwn.to_string(),
                 reason: format!("no block device with {key} within {:?}", self.device_wait),
             })?;
-        self.resolver.verify_identity(&device, &wwn, &dev.serial, &req.volume_id)?;
+        self.resolver
+            .verify_identity(&device, &wwn, &dev.serial, &req.volume_id)?;
         Ok(StageWork {
             volume_id: req.volume_id.clone(),
             staging,
@@ -181,8 +207,19 @@ impl Volumes {
     pub fn stage(&self, mut w: StageWork) -> Result<pb::StageResponse, HostdError> {
         let (actions, majmin, block) = match &w.access {
             pb::stage_request::Access::Filesystem(fs) => {
-                let crypt = w.passphrase.as_ref().map(|p| (luks::mapping_name(&w.volume_id), p));
-                let (a, m) = self.stage_filesystem(&w.volume_id, &w.device, &w.staging, fs, w.read_only, crypt, &mut w.timings)?;
+                let crypt = w
+                    .passphrase
+                    .as_ref()
+                    .map(|p| (luks::mapping_name(&w.volume_id), p));
+                let (a, m) = self.stage_filesystem(
+                    &w.volume_id,
+                    &w.device,
+                    &w.staging,
+                    fs,
+                    w.read_only,
+                    crypt,
+                    &mut w.timings,
+                )?;
                 (a, m, false)
             }
             pb::stage_request::Access::Block(_) => {
@@ -202,7 +239,9 @@ impl Volumes {
         self.bindings.put(&binding)?;
         Ok(pb::StageResponse {
             actions,
-            size_bytes: blockdev::name_of(&majmin).and_then(|n| blockdev::size_of(&n)).unwrap_or(0),
+            size_bytes: blockdev::name_of(&majmin)
+                .and_then(|n| blockdev::size_of(&n))
+                .unwrap_or(0),
             timings_ms: w.timings,
         })
     }
@@ -269,11 +308,15 @@ impl Volumes {
             if luks::is_open(name) {
                 // An open mapping is used only if it sits on the disk just verified.
                 let disk = blockdev::kernel_name(device).unwrap_or_default();
-                let under = luks::active(name).map(|dm| blockdev::slaves(&dm)).unwrap_or_default();
+                let under = luks::active(name)
+                    .map(|dm| blockdev::slaves(&dm))
+                    .unwrap_or_default();
                 if under != [disk.clone()] {
                     return Err(HostdError::DeviceRefused {
                         device: device.to_path_buf(),
-                        reason: format!("mapping {name} is open on {under:?}, not on this disk ({disk})"),
+                        reason: format!(
+                            "mapping {name} is open on {under:?}, not on this disk ({disk})"
+                        ),
                     });
                 }
             } else {
@@ -333,10 +376,16 @@ impl Volumes {
                 });
             }
             Contents::Unfinished(t) if t == fs_type.name() => {
-                let opts = MkfsOptions { replace_unfinished: true, ..opts };
+                let opts = MkfsOptions {
+                    replace_unfinished: true,
+                    ..opts
+                };
                 mkfs::run(fs_type, fs_device, opts)?;
                 timings.insert("mkfs".into(), ms(started));
-                actions.push(format!("mkfs {} (an earlier mkfs was interrupted)", fs_type.name()));
+                actions.push(format!(
+                    "mkfs {} (an earlier mkfs was interrupted)",
+                    fs_type.name()
+                ));
             }
             Contents::Filesystem(t) if t == fs_type.name() => {}
             found => {
@@ -349,13 +398,27 @@ impl Volumes {
         staging.ensure_dir()?;
         let t = Instant::now();
         let target = staging.open()?;
-        mounts::mount_fs(fs_device, &target.proc_path(), fs_type.name(), &mount_opts, read_only)?;
+        mounts::mount_fs(
+            fs_device,
+            &target.proc_path(),
+            fs_type.name(),
+            &mount_opts,
+            read_only,
+        )?;
         timings.insert("mount".into(), ms(t));
-        actions.push(format!("mounted {} at {}", fs_device.display(), staging.path.display()));
+        actions.push(format!(
+            "mounted {} at {}",
+            fs_device.display(),
+            staging.path.display()
+        ));
         Ok((actions, device::majmin(fs_device)?))
     }
 
-    fn stage_block(&self, device: &Path, staging: &Place) -> Result<(Vec<String>, String), HostdError> {
+    fn stage_block(
+        &self,
+        device: &Path,
+        staging: &Place,
+    ) -> Result<(Vec<String>, String), HostdError> {
         let table = mounts::table()?;
         let mm = device::majmin(device)?;
         staging.ensure_dir()?;
@@ -369,13 +432,23 @@ impl Volumes {
             return Err(HostdError::StagedDifferently {
                 path: file.path.clone(),
                 what: "a bound device",
-                detail: format!("device {bound} is bound there, the request is {} ({mm})", device.display()),
+                detail: format!(
+                    "device {bound} is bound there, the request is {} ({mm})",
+                    device.display()
+                ),
             });
         }
         device::verify_unused(device, &table, None)?;
         file.ensure_file()?;
         mounts::bind(device, &file, false, &mountopts::Checked::default())?;
-        Ok((vec![format!("bound {} at {}", device.display(), file.path.display())], mm))
+        Ok((
+            vec![format!(
+                "bound {} at {}",
+                device.display(),
+                file.path.display()
+            )],
+            mm,
+        ))
     }
 
     /// Whether `majmin`, found at `place`, is `volume_id`'s: by hostd's
@@ -387,26 +460,42 @@ impl Volumes {
                 return true;
             }
         }
-        (bindings::kubelet_says(&place.path, place.layout, volume_id, self.paths.driver()) && self.bindings_free(place, volume_id))
+        (bindings::kubelet_says(&place.path, place.layout, volume_id, self.paths.driver())
+            && self.bindings_free(place, volume_id))
             || bindings::device_is_volumes(majmin, volume_id)
     }
 
     /// No other volume's record names `place`.
     fn bindings_free(&self, place: &Place, volume_id: &str) -> bool {
-        self.bindings.staged_at(&place.path).ok().flatten().is_none_or(|b| b.volume_id == volume_id)
+        self.bindings
+            .staged_at(&place.path)
+            .ok()
+            .flatten()
+            .is_none_or(|b| b.volume_id == volume_id)
     }
 
     /// `major:minor` of what is mounted at `place` (for a bound device node,
     /// the device's own), if anything is.
-    fn mounted_at(&self, place: &Place, table: &[mounts::MountEntry]) -> Result<Option<String>, HostdError> {
-        let Some(m) = table.iter().rev().find(|m| m.mount_point == place.path) else { return Ok(None) };
+    fn mounted_at(
+        &self,
+        place: &Place,
+        table: &[mounts::MountEntry],
+    ) -> Result<Option<String>, HostdError> {
+        let Some(m) = table.iter().rev().find(|m| m.mount_point == place.path) else {
+            return Ok(None);
+        };
         if place.layout.is_block() && place.kind() != Kind::Dir {
             return device::majmin(&place.open()?.proc_path()).map(Some);
         }
         Ok(Some(m.majmin.clone()))
     }
 
-    fn not_this_volume(field: &'static str, place: &Place, volume_id: &str, majmin: &str) -> HostdError {
+    fn not_this_volume(
+        field: &'static str,
+        place: &Place,
+        volume_id: &str,
+        majmin: &str,
+    ) -> HostdError {
         HostdError::NotThisVolume {
             field,
             path: place.path.clone(),
@@ -417,7 +506,9 @@ impl Volumes {
 
     pub fn unstage(&self, req: &pb::UnstageRequest) -> Result<(), HostdError> {
         check_volume_id(&req.volume_id)?;
-        let staging = self.paths.place("staging_path", &req.staging_path, Layout::STAGING)?;
+        let staging = self
+            .paths
+            .place("staging_path", &req.staging_path, Layout::STAGING)?;
         let record = self.bindings.get(&req.volume_id)?;
         if let Some(b) = record.as_ref().filter(|b| b.staging_path != staging.path) {
             return Err(HostdError::NotThisVolume {
@@ -433,7 +524,12 @@ impl Volumes {
             let file = staging.child(BLOCK_FILE)?;
             if let Some(mm) = self.mounted_at(&file, &table)? {
                 if !self.owns(&req.volume_id, &staging, &mm, record.as_ref()) {
-                    return Err(Self::not_this_volume("staging_path", &file, &req.volume_id, &mm));
+                    return Err(Self::not_this_volume(
+                        "staging_path",
+                        &file,
+                        &req.volume_id,
+                        &mm,
+                    ));
                 }
                 unmount_all(&file)?;
                 flushed = Some(mm);
@@ -441,7 +537,12 @@ impl Volumes {
             file.remove()?;
         } else if let Some(mm) = self.mounted_at(&staging, &table)? {
             if !self.owns(&req.volume_id, &staging, &mm, record.as_ref()) {
-                return Err(Self::not_this_volume("staging_path", &staging, &req.volume_id, &mm));
+                return Err(Self::not_this_volume(
+                    "staging_path",
+                    &staging,
+                    &req.volume_id,
+                    &mm,
+                ));
             }
             unmount_all(&staging)?;
             flushed = Some(mm);
@@ -463,34 +564,70 @@ impl Volumes {
 
     pub fn publish(&self, req: &pb::PublishRequest) -> Result<(), HostdError> {
         check_volume_id(&req.volume_id)?;
-        let (staging_layout, target_layout) =
-            if req.block { (Layout::BlockStaging, Layout::BlockTarget) } else { (Layout::FsStaging, Layout::FsTarget) };
-        let staging = self.paths.place("staging_path", &req.staging_path, &[staging_layout])?;
-        let target = self.paths.place("target_path", &req.target_path, &[target_layout])?;
+        let (staging_layout, target_layout) = if req.block {
+            (Layout::BlockStaging, Layout::BlockTarget)
+        } else {
+            (Layout::FsStaging, Layout::FsTarget)
+        };
+        let staging = self
+            .paths
+            .place("staging_path", &req.staging_path, &[staging_layout])?;
+        let target = self
+            .paths
+            .place("target_path", &req.target_path, &[target_layout])?;
         let opts = mountopts::check("mount_flags", None, &req.mount_flags)?;
         let record = self.bindings.get(&req.volume_id)?;
         let table = mounts::table()?;
         // What is bound: the device file in a block staging directory, or
         // (a second handle on) the filesystem staging directory itself.
-        let source = if req.block { staging.child(BLOCK_FILE)? } else { self.paths.place("staging_path", &req.staging_path, &[staging_layout])? };
-        let staged = self
-            .mounted_at(&source, &table)?
-            .ok_or_else(|| HostdError::NotStaged(format!("{} (nothing mounted at {})", req.volume_id, source.path.display())))?;
+        let source = if req.block {
+            staging.child(BLOCK_FILE)?
+        } else {
+            self.paths
+                .place("staging_path", &req.staging_path, &[staging_layout])?
+        };
+        let staged = self.mounted_at(&source, &table)?.ok_or_else(|| {
+            HostdError::NotStaged(format!(
+                "{} (nothing mounted at {})",
+                req.volume_id,
+                source.path.display()
+            ))
+        })?;
         if !self.owns(&req.volume_id, &staging, &staged, record.as_ref()) {
-            return Err(Self::not_this_volume("staging_path", &staging, &req.volume_id, &staged));
+            return Err(Self::not_this_volume(
+                "staging_path",
+                &staging,
+                &req.volume_id,
+                &staged,
+            ));
         }
         if let Some(m) = table.iter().rev().find(|m| m.mount_point == target.path) {
             let there = self.mounted_at(&target, &table)?.unwrap_or_default();
             if there == staged && m.read_only == req.read_only {
-                return self.record_target(&req.volume_id, &staging, &target, &staged, req.block, record);
+                return self.record_target(
+                    &req.volume_id,
+                    &staging,
+                    &target,
+                    &staged,
+                    req.block,
+                    record,
+                );
             }
             return Err(HostdError::StagedDifferently {
                 path: target.path.clone(),
                 what: "published",
                 detail: format!(
                     "device {there} mounted {} is there, the request is device {staged} {}",
-                    if m.read_only { "read-only" } else { "read-write" },
-                    if req.read_only { "read-only" } else { "read-write" },
+                    if m.read_only {
+                        "read-only"
+                    } else {
+                        "read-write"
+                    },
+                    if req.read_only {
+                        "read-only"
+                    } else {
+                        "read-write"
+                    },
                 ),
             });
         }
@@ -499,11 +636,16 @@ impl Volumes {
         // the staged filesystem in a pod's directory is that publication.
         if req.single_writer && !req.read_only && !req.block {
             let pods = self.paths.root().join("pods");
-            if let Some(other) = table
-                .iter()
-                .find(|m| m.majmin == staged && !m.read_only && m.mount_point != source.path && m.mount_point.starts_with(&pods))
-            {
-                return Err(HostdError::PublishedElsewhere { volume_id: req.volume_id.clone(), other: other.mount_point.clone() });
+            if let Some(other) = table.iter().find(|m| {
+                m.majmin == staged
+                    && !m.read_only
+                    && m.mount_point != source.path
+                    && m.mount_point.starts_with(&pods)
+            }) {
+                return Err(HostdError::PublishedElsewhere {
+                    volume_id: req.volume_id.clone(),
+                    other: other.mount_point.clone(),
+                });
             }
         }
         if req.block {
@@ -512,7 +654,14 @@ impl Volumes {
             target.ensure_dir()?;
         }
         mounts::bind(&source.open()?.proc_path(), &target, req.read_only, &opts)?;
-        self.record_target(&req.volume_id, &staging, &target, &staged, req.block, record)
+        self.record_target(
+            &req.volume_id,
+            &staging,
+            &target,
+            &staged,
+            req.block,
+            record,
+        )
     }
 
     fn record_target(
@@ -539,13 +688,22 @@ impl Volumes {
 
     pub fn unpublish(&self, req: &pb::UnpublishRequest) -> Result<(), HostdError> {
         check_volume_id(&req.volume_id)?;
-        let target = self.paths.place("target_path", &req.target_path, Layout::TARGET)?;
+        let target = self
+            .paths
+            .place("target_path", &req.target_path, Layout::TARGET)?;
         let record = self.bindings.get(&req.volume_id)?;
         let table = mounts::table()?;
         if let Some(mm) = self.mounted_at(&target, &table)? {
-            let listed = record.as_ref().is_some_and(|b| b.targets.contains(&target.path));
+            let listed = record
+                .as_ref()
+                .is_some_and(|b| b.targets.contains(&target.path));
             if !listed && !self.owns(&req.volume_id, &target, &mm, record.as_ref()) {
-                return Err(Self::not_this_volume("target_path", &target, &req.volume_id, &mm));
+                return Err(Self::not_this_volume(
+                    "target_path",
+                    &target,
+                    &req.volume_id,
+                    &mm,
+                ));
             }
             unmount_all(&target)?;
         }
@@ -581,7 +739,8 @@ fn read_only_blank(device: &Path) -> HostdError {
 
 /// Whether the block device `name` (e.g. `dm-0`) is mounted anywhere.
 fn device_has_mount(table: &[mounts::MountEntry], name: &str) -> bool {
-    let dev = std::fs::read_to_string(Path::new("/sys/class/block").join(name).join("dev")).unwrap_or_default();
+    let dev = std::fs::read_to_string(Path::new("/sys/class/block").join(name).join("dev"))
+        .unwrap_or_default();
     table.iter().any(|m| m.majmin == dev.trim())
 }
 
@@ -606,18 +765,40 @@ struct Staged {
 }
 
 fn staged_at(place: &Place) -> Result<Option<Staged>, HostdError> {
-    let Some(entry) = mounts::at(&place.path)? else { return Ok(None) };
+    let Some(entry) = mounts::at(&place.path)? else {
+        return Ok(None);
+    };
     // A bound device node shows devtmpfs in the mount table: the node's own
     // device is what it stats as.
-    let majmin = if place.layout.is_block() { device::majmin(&place.open()?.proc_path())? } else { entry.majmin.clone() };
-    let Some(name) = blockdev::name_of(&majmin) else {
-        return Ok(Some(Staged { entry, name: String::new(), mapping: None, majmin }));
+    let majmin = if place.layout.is_block() {
+        device::majmin(&place.open()?.proc_path())?
+    } else {
+        entry.majmin.clone()
     };
-    let mapping = std::fs::read_to_string(Path::new("/sys/class/block").join(&name).join("dm/name"))
-        .ok()
-        .map(|n| n.trim().to_string())
-        .and_then(|dm| blockdev::slaves(&name).into_iter().next().map(|disk| (dm, disk)));
-    Ok(Some(Staged { entry, name, mapping, majmin }))
+    let Some(name) = blockdev::name_of(&majmin) else {
+        return Ok(Some(Staged {
+            entry,
+            name: String::new(),
+            mapping: None,
+            majmin,
+        }));
+    };
+    let mapping =
+        std::fs::read_to_string(Path::new("/sys/class/block").join(&name).join("dm/name"))
+            .ok()
+            .map(|n| n.trim().to_string())
+            .and_then(|dm| {
+                blockdev::slaves(&name)
+                    .into_iter()
+                    .next()
+                    .map(|disk| (dm, disk))
+            });
+    Ok(Some(Staged {
+        entry,
+        name,
+        mapping,
+        majmin,
+    }))
 }
 
 impl Volumes {
@@ -628,15 +809,25 @@ impl Volumes {
         // which the node plugin makes of NotStaged).
         let place = match self.paths.place("volume_path", raw, Layout::VOLUME) {
             Err(HostdError::ParentMissing { path, .. }) => {
-                return Err(HostdError::NotStaged(format!("{volume_id} (no such path {})", path.display())));
+                return Err(HostdError::NotStaged(format!(
+                    "{volume_id} (no such path {})",
+                    path.display()
+                )));
             }
             other => other?,
         };
         if place.kind() == Kind::Missing {
-            return Err(HostdError::NotStaged(format!("{volume_id} (no such path {})", place.path.display())));
+            return Err(HostdError::NotStaged(format!(
+                "{volume_id} (no such path {})",
+                place.path.display()
+            )));
         }
-        let staged = staged_at(&place)?
-            .ok_or_else(|| HostdError::NotStaged(format!("{volume_id} (nothing mounted at {})", place.path.display())))?;
+        let staged = staged_at(&place)?.ok_or_else(|| {
+            HostdError::NotStaged(format!(
+                "{volume_id} (nothing mounted at {})",
+                place.path.display()
+            ))
+        })?;
         Ok((place, staged))
     }
 
@@ -646,9 +837,18 @@ impl Volumes {
         let (place, staged) = self.volume_at(&req.volume_id, &req.volume_path)?;
         let record = self.bindings.get(&req.volume_id)?;
         if !self.owns(&req.volume_id, &place, &staged.majmin, record.as_ref()) {
-            return Err(Self::not_this_volume("volume_path", &place, &req.volume_id, &staged.majmin));
+            return Err(Self::not_this_volume(
+                "volume_path",
+                &place,
+                &req.volume_id,
+                &staged.majmin,
+            ));
         }
-        let disk = staged.mapping.as_ref().map(|(_, d)| d.clone()).unwrap_or_else(|| staged.name.clone());
+        let disk = staged
+            .mapping
+            .as_ref()
+            .map(|(_, d)| d.clone())
+            .unwrap_or_else(|| staged.name.clone());
         if blockdev::size_of(&disk).unwrap_or(0) < req.required_bytes {
             blockdev::rescan(&disk);
         }
@@ -702,12 +902,17 @@ impl Volumes {
                     let frag = v.fragment_size();
                     resp.total_bytes = v.blocks().saturating_mul(frag);
                     resp.available_bytes = v.blocks_available().saturating_mul(frag);
-                    resp.used_bytes = v.blocks().saturating_sub(v.blocks_free()).saturating_mul(frag);
+                    resp.used_bytes = v
+                        .blocks()
+                        .saturating_sub(v.blocks_free())
+                        .saturating_mul(frag);
                     resp.total_inodes = v.files();
                     resp.available_inodes = v.files_available();
                     resp.used_inodes = v.files().saturating_sub(v.files_free());
                 }
-                Err(e) => problems.push(format!("the filesystem does not answer ({e}); it may have shut down")),
+                Err(e) => problems.push(format!(
+                    "the filesystem does not answer ({e}); it may have shut down"
+                )),
             }
             if staged.entry.super_read_only && !staged.entry.read_only {
                 problems.push("the filesystem was remounted read-only after errors".into());
@@ -715,7 +920,11 @@ impl Volumes {
         }
         resp.condition = Some(pb::VolumeCondition {
             abnormal: !problems.is_empty(),
-            message: if problems.is_empty() { "volume is healthy".into() } else { problems.join("; ") },
+            message: if problems.is_empty() {
+                "volume is healthy".into()
+            } else {
+                problems.join("; ")
+            },
         });
         Ok(resp)
     }
@@ -726,7 +935,9 @@ fn grow_filesystem(m: &mounts::MountEntry) -> Result<(), HostdError> {
         "ext4" | "ext3" | "ext2" => ("resize2fs", m.source.clone()),
         "xfs" => ("xfs_growfs", m.mount_point.display().to_string()),
         other => {
-            return Err(HostdError::Unsupported(format!("growing a {other} filesystem is not supported")));
+            return Err(HostdError::Unsupported(format!(
+                "growing a {other} filesystem is not supported"
+            )));
         }
     };
     let mut cmd = std::process::Command::new(tool);
@@ -736,7 +947,11 @@ fn grow_filesystem(m: &mounts::MountEntry) -> Result<(), HostdError> {
         return Err(HostdError::failed(
             "growing the filesystem on",
             &arg,
-            format!("{tool}: {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()),
+            format!(
+                "{tool}: {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
         ));
     }
     Ok(())

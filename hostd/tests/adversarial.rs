@@ -29,11 +29,17 @@ fn publish_req(vol: &str, staging: &Path, target: &Path) -> pb::PublishRequest {
 }
 
 fn unpublish_req(vol: &str, target: &Path) -> pb::UnpublishRequest {
-    pb::UnpublishRequest { volume_id: vol.into(), target_path: target.display().to_string() }
+    pb::UnpublishRequest {
+        volume_id: vol.into(),
+        target_path: target.display().to_string(),
+    }
 }
 
 fn unstage_req(vol: &str, staging: &Path) -> pb::UnstageRequest {
-    pb::UnstageRequest { volume_id: vol.into(), staging_path: staging.display().to_string() }
+    pb::UnstageRequest {
+        volume_id: vol.into(),
+        staging_path: staging.display().to_string(),
+    }
 }
 
 /// Every mount point under `dir`.
@@ -48,7 +54,11 @@ fn mounts_under(dir: &Path) -> Vec<String> {
 
 /// Swaps `path` between an empty directory and a symlink to `to`, as fast
 /// as it can, until told to stop.
-fn swap_with_symlink(path: PathBuf, to: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+fn swap_with_symlink(
+    path: PathBuf,
+    to: PathBuf,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
     std::thread::spawn(move || {
         let mut swaps = 0;
         while !stop.load(Ordering::Relaxed) {
@@ -74,7 +84,9 @@ async fn symlink_races_against_publish_and_unpublish_never_escape() {
     let mut node = env.node_plugin().await;
     let wwn = env.disk(1);
     let staging = env.staging("vol-a");
-    node.stage(stage_req("vol-a", &wwn, &staging, "ext4")).await.unwrap();
+    node.stage(stage_req("vol-a", &wwn, &staging, "ext4"))
+        .await
+        .unwrap();
     std::fs::write(staging.join("pod-data"), b"the volume's own file").unwrap();
 
     // Outside kubelet's tree: what an escape would mount over or delete.
@@ -97,15 +109,29 @@ async fn symlink_races_against_publish_and_unpublish_never_escape() {
             }
             Err(_) => refused += 1,
         }
-        assert!(mounts_under(victim.path()).is_empty(), "a mount escaped onto {}", victim.path().display());
+        assert!(
+            mounts_under(victim.path()).is_empty(),
+            "a mount escaped onto {}",
+            victim.path().display()
+        );
     }
     stop.store(true, Ordering::Relaxed);
     let swaps = racer.join().unwrap();
     let _ = std::fs::remove_file(&target);
-    node.unpublish(unpublish_req("vol-a", &target)).await.unwrap();
-    assert!(mounts_under(&pv_dir).is_empty(), "a publication was left behind");
-    println!("publish race: {RACE_ROUNDS} rounds, {swaps} swaps, {published} published, {refused} refused, 0 escapes");
-    assert!(refused > 0, "the race never met a symlink: the attack did not run");
+    node.unpublish(unpublish_req("vol-a", &target))
+        .await
+        .unwrap();
+    assert!(
+        mounts_under(&pv_dir).is_empty(),
+        "a publication was left behind"
+    );
+    println!(
+        "publish race: {RACE_ROUNDS} rounds, {swaps} swaps, {published} published, {refused} refused, 0 escapes"
+    );
+    assert!(
+        refused > 0,
+        "the race never met a symlink: the attack did not run"
+    );
 
     // Unpublish while `mount` flips between a directory and a symlink to a host file.
     let stop = Arc::new(AtomicBool::new(false));
@@ -115,16 +141,25 @@ async fn symlink_races_against_publish_and_unpublish_never_escape() {
     }
     stop.store(true, Ordering::Relaxed);
     racer.join().unwrap();
-    assert_eq!(std::fs::read(victim.path().join("precious")).unwrap(), b"host file");
+    assert_eq!(
+        std::fs::read(victim.path().join("precious")).unwrap(),
+        b"host file"
+    );
     assert!(mounts_under(victim.path()).is_empty());
     assert!(victim.path().is_dir());
 
     // A target inside a mounted volume (which a pod writes) is no target.
     std::fs::create_dir_all(staging.join("d")).unwrap();
     let inside = pv_dir.join("mount/d");
-    let e = node.publish(publish_req("vol-a", &staging, &inside)).await.unwrap_err();
+    let e = node
+        .publish(publish_req("vol-a", &staging, &inside))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-    assert_eq!(std::fs::read(staging.join("pod-data")).unwrap(), b"the volume's own file");
+    assert_eq!(
+        std::fs::read(staging.join("pod-data")).unwrap(),
+        b"the volume's own file"
+    );
 }
 
 #[tokio::test]
@@ -137,9 +172,13 @@ async fn foreign_paths_and_other_volumes_are_not_this_volumes() {
     let root = env.root.clone();
     let wwn = env.disk(2);
     let staging_a = env.staging("vol-a");
-    node.stage(stage_req("vol-a", &wwn, &staging_a, "ext4")).await.unwrap();
+    node.stage(stage_req("vol-a", &wwn, &staging_a, "ext4"))
+        .await
+        .unwrap();
     let target_a = env.target("pod-a", "volumes", "pv-a").join("mount");
-    node.publish(publish_req("vol-a", &staging_a, &target_a)).await.unwrap();
+    node.publish(publish_req("vol-a", &staging_a, &target_a))
+        .await
+        .unwrap();
 
     // Mounted things that are not this driver's: another driver's staging
     // directory, a pod's secret volume. Each holds a secret.
@@ -151,35 +190,73 @@ async fn foreign_paths_and_other_volumes_are_not_this_volumes() {
     ] {
         let p = root.join(dir);
         std::fs::create_dir_all(&p).unwrap();
-        nix::mount::mount(Some("tmpfs"), &p, Some("tmpfs"), nix::mount::MsFlags::empty(), None::<&str>).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &p,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap();
         std::fs::write(p.join("secret"), b"not yours").unwrap();
         foreign.push(p);
     }
     let target = env.target("pod-b", "volumes", "pv-b").join("mount");
     for source in &foreign {
-        let e = node.publish(publish_req("vol-b", source, &target)).await.unwrap_err();
-        assert_eq!(e.code(), Code::InvalidArgument, "{}: {e:?}", source.display());
-        assert!(!target.join("secret").exists(), "{} reached the target", source.display());
+        let e = node
+            .publish(publish_req("vol-b", source, &target))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.code(),
+            Code::InvalidArgument,
+            "{}: {e:?}",
+            source.display()
+        );
+        assert!(
+            !target.join("secret").exists(),
+            "{} reached the target",
+            source.display()
+        );
     }
     // Another volume's id on this volume's staging path and target.
-    let e = node.publish(publish_req("vol-b", &staging_a, &target)).await.unwrap_err();
+    let e = node
+        .publish(publish_req("vol-b", &staging_a, &target))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().contains("is not volume vol-b's"), "{}", e.message());
+    assert!(
+        e.message().contains("is not volume vol-b's"),
+        "{}",
+        e.message()
+    );
     assert!(mounts_under(&target).is_empty());
-    let e = node.unpublish(unpublish_req("vol-b", &target_a)).await.unwrap_err();
+    let e = node
+        .unpublish(unpublish_req("vol-b", &target_a))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    let e = node.unstage(unstage_req("vol-b", &staging_a)).await.unwrap_err();
+    let e = node
+        .unstage(unstage_req("vol-b", &staging_a))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     // Stage of another volume onto the staging path vol-a holds.
     let wwn_b = env.disk(3);
-    let e = node.stage(stage_req("vol-b", &wwn_b, &staging_a, "ext4")).await.unwrap_err();
+    let e = node
+        .stage(stage_req("vol-b", &wwn_b, &staging_a, "ext4"))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     // Unstage and Unpublish of the other drivers' and pods' mounts.
     for p in &foreign {
         let e = node.unstage(unstage_req("vol-a", p)).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{}: {e:?}", p.display());
     }
-    let e = node.unpublish(unpublish_req("vol-a", &foreign[2])).await.unwrap_err();
+    let e = node
+        .unpublish(unpublish_req("vol-a", &foreign[2]))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     // A serial that is not the volume's own.
     let mut req = stage_req("vol-b", &wwn_b, &env.staging("vol-b"), "ext4");
@@ -189,14 +266,22 @@ async fn foreign_paths_and_other_volumes_are_not_this_volumes() {
 
     // A process of another uid that can open the socket is refused outright.
     let mut stranger = connect_as(&env._dir.path().join("hostd.sock"), 12345).await;
-    let e = stranger.unstage(unstage_req("vol-a", &staging_a)).await.unwrap_err();
+    let e = stranger
+        .unstage(unstage_req("vol-a", &staging_a))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
 
     // Nothing was touched: vol-a still staged and published, every secret there.
     assert_eq!(mount_at(&staging_a).as_deref(), Some("ext4"));
     assert_eq!(mount_at(&target_a).as_deref(), Some("ext4"));
     for p in &foreign {
-        assert_eq!(std::fs::read(p.join("secret")).unwrap(), b"not yours", "{}", p.display());
+        assert_eq!(
+            std::fs::read(p.join("secret")).unwrap(),
+            b"not yours",
+            "{}",
+            p.display()
+        );
         nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH).unwrap();
     }
     // The image of vol-b was never formatted.
@@ -212,7 +297,12 @@ async fn mount_options_that_open_devices_or_panic_never_reach_the_kernel() {
     let mut node = env.node_plugin().await;
     let (wwn, other) = (env.disk(4), env.disk(5));
     let other_dev = env.loops.last().unwrap().dev.clone();
-    for (fs, flag) in [("xfs", format!("logdev={}", other_dev.display())), ("xfs", "rtdev=/dev/sda".into()), ("ext4", "errors=panic".into()), ("ext4", "noatime,journal_path=/dev/sda".into())] {
+    for (fs, flag) in [
+        ("xfs", format!("logdev={}", other_dev.display())),
+        ("xfs", "rtdev=/dev/sda".into()),
+        ("ext4", "errors=panic".into()),
+        ("ext4", "noatime,journal_path=/dev/sda".into()),
+    ] {
         let staging = env.staging(&format!("vol-{fs}"));
         let mut req = stage_req(&format!("vol-{fs}"), &wwn, &staging, fs);
         if let Some(pb::stage_request::Access::Filesystem(f)) = req.access.as_mut() {
@@ -241,22 +331,33 @@ async fn a_users_device_file_or_directory_survives_unstage_and_restage() {
     let req = stage_req("vol-dev", &wwn, &staging, "ext4");
     for kind in ["file", "directory"] {
         node.stage(req.clone()).await.unwrap();
-        let _ = std::fs::remove_file(staging.join("device")).or_else(|_| std::fs::remove_dir_all(staging.join("device")));
+        let _ = std::fs::remove_file(staging.join("device"))
+            .or_else(|_| std::fs::remove_dir_all(staging.join("device")));
         if kind == "file" {
             std::fs::write(staging.join("device"), b"a user's file called device").unwrap();
         } else {
             std::fs::create_dir(staging.join("device")).unwrap();
             std::fs::write(staging.join("device/inside"), b"kept").unwrap();
         }
-        node.unstage(unstage_req("vol-dev", &staging)).await.unwrap();
+        node.unstage(unstage_req("vol-dev", &staging))
+            .await
+            .unwrap();
         assert_eq!(mount_at(&staging), None, "{kind}: unstage left the mount");
         node.stage(req.clone()).await.unwrap();
         if kind == "file" {
-            assert_eq!(std::fs::read(staging.join("device")).unwrap(), b"a user's file called device");
+            assert_eq!(
+                std::fs::read(staging.join("device")).unwrap(),
+                b"a user's file called device"
+            );
         } else {
-            assert_eq!(std::fs::read(staging.join("device/inside")).unwrap(), b"kept");
+            assert_eq!(
+                std::fs::read(staging.join("device/inside")).unwrap(),
+                b"kept"
+            );
         }
-        node.unstage(unstage_req("vol-dev", &staging)).await.unwrap();
+        node.unstage(unstage_req("vol-dev", &staging))
+            .await
+            .unwrap();
     }
 }
 
@@ -283,12 +384,26 @@ async fn data_without_a_clean_signature_is_never_formatted_and_nothing_is_discar
     let before = std::fs::read(&img).unwrap();
     // Asked for xfs: it holds ext4. Asked for ext4: the kernel refuses to
     // mount it. Either way nothing formats it.
-    let e = node.stage(stage_req("vol-csum", &wwn, &env.staging("vol-csum"), "xfs")).await.unwrap_err();
+    let e = node
+        .stage(stage_req("vol-csum", &wwn, &env.staging("vol-csum"), "xfs"))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains("a ext4 signature"), "{}", e.message());
-    let e = node.stage(stage_req("vol-csum", &wwn, &env.staging("vol-csum"), "ext4")).await.unwrap_err();
+    let e = node
+        .stage(stage_req(
+            "vol-csum",
+            &wwn,
+            &env.staging("vol-csum"),
+            "ext4",
+        ))
+        .await
+        .unwrap_err();
     assert!(e.message().contains("mounting"), "{e:?}");
-    assert!(std::fs::read(&img).unwrap() == before, "bad-checksum ext4 was written to");
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "bad-checksum ext4 was written to"
+    );
 
     // No signature in the first MiB, data at 40 MiB.
     let wwn = env.disk(8);
@@ -299,25 +414,50 @@ async fn data_without_a_clean_signature_is_never_formatted_and_nothing_is_discar
         f.write_all(b"a database written to the raw disk").unwrap();
     }
     let before = std::fs::read(&img).unwrap();
-    let e = node.stage(stage_req("vol-raw", &wwn, &env.staging("vol-raw"), "ext4")).await.unwrap_err();
+    let e = node
+        .stage(stage_req("vol-raw", &wwn, &env.staging("vol-raw"), "ext4"))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().contains("data at byte 41943040"), "{}", e.message());
-    assert!(std::fs::read(&img).unwrap() == before, "the disk was written to");
+    assert!(
+        e.message().contains("data at byte 41943040"),
+        "{}",
+        e.message()
+    );
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "the disk was written to"
+    );
 
     // A blank but allocated disk keeps its blocks through mkfs: a discard
     // would punch them out of the loop device's backing file.
     for (i, fs) in ["ext4", "xfs"].into_iter().enumerate() {
         let wwn = env.image_only(20 + i as u32);
         let img = env.image(&wwn);
-        let st = std::process::Command::new("fallocate").args(["-l", &(320u64 << 20).to_string()]).arg(&img).status().unwrap();
+        let st = std::process::Command::new("fallocate")
+            .args(["-l", &(320u64 << 20).to_string()])
+            .arg(&img)
+            .status()
+            .unwrap();
         assert!(st.success());
         env.attach(&wwn);
         let allocated = std::fs::metadata(&img).unwrap().blocks();
         let vol = format!("vol-alloc-{fs}");
-        let r = node.stage(stage_req(&vol, &wwn, &env.staging(&vol), fs)).await.unwrap().into_inner();
-        assert!(r.actions.iter().any(|a| a.starts_with("mkfs")), "{:?}", r.actions);
+        let r = node
+            .stage(stage_req(&vol, &wwn, &env.staging(&vol), fs))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            r.actions.iter().any(|a| a.starts_with("mkfs")),
+            "{:?}",
+            r.actions
+        );
         let after = std::fs::metadata(&img).unwrap().blocks();
-        assert!(after >= allocated, "{fs}: {allocated} blocks before mkfs, {after} after: blocks were discarded");
+        assert!(
+            after >= allocated,
+            "{fs}: {allocated} blocks before mkfs, {after} after: blocks were discarded"
+        );
     }
 }
 
@@ -338,7 +478,9 @@ async fn health_and_plain_stages_answer_during_six_argon2id_stages() {
         let wwn = env.disk(30 + i);
         let vol = format!("vol-luks-{i}");
         let mut req = stage_req(&vol, &wwn, &env.staging(&vol), "ext4");
-        req.encryption = Some(pb::Encryption { passphrase: b"a passphrase".to_vec() });
+        req.encryption = Some(pb::Encryption {
+            passphrase: b"a passphrase".to_vec(),
+        });
         let mut c = node.clone();
         stages.push(tokio::spawn(async move { c.stage(req).await }));
     }
@@ -358,11 +500,17 @@ async fn health_and_plain_stages_answer_during_six_argon2id_stages() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let formatted = futures::future::join_all(stages).await.into_iter().filter(|r| {
-        // Formatted, then refused at open: no device-mapper on this host.
-        r.as_ref().is_ok_and(|r| r.as_ref().err().is_some_and(|e| e.message().contains("dm-crypt") || e.message().contains("activating")))
-            || r.as_ref().is_ok_and(|r| r.is_ok())
-    });
+    let formatted = futures::future::join_all(stages)
+        .await
+        .into_iter()
+        .filter(|r| {
+            // Formatted, then refused at open: no device-mapper on this host.
+            r.as_ref().is_ok_and(|r| {
+                r.as_ref().err().is_some_and(|e| {
+                    e.message().contains("dm-crypt") || e.message().contains("activating")
+                })
+            }) || r.as_ref().is_ok_and(|r| r.is_ok())
+        });
     assert_eq!(formatted.count(), 6);
     plain.await.unwrap().unwrap();
     latencies.sort();
@@ -374,6 +522,10 @@ async fn health_and_plain_stages_answer_during_six_argon2id_stages() {
         at(99),
         at(100)
     );
-    assert!(latencies.len() >= 6, "Health answered {} times while six argon2id stages ran", latencies.len());
+    assert!(
+        latencies.len() >= 6,
+        "Health answered {} times while six argon2id stages ran",
+        latencies.len()
+    );
     assert!(plain_done_first, "a plain stage waited for the LUKS stages");
 }

@@ -23,7 +23,11 @@ async fn filesystem_volume_lifecycle_is_idempotent_and_keeps_data() {
     let req = stage_req("vol-1", &wwn, &staging, "ext4");
 
     let r = env.client.stage(req.clone()).await.unwrap().into_inner();
-    assert!(r.actions.iter().any(|a| a == "mkfs ext4"), "{:?}", r.actions);
+    assert!(
+        r.actions.iter().any(|a| a == "mkfs ext4"),
+        "{:?}",
+        r.actions
+    );
     assert_eq!(r.size_bytes, 320 << 20);
     assert_eq!(mount_at(&staging).as_deref(), Some("ext4"));
     let again = env.client.stage(req.clone()).await.unwrap().into_inner();
@@ -51,10 +55,16 @@ async fn filesystem_volume_lifecycle_is_idempotent_and_keeps_data() {
     env.client.publish(publish.clone()).await.unwrap();
     env.client.publish(publish.clone()).await.unwrap();
     std::fs::write(target.join("hello.txt"), b"kept across restage").unwrap();
-    assert_eq!(std::fs::read(staging.join("hello.txt")).unwrap(), b"kept across restage");
+    assert_eq!(
+        std::fs::read(staging.join("hello.txt")).unwrap(),
+        b"kept across restage"
+    );
     let e = env
         .client
-        .publish(pb::PublishRequest { read_only: true, ..publish.clone() })
+        .publish(pb::PublishRequest {
+            read_only: true,
+            ..publish.clone()
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
@@ -76,13 +86,23 @@ async fn filesystem_volume_lifecycle_is_idempotent_and_keeps_data() {
 
     // Stage again: the filesystem is reused, not recreated.
     let r = env.client.stage(req).await.unwrap().into_inner();
-    assert!(!r.actions.iter().any(|a| a.starts_with("mkfs")), "{:?}", r.actions);
-    assert_eq!(std::fs::read(staging.join("hello.txt")).unwrap(), b"kept across restage");
+    assert!(
+        !r.actions.iter().any(|a| a.starts_with("mkfs")),
+        "{:?}",
+        r.actions
+    );
+    assert_eq!(
+        std::fs::read(staging.join("hello.txt")).unwrap(),
+        b"kept across restage"
+    );
 
     // Read-only publish of an xfs volume, with nouuid applied.
     let wwn2 = env.disk(2);
     let staging2 = env.staging("vol2");
-    env.client.stage(stage_req("vol-2", &wwn2, &staging2, "xfs")).await.unwrap();
+    env.client
+        .stage(stage_req("vol-2", &wwn2, &staging2, "xfs"))
+        .await
+        .unwrap();
     assert_eq!(mount_at(&staging2).as_deref(), Some("xfs"));
     let target2 = env.target("pod2", "volumes", "pv2");
     std::fs::create_dir_all(&target2).unwrap();
@@ -103,8 +123,14 @@ async fn filesystem_volume_lifecycle_is_idempotent_and_keeps_data() {
     assert_eq!(err.raw_os_error(), Some(libc_erofs()), "{err}");
 
     let log = std::fs::read_to_string(&env.log).unwrap();
-    let audits = log.lines().filter(|l| l.contains("audit") && l.contains("call=\"Stage\"")).count();
-    assert!(audits >= 4, "one audit line per Stage call expected:\n{log}");
+    let audits = log
+        .lines()
+        .filter(|l| l.contains("audit") && l.contains("call=\"Stage\""))
+        .count();
+    assert!(
+        audits >= 4,
+        "one audit line per Stage call expected:\n{log}"
+    );
 }
 
 /// Writes a signature onto the image with the given tool, then checks that
@@ -117,10 +143,26 @@ async fn never_formats_a_device_that_holds_data() {
     let mut env = Env::start().await;
     type Prep = fn(&Path);
     let cases: Vec<(&str, Prep, &str)> = vec![
-        ("xfs", |p| run("mkfs.xfs", &["-q", "-f"], p), "a xfs signature"),
-        ("btrfs", |p| run("mkfs.btrfs", &["-q", "-f"], p), "a btrfs signature"),
-        ("gpt", |p| sfdisk(p, "label: gpt\n,16M\n"), "a gpt partition table"),
-        ("mbr", |p| sfdisk(p, "label: dos\n,16M\n"), "a dos partition table"),
+        (
+            "xfs",
+            |p| run("mkfs.xfs", &["-q", "-f"], p),
+            "a xfs signature",
+        ),
+        (
+            "btrfs",
+            |p| run("mkfs.btrfs", &["-q", "-f"], p),
+            "a btrfs signature",
+        ),
+        (
+            "gpt",
+            |p| sfdisk(p, "label: gpt\n,16M\n"),
+            "a gpt partition table",
+        ),
+        (
+            "mbr",
+            |p| sfdisk(p, "label: dos\n,16M\n"),
+            "a dos partition table",
+        ),
         ("luks", |p| luks(p), "a crypto_LUKS signature"),
     ];
     for (i, (name, prep, found)) in cases.into_iter().enumerate() {
@@ -136,7 +178,11 @@ async fn never_formats_a_device_that_holds_data() {
             .unwrap_err();
         assert_eq!(e.code(), Code::FailedPrecondition, "{name}: {e:?}");
         assert!(e.message().contains(found), "{name}: {}", e.message());
-        assert!(e.message().contains("refusing to format"), "{name}: {}", e.message());
+        assert!(
+            e.message().contains("refusing to format"),
+            "{name}: {}",
+            e.message()
+        );
         assert_eq!(sha_of(&img), before, "{name}: bytes changed");
         assert_eq!(mount_at(&staging), None, "{name}: mounted anyway");
     }
@@ -156,14 +202,25 @@ async fn never_formats_a_device_that_holds_data() {
         .stage(stage_req("vol-unf", &wwn, &staging, "ext4"))
         .await
         .unwrap_err();
-    assert!(e.message().contains("an unfinished xfs (mkfs was interrupted)"), "{}", e.message());
+    assert!(
+        e.message()
+            .contains("an unfinished xfs (mkfs was interrupted)"),
+        "{}",
+        e.message()
+    );
     let r = env
         .client
         .stage(stage_req("vol-unf", &wwn, &staging, "xfs"))
         .await
         .unwrap()
         .into_inner();
-    assert!(r.actions.iter().any(|a| a == "mkfs xfs (an earlier mkfs was interrupted)"), "{:?}", r.actions);
+    assert!(
+        r.actions
+            .iter()
+            .any(|a| a == "mkfs xfs (an earlier mkfs was interrupted)"),
+        "{:?}",
+        r.actions
+    );
     assert_eq!(mount_at(&staging).as_deref(), Some("xfs"));
 
     // A pre-written ext4 with data is mounted as it is.
@@ -177,7 +234,11 @@ async fn never_formats_a_device_that_holds_data() {
         .await
         .unwrap()
         .into_inner();
-    assert!(!r.actions.iter().any(|a| a.starts_with("mkfs")), "{:?}", r.actions);
+    assert!(
+        !r.actions.iter().any(|a| a.starts_with("mkfs")),
+        "{:?}",
+        r.actions
+    );
     assert!(staging.join("lost+found").is_dir());
 }
 
@@ -206,7 +267,10 @@ async fn raw_block_volume_is_bound_through_to_the_pod() {
     env.client.publish(publish.clone()).await.unwrap();
     env.client.publish(publish).await.unwrap();
     {
-        let mut f = std::fs::OpenOptions::new().write(true).open(&target).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&target)
+            .unwrap();
         f.seek(SeekFrom::Start(1 << 20)).unwrap();
         f.write_all(b"raw block bytes").unwrap();
         f.sync_all().unwrap();
@@ -215,7 +279,10 @@ async fn raw_block_volume_is_bound_through_to_the_pod() {
     // which the mount table shows as devtmpfs): read as the block device it is.
     let stats = env
         .client
-        .stats(pb::StatsRequest { volume_id: "vol-blk".into(), volume_path: target.display().to_string() })
+        .stats(pb::StatsRequest {
+            volume_id: "vol-blk".into(),
+            volume_path: target.display().to_string(),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -224,14 +291,28 @@ async fn raw_block_volume_is_bound_through_to_the_pod() {
     assert!(!stats.condition.unwrap().abnormal);
     let grown = env
         .client
-        .expand(pb::ExpandRequest { volume_id: "vol-blk".into(), volume_path: target.display().to_string(), required_bytes: 320 << 20, encryption: None })
+        .expand(pb::ExpandRequest {
+            volume_id: "vol-blk".into(),
+            volume_path: target.display().to_string(),
+            required_bytes: 320 << 20,
+            encryption: None,
+        })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(grown.size_bytes, 320 << 20);
     // The disk is in use by its block staging bind: no filesystem stage of
     // it, under whatever volume id.
-    let e = env.client.stage(stage_req("vol-other", &wwn, &env.staging("vol-other"), "ext4")).await.unwrap_err();
+    let e = env
+        .client
+        .stage(stage_req(
+            "vol-other",
+            &wwn,
+            &env.staging("vol-other"),
+            "ext4",
+        ))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains("is bound at"), "{}", e.message());
     env.client
@@ -294,14 +375,21 @@ async fn bad_requests_get_the_right_codes() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
-    assert_eq!(e.message(), "filesystem.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs");
+    assert_eq!(
+        e.message(),
+        "filesystem.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs"
+    );
 
     let e = env
         .client
         .publish(pb::PublishRequest {
             volume_id: "vol-x".into(),
             staging_path: staging.display().to_string(),
-            target_path: env.target("p", "volumes", "pv").join("mount").display().to_string(),
+            target_path: env
+                .target("p", "volumes", "pv")
+                .join("mount")
+                .display()
+                .to_string(),
             read_only: false,
             block: false,
             mount_flags: vec![],
@@ -312,7 +400,10 @@ async fn bad_requests_get_the_right_codes() {
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
 
     // Nothing was formatted by any of that.
-    assert_eq!(sha_of(&env.image(&wwn)), format!("{:x}", Sha256::digest(vec![0u8; 4 << 20])));
+    assert_eq!(
+        sha_of(&env.image(&wwn)),
+        format!("{:x}", Sha256::digest(vec![0u8; 4 << 20]))
+    );
 }
 
 #[tokio::test]
@@ -334,7 +425,10 @@ async fn twenty_volumes_stage_concurrently() {
     let results = futures::future::join_all(calls).await;
     for (r, req) in results.into_iter().zip(&reqs) {
         r.unwrap_or_else(|e| panic!("{}: {e:?}", req.volume_id));
-        assert_eq!(mount_at(Path::new(&req.staging_path)).as_deref(), Some("ext4"));
+        assert_eq!(
+            mount_at(Path::new(&req.staging_path)).as_deref(),
+            Some("ext4")
+        );
     }
 }
 
@@ -352,30 +446,55 @@ async fn stage_waits_for_a_device_that_appears_later() {
     let call = tokio::spawn(async move { client.stage(req).await });
     // The disk is "hot-plugged" while Stage is already waiting for it.
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert!(!call.is_finished(), "Stage returned before the device existed");
+    assert!(
+        !call.is_finished(),
+        "Stage returned before the device existed"
+    );
     env.attach(&wwn);
     let r = call.await.unwrap().unwrap().into_inner();
-    assert!(r.actions.iter().any(|a| a == "mkfs ext4"), "{:?}", r.actions);
+    assert!(
+        r.actions.iter().any(|a| a == "mkfs ext4"),
+        "{:?}",
+        r.actions
+    );
     // It succeeded within hostd's --device-wait of 5 s: found when it appeared.
     eprintln!("staged {:?} after the call", started.elapsed());
     assert_eq!(mount_at(&staging).as_deref(), Some("ext4"));
 
     // Health reports the indexed devices and the staged volume.
-    let h = env.client.health(pb::HealthRequest {}).await.unwrap().into_inner();
+    let h = env
+        .client
+        .health(pb::HealthRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert!(h.udev_monitor_alive);
     assert!(h.devices_indexed >= 1, "{h:?}");
     assert_eq!(h.volumes_staged, 1, "{h:?}");
 }
 
 fn grow(img: &Path, dev_of: &Path, new_len: u64) {
-    std::fs::OpenOptions::new().write(true).open(img).unwrap().set_len(new_len).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(img)
+        .unwrap()
+        .set_len(new_len)
+        .unwrap();
     // What a Proxmox resize looks like to the guest: the disk's capacity changes.
-    let st = Command::new("losetup").arg("-c").arg(dev_of).status().unwrap();
+    let st = Command::new("losetup")
+        .arg("-c")
+        .arg(dev_of)
+        .status()
+        .unwrap();
     assert!(st.success());
 }
 
 fn loop_of(img: &Path) -> PathBuf {
-    let out = Command::new("losetup").args(["-j"]).arg(img).output().unwrap();
+    let out = Command::new("losetup")
+        .args(["-j"])
+        .arg(img)
+        .output()
+        .unwrap();
     let line = String::from_utf8_lossy(&out.stdout).to_string();
     PathBuf::from(line.split(':').next().unwrap().trim())
 }
@@ -390,19 +509,31 @@ async fn expands_ext4_and_xfs_online_and_reports_stats() {
         let wwn = env.disk(60 + i as u32);
         let staging = env.staging(&format!("grow-{fs}"));
         let vol = format!("vol-grow-{fs}");
-        env.client.stage(stage_req(&vol, &wwn, &staging, fs)).await.unwrap();
+        env.client
+            .stage(stage_req(&vol, &wwn, &staging, fs))
+            .await
+            .unwrap();
         std::fs::write(staging.join("data"), vec![7u8; 1 << 20]).unwrap();
 
         let stats = |env: &Env| {
             let mut c = env.client.clone();
-            let req = pb::StatsRequest { volume_id: vol.clone(), volume_path: staging.display().to_string() };
+            let req = pb::StatsRequest {
+                volume_id: vol.clone(),
+                volume_path: staging.display().to_string(),
+            };
             async move { c.stats(req).await.unwrap().into_inner() }
         };
         let before = stats(&env).await;
         assert!(!before.block);
-        assert!(before.total_bytes > 200 << 20 && before.total_bytes <= 320 << 20, "{fs}: {before:?}");
+        assert!(
+            before.total_bytes > 200 << 20 && before.total_bytes <= 320 << 20,
+            "{fs}: {before:?}"
+        );
         assert!(before.used_bytes >= 1 << 20, "{fs}: {before:?}");
-        assert!(before.total_inodes > 0 && before.used_inodes > 0, "{fs}: {before:?}");
+        assert!(
+            before.total_inodes > 0 && before.used_inodes > 0,
+            "{fs}: {before:?}"
+        );
         let cond = before.condition.clone().unwrap();
         assert!(!cond.abnormal, "{fs}: {cond:?}");
 
@@ -433,15 +564,25 @@ async fn expands_ext4_and_xfs_online_and_reports_stats() {
             // ext4 grows online only with CAP_SYS_RESOURCE, which some
             // sandboxes withhold even from root; the guest VM test covers it.
             let e = result.unwrap_err();
-            assert!(e.message().contains("resize2fs") && e.message().contains("Permission denied"), "{e:?}");
+            assert!(
+                e.message().contains("resize2fs") && e.message().contains("Permission denied"),
+                "{e:?}"
+            );
             eprintln!("NOTE: ext4 online grow not checked here: CAP_SYS_RESOURCE is missing");
             continue;
         }
         let r = result.unwrap().into_inner();
         assert_eq!(r.size_bytes, 512 << 20, "{fs}");
         let after = stats(&env).await;
-        assert!(after.total_bytes > before.total_bytes + (150 << 20), "{fs}: {before:?} -> {after:?}");
-        assert_eq!(std::fs::read(staging.join("data")).unwrap(), vec![7u8; 1 << 20], "{fs}");
+        assert!(
+            after.total_bytes > before.total_bytes + (150 << 20),
+            "{fs}: {before:?} -> {after:?}"
+        );
+        assert_eq!(
+            std::fs::read(staging.join("data")).unwrap(),
+            vec![7u8; 1 << 20],
+            "{fs}"
+        );
     }
 }
 
@@ -454,14 +595,26 @@ async fn encryption_writes_a_go_compatible_luks2_header_and_never_reformats_it()
     let wwn = env.disk(70);
     let staging = env.staging("luks");
     let mut req = stage_req("vol-luks", &wwn, &staging, "ext4");
-    req.encryption = Some(pb::Encryption { passphrase: b"correct horse".to_vec() });
+    req.encryption = Some(pb::Encryption {
+        passphrase: b"correct horse".to_vec(),
+    });
     let first = env.client.stage(req.clone()).await;
-    let dump = Command::new("cryptsetup").arg("luksDump").arg(env.image(&wwn)).output().unwrap();
+    let dump = Command::new("cryptsetup")
+        .arg("luksDump")
+        .arg(env.image(&wwn))
+        .output()
+        .unwrap();
     let dump = String::from_utf8_lossy(&dump.stdout);
-    let version = dump.lines().find_map(|l| l.strip_prefix("Version:")).map(str::trim);
+    let version = dump
+        .lines()
+        .find_map(|l| l.strip_prefix("Version:"))
+        .map(str::trim);
     assert_eq!(version, Some("2"), "not a LUKS2 header:\n{dump}");
     assert!(dump.contains("aes-xts-plain64"), "{dump}");
-    assert!(dump.contains("Cipher key:\t512 bits") || dump.contains("512 bits"), "{dump}");
+    assert!(
+        dump.contains("Cipher key:\t512 bits") || dump.contains("512 bits"),
+        "{dump}"
+    );
     assert!(dump.contains("pbkdf2"), "{dump}");
     // The passphrase opens key slot 0 (checked without device-mapper).
     let mut c = Command::new("cryptsetup")
@@ -471,7 +624,10 @@ async fn encryption_writes_a_go_compatible_luks2_header_and_never_reformats_it()
         .spawn()
         .unwrap();
     c.stdin.take().unwrap().write_all(b"correct horse").unwrap();
-    assert!(c.wait().unwrap().success(), "passphrase does not open the header");
+    assert!(
+        c.wait().unwrap().success(),
+        "passphrase does not open the header"
+    );
 
     let dm_available = Path::new("/sys/module/dm_crypt").exists();
     if dm_available {
@@ -485,7 +641,11 @@ async fn encryption_writes_a_go_compatible_luks2_header_and_never_reformats_it()
         let header = sha_of(&env.image(&wwn));
         let e = env.client.stage(req).await.unwrap_err();
         assert!(e.message().contains("activating dm-crypt"), "{e:?}");
-        assert_eq!(sha_of(&env.image(&wwn)), header, "the LUKS header was rewritten");
+        assert_eq!(
+            sha_of(&env.image(&wwn)),
+            header,
+            "the LUKS header was rewritten"
+        );
     }
 
     // A header left by an interrupted luksFormat (no key slot) protects
@@ -493,11 +653,22 @@ async fn encryption_writes_a_go_compatible_luks2_header_and_never_reformats_it()
     let wwn = env.disk(72);
     let img = env.image(&wwn);
     luks(&img);
-    let kill = Command::new("cryptsetup").args(["luksKillSlot", "--batch-mode"]).arg(&img).arg("0").output().unwrap();
-    assert!(kill.status.success(), "{}", String::from_utf8_lossy(&kill.stderr));
+    let kill = Command::new("cryptsetup")
+        .args(["luksKillSlot", "--batch-mode"])
+        .arg(&img)
+        .arg("0")
+        .output()
+        .unwrap();
+    assert!(
+        kill.status.success(),
+        "{}",
+        String::from_utf8_lossy(&kill.stderr)
+    );
     let staging = env.staging("luks-noslot");
     let mut req = stage_req("vol-noslot", &wwn, &staging, "ext4");
-    req.encryption = Some(pb::Encryption { passphrase: b"new passphrase".to_vec() });
+    req.encryption = Some(pb::Encryption {
+        passphrase: b"new passphrase".to_vec(),
+    });
     let _ = env.client.stage(req).await;
     let mut c = Command::new("cryptsetup")
         .args(["open", "--test-passphrase", "--key-file", "-"])
@@ -505,10 +676,20 @@ async fn encryption_writes_a_go_compatible_luks2_header_and_never_reformats_it()
         .stdin(Stdio::piped())
         .spawn()
         .unwrap();
-    c.stdin.take().unwrap().write_all(b"new passphrase").unwrap();
-    assert!(c.wait().unwrap().success(), "the re-made header must open with the passphrase");
+    c.stdin
+        .take()
+        .unwrap()
+        .write_all(b"new passphrase")
+        .unwrap();
+    assert!(
+        c.wait().unwrap().success(),
+        "the re-made header must open with the passphrase"
+    );
     let log = std::fs::read_to_string(&env.log).unwrap();
-    assert!(log.contains("an earlier luksFormat was interrupted"), "{log}");
+    assert!(
+        log.contains("an earlier luksFormat was interrupted"),
+        "{log}"
+    );
 
     // A plain ext4 disk is never encrypted over.
     let wwn = env.disk(71);
@@ -516,10 +697,17 @@ async fn encryption_writes_a_go_compatible_luks2_header_and_never_reformats_it()
     let before = sha_of(&env.image(&wwn));
     let staging = env.staging("luks-on-ext4");
     let mut req = stage_req("vol-luks2", &wwn, &staging, "ext4");
-    req.encryption = Some(pb::Encryption { passphrase: b"pw".to_vec() });
+    req.encryption = Some(pb::Encryption {
+        passphrase: b"pw".to_vec(),
+    });
     let e = env.client.stage(req).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().contains("a ext4 signature and encryption was asked for"), "{}", e.message());
+    assert!(
+        e.message()
+            .contains("a ext4 signature and encryption was asked for"),
+        "{}",
+        e.message()
+    );
     assert_eq!(sha_of(&env.image(&wwn)), before);
 
     // The passphrase never reaches the log.
@@ -563,7 +751,9 @@ async fn killed_mid_stage_the_retry_converges() {
             let retry_until = Instant::now() + Duration::from_secs(20);
             let done = loop {
                 match env.client.stage(req.clone()).await {
-                    Err(e) if e.code() == tonic::Code::Unavailable && Instant::now() < retry_until => {
+                    Err(e)
+                        if e.code() == tonic::Code::Unavailable && Instant::now() < retry_until =>
+                    {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                     other => break other,
@@ -574,17 +764,37 @@ async fn killed_mid_stage_the_retry_converges() {
                 let tail: Vec<&str> = log.lines().rev().take(8).collect();
                 panic!("{fs} killed after {delay_ms} ms: retry failed: {e:?}\nhostd log (newest first):\n{}", tail.join("\n"))
             });
-            assert_eq!(mount_at(&staging).as_deref(), Some(fs), "{fs} {delay_ms} ms: {:?}", done.get_ref());
+            assert_eq!(
+                mount_at(&staging).as_deref(),
+                Some(fs),
+                "{fs} {delay_ms} ms: {:?}",
+                done.get_ref()
+            );
             // The filesystem is whole: fsck finds nothing to fix after unstage.
             env.client
-                .unstage(pb::UnstageRequest { volume_id: req.volume_id.clone(), staging_path: req.staging_path.clone() })
+                .unstage(pb::UnstageRequest {
+                    volume_id: req.volume_id.clone(),
+                    staging_path: req.staging_path.clone(),
+                })
                 .await
                 .unwrap();
             let check = match fs {
-                "ext4" => Command::new("e2fsck").args(["-fn"]).arg(env.image(&wwn)).output().unwrap(),
-                _ => Command::new("xfs_repair").args(["-n", "-f"]).arg(env.image(&wwn)).output().unwrap(),
+                "ext4" => Command::new("e2fsck")
+                    .args(["-fn"])
+                    .arg(env.image(&wwn))
+                    .output()
+                    .unwrap(),
+                _ => Command::new("xfs_repair")
+                    .args(["-n", "-f"])
+                    .arg(env.image(&wwn))
+                    .output()
+                    .unwrap(),
             };
-            assert!(check.status.success(), "{fs} {delay_ms} ms: {}", String::from_utf8_lossy(&check.stdout));
+            assert!(
+                check.status.success(),
+                "{fs} {delay_ms} ms: {}",
+                String::from_utf8_lossy(&check.stdout)
+            );
         }
     }
 }
@@ -618,9 +828,16 @@ async fn a_read_only_stage_never_formats() {
     req.read_only = true;
     let e = env.client.stage(req.clone()).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().contains("the stage is read-only"), "{}", e.message());
+    assert!(
+        e.message().contains("the stage is read-only"),
+        "{}",
+        e.message()
+    );
     assert_eq!(std::fs::metadata(env.image(&wwn)).unwrap().len(), 320 << 20);
-    assert_eq!(sha_of(&env.image(&wwn)), format!("{:x}", Sha256::digest(vec![0u8; 4 << 20])));
+    assert_eq!(
+        sha_of(&env.image(&wwn)),
+        format!("{:x}", Sha256::digest(vec![0u8; 4 << 20]))
+    );
     // Once it holds a filesystem, it is mounted read-only.
     run("mkfs.ext4", &["-q", "-F"], &env.image(&wwn));
     env.client.stage(req).await.unwrap();
@@ -652,7 +869,10 @@ async fn an_mkfs_killed_before_its_superblock_is_made_again_and_only_by_its_volu
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut head = vec![0u8; 8192];
     loop {
-        std::fs::File::open(env.image(&wwn)).unwrap().read_exact(&mut head).unwrap();
+        std::fs::File::open(env.image(&wwn))
+            .unwrap()
+            .read_exact(&mut head)
+            .unwrap();
         if head[5120..5132] == *b"inode tables" {
             break;
         }
@@ -662,13 +882,30 @@ async fn an_mkfs_killed_before_its_superblock_is_made_again_and_only_by_its_volu
     // Killed mid-mkfs; the new hostd has the real tools.
     env.restart_hostd().await;
     let _ = call.await;
-    let _ = Command::new("pkill").args(["-f", &fake.display().to_string()]).status();
+    let _ = Command::new("pkill")
+        .args(["-f", &fake.display().to_string()])
+        .status();
 
     // Another volume's stage of the same disk: data without a signature, refused.
-    let e = env.client.stage(stage_req("vol-other", &wwn, &env.staging("vol-other"), "ext4")).await.unwrap_err();
+    let e = env
+        .client
+        .stage(stage_req(
+            "vol-other",
+            &wwn,
+            &env.staging("vol-other"),
+            "ext4",
+        ))
+        .await
+        .unwrap_err();
     assert!(e.message().contains("data at byte 5120"), "{e:?}");
     // The volume's own retry makes the filesystem again.
     let r = env.client.stage(req).await.unwrap().into_inner();
-    assert!(r.actions.iter().any(|a| a == "mkfs ext4 (an earlier mkfs was interrupted)"), "{:?}", r.actions);
+    assert!(
+        r.actions
+            .iter()
+            .any(|a| a == "mkfs ext4 (an earlier mkfs was interrupted)"),
+        "{:?}",
+        r.actions
+    );
     assert_eq!(mount_at(&staging).as_deref(), Some("ext4"));
 }

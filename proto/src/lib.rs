@@ -64,15 +64,19 @@ pub mod plugin {
 
     pub fn capabilities() -> Vec<csi::PluginCapability> {
         let service = |t: service::Type| csi::PluginCapability {
-            r#type: Some(plugin_capability::Type::Service(plugin_capability::Service { r#type: t as i32 })),
+            r#type: Some(plugin_capability::Type::Service(
+                plugin_capability::Service { r#type: t as i32 },
+            )),
         };
         vec![
             service(service::Type::ControllerService),
             service(service::Type::VolumeAccessibilityConstraints),
             csi::PluginCapability {
-                r#type: Some(plugin_capability::Type::VolumeExpansion(plugin_capability::VolumeExpansion {
-                    r#type: volume_expansion::Type::Online as i32,
-                })),
+                r#type: Some(plugin_capability::Type::VolumeExpansion(
+                    plugin_capability::VolumeExpansion {
+                        r#type: volume_expansion::Type::Online as i32,
+                    },
+                )),
             },
         ]
     }

@@ -95,7 +95,10 @@ fn describe(pool: &DescriptorPool, name: &str) -> BTreeSet<String> {
         .unwrap_or_else(|| panic!("{name} not in the pool"));
     let mut out = BTreeSet::new();
     out.insert(format!("package {}", file.package_name()));
-    out.insert(format!("syntax {:?}", file.file_descriptor_proto().syntax()));
+    out.insert(format!(
+        "syntax {:?}",
+        file.file_descriptor_proto().syntax()
+    ));
     for dep in file.dependencies() {
         out.insert(format!("import {}", dep.name()));
     }
@@ -105,7 +108,11 @@ fn describe(pool: &DescriptorPool, name: &str) -> BTreeSet<String> {
         describe_message(&m, &mut out);
     }
     for e in pool.all_enums().filter(|e| e.parent_file() == file) {
-        out.insert(format!("enum {} {}", e.full_name(), render_options(&e.options())));
+        out.insert(format!(
+            "enum {} {}",
+            e.full_name(),
+            render_options(&e.options())
+        ));
         for v in e.values() {
             out.insert(format!(
                 "value {} = {} {}",
@@ -126,20 +133,35 @@ fn describe(pool: &DescriptorPool, name: &str) -> BTreeSet<String> {
         ));
     }
     for s in file.services() {
-        out.insert(format!("service {} {}", s.full_name(), render_options(&s.options())));
+        out.insert(format!(
+            "service {} {}",
+            s.full_name(),
+            render_options(&s.options())
+        ));
         for m in s.methods() {
             out.insert(format!(
                 "method {} ({}{}) returns ({}{}) {}",
                 m.full_name(),
-                if m.is_client_streaming() { "stream " } else { "" },
+                if m.is_client_streaming() {
+                    "stream "
+                } else {
+                    ""
+                },
                 m.input().full_name(),
-                if m.is_server_streaming() { "stream " } else { "" },
+                if m.is_server_streaming() {
+                    "stream "
+                } else {
+                    ""
+                },
                 m.output().full_name(),
                 render_options(&m.options())
             ));
         }
     }
-    assert!(out.iter().any(|l| l.starts_with("message ")), "{package}: no messages");
+    assert!(
+        out.iter().any(|l| l.starts_with("message ")),
+        "{package}: no messages"
+    );
     out
 }
 
@@ -183,7 +205,9 @@ fn reference_pool() -> Option<DescriptorPool> {
 
 #[test]
 fn our_csi_proto_matches_the_reference_descriptor_by_descriptor() {
-    let Some(reference) = reference_pool() else { return };
+    let Some(reference) = reference_pool() else {
+        return;
+    };
     let ours = describe(&compile(&ours_dir(), "csi.proto"), "csi.proto");
     let theirs = describe(&reference, "csi.proto");
     let diff = differences(&ours, &theirs);
@@ -203,19 +227,30 @@ fn our_csi_proto_matches_the_reference_descriptor_by_descriptor() {
 
 #[test]
 fn the_comparison_catches_a_changed_field_number() {
-    let Some(reference) = reference_pool() else { return };
+    let Some(reference) = reference_pool() else {
+        return;
+    };
     let theirs = describe(&reference, "csi.proto");
     let text = std::fs::read_to_string(ours_dir().join("csi.proto")).expect("our csi.proto");
     let needle = "int64 limit_bytes = 2;";
     assert!(text.contains(needle));
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("csi.proto"), text.replacen(needle, "int64 limit_bytes = 3;", 1))
-        .expect("write mutant");
+    std::fs::write(
+        dir.path().join("csi.proto"),
+        text.replacen(needle, "int64 limit_bytes = 3;", 1),
+    )
+    .expect("write mutant");
     let mutant = describe(&compile(dir.path(), "csi.proto"), "csi.proto");
     let diff = differences(&mutant, &theirs);
     assert_eq!(diff.len(), 2, "{diff:#?}");
-    assert!(diff[0].contains("csi.v1.CapacityRange.limit_bytes = 3"), "{diff:#?}");
-    assert!(diff[1].contains("csi.v1.CapacityRange.limit_bytes = 2"), "{diff:#?}");
+    assert!(
+        diff[0].contains("csi.v1.CapacityRange.limit_bytes = 3"),
+        "{diff:#?}"
+    );
+    assert!(
+        diff[1].contains("csi.v1.CapacityRange.limit_bytes = 2"),
+        "{diff:#?}"
+    );
 }
 
 #[test]

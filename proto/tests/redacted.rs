@@ -5,14 +5,38 @@ use proxmox_csi_proto::hostd::v1 as hostd;
 
 #[test]
 fn secret_carrying_messages_print_no_secret() {
-    let secrets = std::collections::HashMap::from([("encryption-passphrase".to_string(), "hunter2-passphrase".to_string())]);
-    let stage = csi::NodeStageVolumeRequest { volume_id: "v".into(), secrets: secrets.clone(), ..Default::default() };
-    let create = csi::CreateVolumeRequest { name: "pvc-1".into(), secrets, ..Default::default() };
-    let enc = hostd::Encryption { passphrase: b"hunter2-passphrase".to_vec() };
-    let req = hostd::StageRequest { encryption: Some(enc.clone()), ..Default::default() };
-    for printed in [format!("{stage:?}"), format!("{create:?}"), format!("{enc:?}"), format!("{req:?}")] {
+    let secrets = std::collections::HashMap::from([(
+        "encryption-passphrase".to_string(),
+        "hunter2-passphrase".to_string(),
+    )]);
+    let stage = csi::NodeStageVolumeRequest {
+        volume_id: "v".into(),
+        secrets: secrets.clone(),
+        ..Default::default()
+    };
+    let create = csi::CreateVolumeRequest {
+        name: "pvc-1".into(),
+        secrets,
+        ..Default::default()
+    };
+    let enc = hostd::Encryption {
+        passphrase: b"hunter2-passphrase".to_vec(),
+    };
+    let req = hostd::StageRequest {
+        encryption: Some(enc.clone()),
+        ..Default::default()
+    };
+    for printed in [
+        format!("{stage:?}"),
+        format!("{create:?}"),
+        format!("{enc:?}"),
+        format!("{req:?}"),
+    ] {
         assert!(!printed.contains("hunter2"), "{printed}");
-        assert!(!printed.contains(&format!("{:?}", b"hunter2-passphrase".to_vec())), "{printed}");
+        assert!(
+            !printed.contains(&format!("{:?}", b"hunter2-passphrase".to_vec())),
+            "{printed}"
+        );
         assert!(printed.contains("redacted"), "{printed}");
     }
 }
@@ -28,12 +52,18 @@ fn every_message_with_secrets_is_redacted() {
         if let Some(rest) = line.strip_prefix("message ") {
             message = rest.trim_end_matches(" {").trim();
         }
-        if line.trim_start().starts_with("map<string, string> secrets = ") {
+        if line
+            .trim_start()
+            .starts_with("map<string, string> secrets = ")
+        {
             with_secrets.push(message.to_string());
         }
     }
     assert!(with_secrets.len() >= 19, "{with_secrets:?}");
     for m in with_secrets {
-        assert!(build.contains(&format!("\".csi.v1.{m}\"")), "{m} carries secrets but is not redacted");
+        assert!(
+            build.contains(&format!("\".csi.v1.{m}\"")),
+            "{m} carries secrets but is not redacted"
+        );
     }
 }

@@ -25,12 +25,17 @@ pub fn orphans(s: &State, now: i64) -> Vec<Orphan> {
         .iter()
         .filter(|d| {
             let name = d.volid.split_once(':').map(|(_, n)| n).unwrap_or_default();
-            name.rsplit('/').next().is_some_and(|base| base.starts_with(&prefix))
+            name.rsplit('/')
+                .next()
+                .is_some_and(|base| base.starts_with(&prefix))
         })
         .filter(|d| {
             // A PV's handle ends with `<storage>/<volume name>`.
             let (storage, name) = d.volid.split_once(':').unwrap_or_default();
-            !s.handles.iter().any(|h| h.ends_with(&format!("/{storage}/{name}")) && h.starts_with(&format!("{}/", d.region)))
+            !s.handles.iter().any(|h| {
+                h.ends_with(&format!("/{storage}/{name}"))
+                    && h.starts_with(&format!("{}/", d.region))
+            })
         })
         .map(|d| Orphan {
             region: d.region.clone(),

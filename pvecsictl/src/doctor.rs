@@ -7,7 +7,13 @@ use proxmox_csi_controller::drive::is_disk_key;
 use crate::state::State;
 
 /// The privileges of the minimal CSI role.
-pub const MINIMAL_ROLE: &[&str] = &["VM.Audit", "VM.Config.Disk", "Datastore.Allocate", "Datastore.AllocateSpace", "Datastore.Audit"];
+pub const MINIMAL_ROLE: &[&str] = &[
+    "VM.Audit",
+    "VM.Config.Disk",
+    "Datastore.Allocate",
+    "Datastore.AllocateSpace",
+    "Datastore.Audit",
+];
 /// Fewer free CSI slots than this on a worker VM is worth a warning.
 const FEW_SLOTS: usize = 3;
 
@@ -29,8 +35,20 @@ pub struct Finding {
     pub remedy: String,
 }
 
-fn f(check: &'static str, subject: impl Into<String>, severity: Severity, finding: impl Into<String>, remedy: impl Into<String>) -> Finding {
-    Finding { check, subject: subject.into(), severity, finding: finding.into(), remedy: remedy.into() }
+fn f(
+    check: &'static str,
+    subject: impl Into<String>,
+    severity: Severity,
+    finding: impl Into<String>,
+    remedy: impl Into<String>,
+) -> Finding {
+    Finding {
+        check,
+        subject: subject.into(),
+        severity,
+        finding: finding.into(),
+        remedy: remedy.into(),
+    }
 }
 
 /// Every check, over the state read once.
@@ -46,16 +64,29 @@ pub fn run(s: &State) -> Vec<Finding> {
 fn token(s: &State, out: &mut Vec<Finding>) {
     for region in &s.regions {
         let have = s.privileges.get(region).cloned().unwrap_or_default();
-        let missing: Vec<&str> = MINIMAL_ROLE.iter().copied().filter(|p| !have.contains(*p)).collect();
+        let missing: Vec<&str> = MINIMAL_ROLE
+            .iter()
+            .copied()
+            .filter(|p| !have.contains(*p))
+            .collect();
         out.push(if missing.is_empty() {
-            f("token privileges", region.as_str(), Severity::Ok, "the token holds the minimal CSI role on /", "")
+            f(
+                "token privileges",
+                region.as_str(),
+                Severity::Ok,
+                "the token holds the minimal CSI role on /",
+                "",
+            )
         } else {
             f(
                 "token privileges",
                 region.as_str(),
                 Severity::Error,
                 format!("the token lacks {} on /", missing.join(", ")),
-                format!("pveum role modify CSI -append 1 -privs \"{}\" (docs/proxmox-role.md)", missing.join(" ")),
+                format!(
+                    "pveum role modify CSI -append 1 -privs \"{}\" (docs/proxmox-role.md)",
+                    missing.join(" ")
+                ),
             )
         });
     }
@@ -78,17 +109,32 @@ fn nodes(s: &State, out: &mut Vec<Finding>) {
                 "topology labels",
                 n.name.as_str(),
                 Severity::Error,
-                format!("topology.kubernetes.io/region={r} is not a region of the cloud config ({})", s.regions.join(", ")),
+                format!(
+                    "topology.kubernetes.io/region={r} is not a region of the cloud config ({})",
+                    s.regions.join(", ")
+                ),
                 "label the node with its cluster's region, or add the cluster to the cloud config",
             )),
             (Some(_), Some(z)) if *z != vm.res.node => out.push(f(
                 "topology labels",
                 n.name.as_str(),
                 Severity::Error,
-                format!("topology.kubernetes.io/zone={z}, but its VM {} runs on Proxmox node {}", vm.res.vmid, vm.res.node),
-                format!("kubectl label node {} topology.kubernetes.io/zone={} --overwrite", n.name, vm.res.node),
+                format!(
+                    "topology.kubernetes.io/zone={z}, but its VM {} runs on Proxmox node {}",
+                    vm.res.vmid, vm.res.node
+                ),
+                format!(
+                    "kubectl label node {} topology.kubernetes.io/zone={} --overwrite",
+                    n.name, vm.res.node
+                ),
             )),
-            (Some(_), Some(_)) => out.push(f("topology labels", n.name.as_str(), Severity::Ok, format!("VM {} on {}", vm.res.vmid, vm.res.node), "")),
+            (Some(_), Some(_)) => out.push(f(
+                "topology labels",
+                n.name.as_str(),
+                Severity::Ok,
+                format!("VM {} on {}", vm.res.vmid, vm.res.node),
+                "",
+            )),
             _ => out.push(f(
                 "topology labels",
                 n.name.as_str(),
@@ -103,21 +149,44 @@ fn nodes(s: &State, out: &mut Vec<Finding>) {
 /// The storages each Proxmox node with workers sees, and the ones it does
 /// not while other nodes do (volumes there cannot reach its workers).
 fn storages(s: &State, out: &mut Vec<Finding>) {
-    let mut worker_nodes: Vec<(String, String)> = s.nodes.iter().filter_map(|n| s.vm_of(n)).map(|v| (v.region.clone(), v.res.node.clone())).collect();
+    let mut worker_nodes: Vec<(String, String)> = s
+        .nodes
+        .iter()
+        .filter_map(|n| s.vm_of(n))
+        .map(|v| (v.region.clone(), v.res.node.clone()))
+        .collect();
     worker_nodes.sort();
     worker_nodes.dedup();
     for (region, node) in worker_nodes {
-        let rows: Vec<&proxmox_csi_controller::pve::api::StorageResource> = s.storages.iter().filter(|(r, row)| *r == region && row.node == node).map(|(_, row)| row).collect();
-        let available: Vec<&str> = rows.iter().filter(|r| r.status == "available").map(|r| r.storage.as_str()).collect();
+        let rows: Vec<&proxmox_csi_controller::pve::api::StorageResource> = s
+            .storages
+            .iter()
+            .filter(|(r, row)| *r == region && row.node == node)
+            .map(|(_, row)| row)
+            .collect();
+        let available: Vec<&str> = rows
+            .iter()
+            .filter(|r| r.status == "available")
+            .map(|r| r.storage.as_str())
+            .collect();
         let elsewhere: std::collections::BTreeSet<&str> = s
             .storages
             .iter()
             .filter(|(r, row)| *r == region && row.node != node && row.status == "available")
             .map(|(_, row)| row.storage.as_str())
             .collect();
-        let missing: Vec<&str> = elsewhere.into_iter().filter(|st| !available.contains(st)).collect();
+        let missing: Vec<&str> = elsewhere
+            .into_iter()
+            .filter(|st| !available.contains(st))
+            .collect();
         let subject = format!("{region}/{node}");
-        out.push(f("storages", subject.as_str(), Severity::Ok, format!("available: {}", available.join(", ")), ""));
+        out.push(f(
+            "storages",
+            subject.as_str(),
+            Severity::Ok,
+            format!("available: {}", available.join(", ")),
+            "",
+        ));
         if !missing.is_empty() {
             out.push(f(
                 "storages",
@@ -155,19 +224,34 @@ fn workers(s: &State, out: &mut Vec<Finding>) {
                 format!("qm set {} --scsihw virtio-scsi-pci (takes effect after a restart of the VM)", vm.res.vmid),
             )),
         }
-        let used = (1..=30).filter(|i| vm.config.contains_key(&format!("scsi{i}"))).count();
+        let used = (1..=30)
+            .filter(|i| vm.config.contains_key(&format!("scsi{i}")))
+            .count();
         let free = 30 - used;
         out.push(f(
             "free SCSI slots",
             subject.as_str(),
-            if free < FEW_SLOTS { Severity::Warning } else { Severity::Ok },
+            if free < FEW_SLOTS {
+                Severity::Warning
+            } else {
+                Severity::Ok
+            },
             format!("{free} of scsi1–scsi30 free"),
-            if free < FEW_SLOTS { "move volumes to other nodes, or lower the node's volume limit" } else { "" },
+            if free < FEW_SLOTS {
+                "move volumes to other nodes, or lower the node's volume limit"
+            } else {
+                ""
+            },
         ));
         let held: Vec<&String> = vm
             .config
             .iter()
-            .filter(|(k, v)| is_disk_key(k) && v.split(',').next().is_some_and(|vol| vol.contains(&placeholder)))
+            .filter(|(k, v)| {
+                is_disk_key(k)
+                    && v.split(',')
+                        .next()
+                        .is_some_and(|vol| vol.contains(&placeholder))
+            })
             .map(|(k, _)| k)
             .collect();
         if !held.is_empty() {
@@ -185,7 +269,11 @@ fn workers(s: &State, out: &mut Vec<Finding>) {
                 subject.as_str(),
                 Severity::Error,
                 format!("changes not applied: {}", vm.pending.join(", ")),
-                format!("revert them: qm set {} --revert {}", vm.res.vmid, vm.pending.join(",")),
+                format!(
+                    "revert them: qm set {} --revert {}",
+                    vm.res.vmid,
+                    vm.pending.join(",")
+                ),
             ));
         }
         for (k, v) in vm.config.iter().filter(|(k, _)| k.starts_with("unused")) {

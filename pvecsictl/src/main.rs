@@ -13,7 +13,11 @@ use pvecsictl::output::{self, Format};
 use pvecsictl::state::State;
 
 #[derive(Debug, Parser)]
-#[command(name = "pvecsictl", version, about = "Diagnose and clean up the Proxmox CSI driver's volumes")]
+#[command(
+    name = "pvecsictl",
+    version,
+    about = "Diagnose and clean up the Proxmox CSI driver's volumes"
+)]
 struct Args {
     /// The driver's cloud config (clusters and the API token); doctor and clean need it.
     #[arg(long, env = "PROXMOX_CSI_CLOUD_CONFIG")]
@@ -90,17 +94,25 @@ struct RebindFlags {
 
 impl RebindFlags {
     fn options(&self) -> pvecsictl::rebind::Options {
-        pvecsictl::rebind::Options { force: self.force, dry_run: self.dry_run, resume: self.resume, rollback: self.rollback }
+        pvecsictl::rebind::Options {
+            force: self.force,
+            dry_run: self.dry_run,
+            resume: self.resume,
+            rollback: self.rollback,
+        }
     }
 }
 
 async fn kube_client(path: Option<&PathBuf>) -> Result<kube::Client> {
     let config = match path {
         Some(p) => {
-            let kc = kube::config::Kubeconfig::read_from(p).with_context(|| format!("reading {}", p.display()))?;
+            let kc = kube::config::Kubeconfig::read_from(p)
+                .with_context(|| format!("reading {}", p.display()))?;
             kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
         }
-        None => kube::Config::infer().await.context("no Kubernetes configuration found (use --kubeconfig)")?,
+        None => kube::Config::infer()
+            .await
+            .context("no Kubernetes configuration found (use --kubeconfig)")?,
     };
     Ok(kube::Client::try_from(config)?)
 }
@@ -108,9 +120,15 @@ async fn kube_client(path: Option<&PathBuf>) -> Result<kube::Client> {
 async fn run(args: Args) -> Result<bool> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let kube = kube_client(args.kubeconfig.as_ref()).await?;
-    let namespace = args.namespace.clone().unwrap_or_else(|| kube.default_namespace().to_string());
+    let namespace = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| kube.default_namespace().to_string());
     let rebind = |op: &str, pairs: Vec<(String, String)>, flags: &RebindFlags| {
-        let k = pvecsictl::rebind::Kube { client: kube.clone(), namespace: namespace.clone() };
+        let k = pvecsictl::rebind::Kube {
+            client: kube.clone(),
+            namespace: namespace.clone(),
+        };
         let (op, opts, dry) = (op.to_string(), flags.options(), flags.dry_run);
         async move {
             let steps = pvecsictl::rebind::run(&k, &op, &pairs, opts).await?;
@@ -124,20 +142,50 @@ async fn run(args: Args) -> Result<bool> {
         }
     };
     match &args.command {
-        Command::Rename { pvc, new, opts } => return rebind("rename", vec![(pvc.clone(), new.clone())], opts).await,
-        Command::Swap { a, b, opts } => return rebind("swap", vec![(a.clone(), b.clone()), (b.clone(), a.clone())], opts).await,
+        Command::Rename { pvc, new, opts } => {
+            return rebind("rename", vec![(pvc.clone(), new.clone())], opts).await;
+        }
+        Command::Swap { a, b, opts } => {
+            return rebind(
+                "swap",
+                vec![(a.clone(), b.clone()), (b.clone(), a.clone())],
+                opts,
+            )
+            .await;
+        }
         _ => {}
     }
-    let config = args.config.as_ref().context("--config (the cloud config) is required for doctor, clean and migrate")?;
+    let config = args
+        .config
+        .as_ref()
+        .context("--config (the cloud config) is required for doctor, clean and migrate")?;
     let cfg = CloudConfig::load(config)?;
     let clients: Vec<Arc<Client>> = cfg
         .clusters
         .into_iter()
         .map(|c| Client::new(c, Duration::from_secs(30), Default::default()).map(Arc::new))
         .collect::<Result<_, _>>()?;
-    if let Command::Migrate { pvc, node, opts, timeout } = &args.command {
-        let k = pvecsictl::rebind::Kube { client: kube.clone(), namespace };
-        let steps = pvecsictl::migrate::run(&k, &clients, cfg.controller_vmid, pvc, node, opts.options(), Duration::from_secs(*timeout)).await?;
+    if let Command::Migrate {
+        pvc,
+        node,
+        opts,
+        timeout,
+    } = &args.command
+    {
+        let k = pvecsictl::rebind::Kube {
+            client: kube.clone(),
+            namespace,
+        };
+        let steps = pvecsictl::migrate::run(
+            &k,
+            &clients,
+            cfg.controller_vmid,
+            pvc,
+            node,
+            opts.options(),
+            Duration::from_secs(*timeout),
+        )
+        .await?;
         if opts.dry_run {
             println!("migrate would, in order:");
         }
@@ -154,20 +202,36 @@ async fn run(args: Args) -> Result<bool> {
             Ok(!pvecsictl::doctor::failed(&findings))
         }
         Command::Clean { yes } => {
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(0);
             let orphans = pvecsictl::clean::orphans(&state, now);
             println!("{}", output::orphans(&orphans, args.output));
             if !yes {
                 if orphans.iter().any(|o| o.attached_to.is_empty()) {
-                    eprintln!("nothing deleted; run again with --yes to delete the disks not attached to a VM");
+                    eprintln!(
+                        "nothing deleted; run again with --yes to delete the disks not attached to a VM"
+                    );
                 }
                 return Ok(true);
             }
             let mut ok = true;
             for o in orphans.iter().filter(|o| o.attached_to.is_empty()) {
-                let client = clients.iter().find(|c| c.region() == o.region).context("region")?;
+                let client = clients
+                    .iter()
+                    .find(|c| c.region() == o.region)
+                    .context("region")?;
                 let (storage, name) = o.volid.split_once(':').unwrap_or_default();
-                match client.delete_volume(&o.node, storage, name, Deadline::after(Duration::from_secs(120))).await {
+                match client
+                    .delete_volume(
+                        &o.node,
+                        storage,
+                        name,
+                        Deadline::after(Duration::from_secs(120)),
+                    )
+                    .await
+                {
                     Ok(()) => eprintln!("deleted {}", o.volid),
                     Err(e) => {
                         ok = false;

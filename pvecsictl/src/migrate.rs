@@ -34,7 +34,6 @@ use serde_json::json;
 
 use crate::rebind::{Kube, OPERATION, Options};
 
-
 /// What is recorded on the volume before anything changes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
@@ -61,17 +60,35 @@ pub fn describe(p: &Plan, handle: &str) -> Vec<String> {
         format!("record the plan in the annotation {OPERATION} of {pv}"),
         format!("set {pv} reclaimPolicy Retain (was {})", p.reclaim),
         format!("wait until the disk of {handle} is detached from every VM"),
-        format!("attach it to the holder VM on {} and hand it to a new carrier VM {}", p.from, carrier_name(pv)),
-        format!("migrate the carrier VM offline from {} to {} (the disk is copied)", p.from, p.to),
+        format!(
+            "attach it to the holder VM on {} and hand it to a new carrier VM {}",
+            p.from,
+            carrier_name(pv)
+        ),
+        format!(
+            "migrate the carrier VM offline from {} to {} (the disk is copied)",
+            p.from, p.to
+        ),
         format!("keep the disk as unused0 of the carrier on {}", p.to),
-        format!("delete claim {}/{} and volume {pv}; create {pv} with the new handle and zone {}, and the claim bound to it", p.namespace, p.claim_name, p.to),
+        format!(
+            "delete claim {}/{} and volume {pv}; create {pv} with the new handle and zone {}, and the claim bound to it",
+            p.namespace, p.claim_name, p.to
+        ),
         format!("restore {pv} reclaimPolicy {}", p.reclaim),
     ]
 }
 
 /// Moves the volume of claim `claim` to Proxmox node `to`; the Proxmox copy
 /// may take `timeout`. `rollback` brings an interrupted run back.
-pub async fn run(k: &Kube, clients: &[Arc<Client>], controller_vmid: u32, claim: &str, to: &str, opts: Options, timeout: Duration) -> Result<Vec<String>> {
+pub async fn run(
+    k: &Kube,
+    clients: &[Arc<Client>],
+    controller_vmid: u32,
+    claim: &str,
+    to: &str,
+    opts: Options,
+    timeout: Duration,
+) -> Result<Vec<String>> {
     let mut needs = vec![
         ("get", "persistentvolumeclaims", true),
         ("create", "persistentvolumeclaims", true),
@@ -86,17 +103,36 @@ pub async fn run(k: &Kube, clients: &[Arc<Client>], controller_vmid: u32, claim:
     }
     k.check_rbac(&needs).await?;
     let pvc = k.pvcs().get_opt(claim).await?;
-    let pv_name = match pvc.as_ref().and_then(|c| c.spec.as_ref()).and_then(|s| s.volume_name.clone()) {
+    let pv_name = match pvc
+        .as_ref()
+        .and_then(|c| c.spec.as_ref())
+        .and_then(|s| s.volume_name.clone())
+    {
         Some(v) => v,
         None => bail!("claim {}/{claim} is not bound to a volume", k.namespace),
     };
     let pv = k.pvs().get(&pv_name).await?;
-    let recorded: Option<Plan> = pv.metadata.annotations.as_ref().and_then(|a| a.get(OPERATION)).and_then(|a| serde_json::from_str(a).ok());
-    let handle = pv.spec.as_ref().and_then(|s| s.csi.as_ref()).map(|c| c.volume_handle.clone()).context("the volume is not a CSI volume")?;
+    let recorded: Option<Plan> = pv
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(OPERATION))
+        .and_then(|a| serde_json::from_str(a).ok());
+    let handle = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .map(|c| c.volume_handle.clone())
+        .context("the volume is not a CSI volume")?;
     let id = VolumeId::parse(&handle).map_err(anyhow::Error::msg)?;
     let mut plan = match (recorded, opts.resume || opts.rollback) {
         // Rolling back is migrating back: the same steps, the nodes swapped.
-        (Some(p), true) if opts.rollback => Plan { from: p.to.clone(), to: p.from.clone(), op: "migrate back".into(), ..p },
+        (Some(p), true) if opts.rollback => Plan {
+            from: p.to.clone(),
+            to: p.from.clone(),
+            op: "migrate back".into(),
+            ..p
+        },
         (Some(p), true) => p,
         (Some(p), false) => bail!(
             "an interrupted {} of {}/{} to {} is recorded on {pv_name}: run again with --resume to finish it or --rollback to bring it back",
@@ -105,9 +141,15 @@ pub async fn run(k: &Kube, clients: &[Arc<Client>], controller_vmid: u32, claim:
             p.claim_name,
             p.to
         ),
-        (None, true) => bail!("nothing to resume or roll back: {pv_name} records no interrupted operation"),
+        (None, true) => {
+            bail!("nothing to resume or roll back: {pv_name} records no interrupted operation")
+        }
         (None, false) => {
-            let from = id.zone.clone().with_context(|| format!("{handle} is on shared storage: every node reaches it, there is nothing to move"))?;
+            let from = id.zone.clone().with_context(|| {
+                format!(
+                    "{handle} is on shared storage: every node reaches it, there is nothing to move"
+                )
+            })?;
             if from == to {
                 bail!("{handle} is on {to} already");
             }
@@ -117,7 +159,11 @@ pub async fn run(k: &Kube, clients: &[Arc<Client>], controller_vmid: u32, claim:
                 claim_name: claim.to_string(),
                 from,
                 to: to.to_string(),
-                reclaim: pv.spec.as_ref().and_then(|s| s.persistent_volume_reclaim_policy.clone()).unwrap_or_else(|| "Delete".into()),
+                reclaim: pv
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.persistent_volume_reclaim_policy.clone())
+                    .unwrap_or_else(|| "Delete".into()),
                 volume: serde_json::to_value(&pv)?,
                 claim: serde_json::to_value(&pvc)?,
                 cordoned: Vec::new(),
@@ -127,11 +173,24 @@ pub async fn run(k: &Kube, clients: &[Arc<Client>], controller_vmid: u32, claim:
     if opts.dry_run {
         return Ok(describe(&plan, &handle));
     }
-    let client = clients.iter().find(|c| c.region() == id.region).cloned().with_context(|| format!("region {} is not in the cloud config", id.region))?;
+    let client = clients
+        .iter()
+        .find(|c| c.region() == id.region)
+        .cloned()
+        .with_context(|| format!("region {} is not in the cloud config", id.region))?;
     if opts.rollback {
-        let ctl = Controller::new(vec![client.clone()], controller_vmid, Duration::from_secs(60));
+        let ctl = Controller::new(
+            vec![client.clone()],
+            controller_vmid,
+            Duration::from_secs(60),
+        );
         let d = Deadline::after(Duration::from_secs(60));
-        if ctl.vms.own(&client, &carrier_name(&pv_name), VOLUME_TAG, d).await?.is_none() {
+        if ctl
+            .vms
+            .own(&client, &carrier_name(&pv_name), VOLUME_TAG, d)
+            .await?
+            .is_none()
+        {
             // Nothing moved in Proxmox yet: only the record and the policy to undo.
             k.pvs()
                 .patch(&pv_name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"persistentVolumeReclaimPolicy": plan.reclaim}, "metadata": {"annotations": {OPERATION: null}}})))
@@ -139,10 +198,23 @@ pub async fn run(k: &Kube, clients: &[Arc<Client>], controller_vmid: u32, claim:
             for n in &plan.cordoned {
                 let _ = k.set_unschedulable(n, false).await;
             }
-            return Ok(vec![format!("nothing had moved; restored {pv_name} reclaimPolicy {}", plan.reclaim)]);
+            return Ok(vec![format!(
+                "nothing had moved; restored {pv_name} reclaimPolicy {}",
+                plan.reclaim
+            )]);
         }
     }
-    let result = forward(k, client, controller_vmid, &mut plan, &pv_name, &id, opts, timeout).await;
+    let result = forward(
+        k,
+        client,
+        controller_vmid,
+        &mut plan,
+        &pv_name,
+        &id,
+        opts,
+        timeout,
+    )
+    .await;
     for n in &plan.cordoned {
         let _ = k.set_unschedulable(n, false).await;
     }
@@ -150,39 +222,90 @@ pub async fn run(k: &Kube, clients: &[Arc<Client>], controller_vmid: u32, claim:
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn forward(k: &Kube, client: Arc<Client>, controller_vmid: u32, plan: &mut Plan, pv_name: &str, id: &VolumeId, opts: Options, timeout: Duration) -> Result<Vec<String>> {
+async fn forward(
+    k: &Kube,
+    client: Arc<Client>,
+    controller_vmid: u32,
+    plan: &mut Plan,
+    pv_name: &str,
+    id: &VolumeId,
+    opts: Options,
+    timeout: Duration,
+) -> Result<Vec<String>> {
     let mut steps = Vec::new();
     let d = || Deadline::after(timeout);
     let claims = vec![plan.claim_name.clone()];
-    let users = k.cordon_users(&claims, opts.force, &mut plan.cordoned, &mut steps).await?;
+    let users = k
+        .cordon_users(&claims, opts.force, &mut plan.cordoned, &mut steps)
+        .await?;
     let record = serde_json::to_string(plan)?;
-    let annotate = async |v: serde_json::Value| k.pvs().patch(pv_name, &PatchParams::default(), &Patch::Merge(v)).await;
+    let annotate = async |v: serde_json::Value| {
+        k.pvs()
+            .patch(pv_name, &PatchParams::default(), &Patch::Merge(v))
+            .await
+    };
     if k.pvs().get_opt(pv_name).await?.is_some() {
         annotate(json!({"metadata": {"annotations": {OPERATION: record}}, "spec": {"persistentVolumeReclaimPolicy": "Retain"}})).await?;
     }
     k.remove_users(&users, &claims, &mut steps).await?;
 
-    let ctl = Controller::new(vec![client.clone()], controller_vmid, Duration::from_secs(120));
+    let ctl = Controller::new(
+        vec![client.clone()],
+        controller_vmid,
+        Duration::from_secs(120),
+    );
     let new_volid = move_disk(&ctl, &client, plan, pv_name, id, d, &mut steps).await?;
 
     // The volume again, with its new handle and zone; then its claim.
-    let new_handle = VolumeId { region: id.region.clone(), zone: Some(plan.to.clone()), storage: id.storage.clone(), disk: new_volid.split_once(':').map(|(_, n)| n.to_string()).unwrap_or_default() };
+    let new_handle = VolumeId {
+        region: id.region.clone(),
+        zone: Some(plan.to.clone()),
+        storage: id.storage.clone(),
+        disk: new_volid
+            .split_once(':')
+            .map(|(_, n)| n.to_string())
+            .unwrap_or_default(),
+    };
     if let Some(c) = k.pvcs().get_opt(&plan.claim_name).await?
         && c.spec.as_ref().and_then(|s| s.volume_name.as_deref()) == Some(pv_name)
-        && k.pvs().get_opt(pv_name).await?.is_some_and(|p| p.spec.and_then(|s| s.csi).is_some_and(|c| c.volume_handle != new_handle.to_string()))
+        && k.pvs().get_opt(pv_name).await?.is_some_and(|p| {
+            p.spec
+                .and_then(|s| s.csi)
+                .is_some_and(|c| c.volume_handle != new_handle.to_string())
+        })
     {
-        k.pvcs().delete(&plan.claim_name, &DeleteParams::foreground()).await?;
-        k.wait_gone("the claim", async || Ok(k.pvcs().get_opt(&plan.claim_name).await?.is_some())).await?;
-        steps.push(format!("deleted claim {}/{}", plan.namespace, plan.claim_name));
+        k.pvcs()
+            .delete(&plan.claim_name, &DeleteParams::foreground())
+            .await?;
+        k.wait_gone("the claim", async || {
+            Ok(k.pvcs().get_opt(&plan.claim_name).await?.is_some())
+        })
+        .await?;
+        steps.push(format!(
+            "deleted claim {}/{}",
+            plan.namespace, plan.claim_name
+        ));
     }
-    if k.pvs().get_opt(pv_name).await?.is_some_and(|p| p.spec.and_then(|s| s.csi).is_some_and(|c| c.volume_handle != new_handle.to_string())) {
+    if k.pvs().get_opt(pv_name).await?.is_some_and(|p| {
+        p.spec
+            .and_then(|s| s.csi)
+            .is_some_and(|c| c.volume_handle != new_handle.to_string())
+    }) {
         k.pvs().delete(pv_name, &DeleteParams::default()).await?;
-        k.wait_gone("the volume", async || Ok(k.pvs().get_opt(pv_name).await?.is_some())).await?;
+        k.wait_gone("the volume", async || {
+            Ok(k.pvs().get_opt(pv_name).await?.is_some())
+        })
+        .await?;
         steps.push(format!("deleted volume {pv_name} (Retain: the disk stays)"));
     }
     if k.pvs().get_opt(pv_name).await?.is_none() {
         let mut v: PersistentVolume = serde_json::from_value(plan.volume.clone())?;
-        v.metadata = kube::api::ObjectMeta { name: Some(pv_name.to_string()), labels: v.metadata.labels.take(), annotations: v.metadata.annotations.take(), ..Default::default() };
+        v.metadata = kube::api::ObjectMeta {
+            name: Some(pv_name.to_string()),
+            labels: v.metadata.labels.take(),
+            annotations: v.metadata.annotations.take(),
+            ..Default::default()
+        };
         if let Some(a) = v.metadata.annotations.as_mut() {
             a.remove(OPERATION);
         }
@@ -198,28 +321,36 @@ async fn forward(k: &Kube, client: Arc<Client>, controller_vmid: u32, plan: &mut
             name: Some(plan.claim_name.clone()),
             ..Default::default()
         });
-        spec.node_affinity = Some(serde_json::from_value(json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
+        spec.node_affinity = Some(serde_json::from_value(
+            json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
             {"key": "topology.kubernetes.io/region", "operator": "In", "values": [id.region]},
-            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [plan.to]}]}]}}))?);
+            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [plan.to]}]}]}}),
+        )?);
         v.spec = Some(spec);
         k.pvs().create(&PostParams::default(), &v).await?;
         steps.push(format!("created volume {pv_name} with handle {new_handle}"));
     }
     if k.pvcs().get_opt(&plan.claim_name).await?.is_none() {
-        let mut c: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(plan.claim.clone())?;
+        let mut c: k8s_openapi::api::core::v1::PersistentVolumeClaim =
+            serde_json::from_value(plan.claim.clone())?;
         c.metadata = kube::api::ObjectMeta {
             name: Some(plan.claim_name.clone()),
             namespace: Some(plan.namespace.clone()),
             labels: c.metadata.labels.take(),
             annotations: c.metadata.annotations.take().map(|mut a| {
-                a.retain(|k, _| !k.starts_with("pv.kubernetes.io/") && !k.starts_with("volume.kubernetes.io/"));
+                a.retain(|k, _| {
+                    !k.starts_with("pv.kubernetes.io/") && !k.starts_with("volume.kubernetes.io/")
+                });
                 a
             }),
             ..Default::default()
         };
         c.status = None;
         k.pvcs().create(&PostParams::default(), &c).await?;
-        steps.push(format!("created claim {}/{} bound to {pv_name}", plan.namespace, plan.claim_name));
+        steps.push(format!(
+            "created claim {}/{} bound to {pv_name}",
+            plan.namespace, plan.claim_name
+        ));
     }
     annotate(json!({"spec": {"persistentVolumeReclaimPolicy": plan.reclaim}, "metadata": {"annotations": {OPERATION: null}}})).await?;
     steps.push(format!("restored {pv_name} reclaimPolicy {}", plan.reclaim));
@@ -228,7 +359,15 @@ async fn forward(k: &Kube, client: Arc<Client>, controller_vmid: u32, plan: &mut
 
 /// The Proxmox half: holder, carrier, offline migration, `unused0`.
 /// Returns the disk's new volid. Each step is skipped when done already.
-async fn move_disk(ctl: &Controller, client: &Arc<Client>, plan: &Plan, pv_name: &str, id: &VolumeId, d: impl Fn() -> Deadline, steps: &mut Vec<String>) -> Result<String> {
+async fn move_disk(
+    ctl: &Controller,
+    client: &Arc<Client>,
+    plan: &Plan,
+    pv_name: &str,
+    id: &VolumeId,
+    d: impl Fn() -> Deadline,
+    steps: &mut Vec<String>,
+) -> Result<String> {
     let name = carrier_name(pv_name);
     let carrier = match ctl.vms.own(client, &name, VOLUME_TAG, d()).await? {
         Some(vm) => vm,
@@ -237,25 +376,70 @@ async fn move_disk(ctl: &Controller, client: &Arc<Client>, plan: &Plan, pv_name:
             let started = Instant::now();
             while let Some(vmid) = attached(ctl, client, &id.volid(), d()).await? {
                 if started.elapsed() > Duration::from_secs(600) {
-                    bail!("{} is still attached to VM {vmid} after 10 minutes", id.volid());
+                    bail!(
+                        "{} is still attached to VM {vmid} after 10 minutes",
+                        id.volid()
+                    );
                 }
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
-            let description = format!("Proxmox CSI volume {pv_name}, moved from {} to {} by pvecsictl. It is kept stopped, as unused0.\nDelete it through Kubernetes, not here.\n", plan.from, plan.to);
-            let vm = ctl.new_vm(client, &plan.from, &NewVm { name: &name, kind: VOLUME_TAG, description }, d()).await?;
+            let description = format!(
+                "Proxmox CSI volume {pv_name}, moved from {} to {} by pvecsictl. It is kept stopped, as unused0.\nDelete it through Kubernetes, not here.\n",
+                plan.from, plan.to
+            );
+            let vm = ctl
+                .new_vm(
+                    client,
+                    &plan.from,
+                    &NewVm {
+                        name: &name,
+                        kind: VOLUME_TAG,
+                        description,
+                    },
+                    d(),
+                )
+                .await?;
             steps.push(format!("created carrier VM {} on {}", vm.vmid, plan.from));
             vm
         }
     };
-    let cfg = client.vm_config(&carrier.node, carrier.vmid, d()).await?.values;
+    let cfg = client
+        .vm_config(&carrier.node, carrier.vmid, d())
+        .await?
+        .values;
     if !cfg.contains_key("scsi0") && !cfg.contains_key("unused0") {
         let holder = ctl.holder(client, &plan.from, d()).await?;
-        let attach = Op::Attach { volid: id.volid(), handle: id.to_string(), opts: BTreeMap::new(), limit: None };
-        let slot = ctl.attacher.submit(client.clone(), &plan.from, holder, attach, d()).await?.context("holder attach gave no slot")?.slot;
-        let form = [("disk", slot.clone()), ("target-vmid", carrier.vmid.to_string()), ("target-disk", "scsi0".to_string())];
-        let upid: String = client.call(Method::POST, &format!("/nodes/{}/qemu/{holder}/move_disk", plan.from), &form, d()).await?;
+        let attach = Op::Attach {
+            volid: id.volid(),
+            handle: id.to_string(),
+            opts: BTreeMap::new(),
+            limit: None,
+        };
+        let slot = ctl
+            .attacher
+            .submit(client.clone(), &plan.from, holder, attach, d())
+            .await?
+            .context("holder attach gave no slot")?
+            .slot;
+        let form = [
+            ("disk", slot.clone()),
+            ("target-vmid", carrier.vmid.to_string()),
+            ("target-disk", "scsi0".to_string()),
+        ];
+        let upid: String = client
+            .call(
+                Method::POST,
+                &format!("/nodes/{}/qemu/{holder}/move_disk", plan.from),
+                &form,
+                d(),
+            )
+            .await?;
         client.wait_task(&upid, d()).await?;
-        steps.push(format!("handed {} from holder VM {holder} to carrier VM {}", id.volid(), carrier.vmid));
+        steps.push(format!(
+            "handed {} from holder VM {holder} to carrier VM {}",
+            id.volid(),
+            carrier.vmid
+        ));
     }
     if carrier.node != plan.to {
         // The disk's size, for the progress of dd's byte counts.
@@ -295,18 +479,36 @@ async fn move_disk(ctl: &Controller, client: &Arc<Client>, plan: &Plan, pv_name:
                     tokio::time::sleep(Duration::from_secs(2)).await;
                 }
                 TaskState::Done => break,
-                TaskState::Failed(e) => bail!("migrating carrier VM {} to {}: {e}", carrier.vmid, plan.to),
+                TaskState::Failed(e) => {
+                    bail!("migrating carrier VM {} to {}: {e}", carrier.vmid, plan.to)
+                }
             }
         }
         ctl.vms.invalidate(client.region()).await;
-        steps.push(format!("migrated carrier VM {} to {}", carrier.vmid, plan.to));
+        steps.push(format!(
+            "migrated carrier VM {} to {}",
+            carrier.vmid, plan.to
+        ));
     }
     let cfg = client.vm_config(&plan.to, carrier.vmid, d()).await?;
     if cfg.values.contains_key("scsi0") {
-        client.update_config(&plan.to, carrier.vmid, &[("delete", "scsi0".to_string()), ("digest", cfg.digest.clone())], d()).await?;
+        client
+            .update_config(
+                &plan.to,
+                carrier.vmid,
+                &[
+                    ("delete", "scsi0".to_string()),
+                    ("digest", cfg.digest.clone()),
+                ],
+                d(),
+            )
+            .await?;
     }
     let cfg = client.vm_config(&plan.to, carrier.vmid, d()).await?.values;
-    let volid = cfg.get("unused0").map(|v| v.split(',').next().unwrap_or_default().to_string()).context("the carrier holds no unused0")?;
+    let volid = cfg
+        .get("unused0")
+        .map(|v| v.split(',').next().unwrap_or_default().to_string())
+        .context("the carrier holds no unused0")?;
     steps.push(format!("the disk is now {volid} on {}", plan.to));
     Ok(volid)
 }
@@ -333,19 +535,31 @@ fn bar(progress: Option<&str>, total: u64) -> String {
     match pct {
         Some(p) => {
             let filled = (p / 5.0).round() as usize;
-            format!("[{}{}] {p:5.1}%", "#".repeat(filled), "-".repeat(20 - filled))
+            format!(
+                "[{}{}] {p:5.1}%",
+                "#".repeat(filled),
+                "-".repeat(20 - filled)
+            )
         }
         None => "[copying]".to_string(),
     }
 }
 
-async fn attached(ctl: &Controller, client: &Client, volid: &str, d: Deadline) -> Result<Option<u32>> {
+async fn attached(
+    ctl: &Controller,
+    client: &Client,
+    volid: &str,
+    d: Deadline,
+) -> Result<Option<u32>> {
     for vm in ctl.vms.all(client, d).await? {
         if vm.has_tag(CSI_TAG) {
             continue;
         }
         let cfg = client.vm_config(&vm.node, vm.vmid, d).await?.values;
-        if cfg.iter().any(|(k, v)| is_disk_key(k) && v.split(',').next() == Some(volid)) {
+        if cfg
+            .iter()
+            .any(|(k, v)| is_disk_key(k) && v.split(',').next() == Some(volid))
+        {
             return Ok(Some(vm.vmid));
         }
     }

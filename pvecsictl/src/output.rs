@@ -21,7 +21,11 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         }
     }
     let line = |cells: Vec<String>| {
-        let padded: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
+        let padded: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect();
         padded.join("  ").trim_end().to_string()
     };
     let mut out = line(header.iter().map(|h| h.to_string()).collect());
@@ -55,7 +59,13 @@ pub fn findings(list: &[Finding], format: Format) -> String {
         .iter()
         .map(|x| {
             let sev = format!("{:?}", x.severity).to_uppercase();
-            vec![paint(x.severity, &sev, colour), x.check.to_string(), x.subject.clone(), x.finding.clone(), x.remedy.clone()]
+            vec![
+                paint(x.severity, &sev, colour),
+                x.check.to_string(),
+                x.subject.clone(),
+                x.finding.clone(),
+                x.remedy.clone(),
+            ]
         })
         .collect();
     table(&["STATUS", "CHECK", "SUBJECT", "FINDING", "REMEDY"], &rows)
@@ -73,10 +83,19 @@ pub fn orphans(list: &[Orphan], format: Format) -> String {
                 o.node.clone(),
                 o.volid.clone(),
                 format!("{:.1} GiB", o.size as f64 / f64::from(1u32 << 30)),
-                o.age_days.map(|d| format!("{d} d")).unwrap_or_else(|| "?".into()),
-                if o.attached_to.is_empty() { "-".into() } else { format!("VM {:?} (kept)", o.attached_to) },
+                o.age_days
+                    .map(|d| format!("{d} d"))
+                    .unwrap_or_else(|| "?".into()),
+                if o.attached_to.is_empty() {
+                    "-".into()
+                } else {
+                    format!("VM {:?} (kept)", o.attached_to)
+                },
             ]
         })
         .collect();
-    table(&["REGION", "NODE", "DISK", "SIZE", "AGE", "ATTACHED"], &rows)
+    table(
+        &["REGION", "NODE", "DISK", "SIZE", "AGE", "ATTACHED"],
+        &rows,
+    )
 }

@@ -12,7 +12,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -61,7 +63,9 @@ pub struct Kube {
 
 impl std::fmt::Debug for Kube {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kube").field("namespace", &self.namespace).finish_non_exhaustive()
+        f.debug_struct("Kube")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
     }
 }
 
@@ -91,13 +95,19 @@ impl Kube {
                 },
                 ..Default::default()
             };
-            let r = api.create(&PostParams::default(), &review).await.context("SelfSubjectAccessReview")?;
+            let r = api
+                .create(&PostParams::default(), &review)
+                .await
+                .context("SelfSubjectAccessReview")?;
             if !r.status.is_some_and(|s| s.allowed) {
                 missing.push(format!("{verb} {resource}"));
             }
         }
         if !missing.is_empty() {
-            bail!("rbac: you are not allowed to {}; nothing was changed", missing.join(", "));
+            bail!(
+                "rbac: you are not allowed to {}; nothing was changed",
+                missing.join(", ")
+            );
         }
         Ok(())
     }
@@ -109,10 +119,19 @@ impl Kube {
             .list(&ListParams::default())
             .await?
             .into_iter()
-            .filter(|p| !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed")))
+            .filter(|p| {
+                !matches!(
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Succeeded" | "Failed")
+                )
+            })
             .filter(|p| {
                 p.spec.as_ref().is_some_and(|s| {
-                    s.volumes.iter().flatten().any(|v| v.persistent_volume_claim.as_ref().is_some_and(|c| claims.contains(&c.claim_name)))
+                    s.volumes.iter().flatten().any(|v| {
+                        v.persistent_volume_claim
+                            .as_ref()
+                            .is_some_and(|c| claims.contains(&c.claim_name))
+                    })
                 })
             })
             .collect())
@@ -120,18 +139,39 @@ impl Kube {
 
     /// The pods using `claims`, with their nodes cordoned (each one this
     /// run cordons is added to `cordoned`); refused without `force`.
-    pub(crate) async fn cordon_users(&self, claims: &[String], force: bool, cordoned: &mut Vec<String>, steps: &mut Vec<String>) -> Result<Vec<Pod>> {
+    pub(crate) async fn cordon_users(
+        &self,
+        claims: &[String],
+        force: bool,
+        cordoned: &mut Vec<String>,
+        steps: &mut Vec<String>,
+    ) -> Result<Vec<Pod>> {
         let users = self.users(claims).await?;
         if users.is_empty() {
             return Ok(users);
         }
-        let names: Vec<String> = users.iter().filter_map(|p| p.metadata.name.clone()).collect();
+        let names: Vec<String> = users
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
         if !force {
-            bail!("claims {} are used by pods {}: stop them or use --force (cordons their nodes and deletes them)", claims.join(", "), names.join(", "));
+            bail!(
+                "claims {} are used by pods {}: stop them or use --force (cordons their nodes and deletes them)",
+                claims.join(", "),
+                names.join(", ")
+            );
         }
         let nodes: Api<Node> = Api::all(self.client.clone());
-        for node in users.iter().filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone())) {
-            let already = nodes.get(&node).await?.spec.and_then(|s| s.unschedulable).unwrap_or(false);
+        for node in users
+            .iter()
+            .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+        {
+            let already = nodes
+                .get(&node)
+                .await?
+                .spec
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false);
             if !already && !cordoned.contains(&node) {
                 self.set_unschedulable(&node, true).await?;
                 cordoned.push(node.clone());
@@ -142,23 +182,41 @@ impl Kube {
     }
 
     /// Deletes `users` and waits until no pod uses `claims`.
-    pub(crate) async fn remove_users(&self, users: &[Pod], claims: &[String], steps: &mut Vec<String>) -> Result<()> {
+    pub(crate) async fn remove_users(
+        &self,
+        users: &[Pod],
+        claims: &[String],
+        steps: &mut Vec<String>,
+    ) -> Result<()> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
         for p in users {
             let name = p.metadata.name.clone().unwrap_or_default();
             pods.delete(&name, &DeleteParams::default()).await?;
             steps.push(format!("deleted pod {name}"));
         }
-        self.wait_gone("pods using the claims", async || Ok(!self.users(claims).await?.is_empty())).await
+        self.wait_gone("pods using the claims", async || {
+            Ok(!self.users(claims).await?.is_empty())
+        })
+        .await
     }
 
     pub(crate) async fn set_unschedulable(&self, node: &str, yes: bool) -> Result<()> {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        nodes.patch(node, &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": yes}}))).await?;
+        nodes
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"unschedulable": yes}})),
+            )
+            .await?;
         Ok(())
     }
 
-    pub(crate) async fn wait_gone(&self, what: &str, mut exists: impl AsyncFnMut() -> Result<bool>) -> Result<()> {
+    pub(crate) async fn wait_gone(
+        &self,
+        what: &str,
+        mut exists: impl AsyncFnMut() -> Result<bool>,
+    ) -> Result<()> {
         let started = Instant::now();
         while exists().await? {
             if started.elapsed() > Duration::from_secs(600) {
@@ -175,19 +233,28 @@ fn bound_to(c: &PersistentVolumeClaim, volume: &str) -> bool {
 }
 
 fn annotation(pv: &PersistentVolume) -> Option<Plan> {
-    pv.metadata.annotations.as_ref()?.get(OPERATION).and_then(|a| serde_json::from_str(a).ok())
+    pv.metadata
+        .annotations
+        .as_ref()?
+        .get(OPERATION)
+        .and_then(|a| serde_json::from_str(a).ok())
 }
 
 /// The claim to create in place of `m.from`: its spec, labels and
 /// annotations, minus what binding wrote, bound to `m.volume`.
 fn new_claim(namespace: &str, name: &str, m: &Move) -> Result<PersistentVolumeClaim> {
-    let mut c: PersistentVolumeClaim = serde_json::from_value(m.claim.clone()).context("recorded claim")?;
+    let mut c: PersistentVolumeClaim =
+        serde_json::from_value(m.claim.clone()).context("recorded claim")?;
     c.metadata = kube::api::ObjectMeta {
         name: Some(name.to_string()),
         namespace: Some(namespace.to_string()),
         labels: c.metadata.labels.take(),
         annotations: c.metadata.annotations.take().map(|mut a| {
-            a.retain(|k, _| !k.starts_with("pv.kubernetes.io/") && !k.starts_with("volume.kubernetes.io/") && k != OPERATION);
+            a.retain(|k, _| {
+                !k.starts_with("pv.kubernetes.io/")
+                    && !k.starts_with("volume.kubernetes.io/")
+                    && k != OPERATION
+            });
             a
         }),
         ..Default::default()
@@ -201,16 +268,32 @@ fn new_claim(namespace: &str, name: &str, m: &Move) -> Result<PersistentVolumeCl
 
 /// The steps, for `--dry-run` and the log.
 pub fn describe(plan: &Plan) -> Vec<String> {
-    let mut steps = vec![format!("record the plan in the annotation {OPERATION} of {}", plan.moves.iter().map(|m| m.volume.as_str()).collect::<Vec<_>>().join(", "))];
+    let mut steps = vec![format!(
+        "record the plan in the annotation {OPERATION} of {}",
+        plan.moves
+            .iter()
+            .map(|m| m.volume.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )];
     for m in &plan.moves {
-        steps.push(format!("set {} reclaimPolicy Retain (was {})", m.volume, m.reclaim));
+        steps.push(format!(
+            "set {} reclaimPolicy Retain (was {})",
+            m.volume, m.reclaim
+        ));
     }
     for m in &plan.moves {
         steps.push(format!("delete claim {}/{}", plan.namespace, m.from));
     }
     for m in &plan.moves {
-        steps.push(format!("create claim {}/{} bound to {}", plan.namespace, m.to, m.volume));
-        steps.push(format!("point {} claimRef at {}/{}", m.volume, plan.namespace, m.to));
+        steps.push(format!(
+            "create claim {}/{} bound to {}",
+            plan.namespace, m.to, m.volume
+        ));
+        steps.push(format!(
+            "point {} claimRef at {}/{}",
+            m.volume, plan.namespace, m.to
+        ));
     }
     for m in &plan.moves {
         steps.push(format!("restore {} reclaimPolicy {}", m.volume, m.reclaim));
@@ -223,8 +306,19 @@ pub fn describe(plan: &Plan) -> Vec<String> {
 
 /// Runs (or resumes, or rolls back) the moves `pairs` of (claim, new name)
 /// as operation `op`; returns the steps taken (or planned, with dry_run).
-pub async fn run(k: &Kube, op: &str, pairs: &[(String, String)], opts: Options) -> Result<Vec<String>> {
-    let mut needs = vec![("get", "persistentvolumeclaims", true), ("create", "persistentvolumeclaims", true), ("delete", "persistentvolumeclaims", true), ("patch", "persistentvolumes", false), ("list", "pods", true)];
+pub async fn run(
+    k: &Kube,
+    op: &str,
+    pairs: &[(String, String)],
+    opts: Options,
+) -> Result<Vec<String>> {
+    let mut needs = vec![
+        ("get", "persistentvolumeclaims", true),
+        ("create", "persistentvolumeclaims", true),
+        ("delete", "persistentvolumeclaims", true),
+        ("patch", "persistentvolumes", false),
+        ("list", "pods", true),
+    ];
     if opts.force {
         needs.extend([("delete", "pods", true), ("patch", "nodes", false)]);
     }
@@ -246,15 +340,28 @@ pub async fn run(k: &Kube, op: &str, pairs: &[(String, String)], opts: Options) 
                 .list(&ListParams::default())
                 .await?
                 .into_iter()
-                .find(|pv| annotation(pv).is_some_and(|p| p.moves.iter().any(|m| &m.from == from && &m.to == to)))
+                .find(|pv| {
+                    annotation(pv)
+                        .is_some_and(|p| p.moves.iter().any(|m| &m.from == from && &m.to == to))
+                })
                 .and_then(|pv| pv.metadata.name)
-                .with_context(|| format!("claim {}/{from} does not exist (and no interrupted {op} records it)", k.namespace))?,
+                .with_context(|| {
+                    format!(
+                        "claim {}/{from} does not exist (and no interrupted {op} records it)",
+                        k.namespace
+                    )
+                })?,
         };
         volumes.push((from.clone(), to.clone(), pv_name));
     }
     let mut pvs = Vec::new();
     for (_, _, name) in &volumes {
-        pvs.push(k.pvs().get(name).await.with_context(|| format!("PersistentVolume {name}"))?);
+        pvs.push(
+            k.pvs()
+                .get(name)
+                .await
+                .with_context(|| format!("PersistentVolume {name}"))?,
+        );
     }
     let recorded = pvs.iter().find_map(annotation);
     let plan = match (recorded, opts.resume || opts.rollback) {
@@ -262,9 +369,15 @@ pub async fn run(k: &Kube, op: &str, pairs: &[(String, String)], opts: Options) 
         (Some(p), false) => bail!(
             "an interrupted {} of {} is recorded on its volumes: run again with --resume to finish it or --rollback to undo it",
             p.op,
-            p.moves.iter().map(|m| format!("{} → {}", m.from, m.to)).collect::<Vec<_>>().join(", ")
+            p.moves
+                .iter()
+                .map(|m| format!("{} → {}", m.from, m.to))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
-        (None, true) => bail!("nothing to resume or roll back: no volume records an interrupted operation"),
+        (None, true) => {
+            bail!("nothing to resume or roll back: no volume records an interrupted operation")
+        }
         (None, false) => {
             let mut moves = Vec::new();
             for ((from, to, volume), pv) in volumes.iter().zip(&pvs) {
@@ -279,18 +392,31 @@ pub async fn run(k: &Kube, op: &str, pairs: &[(String, String)], opts: Options) 
                     volume: volume.clone(),
                     from: from.clone(),
                     to: to.clone(),
-                    reclaim: pv.spec.as_ref().and_then(|s| s.persistent_volume_reclaim_policy.clone()).unwrap_or_else(|| "Delete".into()),
+                    reclaim: pv
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.persistent_volume_reclaim_policy.clone())
+                        .unwrap_or_else(|| "Delete".into()),
                     claim: serde_json::to_value(&claim)?,
                 });
             }
-            Plan { op: op.to_string(), namespace: k.namespace.clone(), moves, cordoned: Vec::new() }
+            Plan {
+                op: op.to_string(),
+                namespace: k.namespace.clone(),
+                moves,
+                cordoned: Vec::new(),
+            }
         }
     };
     if opts.dry_run {
         return Ok(describe(&plan));
     }
     let mut plan = plan;
-    let result = if opts.rollback { roll_back(k, &plan).await } else { forward(k, &mut plan, opts.force).await };
+    let result = if opts.rollback {
+        roll_back(k, &plan).await
+    } else {
+        forward(k, &mut plan, opts.force).await
+    };
     // Whatever happened, the nodes this run cordoned are uncordoned.
     let mut uncordon_errors = Vec::new();
     for n in &plan.cordoned {
@@ -300,7 +426,10 @@ pub async fn run(k: &Kube, op: &str, pairs: &[(String, String)], opts: Options) 
     }
     let mut steps = result?;
     if !uncordon_errors.is_empty() {
-        bail!("done, but uncordoning failed: {}", uncordon_errors.join("; "));
+        bail!(
+            "done, but uncordoning failed: {}",
+            uncordon_errors.join("; ")
+        );
     }
     if !plan.cordoned.is_empty() {
         steps.push(format!("uncordoned {}", plan.cordoned.join(", ")));
@@ -311,7 +440,13 @@ pub async fn run(k: &Kube, op: &str, pairs: &[(String, String)], opts: Options) 
 async fn record(k: &Kube, plan: &Plan) -> Result<()> {
     let text = serde_json::to_string(plan)?;
     for m in &plan.moves {
-        k.pvs().patch(&m.volume, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {OPERATION: text}}}))).await?;
+        k.pvs()
+            .patch(
+                &m.volume,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {OPERATION: text}}})),
+            )
+            .await?;
     }
     Ok(())
 }
@@ -319,12 +454,20 @@ async fn record(k: &Kube, plan: &Plan) -> Result<()> {
 async fn forward(k: &Kube, plan: &mut Plan, force: bool) -> Result<Vec<String>> {
     let mut steps = Vec::new();
     let olds: Vec<String> = plan.moves.iter().map(|m| m.from.clone()).collect();
-    let users = k.cordon_users(&olds, force, &mut plan.cordoned, &mut steps).await?;
+    let users = k
+        .cordon_users(&olds, force, &mut plan.cordoned, &mut steps)
+        .await?;
     record(k, plan).await?;
     k.remove_users(&users, &olds, &mut steps).await?;
 
     for m in &plan.moves {
-        k.pvs().patch(&m.volume, &PatchParams::default(), &Patch::Merge(json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}}))).await?;
+        k.pvs()
+            .patch(
+                &m.volume,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}})),
+            )
+            .await?;
         steps.push(format!("set {} reclaimPolicy Retain", m.volume));
     }
     for m in &plan.moves {
@@ -333,23 +476,47 @@ async fn forward(k: &Kube, plan: &mut Plan, force: bool) -> Result<Vec<String>> 
         if let Some(c) = k.pvcs().get_opt(&m.from).await?
             && bound_to(&c, &m.volume)
         {
-            k.pvcs().delete(&m.from, &DeleteParams::foreground()).await?;
+            k.pvcs()
+                .delete(&m.from, &DeleteParams::foreground())
+                .await?;
             steps.push(format!("deleted claim {}/{}", k.namespace, m.from));
-            k.wait_gone("the old claim", async || Ok(k.pvcs().get_opt(&m.from).await?.is_some_and(|c| bound_to(&c, &m.volume)))).await?;
+            k.wait_gone("the old claim", async || {
+                Ok(k.pvcs()
+                    .get_opt(&m.from)
+                    .await?
+                    .is_some_and(|c| bound_to(&c, &m.volume)))
+            })
+            .await?;
         }
     }
     for m in &plan.moves {
         let created = match k.pvcs().get_opt(&m.to).await? {
             Some(c) if bound_to(&c, &m.volume) => c,
-            Some(_) => bail!("claim {}/{} exists and is bound elsewhere", k.namespace, m.to),
+            Some(_) => bail!(
+                "claim {}/{} exists and is bound elsewhere",
+                k.namespace,
+                m.to
+            ),
             None => {
-                let c = k.pvcs().create(&PostParams::default(), &new_claim(&k.namespace, &m.to, m)?).await?;
-                steps.push(format!("created claim {}/{} bound to {}", k.namespace, m.to, m.volume));
+                let c = k
+                    .pvcs()
+                    .create(&PostParams::default(), &new_claim(&k.namespace, &m.to, m)?)
+                    .await?;
+                steps.push(format!(
+                    "created claim {}/{} bound to {}",
+                    k.namespace, m.to, m.volume
+                ));
                 c
             }
         };
         let claim_ref = json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": k.namespace, "name": m.to, "uid": created.metadata.uid});
-        k.pvs().patch(&m.volume, &PatchParams::default(), &Patch::Merge(json!({"spec": {"claimRef": claim_ref}}))).await?;
+        k.pvs()
+            .patch(
+                &m.volume,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"claimRef": claim_ref}})),
+            )
+            .await?;
     }
     finish(k, plan, &mut steps).await?;
     Ok(steps)
@@ -375,7 +542,13 @@ async fn finish(k: &Kube, plan: &Plan, steps: &mut Vec<String>) -> Result<()> {
 async fn roll_back(k: &Kube, plan: &Plan) -> Result<Vec<String>> {
     let mut steps = Vec::new();
     for m in &plan.moves {
-        k.pvs().patch(&m.volume, &PatchParams::default(), &Patch::Merge(json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}}))).await?;
+        k.pvs()
+            .patch(
+                &m.volume,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}})),
+            )
+            .await?;
     }
     for m in &plan.moves {
         if let Some(c) = k.pvcs().get_opt(&m.to).await?
@@ -383,21 +556,46 @@ async fn roll_back(k: &Kube, plan: &Plan) -> Result<Vec<String>> {
         {
             k.pvcs().delete(&m.to, &DeleteParams::foreground()).await?;
             steps.push(format!("deleted claim {}/{}", k.namespace, m.to));
-            k.wait_gone("the new claim", async || Ok(k.pvcs().get_opt(&m.to).await?.is_some_and(|c| bound_to(&c, &m.volume)))).await?;
+            k.wait_gone("the new claim", async || {
+                Ok(k.pvcs()
+                    .get_opt(&m.to)
+                    .await?
+                    .is_some_and(|c| bound_to(&c, &m.volume)))
+            })
+            .await?;
         }
     }
     for m in &plan.moves {
         let claim = match k.pvcs().get_opt(&m.from).await? {
             Some(c) if bound_to(&c, &m.volume) => c,
-            Some(_) => bail!("claim {}/{} exists and is bound elsewhere; nothing more was undone", k.namespace, m.from),
+            Some(_) => bail!(
+                "claim {}/{} exists and is bound elsewhere; nothing more was undone",
+                k.namespace,
+                m.from
+            ),
             None => {
-                let c = k.pvcs().create(&PostParams::default(), &new_claim(&k.namespace, &m.from, m)?).await?;
-                steps.push(format!("recreated claim {}/{} bound to {}", k.namespace, m.from, m.volume));
+                let c = k
+                    .pvcs()
+                    .create(
+                        &PostParams::default(),
+                        &new_claim(&k.namespace, &m.from, m)?,
+                    )
+                    .await?;
+                steps.push(format!(
+                    "recreated claim {}/{} bound to {}",
+                    k.namespace, m.from, m.volume
+                ));
                 c
             }
         };
         let claim_ref = json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": k.namespace, "name": m.from, "uid": claim.metadata.uid});
-        k.pvs().patch(&m.volume, &PatchParams::default(), &Patch::Merge(json!({"spec": {"claimRef": claim_ref}}))).await?;
+        k.pvs()
+            .patch(
+                &m.volume,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"claimRef": claim_ref}})),
+            )
+            .await?;
     }
     finish(k, plan, &mut steps).await?;
     Ok(steps)

@@ -67,7 +67,12 @@ fn text(v: &Value) -> String {
 }
 
 impl State {
-    pub async fn read(clients: &[Arc<Client>], kube: &kube::Client, controller_vmid: u32, driver: &str) -> Result<Self> {
+    pub async fn read(
+        clients: &[Arc<Client>],
+        kube: &kube::Client,
+        controller_vmid: u32,
+        driver: &str,
+    ) -> Result<Self> {
         let d = || Deadline::after(std::time::Duration::from_secs(60));
         let mut s = State {
             controller_vmid,
@@ -82,7 +87,11 @@ impl State {
         };
         for c in clients {
             let region = c.region().to_string();
-            for res in c.vms(d()).await.with_context(|| format!("region {region}: listing VMs"))? {
+            for res in c
+                .vms(d())
+                .await
+                .with_context(|| format!("region {region}: listing VMs"))?
+            {
                 let config = c.vm_config(&res.node, res.vmid, d()).await?.values;
                 let pending = c
                     .vm_pending(&res.node, res.vmid, d())
@@ -91,16 +100,28 @@ impl State {
                     .filter(|p| p.pending.is_some() || p.delete.is_some())
                     .map(|p| p.key)
                     .collect();
-                s.vms.push(Vm { region: region.clone(), res, config, pending });
+                s.vms.push(Vm {
+                    region: region.clone(),
+                    res,
+                    config,
+                    pending,
+                });
             }
             let mut shared_seen = BTreeSet::new();
             for row in c.storages(d()).await? {
                 s.storages.push((region.clone(), row.clone()));
-                if row.status != "available" || (row.shared == 1 && !shared_seen.insert(row.storage.clone())) {
+                if row.status != "available"
+                    || (row.shared == 1 && !shared_seen.insert(row.storage.clone()))
+                {
                     continue;
                 }
                 let content: Vec<Value> = c
-                    .call(Method::GET, &format!("/nodes/{}/storage/{}/content", row.node, row.storage), &[("content", "images".into())], d())
+                    .call(
+                        Method::GET,
+                        &format!("/nodes/{}/storage/{}/content", row.node, row.storage),
+                        &[("content", "images".into())],
+                        d(),
+                    )
                     .await?;
                 for v in content {
                     s.disks.push(Disk {
@@ -112,12 +133,29 @@ impl State {
                     });
                 }
             }
-            let perms: BTreeMap<String, BTreeMap<String, Value>> =
-                c.call(Method::GET, "/access/permissions", &[("path", "/".into())], d()).await.unwrap_or_default();
-            s.privileges.insert(region, perms.get("/").map(|m| m.keys().cloned().collect()).unwrap_or_default());
+            let perms: BTreeMap<String, BTreeMap<String, Value>> = c
+                .call(
+                    Method::GET,
+                    "/access/permissions",
+                    &[("path", "/".into())],
+                    d(),
+                )
+                .await
+                .unwrap_or_default();
+            s.privileges.insert(
+                region,
+                perms
+                    .get("/")
+                    .map(|m| m.keys().cloned().collect())
+                    .unwrap_or_default(),
+            );
         }
         let pvs: Api<PersistentVolume> = Api::all(kube.clone());
-        for pv in pvs.list(&ListParams::default()).await.context("Kubernetes: listing PersistentVolumes")? {
+        for pv in pvs
+            .list(&ListParams::default())
+            .await
+            .context("Kubernetes: listing PersistentVolumes")?
+        {
             if let Some(csi) = pv.spec.and_then(|s| s.csi)
                 && csi.driver == driver
             {
@@ -125,7 +163,11 @@ impl State {
             }
         }
         let nodes: Api<Node> = Api::all(kube.clone());
-        for n in nodes.list(&ListParams::default()).await.context("Kubernetes: listing Nodes")? {
+        for n in nodes
+            .list(&ListParams::default())
+            .await
+            .context("Kubernetes: listing Nodes")?
+        {
             let labels = n.metadata.labels.clone().unwrap_or_default();
             let annotations = n.metadata.annotations.clone().unwrap_or_default();
             s.nodes.push(KubeNode {
@@ -151,7 +193,10 @@ impl State {
             .and_then(|v| v.parse::<u32>().ok());
         match by_id {
             Some(vmid) => self.vms.iter().find(|v| v.res.vmid == vmid),
-            None => self.vms.iter().find(|v| v.res.name.as_deref() == Some(n.name.as_str())),
+            None => self
+                .vms
+                .iter()
+                .find(|v| v.res.name.as_deref() == Some(n.name.as_str())),
         }
     }
 
@@ -161,9 +206,10 @@ impl State {
         self.vms
             .iter()
             .filter(|v| {
-                v.config
-                    .iter()
-                    .any(|(k, line)| (is_disk_key(k) || k.starts_with("unused")) && line.split(',').next() == Some(volid))
+                v.config.iter().any(|(k, line)| {
+                    (is_disk_key(k) || k.starts_with("unused"))
+                        && line.split(',').next() == Some(volid)
+                })
             })
             .map(|v| v.res.vmid)
             .collect()

@@ -39,26 +39,37 @@ acl:
 "#;
 
 fn list(kind: &str, items: Vec<Value>) -> Json<Value> {
-    Json(json!({"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items}))
+    Json(
+        json!({"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": items}),
+    )
 }
 
 async fn pvs() -> Json<Value> {
-    let pv = |name: &str, handle: &str| {
-        json!({"metadata": {"name": name}, "spec": {"csi": {"driver": "csi.proxmox.sinextra.dev", "volumeHandle": handle}, "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"]}})
-    };
-    list("PersistentVolumeList", vec![pv("pvc-bound", "region-1/pve2/local-lvm/vm-9999-pvc-bound")])
+    let pv = |name: &str, handle: &str| json!({"metadata": {"name": name}, "spec": {"csi": {"driver": "csi.proxmox.sinextra.dev", "volumeHandle": handle}, "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"]}});
+    list(
+        "PersistentVolumeList",
+        vec![pv("pvc-bound", "region-1/pve2/local-lvm/vm-9999-pvc-bound")],
+    )
 }
 
 async fn nodes() -> Json<Value> {
-    let node = |name: &str, labels: Value, spec: Value, annotations: Value| {
-        json!({"metadata": {"name": name, "labels": labels, "annotations": annotations}, "spec": spec})
-    };
+    let node = |name: &str, labels: Value, spec: Value, annotations: Value| json!({"metadata": {"name": name, "labels": labels, "annotations": annotations}, "spec": spec});
     let zone = |z: &str| json!({"topology.kubernetes.io/region": "region-1", "topology.kubernetes.io/zone": z});
     list(
         "NodeList",
         vec![
-            node("worker-2", zone("pve2"), json!({"providerID": "proxmox://region-1/112"}), json!({})),
-            node("worker-3", zone("pve1"), json!({}), json!({"proxmox.sinextra.dev/instance-id": "113"})),
+            node(
+                "worker-2",
+                zone("pve2"),
+                json!({"providerID": "proxmox://region-1/112"}),
+                json!({}),
+            ),
+            node(
+                "worker-3",
+                zone("pve1"),
+                json!({}),
+                json!({"proxmox.sinextra.dev/instance-id": "113"}),
+            ),
             node("worker-9", zone("pve1"), json!({}), json!({})),
         ],
     )
@@ -72,18 +83,31 @@ struct Lab {
 
 async fn lab() -> Lab {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap()).plain_http().start("127.0.0.1:0").await.unwrap();
+    let sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap())
+        .plain_http()
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
     // A change Proxmox left pending on 113: a hot-plug that failed.
     let http = reqwest::Client::new();
-    http.post(format!("http://{}/pvesim/knobs", sim.addr)).body(r#"{"fail_hotplugs": 1}"#).send().await.unwrap();
+    http.post(format!("http://{}/pvesim/knobs", sim.addr))
+        .body(r#"{"fail_hotplugs": 1}"#)
+        .send()
+        .await
+        .unwrap();
     http.post(format!("{}/nodes/pve2/qemu/113/config", sim.api_url()))
-        .header("Authorization", format!("PVEAPIToken=kubernetes-csi@pve!csi={SECRET}"))
+        .header(
+            "Authorization",
+            format!("PVEAPIToken=kubernetes-csi@pve!csi={SECRET}"),
+        )
         .form(&[("scsi5", "local-lvm:vm-9999-pvc-stray")])
         .send()
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let app = axum::Router::new().route("/api/v1/persistentvolumes", get(pvs)).route("/api/v1/nodes", get(nodes));
+    let app = axum::Router::new()
+        .route("/api/v1/persistentvolumes", get(pvs))
+        .route("/api/v1/nodes", get(nodes));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -105,9 +129,21 @@ async fn lab() -> Lab {
 impl Lab {
     async fn state(&self) -> State {
         let cfg = CloudConfig::load(&self.dir.path().join("cloud.yaml")).unwrap();
-        let clients: Vec<Arc<Client>> = cfg.clusters.into_iter().map(|c| Arc::new(Client::new(c, Duration::from_secs(10), Default::default()).unwrap())).collect();
-        let kube = kube::Client::try_from(kube::Config::new(self.kube_url.parse().unwrap())).unwrap();
-        State::read(&clients, &kube, cfg.controller_vmid, "csi.proxmox.sinextra.dev").await.unwrap()
+        let clients: Vec<Arc<Client>> = cfg
+            .clusters
+            .into_iter()
+            .map(|c| Arc::new(Client::new(c, Duration::from_secs(10), Default::default()).unwrap()))
+            .collect();
+        let kube =
+            kube::Client::try_from(kube::Config::new(self.kube_url.parse().unwrap())).unwrap();
+        State::read(
+            &clients,
+            &kube,
+            cfg.controller_vmid,
+            "csi.proxmox.sinextra.dev",
+        )
+        .await
+        .unwrap()
     }
 
     fn cli(&self, args: &[&str]) -> (i32, String, String) {
@@ -119,7 +155,11 @@ impl Lab {
             .args(args)
             .output()
             .unwrap();
-        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 }
 
@@ -128,56 +168,190 @@ async fn doctor_finds_what_breaks_with_remedies() {
     let lab = lab().await;
     let findings = doctor::run(&lab.state().await);
     let has = |check: &str, subject: &str, severity: Severity, text: &str| {
-        findings.iter().any(|x| x.check == check && x.subject == subject && x.severity == severity && (x.finding.contains(text) || x.remedy.contains(text)))
+        findings.iter().any(|x| {
+            x.check == check
+                && x.subject == subject
+                && x.severity == severity
+                && (x.finding.contains(text) || x.remedy.contains(text))
+        })
     };
-    assert!(has("token privileges", "region-1", Severity::Ok, "minimal CSI role"), "{findings:#?}");
-    assert!(has("topology labels", "worker-2", Severity::Ok, "VM 112 on pve2"), "{findings:#?}");
-    assert!(has("topology labels", "worker-3", Severity::Error, "kubectl label node worker-3 topology.kubernetes.io/zone=pve2 --overwrite"), "{findings:#?}");
-    assert!(has("node → VM", "worker-9", Severity::Error, "no Proxmox VM is found"), "{findings:#?}");
-    assert!(has("SCSI controller", "VM 113 (worker-3)", Severity::Error, "qm set 113 --scsihw virtio-scsi-pci"), "{findings:#?}");
-    assert!(has("SCSI controller", "VM 112 (worker-2)", Severity::Info, "every detach waits for the guest to eject"), "{findings:#?}");
-    assert!(has("pending changes", "VM 113 (worker-3)", Severity::Error, "qm set 113 --revert scsi5"), "{findings:#?}");
-    assert!(has("unused disks", "VM 113 (worker-3)", Severity::Error, "unused0: local-lvm:vm-9999-pvc-unused"), "{findings:#?}");
-    assert!(has("placeholder-owned disks", "VM 112 (worker-2)", Severity::Info, "scsi1"), "{findings:#?}");
-    assert!(has("free SCSI slots", "VM 112 (worker-2)", Severity::Ok, "29 of scsi1–scsi30 free"), "{findings:#?}");
-    assert!(has("storages", "region-1/pve2", Severity::Ok, "available: local-lvm"), "{findings:#?}");
+    assert!(
+        has(
+            "token privileges",
+            "region-1",
+            Severity::Ok,
+            "minimal CSI role"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            "topology labels",
+            "worker-2",
+            Severity::Ok,
+            "VM 112 on pve2"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            "topology labels",
+            "worker-3",
+            Severity::Error,
+            "kubectl label node worker-3 topology.kubernetes.io/zone=pve2 --overwrite"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            "node → VM",
+            "worker-9",
+            Severity::Error,
+            "no Proxmox VM is found"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            "SCSI controller",
+            "VM 113 (worker-3)",
+            Severity::Error,
+            "qm set 113 --scsihw virtio-scsi-pci"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            "SCSI controller",
+            "VM 112 (worker-2)",
+            Severity::Info,
+            "every detach waits for the guest to eject"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            "pending changes",
+            "VM 113 (worker-3)",
+            Severity::Error,
+            "qm set 113 --revert scsi5"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            "unused disks",
+            "VM 113 (worker-3)",
+            Severity::Error,
+            "unused0: local-lvm:vm-9999-pvc-unused"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            "placeholder-owned disks",
+            "VM 112 (worker-2)",
+            Severity::Info,
+            "scsi1"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            "free SCSI slots",
+            "VM 112 (worker-2)",
+            Severity::Ok,
+            "29 of scsi1–scsi30 free"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            "storages",
+            "region-1/pve2",
+            Severity::Ok,
+            "available: local-lvm"
+        ),
+        "{findings:#?}"
+    );
     assert!(doctor::failed(&findings));
 
     // The binary: a table, JSON for scripts, exit code 1 when something is wrong.
     let (code, table, _) = lab.cli(&["doctor"]);
     assert_eq!(code, 1, "{table}");
-    assert!(table.starts_with("STATUS  CHECK") && table.contains("ERROR") && !table.contains("\x1b["), "no colour off a TTY:\n{table}");
+    assert!(
+        table.starts_with("STATUS  CHECK") && table.contains("ERROR") && !table.contains("\x1b["),
+        "no colour off a TTY:\n{table}"
+    );
     let (code, json, err) = lab.cli(&["-o", "json", "doctor"]);
     assert_eq!(code, 1, "{err}");
     let v: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v.as_array().unwrap().len(), findings.len());
-    assert!(v.as_array().unwrap().iter().any(|x| x["severity"] == "error" && x["check"] == "SCSI controller"));
+    assert!(
+        v.as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["severity"] == "error" && x["check"] == "SCSI controller")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clean_lists_orphans_and_deletes_only_with_yes_and_never_a_referenced_disk() {
     let lab = lab().await;
     let orphans = pvecsictl::clean::orphans(&lab.state().await, i64::MAX / 2);
-    let names: Vec<(&str, Vec<u32>)> = orphans.iter().map(|o| (o.volid.as_str(), o.attached_to.clone())).collect();
+    let names: Vec<(&str, Vec<u32>)> = orphans
+        .iter()
+        .map(|o| (o.volid.as_str(), o.attached_to.clone()))
+        .collect();
     assert_eq!(
         names,
-        [("local-lvm:vm-9999-pvc-orphan", vec![]), ("local-lvm:vm-9999-pvc-stray", vec![]), ("local-lvm:vm-9999-pvc-unused", vec![113])],
+        [
+            ("local-lvm:vm-9999-pvc-orphan", vec![]),
+            ("local-lvm:vm-9999-pvc-stray", vec![]),
+            ("local-lvm:vm-9999-pvc-unused", vec![113])
+        ],
         "the bound disk and other VMs' disks are not orphans"
     );
     let volumes = || async {
-        let v: Value = reqwest::get(format!("http://{}/pvesim/volumes", lab.sim.addr)).await.unwrap().json().await.unwrap();
-        v["data"].as_array().unwrap().iter().map(|x| x["volid"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+        let v: Value = reqwest::get(format!("http://{}/pvesim/volumes", lab.sim.addr))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["volid"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
     };
     let (code, table, err) = lab.cli(&["clean"]);
     assert_eq!(code, 0, "{err}");
-    assert!(table.contains("vm-9999-pvc-orphan") && table.contains("2.0 GiB") && table.contains("VM [113] (kept)"), "{table}");
-    assert!(err.contains("nothing deleted; run again with --yes"), "{err}");
+    assert!(
+        table.contains("vm-9999-pvc-orphan")
+            && table.contains("2.0 GiB")
+            && table.contains("VM [113] (kept)"),
+        "{table}"
+    );
+    assert!(
+        err.contains("nothing deleted; run again with --yes"),
+        "{err}"
+    );
     assert_eq!(volumes().await.len(), 5, "without --yes nothing is deleted");
     let (code, _, err) = lab.cli(&["clean", "--yes"]);
     assert_eq!(code, 0, "{err}");
     let left = volumes().await;
-    assert!(!left.iter().any(|v| v.ends_with("pvc-orphan") || v.ends_with("pvc-stray")), "{left:?}");
+    assert!(
+        !left
+            .iter()
+            .any(|v| v.ends_with("pvc-orphan") || v.ends_with("pvc-stray")),
+        "{left:?}"
+    );
     for kept in ["vm-9999-pvc-bound", "vm-9999-pvc-unused", "vm-100-disk-0"] {
-        assert!(left.iter().any(|v| v.ends_with(kept)), "{kept} must stay: {left:?}");
+        assert!(
+            left.iter().any(|v| v.ends_with(kept)),
+            "{kept} must stay: {left:?}"
+        );
     }
 }

@@ -39,16 +39,29 @@ acl:
 "#;
 
 async fn admin(sim: &pvesim::Running, path: &str) -> Value {
-    let v: Value = reqwest::get(format!("http://{}/pvesim/{path}", sim.addr)).await.unwrap().json().await.unwrap();
+    let v: Value = reqwest::get(format!("http://{}/pvesim/{path}", sim.addr))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     v["data"].clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_moves_a_local_volume_with_the_token() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap()).plain_http().start("127.0.0.1:0").await.unwrap();
+    let sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap())
+        .plain_http()
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
     let cfg = CloudConfig::parse(&format!("clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n", sim.api_url())).unwrap();
-    let clients: Vec<Arc<Client>> = cfg.clusters.into_iter().map(|c| Arc::new(Client::new(c, Duration::from_secs(10), Default::default()).unwrap())).collect();
+    let clients: Vec<Arc<Client>> = cfg
+        .clusters
+        .into_iter()
+        .map(|c| Arc::new(Client::new(c, Duration::from_secs(10), Default::default()).unwrap()))
+        .collect();
     let ks = kubesim::start().await.unwrap();
     ks.put("persistentvolumes", json!({"metadata": {"name": "pvc-m"}, "spec": {
         "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "persistentVolumeReclaimPolicy": "Delete",
@@ -57,56 +70,179 @@ async fn migrate_moves_a_local_volume_with_the_token() {
         "claimRef": {"kind": "PersistentVolumeClaim", "namespace": "apps", "name": "data"}}}));
     ks.put("persistentvolumeclaims", json!({"metadata": {"name": "data", "namespace": "apps"},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "pvc-m"}}));
-    let k = Kube { client: kube::Client::try_from(kube::Config::new(ks.url.parse().unwrap())).unwrap(), namespace: "apps".into() };
+    let k = Kube {
+        client: kube::Client::try_from(kube::Config::new(ks.url.parse().unwrap())).unwrap(),
+        namespace: "apps".into(),
+    };
 
-    let plan = migrate::run(&k, &clients, 9999, "data", "pve1", Options { dry_run: true, ..Default::default() }, HOURS).await.unwrap();
-    assert!(plan.iter().any(|s| s.contains("migrate the carrier VM offline from pve2 to pve1")), "{plan:?}");
-    assert!(admin(&sim, "vms").await.as_array().unwrap().len() == 2, "a dry run changes nothing");
-    let err = migrate::run(&k, &clients, 9999, "data", "pve2", Options::default(), HOURS).await.unwrap_err().to_string();
+    let plan = migrate::run(
+        &k,
+        &clients,
+        9999,
+        "data",
+        "pve1",
+        Options {
+            dry_run: true,
+            ..Default::default()
+        },
+        HOURS,
+    )
+    .await
+    .unwrap();
+    assert!(
+        plan.iter()
+            .any(|s| s.contains("migrate the carrier VM offline from pve2 to pve1")),
+        "{plan:?}"
+    );
+    assert!(
+        admin(&sim, "vms").await.as_array().unwrap().len() == 2,
+        "a dry run changes nothing"
+    );
+    let err = migrate::run(
+        &k,
+        &clients,
+        9999,
+        "data",
+        "pve2",
+        Options::default(),
+        HOURS,
+    )
+    .await
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("is on pve2 already"), "{err}");
 
-    let steps = migrate::run(&k, &clients, 9999, "data", "pve1", Options::default(), HOURS).await.unwrap();
+    let steps = migrate::run(
+        &k,
+        &clients,
+        9999,
+        "data",
+        "pve1",
+        Options::default(),
+        HOURS,
+    )
+    .await
+    .unwrap();
     println!("{steps:#?}");
     let vms = admin(&sim, "vms").await;
-    let carrier = vms.as_array().unwrap().iter().find(|v| v["config"]["name"] == "pvc-m-moved").cloned().expect("a carrier VM");
+    let carrier = vms
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["config"]["name"] == "pvc-m-moved")
+        .cloned()
+        .expect("a carrier VM");
     let cid = carrier["vmid"].as_u64().unwrap();
     assert_eq!(carrier["node"], "pve1");
-    assert_eq!(carrier["config"]["tags"], "proxmox-csi;csi-volume;csi-name.pvc-m-moved");
-    assert_eq!(carrier["config"]["unused0"], format!("local-lvm:vm-{cid}-disk-0"));
+    assert_eq!(
+        carrier["config"]["tags"],
+        "proxmox-csi;csi-volume;csi-name.pvc-m-moved"
+    );
+    assert_eq!(
+        carrier["config"]["unused0"],
+        format!("local-lvm:vm-{cid}-disk-0")
+    );
     assert_eq!(carrier["pending"], json!({}));
     let vols = admin(&sim, "volumes").await;
-    let placed: Vec<(String, String)> = vols.as_array().unwrap().iter().map(|v| (v["volid"].as_str().unwrap().to_string(), v["node"].as_str().unwrap().to_string())).collect();
-    assert!(placed.contains(&(format!("local-lvm:vm-{cid}-disk-0"), "pve1".to_string())), "{placed:?}");
-    assert!(!placed.iter().any(|(v, _)| v.ends_with("vm-9999-pvc-m")), "the old disk is gone: {placed:?}");
-    let holder = vms.as_array().unwrap().iter().find(|v| v["config"]["name"] == "proxmox-csi-holder-pve2").cloned().unwrap();
-    assert!(!holder["config"].as_object().unwrap().keys().any(|k| k.starts_with("scsi") && k != "scsihw"), "{holder}");
+    let placed: Vec<(String, String)> = vols
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["volid"].as_str().unwrap().to_string(),
+                v["node"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        placed.contains(&(format!("local-lvm:vm-{cid}-disk-0"), "pve1".to_string())),
+        "{placed:?}"
+    );
+    assert!(
+        !placed.iter().any(|(v, _)| v.ends_with("vm-9999-pvc-m")),
+        "the old disk is gone: {placed:?}"
+    );
+    let holder = vms
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["config"]["name"] == "proxmox-csi-holder-pve2")
+        .cloned()
+        .unwrap();
+    assert!(
+        !holder["config"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .any(|k| k.starts_with("scsi") && k != "scsihw"),
+        "{holder}"
+    );
 
     let pv = ks.get("persistentvolumes", "", "pvc-m").unwrap();
     let handle = format!("region-1/pve1/local-lvm/vm-{cid}-disk-0");
     assert_eq!(pv["spec"]["csi"]["volumeHandle"], handle);
     assert_eq!(pv["spec"]["csi"]["fsType"], "ext4");
     assert_eq!(pv["spec"]["persistentVolumeReclaimPolicy"], "Delete");
-    assert!(pv["spec"]["nodeAffinity"].to_string().contains("\"pve1\""), "{pv}");
-    assert!(pv["metadata"].get("annotations").and_then(|a| a.get(OPERATION)).is_none());
-    assert_eq!(ks.get("persistentvolumeclaims", "apps", "data").unwrap()["status"]["phase"], "Bound");
+    assert!(
+        pv["spec"]["nodeAffinity"].to_string().contains("\"pve1\""),
+        "{pv}"
+    );
+    assert!(
+        pv["metadata"]
+            .get("annotations")
+            .and_then(|a| a.get(OPERATION))
+            .is_none()
+    );
+    assert_eq!(
+        ks.get("persistentvolumeclaims", "apps", "data").unwrap()["status"]["phase"],
+        "Bound"
+    );
 
     // The controller takes the moved volume as any other.
-    let ctl = ControllerService(Arc::new(Controller::new(clients.clone(), 9999, Duration::from_secs(20))));
+    let ctl = ControllerService(Arc::new(Controller::new(
+        clients.clone(),
+        9999,
+        Duration::from_secs(20),
+    )));
     // Requests as the attacher and provisioner send them for the PV pvecsictl wrote.
     let moved = callers::PersistentVolume::from_json(&pv);
-    ctl.controller_publish_volume(Request::new(callers::attacher::controller_publish(&moved, "worker-1/111"))).await.unwrap();
-    ctl.controller_unpublish_volume(Request::new(callers::attacher::controller_unpublish(&moved, "worker-1/111"))).await.unwrap();
-    ctl.delete_volume(Request::new(callers::provisioner::delete_volume(&moved))).await.unwrap();
-    assert!(admin(&sim, &format!("vms/{cid}")).await.is_null(), "the carrier goes with the volume");
+    ctl.controller_publish_volume(Request::new(callers::attacher::controller_publish(
+        &moved,
+        "worker-1/111",
+    )))
+    .await
+    .unwrap();
+    ctl.controller_unpublish_volume(Request::new(callers::attacher::controller_unpublish(
+        &moved,
+        "worker-1/111",
+    )))
+    .await
+    .unwrap();
+    ctl.delete_volume(Request::new(callers::provisioner::delete_volume(&moved)))
+        .await
+        .unwrap();
+    assert!(
+        admin(&sim, &format!("vms/{cid}")).await.is_null(),
+        "the carrier goes with the volume"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_migration_is_resumed_or_rolled_back() {
     for rollback in [true, false] {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap()).plain_http().start("127.0.0.1:0").await.unwrap();
+        let sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap())
+            .plain_http()
+            .start("127.0.0.1:0")
+            .await
+            .unwrap();
         let cfg = CloudConfig::parse(&format!("clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n", sim.api_url())).unwrap();
-        let clients: Vec<Arc<Client>> = cfg.clusters.into_iter().map(|c| Arc::new(Client::new(c, Duration::from_secs(10), Default::default()).unwrap())).collect();
+        let clients: Vec<Arc<Client>> = cfg
+            .clusters
+            .into_iter()
+            .map(|c| Arc::new(Client::new(c, Duration::from_secs(10), Default::default()).unwrap()))
+            .collect();
         let ks = kubesim::start().await.unwrap();
         let pv = json!({"metadata": {"name": "pvc-m"}, "spec": {
             "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "persistentVolumeReclaimPolicy": "Delete",
@@ -122,22 +258,66 @@ async fn an_interrupted_migration_is_resumed_or_rolled_back() {
         stopped["metadata"]["annotations"] = json!({OPERATION: plan.to_string()});
         stopped["spec"]["persistentVolumeReclaimPolicy"] = json!("Retain");
         ks.put("persistentvolumes", stopped);
-        let k = Kube { client: kube::Client::try_from(kube::Config::new(ks.url.parse().unwrap())).unwrap(), namespace: "apps".into() };
+        let k = Kube {
+            client: kube::Client::try_from(kube::Config::new(ks.url.parse().unwrap())).unwrap(),
+            namespace: "apps".into(),
+        };
 
-        let err = migrate::run(&k, &clients, 9999, "data", "pve1", Options::default(), HOURS).await.unwrap_err().to_string();
-        assert!(err.contains("--resume") && err.contains("--rollback"), "{err}");
-        let opts = Options { resume: !rollback, rollback, ..Default::default() };
-        let steps = migrate::run(&k, &clients, 9999, "data", "pve1", opts, HOURS).await.unwrap();
+        let err = migrate::run(
+            &k,
+            &clients,
+            9999,
+            "data",
+            "pve1",
+            Options::default(),
+            HOURS,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("--resume") && err.contains("--rollback"),
+            "{err}"
+        );
+        let opts = Options {
+            resume: !rollback,
+            rollback,
+            ..Default::default()
+        };
+        let steps = migrate::run(&k, &clients, 9999, "data", "pve1", opts, HOURS)
+            .await
+            .unwrap();
         let pv = ks.get("persistentvolumes", "", "pvc-m").unwrap();
-        assert_eq!(pv["spec"]["persistentVolumeReclaimPolicy"], "Delete", "rollback={rollback}");
-        assert!(pv["metadata"].get("annotations").and_then(|a| a.get(OPERATION)).is_none(), "rollback={rollback}");
-        let handle = pv["spec"]["csi"]["volumeHandle"].as_str().unwrap().to_string();
+        assert_eq!(
+            pv["spec"]["persistentVolumeReclaimPolicy"], "Delete",
+            "rollback={rollback}"
+        );
+        assert!(
+            pv["metadata"]
+                .get("annotations")
+                .and_then(|a| a.get(OPERATION))
+                .is_none(),
+            "rollback={rollback}"
+        );
+        let handle = pv["spec"]["csi"]["volumeHandle"]
+            .as_str()
+            .unwrap()
+            .to_string();
         if rollback {
-            assert_eq!(steps, ["nothing had moved; restored pvc-m reclaimPolicy Delete"]);
+            assert_eq!(
+                steps,
+                ["nothing had moved; restored pvc-m reclaimPolicy Delete"]
+            );
             assert_eq!(handle, "region-1/pve2/local-lvm/vm-9999-pvc-m");
         } else {
-            assert!(handle.starts_with("region-1/pve1/local-lvm/vm-"), "{handle}");
-            assert_eq!(ks.get("persistentvolumeclaims", "apps", "data").unwrap()["status"]["phase"], "Bound");
+            assert!(
+                handle.starts_with("region-1/pve1/local-lvm/vm-"),
+                "{handle}"
+            );
+            assert_eq!(
+                ks.get("persistentvolumeclaims", "apps", "data").unwrap()["status"]["phase"],
+                "Bound"
+            );
         }
     }
 }

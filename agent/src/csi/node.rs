@@ -1,11 +1,11 @@
 //! CSI Node service: validate (see `request`), then ask hostd.
 
+use proxmox_csi_common::rpc::traced;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::node_service_capability::{self, rpc};
 use proxmox_csi_proto::csi::v1::volume_usage::Unit;
 use proxmox_csi_proto::hostd::v1 as hostd;
 use proxmox_csi_proto::hostd::v1::hostd_client::HostdClient;
-use proxmox_csi_common::rpc::traced;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 
@@ -50,9 +50,9 @@ impl Node {
 
 fn capability(t: rpc::Type) -> csi::NodeServiceCapability {
     csi::NodeServiceCapability {
-        r#type: Some(node_service_capability::Type::Rpc(node_service_capability::Rpc {
-            r#type: t as i32,
-        })),
+        r#type: Some(node_service_capability::Type::Rpc(
+            node_service_capability::Rpc { r#type: t as i32 },
+        )),
     }
 }
 
@@ -132,7 +132,11 @@ impl csi::node_server::Node for Node {
                 Ok(s) => s.into_inner(),
                 // The spec's answer for a path that holds no volume.
                 Err(e) if e.code() == Code::FailedPrecondition => {
-                    return Err(AgentError::NotFound(format!("volume_path {path}: {}", e.message())).into());
+                    return Err(AgentError::NotFound(format!(
+                        "volume_path {path}: {}",
+                        e.message()
+                    ))
+                    .into());
                 }
                 Err(e) => return Err(hostd_status(e).into()),
             };
@@ -170,7 +174,12 @@ impl csi::node_server::Node for Node {
         traced("NodeExpandVolume", &id, async move {
             let h = self.rules.expand(req.get_ref())?;
             let volume_id = h.volume_id.clone();
-            let r = self.hostd().expand(h).await.map_err(hostd_status)?.into_inner();
+            let r = self
+                .hostd()
+                .expand(h)
+                .await
+                .map_err(hostd_status)?
+                .into_inner();
             tracing::info!(volume_id, size_bytes = r.size_bytes, "volume expanded");
             Ok(Response::new(csi::NodeExpandVolumeResponse {
                 capacity_bytes: i64::try_from(r.size_bytes).unwrap_or(i64::MAX),

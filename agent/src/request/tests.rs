@@ -13,12 +13,20 @@ fn rules() -> Rules {
 /// The PV the provisioner writes for a 1 GiB xfs claim of a StorageClass
 /// with `ssd: "1"` and `blockSize: "4096"` (the controller's context).
 fn pv() -> PersistentVolume {
-    let sc = StorageClass::new(&[("storage", "local-lvm"), ("ssd", "1"), ("blockSize", "4096"), ("csi.storage.k8s.io/fstype", "xfs")]);
+    let sc = StorageClass::new(&[
+        ("storage", "local-lvm"),
+        ("ssd", "1"),
+        ("blockSize", "4096"),
+        ("csi.storage.k8s.io/fstype", "xfs"),
+    ]);
     let claim = Claim::new("data", "1", 1 << 30);
     let volume = csi::Volume {
         volume_id: "region-1/pve2/local-lvm/vm-9999-pvc-1".into(),
         capacity_bytes: 1 << 30,
-        volume_context: HashMap::from([("ssd".into(), "1".into()), ("blockSize".into(), "4096".into())]),
+        volume_context: HashMap::from([
+            ("ssd".into(), "1".into()),
+            ("blockSize".into(), "4096".into()),
+        ]),
         ..Default::default()
     };
     provisioner::persistent_volume(&sc, &claim, &volume)
@@ -64,7 +72,10 @@ fn stage_becomes_the_hostd_request_it_stands_for() {
 fn go_driver_publish_context_still_stages() {
     let mut r = stage_req();
     r.publish_context = HashMap::from([
-        ("DevicePath".into(), "/dev/disk/by-id/wwn-0x5056432d49443031".into()),
+        (
+            "DevicePath".into(),
+            "/dev/disk/by-id/wwn-0x5056432d49443031".into(),
+        ),
         ("lun".into(), "1".into()),
     ]);
     let h = rules().stage(&r).unwrap();
@@ -76,31 +87,91 @@ fn every_bad_stage_input_names_its_field() {
     type Mutate = fn(&mut csi::NodeStageVolumeRequest);
     let cases: Vec<(Mutate, &str)> = vec![
         (|r| r.volume_id.clear(), "volume_id: is required"),
-        (|r| r.staging_target_path.clear(), "staging_target_path: is required"),
-        (|r| r.staging_target_path = "relative/path".into(), "staging_target_path: \"relative/path\" is not an absolute path"),
-        (|r| r.staging_target_path = "/etc/kubernetes".into(), "staging_target_path: \"/etc/kubernetes\" is not under kubelet's directory /var/lib/kubelet"),
-        (|r| r.staging_target_path = "/var/lib/kubelet/../../etc".into(), "staging_target_path: \"/var/lib/kubelet/../../etc\" contains '..'"),
-        (|r| r.volume_capability = None, "volume_capability: is required"),
-        (|r| r.volume_capability = r.volume_capability.take().map(|c| with_mode(c, Mode::MultiNodeMultiWriter)), "volume_capability.access_mode: MULTI_NODE_MULTI_WRITER is not supported"),
-        (|r| {
-            if let Some(AccessType::Mount(m)) = r.volume_capability.as_mut().and_then(|c| c.access_type.as_mut()) {
-                m.fs_type = "btrfs".into();
-            }
-        }, "volume_capability.mount.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs"),
-        (|r| r.publish_context.clear(), "publish_context.wwn: is required"),
-        (|r| { r.publish_context = HashMap::from([("DevicePath".into(), "/dev/sdb".into())]) }, "publish_context.DevicePath: \"/dev/sdb\" does not name a disk by WWN"),
-        (|r| { r.volume_context.insert("inodeSize".into(), "big".into()); }, "volume_context.inodeSize: \"big\" is not a number"),
-        (|r| { r.secrets.insert(PASSPHRASE_KEY.into(), String::new()); }, "secrets.encryption-passphrase: is empty"),
-        (|r| {
-            if let Some(AccessType::Mount(m)) = r.volume_capability.as_mut().and_then(|c| c.access_type.as_mut()) {
-                m.mount_flags = vec!["noatime,bind".into()];
-            }
-        }, "volume_capability.mount.mount_flags: \"noatime,bind\" is not a single mount option"),
-        (|r| {
-            if let Some(AccessType::Mount(m)) = r.volume_capability.as_mut().and_then(|c| c.access_type.as_mut()) {
-                m.mount_flags = vec!["rbind".into()];
-            }
-        }, "volume_capability.mount.mount_flags: \"rbind\" is not allowed"),
+        (
+            |r| r.staging_target_path.clear(),
+            "staging_target_path: is required",
+        ),
+        (
+            |r| r.staging_target_path = "relative/path".into(),
+            "staging_target_path: \"relative/path\" is not an absolute path",
+        ),
+        (
+            |r| r.staging_target_path = "/etc/kubernetes".into(),
+            "staging_target_path: \"/etc/kubernetes\" is not under kubelet's directory /var/lib/kubelet",
+        ),
+        (
+            |r| r.staging_target_path = "/var/lib/kubelet/../../etc".into(),
+            "staging_target_path: \"/var/lib/kubelet/../../etc\" contains '..'",
+        ),
+        (
+            |r| r.volume_capability = None,
+            "volume_capability: is required",
+        ),
+        (
+            |r| {
+                r.volume_capability = r
+                    .volume_capability
+                    .take()
+                    .map(|c| with_mode(c, Mode::MultiNodeMultiWriter))
+            },
+            "volume_capability.access_mode: MULTI_NODE_MULTI_WRITER is not supported",
+        ),
+        (
+            |r| {
+                if let Some(AccessType::Mount(m)) = r
+                    .volume_capability
+                    .as_mut()
+                    .and_then(|c| c.access_type.as_mut())
+                {
+                    m.fs_type = "btrfs".into();
+                }
+            },
+            "volume_capability.mount.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs",
+        ),
+        (
+            |r| r.publish_context.clear(),
+            "publish_context.wwn: is required",
+        ),
+        (
+            |r| r.publish_context = HashMap::from([("DevicePath".into(), "/dev/sdb".into())]),
+            "publish_context.DevicePath: \"/dev/sdb\" does not name a disk by WWN",
+        ),
+        (
+            |r| {
+                r.volume_context.insert("inodeSize".into(), "big".into());
+            },
+            "volume_context.inodeSize: \"big\" is not a number",
+        ),
+        (
+            |r| {
+                r.secrets.insert(PASSPHRASE_KEY.into(), String::new());
+            },
+            "secrets.encryption-passphrase: is empty",
+        ),
+        (
+            |r| {
+                if let Some(AccessType::Mount(m)) = r
+                    .volume_capability
+                    .as_mut()
+                    .and_then(|c| c.access_type.as_mut())
+                {
+                    m.mount_flags = vec!["noatime,bind".into()];
+                }
+            },
+            "volume_capability.mount.mount_flags: \"noatime,bind\" is not a single mount option",
+        ),
+        (
+            |r| {
+                if let Some(AccessType::Mount(m)) = r
+                    .volume_capability
+                    .as_mut()
+                    .and_then(|c| c.access_type.as_mut())
+                {
+                    m.mount_flags = vec!["rbind".into()];
+                }
+            },
+            "volume_capability.mount.mount_flags: \"rbind\" is not allowed",
+        ),
     ];
     for (mutate, want) in cases {
         let mut r = stage_req();
@@ -108,7 +179,11 @@ fn every_bad_stage_input_names_its_field() {
         let e = rules().stage(&r).unwrap_err();
         let status: tonic::Status = e.into();
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{want}");
-        assert!(status.message().starts_with(want), "want {want:?}\n got {:?}", status.message());
+        assert!(
+            status.message().starts_with(want),
+            "want {want:?}\n got {:?}",
+            status.message()
+        );
     }
 }
 
@@ -118,13 +193,32 @@ fn reader_only_and_readonly_publish_mount_read_only() {
     // SINGLE_NODE_READER_ONLY: no Kubernetes access mode maps to it, other
     // COs (and csi-sanity) send it.
     let mut p = k.node_publish(&pv(), &pod, &HashMap::new());
-    p.volume_capability = p.volume_capability.take().map(|c| with_mode(c, Mode::SingleNodeReaderOnly));
+    p.volume_capability = p
+        .volume_capability
+        .take()
+        .map(|c| with_mode(c, Mode::SingleNodeReaderOnly));
     assert!(rules().publish(&p).unwrap().read_only);
     let w = k.node_publish(&pv(), &pod, &HashMap::new());
     assert!(!rules().publish(&w).unwrap().read_only);
     // The pod's claim reference says readOnly.
-    let ro = k.node_publish(&pv(), &Pod { read_only: true, ..pod.clone() }, &HashMap::new());
+    let ro = k.node_publish(
+        &pv(),
+        &Pod {
+            read_only: true,
+            ..pod.clone()
+        },
+        &HashMap::new(),
+    );
     assert!(rules().publish(&ro).unwrap().read_only);
-    let block = PersistentVolume { volume_mode: VolumeMode::Block, fs_type: String::new(), ..pv() };
-    assert!(rules().publish(&k.node_publish(&block, &pod, &HashMap::new())).unwrap().block);
+    let block = PersistentVolume {
+        volume_mode: VolumeMode::Block,
+        fs_type: String::new(),
+        ..pv()
+    };
+    assert!(
+        rules()
+            .publish(&k.node_publish(&block, &pod, &HashMap::new()))
+            .unwrap()
+            .block
+    );
 }

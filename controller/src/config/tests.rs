@@ -33,7 +33,10 @@ fn parses_the_go_driver_format() {
     );
     // A bare host gets the API root appended.
     assert_eq!(c.clusters[1].url.as_str(), "https://pve2:8006/api2/json");
-    assert!(matches!(c.clusters[1].credentials, Credentials::Password { .. }));
+    assert!(matches!(
+        c.clusters[1].credentials,
+        Credentials::Password { .. }
+    ));
     assert!(c.ignored_keys.is_empty());
 }
 
@@ -137,10 +140,7 @@ fn every_error_names_the_entry_and_the_key() {
 
 #[test]
 fn rejects_bad_features_and_empty_files() {
-    assert_eq!(
-        CloudConfig::parse("").unwrap_err(),
-        ConfigError::NoClusters
-    );
+    assert_eq!(CloudConfig::parse("").unwrap_err(), ConfigError::NoClusters);
     assert!(error_of("clusters: [").starts_with("invalid cloud config"));
     let one = "clusters:\n  - url: https://a\n    token_id: u@pve!t\n    token_secret: x\n    region: r\n";
     assert!(
@@ -148,8 +148,10 @@ fn rejects_bad_features_and_empty_files() {
             .starts_with("features.controllerVmID: invalid VM ID 100, must be greater than 100")
     );
     assert!(
-        error_of(&format!("features:\n  controllerVmID: 1000\n  controllerVMID: 2000\n{one}"))
-            .contains("given twice with different values")
+        error_of(&format!(
+            "features:\n  controllerVmID: 1000\n  controllerVMID: 2000\n{one}"
+        ))
+        .contains("given twice with different values")
     );
     // Go's free-string provider (its chart suggests `proxmox`): default, with a warning.
     let c = CloudConfig::parse(&format!("features:\n  provider: proxmox\n{one}")).unwrap();
@@ -164,7 +166,10 @@ fn reports_keys_it_does_not_read() {
     .unwrap();
     assert_eq!(
         c.ignored_keys,
-        vec!["features.controllerVmId".to_string(), "clusters[0].tokenSecret".to_string()]
+        vec![
+            "features.controllerVmId".to_string(),
+            "clusters[0].tokenSecret".to_string()
+        ]
     );
 }
 
@@ -183,14 +188,28 @@ fn allow_lists_restrict_nodes_and_storages() {
 #[test]
 fn warns_of_plain_http_and_unchecked_certificates() {
     let cluster = |url: &str, insecure: bool| {
-        format!("  - url: {url}\n    token_id: u@pve!t\n    token_secret: x\n    region: r-{}\n    insecure: {insecure}\n", url.len())
+        format!(
+            "  - url: {url}\n    token_id: u@pve!t\n    token_secret: x\n    region: r-{}\n    insecure: {insecure}\n",
+            url.len()
+        )
     };
-    let c = CloudConfig::parse(&format!("clusters:\n{}{}{}", cluster("http://a:8006", false), cluster("https://bb:8006", true), cluster("https://ccc:8006", false)))
-        .unwrap();
+    let c = CloudConfig::parse(&format!(
+        "clusters:\n{}{}{}",
+        cluster("http://a:8006", false),
+        cluster("https://bb:8006", true),
+        cluster("https://ccc:8006", false)
+    ))
+    .unwrap();
     let w = c.warnings();
     assert_eq!(w.len(), 2, "{w:?}");
-    assert!(w[0].starts_with("cluster r-13: url http://a:8006/api2/json is plain HTTP"), "{w:?}");
-    assert!(w[1].starts_with("cluster r-15: insecure: true: the server's certificate is not checked"), "{w:?}");
+    assert!(
+        w[0].starts_with("cluster r-13: url http://a:8006/api2/json is plain HTTP"),
+        "{w:?}"
+    );
+    assert!(
+        w[1].starts_with("cluster r-15: insecure: true: the server's certificate is not checked"),
+        "{w:?}"
+    );
 }
 
 #[test]
@@ -203,6 +222,9 @@ fn a_refusal_never_quotes_the_file() {
     ] {
         let e = CloudConfig::parse(text).unwrap_err().to_string();
         assert!(!e.contains("hunter2"), "{e}");
-        assert!(e.starts_with("invalid cloud config: ") || e.contains("clusters"), "{e}");
+        assert!(
+            e.starts_with("invalid cloud config: ") || e.contains("clusters"),
+            "{e}"
+        );
     }
 }

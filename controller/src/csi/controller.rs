@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
+use proxmox_csi_common::rpc::traced;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_service_capability::{self, rpc};
-use proxmox_csi_common::rpc::traced;
 use tonic::{Request, Response, Status};
 
 use crate::ctl::{Controller, SnapshotId, deadline};
@@ -20,7 +20,9 @@ impl ControllerService {
 
 fn capability(t: rpc::Type) -> csi::ControllerServiceCapability {
     csi::ControllerServiceCapability {
-        r#type: Some(controller_service_capability::Type::Rpc(controller_service_capability::Rpc { r#type: t as i32 })),
+        r#type: Some(controller_service_capability::Type::Rpc(
+            controller_service_capability::Rpc { r#type: t as i32 },
+        )),
     }
 }
 
@@ -45,18 +47,31 @@ pub const CAPABILITIES: &[rpc::Type] = &[
 
 #[tonic::async_trait]
 impl csi::controller_server::Controller for ControllerService {
-    async fn create_volume(&self, req: Request<csi::CreateVolumeRequest>) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+    async fn create_volume(
+        &self,
+        req: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
         let id = req.get_ref().name.clone();
         traced("CreateVolume", &id, async move {
             let d = self.deadline(&req);
             let volume = self.0.create_volume(req.get_ref(), d).await?;
-            tracing::info!(name = req.get_ref().name, volume_id = volume.volume_id, bytes = volume.capacity_bytes, "volume created");
-            Ok(Response::new(csi::CreateVolumeResponse { volume: Some(volume) }))
+            tracing::info!(
+                name = req.get_ref().name,
+                volume_id = volume.volume_id,
+                bytes = volume.capacity_bytes,
+                "volume created"
+            );
+            Ok(Response::new(csi::CreateVolumeResponse {
+                volume: Some(volume),
+            }))
         })
         .await
     }
 
-    async fn delete_volume(&self, req: Request<csi::DeleteVolumeRequest>) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+    async fn delete_volume(
+        &self,
+        req: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
         let id = req.get_ref().volume_id.clone();
         traced("DeleteVolume", &id, async move {
             let d = self.deadline(&req);
@@ -75,8 +90,15 @@ impl csi::controller_server::Controller for ControllerService {
         traced("ControllerPublishVolume", &id, async move {
             let d = self.deadline(&req);
             let publish_context = self.0.publish(req.get_ref(), d).await?;
-            tracing::info!(volume_id = req.get_ref().volume_id, node_id = req.get_ref().node_id, ?publish_context, "volume published");
-            Ok(Response::new(csi::ControllerPublishVolumeResponse { publish_context }))
+            tracing::info!(
+                volume_id = req.get_ref().volume_id,
+                node_id = req.get_ref().node_id,
+                ?publish_context,
+                "volume published"
+            );
+            Ok(Response::new(csi::ControllerPublishVolumeResponse {
+                publish_context,
+            }))
         })
         .await
     }
@@ -89,7 +111,11 @@ impl csi::controller_server::Controller for ControllerService {
         traced("ControllerUnpublishVolume", &id, async move {
             let d = self.deadline(&req);
             self.0.unpublish(req.get_ref(), d).await?;
-            tracing::info!(volume_id = req.get_ref().volume_id, node_id = req.get_ref().node_id, "volume unpublished");
+            tracing::info!(
+                volume_id = req.get_ref().volume_id,
+                node_id = req.get_ref().node_id,
+                "volume unpublished"
+            );
             Ok(Response::new(csi::ControllerUnpublishVolumeResponse {}))
         })
         .await
@@ -143,22 +169,37 @@ impl csi::controller_server::Controller for ControllerService {
         }))
     }
 
-    async fn create_snapshot(&self, req: Request<csi::CreateSnapshotRequest>) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+    async fn create_snapshot(
+        &self,
+        req: Request<csi::CreateSnapshotRequest>,
+    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
         let id = req.get_ref().source_volume_id.clone();
         traced("CreateSnapshot", &id, async move {
             let d = self.deadline(&req);
             let snapshot = self.0.create_snapshot(req.get_ref(), d).await?;
-            tracing::info!(name = req.get_ref().name, snapshot_id = snapshot.snapshot_id, ready = snapshot.ready_to_use, "snapshot");
-            Ok(Response::new(csi::CreateSnapshotResponse { snapshot: Some(snapshot) }))
+            tracing::info!(
+                name = req.get_ref().name,
+                snapshot_id = snapshot.snapshot_id,
+                ready = snapshot.ready_to_use,
+                "snapshot"
+            );
+            Ok(Response::new(csi::CreateSnapshotResponse {
+                snapshot: Some(snapshot),
+            }))
         })
         .await
     }
 
-    async fn delete_snapshot(&self, req: Request<csi::DeleteSnapshotRequest>) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+    async fn delete_snapshot(
+        &self,
+        req: Request<csi::DeleteSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
         let id = req.get_ref().snapshot_id.clone();
         traced("DeleteSnapshot", &id, async move {
             let d = self.deadline(&req);
-            self.0.delete_snapshot(&req.get_ref().snapshot_id, d).await?;
+            self.0
+                .delete_snapshot(&req.get_ref().snapshot_id, d)
+                .await?;
             tracing::info!(snapshot_id = req.get_ref().snapshot_id, "snapshot deleted");
             Ok(Response::new(csi::DeleteSnapshotResponse {}))
         })
@@ -171,12 +212,17 @@ impl csi::controller_server::Controller for ControllerService {
     ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
         traced("ListSnapshots", "", async move {
             let d = self.deadline(&req);
-            Ok(Response::new(self.0.list_snapshots(req.get_ref(), d).await?))
+            Ok(Response::new(
+                self.0.list_snapshots(req.get_ref(), d).await?,
+            ))
         })
         .await
     }
 
-    async fn get_snapshot(&self, req: Request<csi::GetSnapshotRequest>) -> Result<Response<csi::GetSnapshotResponse>, Status> {
+    async fn get_snapshot(
+        &self,
+        req: Request<csi::GetSnapshotRequest>,
+    ) -> Result<Response<csi::GetSnapshotResponse>, Status> {
         let id = req.get_ref().snapshot_id.clone();
         traced("GetSnapshot", &id, async move {
             let d = self.deadline(&req);
@@ -184,13 +230,14 @@ impl csi::controller_server::Controller for ControllerService {
             if raw.is_empty() {
                 return Err(crate::error::CtlError::invalid("snapshot_id", "is required").into());
             }
-            let id = SnapshotId::parse(raw).map_err(|e| crate::error::CtlError::invalid("snapshot_id", e))?;
-            let snapshot = self
-                .0
-                .snapshot(&id, d)
-                .await?
-                .ok_or_else(|| crate::error::CtlError::NotFound(format!("snapshot {raw} does not exist")))?;
-            Ok(Response::new(csi::GetSnapshotResponse { snapshot: Some(snapshot) }))
+            let id = SnapshotId::parse(raw)
+                .map_err(|e| crate::error::CtlError::invalid("snapshot_id", e))?;
+            let snapshot = self.0.snapshot(&id, d).await?.ok_or_else(|| {
+                crate::error::CtlError::NotFound(format!("snapshot {raw} does not exist"))
+            })?;
+            Ok(Response::new(csi::GetSnapshotResponse {
+                snapshot: Some(snapshot),
+            }))
         })
         .await
     }
@@ -203,7 +250,11 @@ impl csi::controller_server::Controller for ControllerService {
         traced("ControllerExpandVolume", &id, async move {
             let d = self.deadline(&req);
             let (bytes, node_expansion_required) = self.0.expand(req.get_ref(), d).await?;
-            tracing::info!(volume_id = req.get_ref().volume_id, bytes, "volume expanded");
+            tracing::info!(
+                volume_id = req.get_ref().volume_id,
+                bytes,
+                "volume expanded"
+            );
             Ok(Response::new(csi::ControllerExpandVolumeResponse {
                 capacity_bytes: bytes as i64,
                 node_expansion_required,
@@ -219,7 +270,9 @@ impl csi::controller_server::Controller for ControllerService {
         let id = req.get_ref().volume_id.clone();
         traced("ControllerGetVolume", &id, async move {
             let d = self.deadline(&req);
-            Ok(Response::new(self.0.get_volume(&req.get_ref().volume_id, d).await?))
+            Ok(Response::new(
+                self.0.get_volume(&req.get_ref().volume_id, d).await?,
+            ))
         })
         .await
     }

@@ -8,12 +8,21 @@ use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
 /// `Err(reason)` names the first capability that cannot be honoured.
 pub fn check_capabilities(field: &str, caps: &[csi::VolumeCapability]) -> Result<(), String> {
     if caps.is_empty() {
-        return Err(format!("{field}: at least one volume capability is required"));
+        return Err(format!(
+            "{field}: at least one volume capability is required"
+        ));
     }
     for (i, cap) in caps.iter().enumerate() {
-        let mode = cap.access_mode.as_ref().map(|m| m.mode()).unwrap_or(Mode::Unknown);
+        let mode = cap
+            .access_mode
+            .as_ref()
+            .map(|m| m.mode())
+            .unwrap_or(Mode::Unknown);
         match mode {
-            Mode::SingleNodeWriter | Mode::SingleNodeReaderOnly | Mode::SingleNodeSingleWriter | Mode::SingleNodeMultiWriter => {}
+            Mode::SingleNodeWriter
+            | Mode::SingleNodeReaderOnly
+            | Mode::SingleNodeSingleWriter
+            | Mode::SingleNodeMultiWriter => {}
             Mode::Unknown => return Err(format!("{field}[{i}].access_mode: is required")),
             other => {
                 return Err(format!(
@@ -26,7 +35,10 @@ pub fn check_capabilities(field: &str, caps: &[csi::VolumeCapability]) -> Result
             Some(AccessType::Block(_)) => {}
             Some(AccessType::Mount(m)) => {
                 if !matches!(m.fs_type.as_str(), "" | "ext4" | "xfs") {
-                    return Err(format!("{field}[{i}].mount.fs_type: {:?} is not supported; allowed: ext4, xfs", m.fs_type));
+                    return Err(format!(
+                        "{field}[{i}].mount.fs_type: {:?} is not supported; allowed: ext4, xfs",
+                        m.fs_type
+                    ));
                 }
             }
             None => return Err(format!("{field}[{i}].access_type: must be mount or block")),

@@ -90,7 +90,7 @@ impl Controller {
                         })
                     }
                 }
-            },
+            }
         }
     }
 
@@ -108,11 +108,17 @@ impl Controller {
         if region.as_ref().is_some_and(|reg| reg != &src.region) {
             return Err(CtlError::invalid(
                 "accessibility_requirements",
-                format!("the source is in region {}, the volume is wanted in {REGION} {region:?}", src.region),
+                format!(
+                    "the source is in region {}, the volume is wanted in {REGION} {region:?}",
+                    src.region
+                ),
             ));
         }
         let min = r.capacity_range.as_ref().map_or(src.size, |_| size);
-        if r.capacity_range.as_ref().is_some_and(|c| c.limit_bytes > 0 && (c.limit_bytes as u64) < src.size) {
+        if r.capacity_range
+            .as_ref()
+            .is_some_and(|c| c.limit_bytes > 0 && (c.limit_bytes as u64) < src.size)
+        {
             return Err(CtlError::OutOfRange(format!(
                 "capacity_range.limit_bytes is below the source's {} bytes",
                 src.size
@@ -129,7 +135,11 @@ impl Controller {
         let candidates: Vec<String> = if src.shared && !src.pinned {
             usable.iter().map(|row| row.node.clone()).collect()
         } else {
-            usable.iter().filter(|row| row.node == src.node).map(|row| row.node.clone()).collect()
+            usable
+                .iter()
+                .filter(|row| row.node == src.node)
+                .map(|row| row.node.clone())
+                .collect()
         };
         let node = if zones.is_empty() || target_shared {
             candidates.first().cloned()
@@ -165,8 +175,17 @@ impl Controller {
                 )));
             }
         };
-        let disk = info.volid.split_once(':').map(|(_, n)| n.to_string()).unwrap_or_default();
-        let id = VolumeId { region: src.region.clone(), zone: (!target_shared).then(|| node.clone()), storage: params.storage.clone(), disk };
+        let disk = info
+            .volid
+            .split_once(':')
+            .map(|(_, n)| n.to_string())
+            .unwrap_or_default();
+        let id = VolumeId {
+            region: src.region.clone(),
+            zone: (!target_shared).then(|| node.clone()),
+            storage: params.storage.clone(),
+            disk,
+        };
         let topology = self.topology_of(&client, &id, target_shared, d).await?;
         Ok(csi::Volume {
             capacity_bytes: info.size as i64,

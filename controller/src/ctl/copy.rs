@@ -20,8 +20,8 @@ use super::holder::NewVm;
 use crate::drive::DriveLine;
 use crate::error::CtlError;
 use crate::pve::api::VmResource;
-use crate::pve::tasks::TaskState;
 use crate::pve::errors::classify;
+use crate::pve::tasks::TaskState;
 use crate::pve::{Client, Deadline, ErrorKind};
 
 /// What to copy where.
@@ -46,7 +46,12 @@ pub struct CopySpec {
 pub enum CopyState {
     Ready(CopyInfo),
     /// The import runs; the latest progress line of its task.
-    Copying { vmid: u32, node: String, created: i64, progress: String },
+    Copying {
+        vmid: u32,
+        node: String,
+        created: i64,
+        progress: String,
+    },
 }
 
 /// A finished copy.
@@ -72,14 +77,24 @@ pub fn vm_name(csi_name: &str) -> String {
     let mut s: String = csi_name
         .to_ascii_lowercase()
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
         .collect();
     s.truncate(63);
     s.trim_matches('-').to_string()
 }
 
 fn describe(spec: &CopySpec, created: i64) -> String {
-    let what = if spec.kind == super::snapshot::SNAPSHOT_TAG { "snapshot" } else { "volume" };
+    let what = if spec.kind == super::snapshot::SNAPSHOT_TAG {
+        "snapshot"
+    } else {
+        "volume"
+    };
     format!(
         "Proxmox CSI {what} {name}, a copy of {src}. It is kept stopped, as unused0.\n\
          Delete it through Kubernetes, not here.\n\
@@ -94,16 +109,21 @@ fn describe(spec: &CopySpec, created: i64) -> String {
 
 /// A `key=value` line of a copy VM's description.
 fn described(config: &std::collections::BTreeMap<String, String>, key: &str) -> Option<String> {
-    config
-        .get("description")?
-        .lines()
-        .find_map(|l| l.trim().strip_prefix(key)?.strip_prefix('=').map(str::to_string))
+    config.get("description")?.lines().find_map(|l| {
+        l.trim()
+            .strip_prefix(key)?
+            .strip_prefix('=')
+            .map(str::to_string)
+    })
 }
 
 /// `size=` of a drive line, in bytes.
 pub fn drive_size(line: &DriveLine) -> Option<u64> {
     let v = line.opts.get("size")?;
-    let (num, unit) = v.split_at(v.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(v.len()));
+    let (num, unit) = v.split_at(
+        v.find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(v.len()),
+    );
     let n: f64 = num.parse().ok()?;
     let mul = match unit {
         "" => 1u64,
@@ -118,25 +138,49 @@ pub fn drive_size(line: &DriveLine) -> Option<u64> {
 
 impl Controller {
     /// The copy VM named `name` (tagged `kind`), if any.
-    pub async fn copy_vm(&self, client: &Client, name: &str, kind: &str, d: Deadline) -> Result<Option<VmResource>, CtlError> {
+    pub async fn copy_vm(
+        &self,
+        client: &Client,
+        name: &str,
+        kind: &str,
+        d: Deadline,
+    ) -> Result<Option<VmResource>, CtlError> {
         Ok(self.vms.own(client, name, kind, d).await?)
     }
 
     /// A copy VM as a CSI snapshot: ready, or still copying (then its id,
     /// source and creation time come from the VM's description).
-    pub async fn copy_snapshot(&self, client: &Client, vm: &VmResource, region: &str, d: Deadline) -> Result<csi::Snapshot, CtlError> {
+    pub async fn copy_snapshot(
+        &self,
+        client: &Client,
+        vm: &VmResource,
+        region: &str,
+        d: Deadline,
+    ) -> Result<csi::Snapshot, CtlError> {
         let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
         if let Some(info) = self.copy_info(client, vm, &cfg.values, d).await? {
             return Ok(super::snapshot::snapshot_of(region, &info));
         }
         let source = described(&cfg.values, "csi-source").unwrap_or_default();
         let storage = described(&cfg.values, "csi-storage")
-            .or_else(|| crate::volume::VolumeId::parse(&source).ok().map(|v| v.storage))
+            .or_else(|| {
+                crate::volume::VolumeId::parse(&source)
+                    .ok()
+                    .map(|v| v.storage)
+            })
             .unwrap_or_default();
-        let created = described(&cfg.values, "csi-created").and_then(|c| c.parse().ok()).unwrap_or(0);
+        let created = described(&cfg.values, "csi-created")
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
         Ok(csi::Snapshot {
             size_bytes: 0,
-            snapshot_id: super::SnapshotId::Copy { region: region.to_string(), zone: vm.node.clone(), storage, vmid: vm.vmid }.to_string(),
+            snapshot_id: super::SnapshotId::Copy {
+                region: region.to_string(),
+                zone: vm.node.clone(),
+                storage,
+                vmid: vm.vmid,
+            }
+            .to_string(),
             source_volume_id: source,
             creation_time: super::snapshot::timestamp(created),
             ready_to_use: false,
@@ -145,7 +189,12 @@ impl Controller {
     }
 
     /// Reads a copy VM: ready (with what it holds), or not yet.
-    pub async fn read_copy(&self, client: &Client, vm: &VmResource, d: Deadline) -> Result<Option<CopyInfo>, CtlError> {
+    pub async fn read_copy(
+        &self,
+        client: &Client,
+        vm: &VmResource,
+        d: Deadline,
+    ) -> Result<Option<CopyInfo>, CtlError> {
         let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
         self.copy_info(client, vm, &cfg.values, d).await
     }
@@ -158,23 +207,36 @@ impl Controller {
         cfg: &std::collections::BTreeMap<String, String>,
         d: Deadline,
     ) -> Result<Option<CopyInfo>, CtlError> {
-        let Some(unused) = cfg.get("unused0") else { return Ok(None) };
+        let Some(unused) = cfg.get("unused0") else {
+            return Ok(None);
+        };
         let volid = DriveLine::parse(unused).volume;
         let (storage, volname) = volid.split_once(':').unwrap_or_default();
-        let size = client.volume_info(&vm.node, storage, volname, d).await?.map(|i| i.size).unwrap_or(0);
+        let size = client
+            .volume_info(&vm.node, storage, volname, d)
+            .await?
+            .map(|i| i.size)
+            .unwrap_or(0);
         Ok(Some(CopyInfo {
             vmid: vm.vmid,
             node: vm.node.clone(),
             volid,
             size,
             source_handle: described(cfg, "csi-source").unwrap_or_default(),
-            created: described(cfg, "csi-created").and_then(|c| c.parse().ok()).unwrap_or(0),
+            created: described(cfg, "csi-created")
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0),
         }))
     }
 
     /// Moves the copy one step on: creates its VM, starts or watches the
     /// import, grows and releases the disk. Never waits for the import.
-    pub async fn advance_copy(&self, client: &Client, spec: &CopySpec, d: Deadline) -> Result<CopyState, CtlError> {
+    pub async fn advance_copy(
+        &self,
+        client: &Client,
+        spec: &CopySpec,
+        d: Deadline,
+    ) -> Result<CopyState, CtlError> {
         let vm = match self.copy_vm(client, &spec.name, spec.kind, d).await? {
             Some(vm) => vm,
             None => {
@@ -182,9 +244,18 @@ impl Controller {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|t| t.as_secs() as i64)
                     .unwrap_or(0);
-                let new = NewVm { name: &spec.name, kind: spec.kind, description: describe(spec, created) };
+                let new = NewVm {
+                    name: &spec.name,
+                    kind: spec.kind,
+                    description: describe(spec, created),
+                };
                 let vm = self.new_vm(client, &spec.node, &new, d).await?;
-                tracing::info!(name = spec.name, vmid = vm.vmid, source = spec.source, "copy VM created");
+                tracing::info!(
+                    name = spec.name,
+                    vmid = vm.vmid,
+                    source = spec.source,
+                    "copy VM created"
+                );
                 vm
             }
         };
@@ -202,7 +273,9 @@ impl Controller {
             let copying = |progress: String| CopyState::Copying {
                 vmid: vm.vmid,
                 node: vm.node.clone(),
-                created: described(&cfg.values, "csi-created").and_then(|c| c.parse().ok()).unwrap_or(0),
+                created: described(&cfg.values, "csi-created")
+                    .and_then(|c| c.parse().ok())
+                    .unwrap_or(0),
                 progress,
             };
             if let Some(info) = self.copy_info(client, &vm, &cfg.values, d).await? {
@@ -211,12 +284,22 @@ impl Controller {
             if let Some(scsi0) = cfg.values.get("scsi0") {
                 let line = DriveLine::parse(scsi0);
                 if drive_size(&line).is_some_and(|s| s < spec.min_size) {
-                    client.resize(&vm.node, vm.vmid, "scsi0", spec.min_size, d).await?;
+                    client
+                        .resize(&vm.node, vm.vmid, "scsi0", spec.min_size, d)
+                        .await?;
                     continue;
                 }
                 // Without `force` the VM keeps its disk as unused0.
                 client
-                    .update_config(&vm.node, vm.vmid, &[("delete", "scsi0".to_string()), ("digest", cfg.digest.clone())], d)
+                    .update_config(
+                        &vm.node,
+                        vm.vmid,
+                        &[
+                            ("delete", "scsi0".to_string()),
+                            ("digest", cfg.digest.clone()),
+                        ],
+                        d,
+                    )
                     .await?;
                 continue;
             }
@@ -224,7 +307,9 @@ impl Controller {
             if let Some(upid) = running {
                 match client.task_state(&upid, d).await? {
                     TaskState::Running(progress) => {
-                        return Ok(copying(progress.unwrap_or_else(|| format!("task {upid} started"))));
+                        return Ok(copying(
+                            progress.unwrap_or_else(|| format!("task {upid} started")),
+                        ));
                     }
                     TaskState::Done => {
                         self.imports.0.lock().await.remove(&key);
@@ -237,7 +322,9 @@ impl Controller {
                         // VM's (qemu-server locks it for the whole import).
                         // Still copying, as far as the caller is concerned.
                         if classify(None, &exit) == ErrorKind::Busy {
-                            return Ok(copying(format!("the last import waited for a lock in vain ({exit}); the next call starts it again")));
+                            return Ok(copying(format!(
+                                "the last import waited for a lock in vain ({exit}); the next call starts it again"
+                            )));
                         }
                         return Err(CtlError::Unavailable(format!(
                             "copying {} into VM {} failed: {exit}; the next call starts it again",
@@ -247,7 +334,10 @@ impl Controller {
                 }
             }
             let form = [
-                ("scsi0", format!("{}:0,import-from={},backup=0", spec.storage, spec.source)),
+                (
+                    "scsi0",
+                    format!("{}:0,import-from={},backup=0", spec.storage, spec.source),
+                ),
                 ("digest", cfg.digest.clone()),
             ];
             let upid = client.start_config_update(&vm.node, vm.vmid, &form, d).await.map_err(|e| match e.status().map(|s| s.as_u16()) {
@@ -261,20 +351,32 @@ impl Controller {
             })?;
             let Some(upid) = upid else { continue };
             tracing::info!(name = spec.name, vmid = vm.vmid, upid, "import started");
-            self.imports.0.lock().await.insert(key.clone(), upid.clone());
+            self.imports
+                .0
+                .lock()
+                .await
+                .insert(key.clone(), upid.clone());
             return Ok(copying(format!("task {upid} started")));
         }
     }
 
     /// Like `advance_copy`, then waits for the import while the deadline
     /// leaves room, checking again every few seconds.
-    pub async fn finish_copy(&self, client: &Client, spec: &CopySpec, d: Deadline) -> Result<CopyState, CtlError> {
+    pub async fn finish_copy(
+        &self,
+        client: &Client,
+        spec: &CopySpec,
+        d: Deadline,
+    ) -> Result<CopyState, CtlError> {
         loop {
             let state = self.advance_copy(client, spec, d).await?;
-            let CopyState::Copying { .. } = &state else { return Ok(state) };
+            let CopyState::Copying { .. } = &state else {
+                return Ok(state);
+            };
             // Room to answer after the pause, with the progress seen last.
             let margin = std::time::Duration::from_millis(300);
-            let pause = std::time::Duration::from_millis(500).min(d.remaining().saturating_sub(margin * 2));
+            let pause =
+                std::time::Duration::from_millis(500).min(d.remaining().saturating_sub(margin * 2));
             if pause.is_zero() {
                 return Ok(state);
             }
@@ -283,17 +385,28 @@ impl Controller {
     }
 
     /// Destroys a copy VM and the volume it owns.
-    pub async fn destroy_copy(&self, client: &Client, vm: &VmResource, d: Deadline) -> Result<(), CtlError> {
-        client.destroy_vm(&vm.node, vm.vmid, d).await.map_err(|e| match e.status().map(|s| s.as_u16()) {
-            Some(403) => CtlError::FailedPrecondition(format!(
-                "destroying VM {} ({}): {}; grant VM.Allocate to the CSI role",
-                vm.vmid,
-                vm.name.as_deref().unwrap_or_default(),
-                e.message()
-            )),
-            _ => CtlError::from(e),
+    pub async fn destroy_copy(
+        &self,
+        client: &Client,
+        vm: &VmResource,
+        d: Deadline,
+    ) -> Result<(), CtlError> {
+        client.destroy_vm(&vm.node, vm.vmid, d).await.map_err(|e| {
+            match e.status().map(|s| s.as_u16()) {
+                Some(403) => CtlError::FailedPrecondition(format!(
+                    "destroying VM {} ({}): {}; grant VM.Allocate to the CSI role",
+                    vm.vmid,
+                    vm.name.as_deref().unwrap_or_default(),
+                    e.message()
+                )),
+                _ => CtlError::from(e),
+            }
         })?;
-        self.imports.0.lock().await.remove(&(client.region().to_string(), vm.vmid));
+        self.imports
+            .0
+            .lock()
+            .await
+            .remove(&(client.region().to_string(), vm.vmid));
         self.vms.invalidate(client.region()).await;
         Ok(())
     }
@@ -312,8 +425,14 @@ mod tests {
 
     #[test]
     fn sizes_and_descriptions_read_back() {
-        assert_eq!(drive_size(&DriveLine::parse("l:vm-1-disk-0,size=1536M")), Some(1536 << 20));
-        assert_eq!(drive_size(&DriveLine::parse("l:vm-1-disk-0,size=2G")), Some(2 << 30));
+        assert_eq!(
+            drive_size(&DriveLine::parse("l:vm-1-disk-0,size=1536M")),
+            Some(1536 << 20)
+        );
+        assert_eq!(
+            drive_size(&DriveLine::parse("l:vm-1-disk-0,size=2G")),
+            Some(2 << 30)
+        );
         assert_eq!(drive_size(&DriveLine::parse("l:vm-1-disk-0")), None);
         let spec = CopySpec {
             name: "snap-1".into(),
@@ -324,8 +443,17 @@ mod tests {
             source_handle: "r/pve1/local-lvm/vm-9999-pvc-a".into(),
             min_size: 0,
         };
-        let cfg = std::collections::BTreeMap::from([("description".to_string(), describe(&spec, 1_764_440_000))]);
-        assert_eq!(described(&cfg, "csi-source").as_deref(), Some("r/pve1/local-lvm/vm-9999-pvc-a"));
-        assert_eq!(described(&cfg, "csi-created").as_deref(), Some("1764440000"));
+        let cfg = std::collections::BTreeMap::from([(
+            "description".to_string(),
+            describe(&spec, 1_764_440_000),
+        )]);
+        assert_eq!(
+            described(&cfg, "csi-source").as_deref(),
+            Some("r/pve1/local-lvm/vm-9999-pvc-a")
+        );
+        assert_eq!(
+            described(&cfg, "csi-created").as_deref(),
+            Some("1764440000")
+        );
     }
 }

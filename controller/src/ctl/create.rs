@@ -17,15 +17,22 @@ pub const ZONE: &str = "topology.kubernetes.io/zone";
 
 /// The size to allocate, in the Go driver's 512 MiB steps.
 pub fn size_for(range: Option<&csi::CapacityRange>) -> Result<u64, CtlError> {
-    let Some(r) = range else { return Ok(DEFAULT_SIZE) };
+    let Some(r) = range else {
+        return Ok(DEFAULT_SIZE);
+    };
     let (req, lim) = (r.required_bytes, r.limit_bytes);
     if req < 0 || lim < 0 {
-        return Err(CtlError::invalid("capacity_range", "sizes must not be negative"));
+        return Err(CtlError::invalid(
+            "capacity_range",
+            "sizes must not be negative",
+        ));
     }
     let (req, lim) = (req as u64, lim as u64);
     if lim > 0 && req > lim {
         // A range that holds no size: the spec's "unsupported capacity_range".
-        return Err(CtlError::OutOfRange(format!("capacity_range: required_bytes {req} exceeds limit_bytes {lim}")));
+        return Err(CtlError::OutOfRange(format!(
+            "capacity_range: required_bytes {req} exceeds limit_bytes {lim}"
+        )));
     }
     let size = req.max(1).div_ceil(CHUNK) * CHUNK;
     if lim > 0 && size > lim {
@@ -43,55 +50,91 @@ pub fn size_for(range: Option<&csi::CapacityRange>) -> Result<u64, CtlError> {
 
 /// Region and zone wanted: preferred topologies first, then requisite.
 pub(super) fn wanted(req: Option<&csi::TopologyRequirement>) -> (Option<String>, Vec<String>) {
-    let Some(t) = req else { return (None, Vec::new()) };
+    let Some(t) = req else {
+        return (None, Vec::new());
+    };
     let all: Vec<&csi::Topology> = t.preferred.iter().chain(t.requisite.iter()).collect();
     let region = all.iter().find_map(|s| s.segments.get(REGION).cloned());
     let zones = all
         .iter()
-        .filter(|s| region.as_ref().is_none_or(|r| s.segments.get(REGION) == Some(r)))
+        .filter(|s| {
+            region
+                .as_ref()
+                .is_none_or(|r| s.segments.get(REGION) == Some(r))
+        })
         .filter_map(|s| s.segments.get(ZONE).cloned())
         .collect();
     (region, zones)
 }
 
 /// `replicate=true`: local ZFS, and the nodes of `replicateZones` that have it.
-fn replication_nodes<'a>(params: &StorageParams, rows: Vec<&'a StorageResource>) -> Result<Vec<&'a StorageResource>, CtlError> {
-    let kind = rows.first().map(|r| r.plugintype.as_str()).unwrap_or_default();
+fn replication_nodes<'a>(
+    params: &StorageParams,
+    rows: Vec<&'a StorageResource>,
+) -> Result<Vec<&'a StorageResource>, CtlError> {
+    let kind = rows
+        .first()
+        .map(|r| r.plugintype.as_str())
+        .unwrap_or_default();
     if kind != "zfspool" || rows.iter().any(|r| r.shared == 1) {
         return Err(CtlError::invalid(
             "parameters.replicate",
-            format!("storage {:?} is a {kind} storage; replication needs a local zfspool storage", params.storage),
+            format!(
+                "storage {:?} is a {kind} storage; replication needs a local zfspool storage",
+                params.storage
+            ),
         ));
     }
     if params.replicate_zones.is_empty() {
-        return Err(CtlError::invalid("parameters.replicateZones", "is required with replicate=true: the Proxmox nodes to replicate to"));
+        return Err(CtlError::invalid(
+            "parameters.replicateZones",
+            "is required with replicate=true: the Proxmox nodes to replicate to",
+        ));
     }
-    let missing: Vec<&String> = params.replicate_zones.iter().filter(|z| !rows.iter().any(|r| &r.node == *z)).collect();
+    let missing: Vec<&String> = params
+        .replicate_zones
+        .iter()
+        .filter(|z| !rows.iter().any(|r| &r.node == *z))
+        .collect();
     if !missing.is_empty() {
         return Err(CtlError::invalid(
             "parameters.replicateZones",
-            format!("storage {:?} is not available on {missing:?}", params.storage),
+            format!(
+                "storage {:?} is not available on {missing:?}",
+                params.storage
+            ),
         ));
     }
     Ok(rows)
 }
 
 impl Controller {
-    pub async fn create_volume(&self, r: &csi::CreateVolumeRequest, d: Deadline) -> Result<csi::Volume, CtlError> {
+    pub async fn create_volume(
+        &self,
+        r: &csi::CreateVolumeRequest,
+        d: Deadline,
+    ) -> Result<csi::Volume, CtlError> {
         if r.name.is_empty() {
             return Err(CtlError::invalid("name", "is required"));
         }
-        check_capabilities("volume_capabilities", &r.volume_capabilities).map_err(|e| CtlError::invalid("volume_capabilities", e))?;
+        check_capabilities("volume_capabilities", &r.volume_capabilities)
+            .map_err(|e| CtlError::invalid("volume_capabilities", e))?;
         let mut params = StorageParams::parse(&r.parameters)?;
         params.apply_mutable(&r.mutable_parameters)?;
         let size = size_for(r.capacity_range.as_ref())?;
-        if let Some(source) = r.volume_content_source.as_ref().and_then(|s| s.r#type.as_ref()) {
+        if let Some(source) = r
+            .volume_content_source
+            .as_ref()
+            .and_then(|s| s.r#type.as_ref())
+        {
             return self.create_copy(r, &params, size, source, d).await;
         }
         let (region, zones) = wanted(r.accessibility_requirements.as_ref());
         let region = match region {
             Some(r) => r,
-            None if self.clients.len() == 1 => self.clients.keys().next().cloned().unwrap_or_default(),
+            None if self.clients.len() == 1 => {
+                self.clients.keys().next().cloned().unwrap_or_default()
+            }
             None => {
                 return Err(CtlError::invalid(
                     "accessibility_requirements",
@@ -104,7 +147,10 @@ impl Controller {
         if !cluster.storage_allowed(&params.storage) {
             return Err(CtlError::invalid(
                 "parameters.storage",
-                format!("{:?} is not in allowed_storages of region {region}: {:?}", params.storage, cluster.allowed_storages),
+                format!(
+                    "{:?} is not in allowed_storages of region {region}: {:?}",
+                    params.storage, cluster.allowed_storages
+                ),
             ));
         }
         let rows = self.storage_rows(&client, &params.storage, d).await?;
@@ -115,12 +161,22 @@ impl Controller {
         if available.is_empty() {
             return Err(CtlError::invalid(
                 "parameters.storage",
-                format!("storage {:?} is not available on any node of region {region}", params.storage),
+                format!(
+                    "storage {:?} is not available on any node of region {region}",
+                    params.storage
+                ),
             ));
         }
         let shared = available.iter().any(|r| r.shared == 1);
-        let available = if params.replicate { replication_nodes(&params, available)? } else { available };
-        let file_storage = matches!(available[0].plugintype.as_str(), "dir" | "nfs" | "cifs" | "cephfs" | "btrfs");
+        let available = if params.replicate {
+            replication_nodes(&params, available)?
+        } else {
+            available
+        };
+        let file_storage = matches!(
+            available[0].plugintype.as_str(),
+            "dir" | "nfs" | "cifs" | "cephfs" | "btrfs"
+        );
         // Local storage: the requested zone, else the node with most free space.
         let node = if zones.is_empty() {
             available
@@ -128,7 +184,10 @@ impl Controller {
                 .max_by_key(|r| r.maxdisk.saturating_sub(r.disk))
                 .map(|r| r.node.clone())
         } else {
-            zones.iter().find(|z| available.iter().any(|r| &r.node == *z)).cloned()
+            zones
+                .iter()
+                .find(|z| available.iter().any(|r| &r.node == *z))
+                .cloned()
         }
         .ok_or_else(|| {
             CtlError::ResourceExhausted(format!(
@@ -138,13 +197,22 @@ impl Controller {
         })?;
 
         if params.replicate {
-            return self.create_replicated(&client, r, &params, &node, size, d).await;
+            return self
+                .create_replicated(&client, r, &params, &node, size, d)
+                .await;
         }
         let format = params.format.clone().unwrap_or_else(|| "raw".into());
         let filename = disk_filename(self.controller_vmid, &r.name, file_storage, &format);
-        let volname = if file_storage { format!("{}/{filename}", self.controller_vmid) } else { filename.clone() };
+        let volname = if file_storage {
+            format!("{}/{filename}", self.controller_vmid)
+        } else {
+            filename.clone()
+        };
         // Idempotent by name: the same disk is the same answer.
-        let (disk, capacity) = match client.volume_info(&node, &params.storage, &volname, d).await? {
+        let (disk, capacity) = match client
+            .volume_info(&node, &params.storage, &volname, d)
+            .await?
+        {
             Some(existing) => {
                 let (req, lim) = r
                     .capacity_range
@@ -156,14 +224,34 @@ impl Controller {
                         "volume {} already exists with {} bytes, outside the requested range {req}..{}",
                         r.name,
                         existing.size,
-                        if lim > 0 { lim.to_string() } else { "∞".into() }
+                        if lim > 0 {
+                            lim.to_string()
+                        } else {
+                            "∞".into()
+                        }
                     )));
                 }
                 (volname, existing.size)
             }
             None => {
-                let volid = client.allocate(&node, &params.storage, &filename, if file_storage { &format } else { "raw" }, self.controller_vmid, size, d).await?;
-                (volid.split_once(':').map(|(_, n)| n.to_string()).unwrap_or(volname), size)
+                let volid = client
+                    .allocate(
+                        &node,
+                        &params.storage,
+                        &filename,
+                        if file_storage { &format } else { "raw" },
+                        self.controller_vmid,
+                        size,
+                        d,
+                    )
+                    .await?;
+                (
+                    volid
+                        .split_once(':')
+                        .map(|(_, n)| n.to_string())
+                        .unwrap_or(volname),
+                    size,
+                )
             }
         };
         let id = VolumeId {
@@ -183,7 +271,13 @@ impl Controller {
     }
 
     /// Local storage: the node. Shared: the storage's `nodes`, or the region.
-    pub(super) async fn topology_of(&self, client: &Client, id: &VolumeId, shared: bool, d: Deadline) -> Result<Vec<csi::Topology>, CtlError> {
+    pub(super) async fn topology_of(
+        &self,
+        client: &Client,
+        id: &VolumeId,
+        shared: bool,
+        d: Deadline,
+    ) -> Result<Vec<csi::Topology>, CtlError> {
         let seg = |zone: Option<&str>| {
             let mut m = HashMap::from([(REGION.to_string(), id.region.clone())]);
             if let Some(z) = zone {
@@ -207,14 +301,20 @@ mod tests {
     use super::*;
 
     fn range(req: i64, lim: i64) -> Option<csi::CapacityRange> {
-        Some(csi::CapacityRange { required_bytes: req, limit_bytes: lim })
+        Some(csi::CapacityRange {
+            required_bytes: req,
+            limit_bytes: lim,
+        })
     }
 
     #[test]
     fn sizes_follow_the_go_driver() {
         assert_eq!(size_for(None).unwrap(), 10 << 30);
         assert_eq!(size_for(range(1, 0).as_ref()).unwrap(), 512 << 20);
-        assert_eq!(size_for(range((1 << 30) + 1, 0).as_ref()).unwrap(), 1536 << 20);
+        assert_eq!(
+            size_for(range((1 << 30) + 1, 0).as_ref()).unwrap(),
+            1536 << 20
+        );
         assert_eq!(size_for(range(1 << 30, 1 << 30).as_ref()).unwrap(), 1 << 30);
         assert!(
             size_for(range(600 << 20, 1000 << 20).as_ref())

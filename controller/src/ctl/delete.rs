@@ -9,7 +9,12 @@ use crate::volume::VolumeId;
 impl Controller {
     /// The node to reach a volume through: its zone, or for shared storage
     /// any node where the storage is available.
-    pub async fn node_for(&self, client: &Client, id: &VolumeId, d: Deadline) -> Result<Option<String>, CtlError> {
+    pub async fn node_for(
+        &self,
+        client: &Client,
+        id: &VolumeId,
+        d: Deadline,
+    ) -> Result<Option<String>, CtlError> {
         if let Some(z) = &id.zone {
             return Ok(Some(z.clone()));
         }
@@ -29,10 +34,22 @@ impl Controller {
     /// does not answer (down, with its storage's RRD row still `available`
     /// for a few minutes). The node that answered, and the size (`None`:
     /// the volume does not exist); `Ok(None)`: the storage is on no node.
-    pub async fn reach(&self, client: &Client, id: &VolumeId, d: Deadline) -> Result<Option<(String, Option<VolumeInfo>)>, CtlError> {
-        let Some(first) = self.node_for(client, id, d).await? else { return Ok(None) };
+    pub async fn reach(
+        &self,
+        client: &Client,
+        id: &VolumeId,
+        d: Deadline,
+    ) -> Result<Option<(String, Option<VolumeInfo>)>, CtlError> {
+        let Some(first) = self.node_for(client, id, d).await? else {
+            return Ok(None);
+        };
         let others: Vec<String> = if id.zone.is_none() {
-            self.storage_rows(client, &id.storage, d).await?.into_iter().filter(|r| r.status == "available" && r.node != first).map(|r| r.node).collect()
+            self.storage_rows(client, &id.storage, d)
+                .await?
+                .into_iter()
+                .filter(|r| r.status == "available" && r.node != first)
+                .map(|r| r.node)
+                .collect()
         } else {
             Vec::new()
         };
@@ -47,7 +64,12 @@ impl Controller {
                 Err(e) => return Err(e.into()),
             }
         }
-        Err(last.map(CtlError::from).unwrap_or_else(|| CtlError::Unavailable(format!("volume {id}: no node answers for storage {}", id.storage))))
+        Err(last.map(CtlError::from).unwrap_or_else(|| {
+            CtlError::Unavailable(format!(
+                "volume {id}: no node answers for storage {}",
+                id.storage
+            ))
+        }))
     }
 
     /// The node of the VM that owns `disk` (`vm-<vmid>-…`), if that VM
@@ -78,11 +100,15 @@ impl Controller {
 
     /// The node to reach an existing volume through, and its size; NotFound
     /// (naming the volume) when it does not exist.
-    pub async fn existing(&self, client: &Client, id: &VolumeId, d: Deadline) -> Result<(String, VolumeInfo), CtlError> {
-        let (node, info) = self
-            .reach(client, id, d)
-            .await?
-            .ok_or_else(|| CtlError::NotFound(format!("volume {id}: storage {} is on no node", id.storage)))?;
+    pub async fn existing(
+        &self,
+        client: &Client,
+        id: &VolumeId,
+        d: Deadline,
+    ) -> Result<(String, VolumeInfo), CtlError> {
+        let (node, info) = self.reach(client, id, d).await?.ok_or_else(|| {
+            CtlError::NotFound(format!("volume {id}: storage {} is on no node", id.storage))
+        })?;
         let info = info.ok_or_else(|| CtlError::NotFound(format!("volume {id} does not exist")))?;
         Ok((node, info))
     }
@@ -93,8 +119,12 @@ impl Controller {
         }
         // An id this driver could never have issued, or of a region it does
         // not serve, names nothing to delete: done (the spec's idempotence).
-        let Ok(id) = VolumeId::parse(volume_id) else { return Ok(()) };
-        let Some(client) = self.clients.get(&id.region).cloned() else { return Ok(()) };
+        let Ok(id) = VolumeId::parse(volume_id) else {
+            return Ok(());
+        };
+        let Some(client) = self.clients.get(&id.region).cloned() else {
+            return Ok(());
+        };
         let Some((node, Some(_))) = self.reach(&client, &id, d).await? else {
             return Ok(());
         };
@@ -102,10 +132,19 @@ impl Controller {
             && let Some(pv) = k.pv_for_handle(&self.driver_name, volume_id).await?
             && pv.keep
         {
-            tracing::info!(volume_id, pv = pv.name, "PV is annotated lifecycle: keep; the disk is kept");
+            tracing::info!(
+                volume_id,
+                pv = pv.name,
+                "PV is annotated lifecycle: keep; the disk is kept"
+            );
             return Ok(());
         }
-        if let Some(vmid) = self.attacher.attachments.certain(&client, &self.vms, &id.volid(), id.zone.as_deref(), d).await? {
+        if let Some(vmid) = self
+            .attacher
+            .attachments
+            .certain(&client, &self.vms, &id.volid(), id.zone.as_deref(), d)
+            .await?
+        {
             return Err(CtlError::FailedPrecondition(format!(
                 "volume {volume_id} is still attached to VM {vmid}; unpublish it first"
             )));
@@ -115,14 +154,17 @@ impl Controller {
         // leaves no stale reference behind.
         if let Some(owner) = id.owner().filter(|o| *o != self.controller_vmid)
             && let Some(vm) = self.vms.node_of(&client, owner, d).await?
-            && (vm.has_tag(super::clone::VOLUME_TAG) || vm.has_tag(super::replicate::REPLICATED_TAG))
+            && (vm.has_tag(super::clone::VOLUME_TAG)
+                || vm.has_tag(super::replicate::REPLICATED_TAG))
         {
             if vm.has_tag(super::replicate::REPLICATED_TAG) {
                 self.remove_replication(&client, &vm, d).await?;
             }
             return self.destroy_copy(&client, &vm, d).await;
         }
-        client.delete_volume(&node, &id.storage, &id.disk, d).await?;
+        client
+            .delete_volume(&node, &id.storage, &id.disk, d)
+            .await?;
         Ok(())
     }
 }

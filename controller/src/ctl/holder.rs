@@ -43,7 +43,8 @@ impl Controller {
         let vm = NewVm {
             name: &name,
             kind: "csi-holder",
-            description: "Holds Proxmox CSI disks while they are changed offline. Keep it stopped.".into(),
+            description: "Holds Proxmox CSI disks while they are changed offline. Keep it stopped."
+                .into(),
         };
         let vmid = self.new_vm(client, node, &vm, d).await?.vmid;
         tracing::info!(node, vmid, "holder VM created");
@@ -52,7 +53,13 @@ impl Controller {
 
     /// Creates a stopped VM without disks on `node` under the next free
     /// VMID (another VMID is tried when a concurrent create took it).
-    pub async fn new_vm(&self, client: &Client, node: &str, vm: &NewVm<'_>, d: Deadline) -> Result<VmResource, CtlError> {
+    pub async fn new_vm(
+        &self,
+        client: &Client,
+        node: &str,
+        vm: &NewVm<'_>,
+        d: Deadline,
+    ) -> Result<VmResource, CtlError> {
         let denied = |e: PveError| match e.kind() {
             ErrorKind::PermissionDenied => CtlError::FailedPrecondition(format!(
                 "the controller needs a VM of its own on {node} ({}) and the API token may not create one ({}); \
@@ -94,7 +101,10 @@ impl Controller {
                 Err(e) => return Err(denied(e)),
             }
         }
-        Err(CtlError::Unavailable(format!("creating VM {} on {node}: every VMID tried was taken meanwhile ({last})", vm.name)))
+        Err(CtlError::Unavailable(format!(
+            "creating VM {} on {node}: every VMID tried was taken meanwhile ({last})",
+            vm.name
+        )))
     }
 
     /// The next free VMID, never the placeholder's: `/cluster/nextid`
@@ -110,15 +120,28 @@ impl Controller {
             _ => None,
         };
         let first: Value = client.call(Method::GET, "/cluster/nextid", &[], d).await?;
-        let id = parse(&first).ok_or_else(|| CtlError::Unavailable(format!("/cluster/nextid answered {first}")))?;
+        let id = parse(&first)
+            .ok_or_else(|| CtlError::Unavailable(format!("/cluster/nextid answered {first}")))?;
         if id != self.controller_vmid {
             return Ok(id);
         }
         // The placeholder's id is free: ask for the ids after it, one by one
         // (`vmid` makes nextid check that id: 400 "VM N already exists").
         for candidate in (id + 1..).take(100) {
-            match client.call::<Value>(Method::GET, "/cluster/nextid", &[("vmid", candidate.to_string())], d).await {
-                Ok(v) => return parse(&v).ok_or_else(|| CtlError::Unavailable(format!("/cluster/nextid answered {v}"))),
+            match client
+                .call::<Value>(
+                    Method::GET,
+                    "/cluster/nextid",
+                    &[("vmid", candidate.to_string())],
+                    d,
+                )
+                .await
+            {
+                Ok(v) => {
+                    return parse(&v).ok_or_else(|| {
+                        CtlError::Unavailable(format!("/cluster/nextid answered {v}"))
+                    });
+                }
                 Err(e) if e.status().is_some_and(|s| s.as_u16() == 400) => continue,
                 Err(e) => return Err(e.into()),
             }
@@ -136,5 +159,10 @@ impl Controller {
 /// cores → VM.Config.CPU, scsihw → VM.Config.HWType, name and description →
 /// VM.Config.Options; tags → VM.Config.Options, pve-guest-common
 /// src/PVE/GuestHelpers.pm assert_tag_permissions).
-pub const NEW_VM_PRIVILEGES: &[&str] =
-    &["VM.Allocate", "VM.Config.CPU", "VM.Config.Memory", "VM.Config.HWType", "VM.Config.Options"];
+pub const NEW_VM_PRIVILEGES: &[&str] = &[
+    "VM.Allocate",
+    "VM.Config.CPU",
+    "VM.Config.Memory",
+    "VM.Config.HWType",
+    "VM.Config.Options",
+];

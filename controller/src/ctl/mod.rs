@@ -65,7 +65,10 @@ impl Controller {
     pub fn new(clients: Vec<Arc<Client>>, controller_vmid: u32, default_timeout: Duration) -> Self {
         let vms = Arc::new(VmIndex::default());
         Self {
-            clients: clients.into_iter().map(|c| (c.region().to_string(), c)).collect(),
+            clients: clients
+                .into_iter()
+                .map(|c| (c.region().to_string(), c))
+                .collect(),
             controller_vmid,
             vms: vms.clone(),
             attacher: Arc::new(Attacher::new(vms)),
@@ -112,7 +115,12 @@ impl Controller {
     /// rrd_entry_is_old), while a node's own row follows the cluster
     /// membership at once (extract_node_stats): the storages of a node that
     /// is not online are taken as `unknown`, so that nothing is sent there.
-    pub async fn storage_rows(&self, client: &Client, storage: &str, d: Deadline) -> Result<Vec<StorageResource>, CtlError> {
+    pub async fn storage_rows(
+        &self,
+        client: &Client,
+        storage: &str,
+        d: Deadline,
+    ) -> Result<Vec<StorageResource>, CtlError> {
         let mut cache = self.storages.lock().await;
         let fresh = cache
             .get(client.region())
@@ -123,11 +131,19 @@ impl Controller {
             for r in rows.iter_mut().filter(|r| offline.contains(&r.node)) {
                 r.status = "unknown".into();
             }
-            cache.insert(client.region().to_string(), (std::time::Instant::now(), rows));
+            cache.insert(
+                client.region().to_string(),
+                (std::time::Instant::now(), rows),
+            );
         }
         Ok(cache
             .get(client.region())
-            .map(|(_, rows)| rows.iter().filter(|r| r.storage == storage).cloned().collect())
+            .map(|(_, rows)| {
+                rows.iter()
+                    .filter(|r| r.storage == storage)
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default())
     }
 }
@@ -139,7 +155,8 @@ pub fn volume_ref(field: &str, raw: &str) -> Result<VolumeId, CtlError> {
     if raw.is_empty() {
         return Err(CtlError::invalid(field, "is required"));
     }
-    VolumeId::parse(raw).map_err(|e| CtlError::NotFound(format!("volume {raw} does not exist: {e}")))
+    VolumeId::parse(raw)
+        .map_err(|e| CtlError::NotFound(format!("volume {raw} does not exist: {e}")))
 }
 
 /// A snapshot id from a request, as `volume_ref`.
@@ -147,7 +164,8 @@ pub fn snapshot_ref(field: &str, raw: &str) -> Result<SnapshotId, CtlError> {
     if raw.is_empty() {
         return Err(CtlError::invalid(field, "is required"));
     }
-    SnapshotId::parse(raw).map_err(|e| CtlError::NotFound(format!("snapshot {raw} does not exist: {e}")))
+    SnapshotId::parse(raw)
+        .map_err(|e| CtlError::NotFound(format!("snapshot {raw} does not exist: {e}")))
 }
 
 /// The deadline of a call: the caller's `grpc-timeout`, else the default.
@@ -181,7 +199,10 @@ mod tests {
 
     #[test]
     fn grpc_timeouts_parse() {
-        assert_eq!(parse_grpc_timeout("14999m"), Some(Duration::from_millis(14999)));
+        assert_eq!(
+            parse_grpc_timeout("14999m"),
+            Some(Duration::from_millis(14999))
+        );
         assert_eq!(parse_grpc_timeout("2M"), Some(Duration::from_secs(120)));
         assert_eq!(parse_grpc_timeout("x"), None);
     }

@@ -30,32 +30,49 @@ fn apply(line: &mut DriveLine, p: &std::collections::HashMap<String, String>) {
     }
     if let Some(v) = p.get("backup") {
         let on = matches!(v.as_str(), "1" | "t" | "T" | "true" | "TRUE" | "True");
-        line.opts.insert("backup".into(), if on { "1" } else { "0" }.into());
+        line.opts
+            .insert("backup".into(), if on { "1" } else { "0" }.into());
     }
 }
 
 impl Controller {
-    pub async fn modify(&self, r: &csi::ControllerModifyVolumeRequest, d: Deadline) -> Result<(), CtlError> {
+    pub async fn modify(
+        &self,
+        r: &csi::ControllerModifyVolumeRequest,
+        d: Deadline,
+    ) -> Result<(), CtlError> {
         if r.volume_id.is_empty() {
             return Err(CtlError::invalid("volume_id", "is required"));
         }
         // Strict, like the StorageClass: unknown keys and bad values are refused.
-        let mut check = StorageParams { storage: "-".into(), ..Default::default() };
+        let mut check = StorageParams {
+            storage: "-".into(),
+            ..Default::default()
+        };
         check.apply_mutable(&r.mutable_parameters)?;
         let id = super::volume_ref("volume_id", &r.volume_id)?;
         let client = self.client_of("volume", &r.volume_id, &id.region)?;
         self.existing(&client, &id, d).await?;
-        let Some(vmid) = self.attacher.attachments.confirmed(&client, &self.vms, &id.volid(), id.zone.as_deref(), d).await? else {
+        let Some(vmid) = self
+            .attacher
+            .attachments
+            .confirmed(&client, &self.vms, &id.volid(), id.zone.as_deref(), d)
+            .await?
+        else {
             // Not attached: the next publish reads the class from the PersistentVolume.
             return Ok(());
         };
-        let vm = self
-            .vms
-            .node_of(&client, vmid, d)
-            .await?
-            .ok_or_else(|| CtlError::Unavailable(format!("VM {vmid} holding volume {} is gone; retry", r.volume_id)))?;
+        let vm = self.vms.node_of(&client, vmid, d).await?.ok_or_else(|| {
+            CtlError::Unavailable(format!(
+                "VM {vmid} holding volume {} is gone; retry",
+                r.volume_id
+            ))
+        })?;
         let cfg = client.vm_config(&vm.node, vmid, d).await?;
-        let Some(slot) = drive::slots_with(&cfg.values, &id.volid()).into_iter().next() else {
+        let Some(slot) = drive::slots_with(&cfg.values, &id.volid())
+            .into_iter()
+            .next()
+        else {
             return Ok(());
         };
         let mut line = DriveLine::parse(&cfg.values[&slot]);
@@ -65,11 +82,16 @@ impl Controller {
             return Ok(());
         }
         line.opts.remove("size");
-        let form = [(slot.as_str(), line.render()), ("digest", cfg.digest.clone())];
+        let form = [
+            (slot.as_str(), line.render()),
+            ("digest", cfg.digest.clone()),
+        ];
         client.update_config(&vm.node, vmid, &form, d).await?;
         let pending = client.vm_pending(&vm.node, vmid, d).await?;
         if pending.iter().any(|p| p.key == slot && p.pending.is_some()) {
-            let _ = client.update_config(&vm.node, vmid, &[("revert", slot.clone())], d).await;
+            let _ = client
+                .update_config(&vm.node, vmid, &[("revert", slot.clone())], d)
+                .await;
             return Err(CtlError::Unavailable(format!(
                 "VM {vmid} did not take the new limits of {slot} live; reverted"
             )));
@@ -85,8 +107,19 @@ mod tests {
 
     #[test]
     fn limits_are_set_and_removed() {
-        let mut l = DriveLine::parse("local-lvm:vm-9999-a,backup=0,iops_rd=100,iops_wr=100,size=1G");
-        apply(&mut l, &HashMap::from([("diskIOPS".into(), "0".into()), ("diskMBps".into(), "50".into()), ("backup".into(), "true".into())]));
-        assert_eq!(l.render(), "local-lvm:vm-9999-a,backup=1,mbps_rd=50,mbps_wr=50,size=1G");
+        let mut l =
+            DriveLine::parse("local-lvm:vm-9999-a,backup=0,iops_rd=100,iops_wr=100,size=1G");
+        apply(
+            &mut l,
+            &HashMap::from([
+                ("diskIOPS".into(), "0".into()),
+                ("diskMBps".into(), "50".into()),
+                ("backup".into(), "true".into()),
+            ]),
+        );
+        assert_eq!(
+            l.render(),
+            "local-lvm:vm-9999-a,backup=1,mbps_rd=50,mbps_wr=50,size=1G"
+        );
     }
 }

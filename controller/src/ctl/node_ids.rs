@@ -26,12 +26,32 @@ impl Controller {
     /// `registered_node_ids`) naming its VM id, or its name; else
     /// `<VM name>/<vmid>` (the node plugin's form when the Kubernetes node
     /// is named like its VM).
-    pub fn published_node_id(&self, region: &str, vm: &crate::pve::api::VmResource, registered: &[(NodeId, Option<u32>)]) -> String {
-        let known = self.node_ids.0.lock().ok().and_then(|m| m.get(&(region.to_string(), vm.vmid)).cloned());
+    pub fn published_node_id(
+        &self,
+        region: &str,
+        vm: &crate::pve::api::VmResource,
+        registered: &[(NodeId, Option<u32>)],
+    ) -> String {
+        let known = self
+            .node_ids
+            .0
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&(region.to_string(), vm.vmid)).cloned());
         let name = vm.name.clone().unwrap_or_default();
         known
-            .or_else(|| registered.iter().find(|(_, v)| *v == Some(vm.vmid)).map(|(n, _)| n.to_string()))
-            .or_else(|| registered.iter().find(|(n, v)| v.is_none() && n.name == name).map(|(n, _)| n.to_string()))
+            .or_else(|| {
+                registered
+                    .iter()
+                    .find(|(_, v)| *v == Some(vm.vmid))
+                    .map(|(n, _)| n.to_string())
+            })
+            .or_else(|| {
+                registered
+                    .iter()
+                    .find(|(n, v)| v.is_none() && n.name == name)
+                    .map(|(n, _)| n.to_string())
+            })
             .unwrap_or_else(|| format!("{name}/{}", vm.vmid))
     }
 
@@ -40,7 +60,9 @@ impl Controller {
     /// (providerID, instance-id annotation). A failure to read them is
     /// logged: the ids fall back as above.
     pub async fn registered_node_ids(&self) -> Vec<(NodeId, Option<u32>)> {
-        let Some(k) = &self.kube else { return Vec::new() };
+        let Some(k) = &self.kube else {
+            return Vec::new();
+        };
         let ids = match k.csi_node_ids(&self.driver_name).await {
             Ok(ids) => ids,
             Err(e) => {

@@ -27,12 +27,22 @@ impl Controller {
     /// trust: when the Node object names a VM too (its providerID, or its
     /// system UUID, which kubelet reads from the VM's SMBIOS), the two must
     /// agree, so a node plugin cannot have another node's VM attached to.
-    async fn vm_of_node(&self, client: &Client, node_id: &NodeId, node: Option<&NodeFacts>, d: Deadline) -> Result<Option<VmResource>, CtlError> {
+    async fn vm_of_node(
+        &self,
+        client: &Client,
+        node_id: &NodeId,
+        node: Option<&NodeFacts>,
+        d: Deadline,
+    ) -> Result<Option<VmResource>, CtlError> {
         let from_node = node.and_then(|n| n.vm.clone());
         if let Some(claimed) = node_id.vmid {
             let vouched = match &from_node {
                 Some(NodeVm::Id(v)) => Some(*v),
-                Some(NodeVm::SystemUuid(uuid)) => self.vms.by_smbios_uuid(client, &node_id.name, uuid, d).await?.map(|vm| vm.vmid),
+                Some(NodeVm::SystemUuid(uuid)) => self
+                    .vms
+                    .by_smbios_uuid(client, &node_id.name, uuid, d)
+                    .await?
+                    .map(|vm| vm.vmid),
                 None => None,
             };
             if let Some(vouched) = vouched.filter(|v| *v != claimed) {
@@ -45,7 +55,11 @@ impl Controller {
         }
         Ok(match from_node {
             Some(NodeVm::Id(vmid)) => self.vms.node_of(client, vmid, d).await?,
-            Some(NodeVm::SystemUuid(uuid)) => match self.vms.by_smbios_uuid(client, &node_id.name, &uuid, d).await? {
+            Some(NodeVm::SystemUuid(uuid)) => match self
+                .vms
+                .by_smbios_uuid(client, &node_id.name, &uuid, d)
+                .await?
+            {
                 Some(vm) => Some(vm),
                 None => self.one_named(client, &node_id.name, d).await?,
             },
@@ -54,7 +68,12 @@ impl Controller {
     }
 
     /// The VM named like a node, if exactly one is.
-    async fn one_named(&self, client: &Client, name: &str, d: Deadline) -> Result<Option<VmResource>, CtlError> {
+    async fn one_named(
+        &self,
+        client: &Client,
+        name: &str,
+        d: Deadline,
+    ) -> Result<Option<VmResource>, CtlError> {
         let mut found = self.vms.by_name(client, name, d).await?;
         if found.len() > 1 {
             let ids: Vec<String> = found.iter().map(|v| v.vmid.to_string()).collect();
@@ -76,7 +95,11 @@ impl Controller {
         }
     }
 
-    pub async fn publish(&self, r: &csi::ControllerPublishVolumeRequest, d: Deadline) -> Result<HashMap<String, String>, CtlError> {
+    pub async fn publish(
+        &self,
+        r: &csi::ControllerPublishVolumeRequest,
+        d: Deadline,
+    ) -> Result<HashMap<String, String>, CtlError> {
         if r.volume_id.is_empty() {
             return Err(CtlError::invalid("volume_id", "is required"));
         }
@@ -87,13 +110,16 @@ impl Controller {
             .volume_capability
             .clone()
             .ok_or_else(|| CtlError::invalid("volume_capability", "is required"))?;
-        check_capabilities("volume_capability", &[cap]).map_err(|e| CtlError::invalid("volume_capability", e))?;
+        check_capabilities("volume_capability", &[cap])
+            .map_err(|e| CtlError::invalid("volume_capability", e))?;
         let id = super::volume_ref("volume_id", &r.volume_id)?;
-        let node_id = NodeId::parse(&r.node_id).map_err(|e| CtlError::NotFound(format!("node {} does not exist: {e}", r.node_id)))?;
+        let node_id = NodeId::parse(&r.node_id)
+            .map_err(|e| CtlError::NotFound(format!("node {} does not exist: {e}", r.node_id)))?;
         let client = self.client_of("volume", &r.volume_id, &id.region)?;
         // A static volume may have no context: its storage is in the handle.
         let mut ctx = r.volume_context.clone();
-        ctx.entry("storage".into()).or_insert_with(|| id.storage.clone());
+        ctx.entry("storage".into())
+            .or_insert_with(|| id.storage.clone());
         let mut params = StorageParams::from_context(&ctx)
             .map_err(|e| CtlError::invalid(format!("volume_context.{}", e.key), e.reason))?;
         // A VolumeAttributesClass set after creation applies at every attach.
@@ -149,7 +175,9 @@ impl Controller {
                 r.volume_id
             )));
         }
-        let limit = facts.and_then(|f| f.max_volumes).unwrap_or(proxmox_csi_common::DEFAULT_MAX_VOLUMES);
+        let limit = facts
+            .and_then(|f| f.max_volumes)
+            .unwrap_or(proxmox_csi_common::DEFAULT_MAX_VOLUMES);
         let op = Op::Attach {
             volid: id.volid(),
             handle: r.volume_id.clone(),
@@ -165,29 +193,55 @@ impl Controller {
         Ok(publish_context(&attached))
     }
 
-    pub async fn unpublish(&self, r: &csi::ControllerUnpublishVolumeRequest, d: Deadline) -> Result<(), CtlError> {
+    pub async fn unpublish(
+        &self,
+        r: &csi::ControllerUnpublishVolumeRequest,
+        d: Deadline,
+    ) -> Result<(), CtlError> {
         if r.volume_id.is_empty() {
             return Err(CtlError::invalid("volume_id", "is required"));
         }
         // A volume id or node id that names nothing has nothing attached.
-        let Ok(id) = VolumeId::parse(&r.volume_id) else { return Ok(()) };
-        let Some(client) = self.clients.get(&id.region).cloned() else { return Ok(()) };
+        let Ok(id) = VolumeId::parse(&r.volume_id) else {
+            return Ok(());
+        };
+        let Some(client) = self.clients.get(&id.region).cloned() else {
+            return Ok(());
+        };
         let vm = if r.node_id.is_empty() {
             // From every node: the VM the volume is attached to, if any.
-            match self.attacher.attachments.confirmed(&client, &self.vms, &id.volid(), id.zone.as_deref(), d).await? {
+            match self
+                .attacher
+                .attachments
+                .confirmed(&client, &self.vms, &id.volid(), id.zone.as_deref(), d)
+                .await?
+            {
                 Some(vmid) => self.vms.node_of(&client, vmid, d).await?,
                 None => None,
             }
         } else {
-            let Ok(node_id) = NodeId::parse(&r.node_id) else { return Ok(()) };
+            let Ok(node_id) = NodeId::parse(&r.node_id) else {
+                return Ok(());
+            };
             // Only a node id without a VM id needs its Node here.
-            let facts = if node_id.vmid.is_none() { self.node_facts(&node_id).await? } else { None };
-            self.vm_of_node(&client, &node_id, facts.as_ref(), d).await?
+            let facts = if node_id.vmid.is_none() {
+                self.node_facts(&node_id).await?
+            } else {
+                None
+            };
+            self.vm_of_node(&client, &node_id, facts.as_ref(), d)
+                .await?
         };
         // A VM (or node) that is gone counts as detached.
         let Some(vm) = vm else { return Ok(()) };
         self.attacher
-            .submit(client, &vm.node, vm.vmid, Op::Detach { volid: id.volid() }, d)
+            .submit(
+                client,
+                &vm.node,
+                vm.vmid,
+                Op::Detach { volid: id.volid() },
+                d,
+            )
             .await?;
         Ok(())
     }
@@ -195,13 +249,19 @@ impl Controller {
 
 fn publish_context(a: &Attached) -> HashMap<String, String> {
     let lun = a.slot.trim_start_matches("scsi").to_string();
-    let mut ctx = HashMap::from([(CTX_WWN.to_string(), a.wwn.clone()), (CTX_LUN.to_string(), lun)]);
+    let mut ctx = HashMap::from([
+        (CTX_WWN.to_string(), a.wwn.clone()),
+        (CTX_LUN.to_string(), lun),
+    ]);
     if !a.serial.is_empty() {
         ctx.insert(CTX_SERIAL.into(), a.serial.clone());
     }
     if !a.wwn.is_empty() {
         // What the Go driver's node plugin reads.
-        ctx.insert(CTX_GO_DEVICE_PATH.into(), format!("/dev/disk/by-id/wwn-{}", a.wwn));
+        ctx.insert(
+            CTX_GO_DEVICE_PATH.into(),
+            format!("/dev/disk/by-id/wwn-{}", a.wwn),
+        );
     }
     ctx
 }

@@ -13,15 +13,32 @@ use crate::pve::Deadline;
 use crate::volume::VolumeId;
 
 impl Controller {
-    pub async fn capacity(&self, r: &csi::GetCapacityRequest, d: Deadline) -> Result<(u64, u64), CtlError> {
-        let segs = r.accessible_topology.as_ref().map(|t| t.segments.clone()).unwrap_or_default();
+    pub async fn capacity(
+        &self,
+        r: &csi::GetCapacityRequest,
+        d: Deadline,
+    ) -> Result<(u64, u64), CtlError> {
+        let segs = r
+            .accessible_topology
+            .as_ref()
+            .map(|t| t.segments.clone())
+            .unwrap_or_default();
         let Some(storage) = r.parameters.get("storage").filter(|s| !s.is_empty()) else {
-            return self.capacity_of_all(segs.get(REGION), segs.get(ZONE), d).await;
+            return self
+                .capacity_of_all(segs.get(REGION), segs.get(ZONE), d)
+                .await;
         };
         let region = match segs.get(REGION) {
             Some(r) => r.clone(),
-            None if self.clients.len() == 1 => self.clients.keys().next().cloned().unwrap_or_default(),
-            None => return Err(CtlError::invalid("accessible_topology", format!("{REGION} is required with several clusters"))),
+            None if self.clients.len() == 1 => {
+                self.clients.keys().next().cloned().unwrap_or_default()
+            }
+            None => {
+                return Err(CtlError::invalid(
+                    "accessible_topology",
+                    format!("{REGION} is required with several clusters"),
+                ));
+            }
         };
         let client = self.client(&region)?;
         let rows = self.storage_rows(&client, storage, d).await?;
@@ -45,9 +62,18 @@ impl Controller {
     /// space of every storage this driver may use in the region (or zone),
     /// shared storages counted once, from the cluster's resource list; the
     /// largest volume is what the emptiest single storage holds.
-    async fn capacity_of_all(&self, region: Option<&String>, zone: Option<&String>, d: Deadline) -> Result<(u64, u64), CtlError> {
+    async fn capacity_of_all(
+        &self,
+        region: Option<&String>,
+        zone: Option<&String>,
+        d: Deadline,
+    ) -> Result<(u64, u64), CtlError> {
         let (mut total, mut largest) = (0u64, 0u64);
-        let mut regions: Vec<&String> = self.clients.keys().filter(|r| region.is_none_or(|want| want == *r)).collect();
+        let mut regions: Vec<&String> = self
+            .clients
+            .keys()
+            .filter(|r| region.is_none_or(|want| want == *r))
+            .collect();
         regions.sort();
         for region in regions {
             let client = self.client(region)?;
@@ -70,7 +96,11 @@ impl Controller {
         Ok((total, largest))
     }
 
-    pub async fn validate(&self, r: &csi::ValidateVolumeCapabilitiesRequest, d: Deadline) -> Result<csi::ValidateVolumeCapabilitiesResponse, CtlError> {
+    pub async fn validate(
+        &self,
+        r: &csi::ValidateVolumeCapabilitiesRequest,
+        d: Deadline,
+    ) -> Result<csi::ValidateVolumeCapabilitiesResponse, CtlError> {
         if r.volume_id.is_empty() {
             return Err(CtlError::invalid("volume_id", "is required"));
         }
@@ -80,28 +110,43 @@ impl Controller {
         let id = super::volume_ref("volume_id", &r.volume_id)?;
         let client = self.client_of("volume", &r.volume_id, &id.region)?;
         let exists = match self.node_for(&client, &id, d).await? {
-            Some(node) => client.volume_info(&node, &id.storage, &id.disk, d).await?.is_some(),
+            Some(node) => client
+                .volume_info(&node, &id.storage, &id.disk, d)
+                .await?
+                .is_some(),
             None => false,
         };
         if !exists {
-            return Err(CtlError::NotFound(format!("volume {} does not exist", r.volume_id)));
+            return Err(CtlError::NotFound(format!(
+                "volume {} does not exist",
+                r.volume_id
+            )));
         }
-        Ok(match check_capabilities("volume_capabilities", &r.volume_capabilities) {
-            Ok(()) => csi::ValidateVolumeCapabilitiesResponse {
-                confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
-                    volume_context: r.volume_context.clone(),
-                    volume_capabilities: r.volume_capabilities.clone(),
-                    parameters: r.parameters.clone(),
-                    mutable_parameters: r.mutable_parameters.clone(),
-                }),
-                message: String::new(),
+        Ok(
+            match check_capabilities("volume_capabilities", &r.volume_capabilities) {
+                Ok(()) => csi::ValidateVolumeCapabilitiesResponse {
+                    confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+                        volume_context: r.volume_context.clone(),
+                        volume_capabilities: r.volume_capabilities.clone(),
+                        parameters: r.parameters.clone(),
+                        mutable_parameters: r.mutable_parameters.clone(),
+                    }),
+                    message: String::new(),
+                },
+                Err(why) => csi::ValidateVolumeCapabilitiesResponse {
+                    confirmed: None,
+                    message: why,
+                },
             },
-            Err(why) => csi::ValidateVolumeCapabilitiesResponse { confirmed: None, message: why },
-        })
+        )
     }
 
     /// Volumes owned by the placeholder VMID, with the VMs they are attached to.
-    pub async fn list(&self, r: &csi::ListVolumesRequest, d: Deadline) -> Result<csi::ListVolumesResponse, CtlError> {
+    pub async fn list(
+        &self,
+        r: &csi::ListVolumesRequest,
+        d: Deadline,
+    ) -> Result<csi::ListVolumesResponse, CtlError> {
         // A full listing (its first page) reads every VM's config again: the
         // attacher's reconcile then compares against what Proxmox says now,
         // and a disk attached or detached outside the driver is seen.
@@ -117,9 +162,17 @@ impl Controller {
         for region in regions {
             let client = self.client(region)?;
             let vms = self.vms.all(&client, d).await?;
-            let tagged = |tag: &str| -> std::collections::BTreeSet<u32> { vms.iter().filter(|v| v.has_tag(tag)).map(|v| v.vmid).collect() };
+            let tagged = |tag: &str| -> std::collections::BTreeSet<u32> {
+                vms.iter()
+                    .filter(|v| v.has_tag(tag))
+                    .map(|v| v.vmid)
+                    .collect()
+            };
             let replicated = tagged(super::replicate::REPLICATED_TAG);
-            let clones: std::collections::BTreeSet<u32> = tagged(super::clone::VOLUME_TAG).union(&replicated).copied().collect();
+            let clones: std::collections::BTreeSet<u32> = tagged(super::clone::VOLUME_TAG)
+                .union(&replicated)
+                .copied()
+                .collect();
             let mut seen = std::collections::BTreeSet::new();
             let rows = client.storages(d).await?;
             for row in rows.iter().filter(|r| r.status == "available") {
@@ -136,30 +189,46 @@ impl Controller {
                     .await?;
                 for v in content {
                     let volid = v["volid"].as_str().unwrap_or_default().to_string();
-                    let Some((storage, disk)) = volid.split_once(':') else { continue };
+                    let Some((storage, disk)) = volid.split_once(':') else {
+                        continue;
+                    };
                     // Ours: owned by the placeholder VMID, or by a clone's copy VM.
                     let owner = crate::volume::owner_of(disk);
-                    if owner != Some(self.controller_vmid) && !owner.is_some_and(|o| clones.contains(&o)) {
+                    if owner != Some(self.controller_vmid)
+                        && !owner.is_some_and(|o| clones.contains(&o))
+                    {
                         continue;
                     }
                     let id = VolumeId {
                         region: region.clone(),
                         // A replicated volume's handle has no zone: it follows its holder.
-                        zone: (row.shared != 1 && !owner.is_some_and(|o| replicated.contains(&o))).then(|| row.node.clone()),
+                        zone: (row.shared != 1 && !owner.is_some_and(|o| replicated.contains(&o)))
+                            .then(|| row.node.clone()),
                         storage: storage.into(),
                         disk: disk.into(),
                     };
-                    let published = match self.attacher.attachments.vm_of(&client, &self.vms, &volid, (row.shared != 1).then_some(row.node.as_str()), d).await {
+                    let published = match self
+                        .attacher
+                        .attachments
+                        .vm_of(
+                            &client,
+                            &self.vms,
+                            &volid,
+                            (row.shared != 1).then_some(row.node.as_str()),
+                            d,
+                        )
+                        .await
+                    {
                         // Unknown while a node is down: listed, not as published.
                         Err(crate::pve::PveError::Unknown { .. }) => Vec::new(),
                         Err(e) => return Err(e.into()),
                         Ok(found) => match found {
-                        Some(vmid) => vms
-                            .iter()
-                            .find(|vm| vm.vmid == vmid)
-                            .map(|vm| vec![self.published_node_id(region, vm, &registered)])
-                            .unwrap_or_default(),
-                        None => Vec::new(),
+                            Some(vmid) => vms
+                                .iter()
+                                .find(|vm| vm.vmid == vmid)
+                                .map(|vm| vec![self.published_node_id(region, vm, &registered)])
+                                .unwrap_or_default(),
+                            None => Vec::new(),
                         },
                     };
                     entries.push(csi::list_volumes_response::Entry {
@@ -177,7 +246,12 @@ impl Controller {
             }
         }
         entries.sort_by(|a, b| {
-            let key = |e: &csi::list_volumes_response::Entry| e.volume.as_ref().map(|v| v.volume_id.clone()).unwrap_or_default();
+            let key = |e: &csi::list_volumes_response::Entry| {
+                e.volume
+                    .as_ref()
+                    .map(|v| v.volume_id.clone())
+                    .unwrap_or_default()
+            };
             key(a).cmp(&key(b))
         });
         let start: usize = if r.starting_token.is_empty() {
@@ -188,22 +262,37 @@ impl Controller {
                 .ok()
                 .filter(|s| *s <= entries.len())
                 .ok_or_else(|| {
-                    CtlError::Aborted(format!("starting_token {:?} is not a token this controller gave out", r.starting_token))
+                    CtlError::Aborted(format!(
+                        "starting_token {:?} is not a token this controller gave out",
+                        r.starting_token
+                    ))
                 })?
         };
         if r.max_entries < 0 {
             return Err(CtlError::invalid("max_entries", "must not be negative"));
         }
-        let take = if r.max_entries == 0 { usize::MAX } else { r.max_entries as usize };
+        let take = if r.max_entries == 0 {
+            usize::MAX
+        } else {
+            r.max_entries as usize
+        };
         let page: Vec<_> = entries.iter().skip(start).take(take).cloned().collect();
         let next = start + page.len();
         Ok(csi::ListVolumesResponse {
             entries: page,
-            next_token: if next < entries.len() { next.to_string() } else { String::new() },
+            next_token: if next < entries.len() {
+                next.to_string()
+            } else {
+                String::new()
+            },
         })
     }
 
-    pub async fn get_volume(&self, volume_id: &str, d: Deadline) -> Result<csi::ControllerGetVolumeResponse, CtlError> {
+    pub async fn get_volume(
+        &self,
+        volume_id: &str,
+        d: Deadline,
+    ) -> Result<csi::ControllerGetVolumeResponse, CtlError> {
         if volume_id.is_empty() {
             return Err(CtlError::invalid("volume_id", "is required"));
         }
@@ -215,11 +304,17 @@ impl Controller {
             None => None,
         };
         let Some(info) = info else {
-            return Err(CtlError::NotFound(format!("volume {volume_id} does not exist")));
+            return Err(CtlError::NotFound(format!(
+                "volume {volume_id} does not exist"
+            )));
         };
         let mut problems = Vec::new();
         let mut published = Vec::new();
-        if let Some(vmid) = self.attacher.attachments.vm_of(&client, &self.vms, &id.volid(), id.zone.as_deref(), d).await?
+        if let Some(vmid) = self
+            .attacher
+            .attachments
+            .vm_of(&client, &self.vms, &id.volid(), id.zone.as_deref(), d)
+            .await?
             && let Some(vm) = self.vms.node_of(&client, vmid, d).await?
         {
             let cfg = client.vm_config(&vm.node, vmid, d).await?;
@@ -230,9 +325,16 @@ impl Controller {
             let slots = drive::slots_with(&cfg.values, &id.volid());
             // The index may be a minute behind: published only if the VM says so.
             if !slots.is_empty() {
-                published.push(self.published_node_id(&id.region, &vm, &self.registered_node_ids().await));
+                published.push(self.published_node_id(
+                    &id.region,
+                    &vm,
+                    &self.registered_node_ids().await,
+                ));
             }
-            if pending.iter().any(|p| slots.contains(&p.key) && (p.pending.is_some() || p.delete.is_some())) {
+            if pending
+                .iter()
+                .any(|p| slots.contains(&p.key) && (p.pending.is_some() || p.delete.is_some()))
+            {
                 problems.push(format!("VM {vmid} has a change of this disk pending"));
             }
         }
@@ -248,7 +350,11 @@ impl Controller {
                 published_node_ids: published,
                 volume_condition: Some(csi::VolumeCondition {
                     abnormal: !problems.is_empty(),
-                    message: if problems.is_empty() { "volume is healthy".into() } else { problems.join("; ") },
+                    message: if problems.is_empty() {
+                        "volume is healthy".into()
+                    } else {
+                        problems.join("; ")
+                    },
                 }),
             }),
         })

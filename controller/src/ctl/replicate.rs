@@ -53,19 +53,33 @@ fn number_or_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Er
 fn denied(what: &str, privilege: &str) -> impl Fn(PveError) -> CtlError {
     let (what, privilege) = (what.to_string(), privilege.to_string());
     move |e: PveError| match e.status().map(|s| s.as_u16()) {
-        Some(403) => CtlError::FailedPrecondition(format!("{what}: {}; grant {privilege} to the CSI role", e.message())),
+        Some(403) => CtlError::FailedPrecondition(format!(
+            "{what}: {}; grant {privilege} to the CSI role",
+            e.message()
+        )),
         _ => CtlError::from(e),
     }
 }
 
 impl Controller {
     /// The holder of a replicated volume, if `id` is one.
-    pub async fn replica_holder(&self, client: &Client, id: &VolumeId, d: Deadline) -> Result<Option<VmResource>, CtlError> {
-        let Some(owner) = id.owner().filter(|o| *o != self.controller_vmid) else { return Ok(None) };
+    pub async fn replica_holder(
+        &self,
+        client: &Client,
+        id: &VolumeId,
+        d: Deadline,
+    ) -> Result<Option<VmResource>, CtlError> {
+        let Some(owner) = id.owner().filter(|o| *o != self.controller_vmid) else {
+            return Ok(None);
+        };
         if id.zone.is_some() {
             return Ok(None);
         }
-        Ok(self.vms.node_of(client, owner, d).await?.filter(|v| v.has_tag(REPLICATED_TAG)))
+        Ok(self
+            .vms
+            .node_of(client, owner, d)
+            .await?
+            .filter(|v| v.has_tag(REPLICATED_TAG)))
     }
 
     /// CreateVolume with `replicate=true` on `node` (one of `replicateZones`).
@@ -97,7 +111,10 @@ impl Controller {
         };
         let filename = disk_filename(holder.vmid, &r.name, false, "raw");
         let volid = format!("{}:{filename}", params.storage);
-        let capacity = match client.volume_info(&holder.node, &params.storage, &filename, d).await? {
+        let capacity = match client
+            .volume_info(&holder.node, &params.storage, &filename, d)
+            .await?
+        {
             Some(existing) if existing.size < size => {
                 return Err(CtlError::AlreadyExists(format!(
                     "volume {} already exists with {} bytes, less than the {size} asked",
@@ -106,22 +123,49 @@ impl Controller {
             }
             Some(existing) => existing.size,
             None => {
-                client.allocate(&holder.node, &params.storage, &filename, "raw", holder.vmid, size, d).await?;
+                client
+                    .allocate(
+                        &holder.node,
+                        &params.storage,
+                        &filename,
+                        "raw",
+                        holder.vmid,
+                        size,
+                        d,
+                    )
+                    .await?;
                 size
             }
         };
         let cfg = client.vm_config(&holder.node, holder.vmid, d).await?;
-        if cfg.values.get("scsi0").is_none_or(|v| !v.starts_with(&format!("{volid},"))) {
-            let form = [("scsi0", format!("{volid},backup=1,replicate=1")), ("digest", cfg.digest)];
-            client.update_config(&holder.node, holder.vmid, &form, d).await?;
+        if cfg
+            .values
+            .get("scsi0")
+            .is_none_or(|v| !v.starts_with(&format!("{volid},")))
+        {
+            let form = [
+                ("scsi0", format!("{volid},backup=1,replicate=1")),
+                ("digest", cfg.digest),
+            ];
+            client
+                .update_config(&holder.node, holder.vmid, &form, d)
+                .await?;
         }
         self.ensure_jobs(client, &holder, params, d).await?;
-        let id = VolumeId { region: client.region().to_string(), zone: None, storage: params.storage.clone(), disk: filename };
+        let id = VolumeId {
+            region: client.region().to_string(),
+            zone: None,
+            storage: params.storage.clone(),
+            disk: filename,
+        };
         let topology = params
             .replicate_zones
             .iter()
             .map(|z| csi::Topology {
-                segments: HashMap::from([(REGION.to_string(), id.region.clone()), (ZONE.to_string(), z.clone())]),
+                segments: HashMap::from([
+                    (REGION.to_string(), id.region.clone()),
+                    (ZONE.to_string(), z.clone()),
+                ]),
             })
             .collect();
         Ok(csi::Volume {
@@ -135,10 +179,22 @@ impl Controller {
 
     /// One job per `replicateZones` node other than the holder's, numbered
     /// by its place in the list.
-    async fn ensure_jobs(&self, client: &Client, holder: &VmResource, params: &StorageParams, d: Deadline) -> Result<(), CtlError> {
-        let jobs: Vec<Job> = client.call(Method::GET, "/cluster/replication", &[], d).await?;
+    async fn ensure_jobs(
+        &self,
+        client: &Client,
+        holder: &VmResource,
+        params: &StorageParams,
+        d: Deadline,
+    ) -> Result<(), CtlError> {
+        let jobs: Vec<Job> = client
+            .call(Method::GET, "/cluster/replication", &[], d)
+            .await?;
         for (i, zone) in params.replicate_zones.iter().enumerate() {
-            if *zone == holder.node || jobs.iter().any(|j| j.guest == holder.vmid && j.target == *zone) {
+            if *zone == holder.node
+                || jobs
+                    .iter()
+                    .any(|j| j.guest == holder.vmid && j.target == *zone)
+            {
                 continue;
             }
             let id = format!("{}-{i}", holder.vmid);
@@ -149,13 +205,25 @@ impl Controller {
                 ("id", id.clone()),
                 ("type", "local".to_string()),
                 ("target", zone.clone()),
-                ("schedule", params.replicate_schedule.clone().unwrap_or_else(|| "*/15".into())),
-                ("comment", "CSI Replication for Persistent Volume".to_string()),
+                (
+                    "schedule",
+                    params
+                        .replicate_schedule
+                        .clone()
+                        .unwrap_or_else(|| "*/15".into()),
+                ),
+                (
+                    "comment",
+                    "CSI Replication for Persistent Volume".to_string(),
+                ),
             ];
             client
                 .call::<Option<serde_json::Value>>(Method::POST, "/cluster/replication", &form, d)
                 .await
-                .map_err(denied(&format!("replication job {id} to {zone}"), "VM.Replicate"))?;
+                .map_err(denied(
+                    &format!("replication job {id} to {zone}"),
+                    "VM.Replicate",
+                ))?;
             tracing::info!(job = id, target = zone, "replication job created");
         }
         Ok(())
@@ -220,16 +288,32 @@ impl Controller {
 
     /// Before a publish on `node`: moves the holder of a replicated volume
     /// there (offline; the replica is already on `node`).
-    pub async fn follow_replica(&self, client: &Client, id: &VolumeId, node: &str, d: Deadline) -> Result<(), CtlError> {
-        let Some(holder) = self.replica_holder(client, id, d).await? else { return Ok(()) };
+    pub async fn follow_replica(
+        &self,
+        client: &Client,
+        id: &VolumeId,
+        node: &str,
+        d: Deadline,
+    ) -> Result<(), CtlError> {
+        let Some(holder) = self.replica_holder(client, id, d).await? else {
+            return Ok(());
+        };
         if holder.node == node {
             return Ok(());
         }
         let path = format!("/nodes/{}/qemu/{}/migrate", holder.node, holder.vmid);
         let upid: String = client
-            .call(Method::POST, &path, &[("target", node.to_string()), ("online", "0".to_string())], d)
+            .call(
+                Method::POST,
+                &path,
+                &[("target", node.to_string()), ("online", "0".to_string())],
+                d,
+            )
             .await
-            .map_err(denied(&format!("moving replicated volume {id} to {node}"), "VM.Migrate"))?;
+            .map_err(denied(
+                &format!("moving replicated volume {id} to {node}"),
+                "VM.Migrate",
+            ))?;
         client.wait_task(&upid, d).await?;
         self.vms.invalidate(client.region()).await;
         tracing::info!(volume_id = %id, holder = holder.vmid, from = holder.node, to = node, "replicated volume moved");

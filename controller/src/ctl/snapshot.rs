@@ -29,7 +29,12 @@ const PREFIX: &str = "snapshot-vm-";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SnapshotId {
     /// A copy VM of this controller.
-    Copy { region: String, zone: String, storage: String, vmid: u32 },
+    Copy {
+        region: String,
+        zone: String,
+        storage: String,
+        vmid: u32,
+    },
     /// A Go driver snapshot: a plain volume.
     Volume(VolumeId),
 }
@@ -38,8 +43,15 @@ impl SnapshotId {
     pub fn parse(raw: &str) -> Result<Self, String> {
         let v = VolumeId::parse(raw).map_err(|e| e.replace("volume id", "snapshot id"))?;
         match v.disk.strip_prefix(PREFIX).map(str::parse::<u32>) {
-            Some(Ok(vmid)) => Ok(Self::Copy { region: v.region, zone: v.zone.unwrap_or_default(), storage: v.storage, vmid }),
-            Some(Err(_)) => Err(format!("snapshot id {raw:?}: {PREFIX} must be followed by a VMID")),
+            Some(Ok(vmid)) => Ok(Self::Copy {
+                region: v.region,
+                zone: v.zone.unwrap_or_default(),
+                storage: v.storage,
+                vmid,
+            }),
+            Some(Err(_)) => Err(format!(
+                "snapshot id {raw:?}: {PREFIX} must be followed by a VMID"
+            )),
             None => Ok(Self::Volume(v)),
         }
     }
@@ -55,21 +67,35 @@ impl SnapshotId {
 impl fmt::Display for SnapshotId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Copy { region, zone, storage, vmid } => write!(f, "{region}/{zone}/{storage}/{PREFIX}{vmid}"),
+            Self::Copy {
+                region,
+                zone,
+                storage,
+                vmid,
+            } => write!(f, "{region}/{zone}/{storage}/{PREFIX}{vmid}"),
             Self::Volume(v) => v.fmt(f),
         }
     }
 }
 
 pub(super) fn timestamp(secs: i64) -> Option<prost_types::Timestamp> {
-    Some(prost_types::Timestamp { seconds: secs, nanos: 0 })
+    Some(prost_types::Timestamp {
+        seconds: secs,
+        nanos: 0,
+    })
 }
 
 pub(super) fn snapshot_of(region: &str, info: &CopyInfo) -> csi::Snapshot {
     let storage = info.volid.split(':').next().unwrap_or_default().to_string();
     csi::Snapshot {
         size_bytes: info.size as i64,
-        snapshot_id: SnapshotId::Copy { region: region.into(), zone: info.node.clone(), storage, vmid: info.vmid }.to_string(),
+        snapshot_id: SnapshotId::Copy {
+            region: region.into(),
+            zone: info.node.clone(),
+            storage,
+            vmid: info.vmid,
+        }
+        .to_string(),
         source_volume_id: info.source_handle.clone(),
         creation_time: timestamp(info.created),
         ready_to_use: true,
@@ -122,7 +148,11 @@ fn snapshot_class(params: &HashMap<String, String>) -> Result<SnapshotClass, Ctl
 }
 
 impl Controller {
-    pub async fn create_snapshot(&self, r: &csi::CreateSnapshotRequest, d: Deadline) -> Result<csi::Snapshot, CtlError> {
+    pub async fn create_snapshot(
+        &self,
+        r: &csi::CreateSnapshotRequest,
+        d: Deadline,
+    ) -> Result<csi::Snapshot, CtlError> {
         if r.name.is_empty() {
             return Err(CtlError::invalid("name", "is required"));
         }
@@ -135,7 +165,13 @@ impl Controller {
         let storage = class.storage.clone().unwrap_or_else(|| src.storage.clone());
         let client = self.client(&src.region)?;
         if !client.cluster().storage_allowed(&storage) {
-            return Err(CtlError::invalid("parameters.storage", format!("{storage:?} is not in allowed_storages of region {}", src.region)));
+            return Err(CtlError::invalid(
+                "parameters.storage",
+                format!(
+                    "{storage:?} is not in allowed_storages of region {}",
+                    src.region
+                ),
+            ));
         }
         let (node, info) = self.existing(&client, &src, d).await?;
         let node = self
@@ -178,11 +214,22 @@ impl Controller {
         };
         match self.advance_copy(&client, &spec, d).await? {
             CopyState::Ready(info) => Ok(snapshot_of(&src.region, &info)),
-            CopyState::Copying { vmid, node, created, progress } => {
+            CopyState::Copying {
+                vmid,
+                node,
+                created,
+                progress,
+            } => {
                 tracing::info!(name = r.name, vmid, progress, "snapshot copy running");
                 Ok(csi::Snapshot {
                     size_bytes: info.size as i64,
-                    snapshot_id: SnapshotId::Copy { region: src.region.clone(), zone: node, storage: spec.storage, vmid }.to_string(),
+                    snapshot_id: SnapshotId::Copy {
+                        region: src.region.clone(),
+                        zone: node,
+                        storage: spec.storage,
+                        vmid,
+                    }
+                    .to_string(),
                     source_volume_id: r.source_volume_id.clone(),
                     creation_time: timestamp(created),
                     ready_to_use: false,
@@ -197,18 +244,30 @@ impl Controller {
             return Err(CtlError::invalid("snapshot_id", "is required"));
         }
         // An id this driver could never have issued names nothing to delete.
-        let Ok(id) = SnapshotId::parse(snapshot_id) else { return Ok(()) };
-        let Some(client) = self.clients.get(id.region()).cloned() else { return Ok(()) };
+        let Ok(id) = SnapshotId::parse(snapshot_id) else {
+            return Ok(());
+        };
+        let Some(client) = self.clients.get(id.region()).cloned() else {
+            return Ok(());
+        };
         match id {
             SnapshotId::Volume(v) => {
-                let Some(node) = self.node_for(&client, &v, d).await? else { return Ok(()) };
-                if client.volume_info(&node, &v.storage, &v.disk, d).await?.is_some() {
+                let Some(node) = self.node_for(&client, &v, d).await? else {
+                    return Ok(());
+                };
+                if client
+                    .volume_info(&node, &v.storage, &v.disk, d)
+                    .await?
+                    .is_some()
+                {
                     client.delete_volume(&node, &v.storage, &v.disk, d).await?;
                 }
                 Ok(())
             }
             SnapshotId::Copy { vmid, .. } => {
-                let Some(vm) = self.vms.node_of(&client, vmid, d).await? else { return Ok(()) };
+                let Some(vm) = self.vms.node_of(&client, vmid, d).await? else {
+                    return Ok(());
+                };
                 if !vm.has_tag(SNAPSHOT_TAG) {
                     return Err(CtlError::FailedPrecondition(format!(
                         "snapshot {snapshot_id}: VM {vmid} is not a snapshot of this driver (no {SNAPSHOT_TAG} tag); it is left alone"
@@ -220,20 +279,34 @@ impl Controller {
     }
 
     /// The snapshot behind `id`, ready or not; `None` if it is gone.
-    pub async fn snapshot(&self, id: &SnapshotId, d: Deadline) -> Result<Option<csi::Snapshot>, CtlError> {
+    pub async fn snapshot(
+        &self,
+        id: &SnapshotId,
+        d: Deadline,
+    ) -> Result<Option<csi::Snapshot>, CtlError> {
         let client = self.client(id.region())?;
         match id {
             SnapshotId::Volume(v) => {
-                let Some(node) = self.node_for(&client, v, d).await? else { return Ok(None) };
-                Ok(client.volume_info(&node, &v.storage, &v.disk, d).await?.map(|i| csi::Snapshot {
-                    size_bytes: i.size as i64,
-                    snapshot_id: id.to_string(),
-                    ready_to_use: true,
-                    ..Default::default()
-                }))
+                let Some(node) = self.node_for(&client, v, d).await? else {
+                    return Ok(None);
+                };
+                Ok(client
+                    .volume_info(&node, &v.storage, &v.disk, d)
+                    .await?
+                    .map(|i| csi::Snapshot {
+                        size_bytes: i.size as i64,
+                        snapshot_id: id.to_string(),
+                        ready_to_use: true,
+                        ..Default::default()
+                    }))
             }
             SnapshotId::Copy { region, vmid, .. } => {
-                let Some(vm) = self.vms.node_of(&client, *vmid, d).await?.filter(|v| v.has_tag(SNAPSHOT_TAG)) else {
+                let Some(vm) = self
+                    .vms
+                    .node_of(&client, *vmid, d)
+                    .await?
+                    .filter(|v| v.has_tag(SNAPSHOT_TAG))
+                else {
                     return Ok(None);
                 };
                 Ok(Some(self.copy_snapshot(&client, &vm, region, d).await?))
@@ -241,7 +314,11 @@ impl Controller {
         }
     }
 
-    pub async fn list_snapshots(&self, r: &csi::ListSnapshotsRequest, d: Deadline) -> Result<csi::ListSnapshotsResponse, CtlError> {
+    pub async fn list_snapshots(
+        &self,
+        r: &csi::ListSnapshotsRequest,
+        d: Deadline,
+    ) -> Result<csi::ListSnapshotsResponse, CtlError> {
         if r.max_entries < 0 {
             return Err(CtlError::invalid("max_entries", "must not be negative"));
         }
@@ -259,7 +336,13 @@ impl Controller {
             regions.sort();
             for region in regions {
                 let client = self.client(region)?;
-                for vm in self.vms.all(&client, d).await?.iter().filter(|v| v.has_tag(SNAPSHOT_TAG)) {
+                for vm in self
+                    .vms
+                    .all(&client, d)
+                    .await?
+                    .iter()
+                    .filter(|v| v.has_tag(SNAPSHOT_TAG))
+                {
                     all.push(self.copy_snapshot(&client, vm, region, d).await?);
                 }
             }
@@ -268,18 +351,29 @@ impl Controller {
         all.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
         let start: usize = match r.starting_token.as_str() {
             "" => 0,
-            t => t
-                .parse()
-                .ok()
-                .filter(|n| *n <= all.len())
-                .ok_or_else(|| CtlError::Aborted(format!("starting_token {t:?} was not given out by this controller")))?,
+            t => t.parse().ok().filter(|n| *n <= all.len()).ok_or_else(|| {
+                CtlError::Aborted(format!(
+                    "starting_token {t:?} was not given out by this controller"
+                ))
+            })?,
         };
-        let take = if r.max_entries == 0 { usize::MAX } else { r.max_entries as usize };
+        let take = if r.max_entries == 0 {
+            usize::MAX
+        } else {
+            r.max_entries as usize
+        };
         let page: Vec<csi::Snapshot> = all.iter().skip(start).take(take).cloned().collect();
         let next = start + page.len();
         Ok(csi::ListSnapshotsResponse {
-            entries: page.into_iter().map(|s| csi::list_snapshots_response::Entry { snapshot: Some(s) }).collect(),
-            next_token: if next < all.len() { next.to_string() } else { String::new() },
+            entries: page
+                .into_iter()
+                .map(|s| csi::list_snapshots_response::Entry { snapshot: Some(s) })
+                .collect(),
+            next_token: if next < all.len() {
+                next.to_string()
+            } else {
+                String::new()
+            },
         })
     }
 }
@@ -291,12 +385,28 @@ mod tests {
     #[test]
     fn snapshot_ids_round_trip() {
         let ours = SnapshotId::parse("region-1/pve2/local-lvm/snapshot-vm-104").unwrap();
-        assert_eq!(ours, SnapshotId::Copy { region: "region-1".into(), zone: "pve2".into(), storage: "local-lvm".into(), vmid: 104 });
+        assert_eq!(
+            ours,
+            SnapshotId::Copy {
+                region: "region-1".into(),
+                zone: "pve2".into(),
+                storage: "local-lvm".into(),
+                vmid: 104
+            }
+        );
         assert_eq!(ours.to_string(), "region-1/pve2/local-lvm/snapshot-vm-104");
         let go = SnapshotId::parse("region-1/pve2/local-lvm/vm-9999-snapshot-5bc58ec7").unwrap();
         assert!(matches!(go, SnapshotId::Volume(ref v) if v.disk == "vm-9999-snapshot-5bc58ec7"));
-        assert!(SnapshotId::parse("r/z/s/snapshot-vm-x").unwrap_err().contains("VMID"));
-        assert!(SnapshotId::parse("r/z").unwrap_err().contains("snapshot id"));
+        assert!(
+            SnapshotId::parse("r/z/s/snapshot-vm-x")
+                .unwrap_err()
+                .contains("VMID")
+        );
+        assert!(
+            SnapshotId::parse("r/z")
+                .unwrap_err()
+                .contains("snapshot id")
+        );
     }
 
     #[test]

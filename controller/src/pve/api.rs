@@ -61,7 +61,9 @@ pub struct VmResource {
 
 impl VmResource {
     pub fn has_tag(&self, tag: &str) -> bool {
-        self.tags.as_deref().is_some_and(|t| t.split([';', ',', ' ']).any(|x| x == tag))
+        self.tags
+            .as_deref()
+            .is_some_and(|t| t.split([';', ',', ' ']).any(|x| x == tag))
     }
 }
 
@@ -116,8 +118,19 @@ fn text(v: &Value) -> String {
 }
 
 impl Client {
-    pub async fn storage_status(&self, node: &str, storage: &str, d: Deadline) -> Result<StorageStatus, PveError> {
-        self.call(Method::GET, &format!("/nodes/{node}/storage/{storage}/status"), &[], d).await
+    pub async fn storage_status(
+        &self,
+        node: &str,
+        storage: &str,
+        d: Deadline,
+    ) -> Result<StorageStatus, PveError> {
+        self.call(
+            Method::GET,
+            &format!("/nodes/{node}/storage/{storage}/status"),
+            &[],
+            d,
+        )
+        .await
     }
 
     /// One volume's size, without listing the storage. `None` if it does
@@ -127,12 +140,21 @@ impl Client {
     /// 500 is settled by the storage's listing of the owner's volumes, never
     /// guessed. The listing stays off the common path: it grows with the
     /// number of volumes.
-    pub async fn volume_info(&self, node: &str, storage: &str, volname: &str, d: Deadline) -> Result<Option<VolumeInfo>, PveError> {
+    pub async fn volume_info(
+        &self,
+        node: &str,
+        storage: &str,
+        volname: &str,
+        d: Deadline,
+    ) -> Result<Option<VolumeInfo>, PveError> {
         let path = format!("/nodes/{node}/storage/{storage}/content/{storage}:{volname}");
         match self.call(Method::GET, &path, &[], d).await {
             Ok(v) => Ok(Some(v)),
             Err(e) if e.is_not_found() => Ok(None),
-            Err(e) if e.kind() == ErrorKind::Other && e.status().is_some_and(|s| s.as_u16() == 500) => {
+            Err(e)
+                if e.kind() == ErrorKind::Other
+                    && e.status().is_some_and(|s| s.as_u16() == 500) =>
+            {
                 tracing::debug!(storage, volname, error = %e, "unknown answer for a volume; asking the storage's listing");
                 self.listed_volume(node, storage, volname, d).await
             }
@@ -142,17 +164,33 @@ impl Client {
 
     /// A volume as `GET …/content?vmid=<owner>` lists it (pve-storage
     /// API2/Storage/Content.pm index: `volid`, `size`, `format`).
-    async fn listed_volume(&self, node: &str, storage: &str, volname: &str, d: Deadline) -> Result<Option<VolumeInfo>, PveError> {
+    async fn listed_volume(
+        &self,
+        node: &str,
+        storage: &str,
+        volname: &str,
+        d: Deadline,
+    ) -> Result<Option<VolumeInfo>, PveError> {
         let mut query = vec![("content", "images".to_string())];
         if let Some(owner) = crate::volume::owner_of(volname) {
             query.push(("vmid", owner.to_string()));
         }
-        let listed: Vec<Value> = self.call(Method::GET, &format!("/nodes/{node}/storage/{storage}/content"), &query, d).await?;
+        let listed: Vec<Value> = self
+            .call(
+                Method::GET,
+                &format!("/nodes/{node}/storage/{storage}/content"),
+                &query,
+                d,
+            )
+            .await?;
         let volid = format!("{storage}:{volname}");
-        Ok(listed.iter().find(|v| v["volid"].as_str() == Some(volid.as_str())).map(|v| VolumeInfo {
-            size: v["size"].as_u64().unwrap_or(0),
-            format: v["format"].as_str().unwrap_or_default().to_string(),
-        }))
+        Ok(listed
+            .iter()
+            .find(|v| v["volid"].as_str() == Some(volid.as_str()))
+            .map(|v| VolumeInfo {
+                size: v["size"].as_u64().unwrap_or(0),
+                format: v["format"].as_str().unwrap_or_default().to_string(),
+            }))
     }
 
     /// Allocates `filename` (size in bytes, sent in KiB) owned by `vmid`
@@ -161,17 +199,38 @@ impl Client {
     /// `snapshot-as-volume-chain` is qcow2 (pve-storage LVMPlugin.pm
     /// get_formats; API2/Storage/Content.pm create → Storage.pm vdisk_alloc).
     #[allow(clippy::too_many_arguments)]
-    pub async fn allocate(&self, node: &str, storage: &str, filename: &str, format: &str, vmid: u32, bytes: u64, d: Deadline) -> Result<String, PveError> {
+    pub async fn allocate(
+        &self,
+        node: &str,
+        storage: &str,
+        filename: &str,
+        format: &str,
+        vmid: u32,
+        bytes: u64,
+        d: Deadline,
+    ) -> Result<String, PveError> {
         let form = [
             ("filename", filename.to_string()),
             ("format", format.to_string()),
             ("vmid", vmid.to_string()),
             ("size", format!("{}", bytes.div_ceil(1024))),
         ];
-        self.call(Method::POST, &format!("/nodes/{node}/storage/{storage}/content"), &form, d).await
+        self.call(
+            Method::POST,
+            &format!("/nodes/{node}/storage/{storage}/content"),
+            &form,
+            d,
+        )
+        .await
     }
 
-    pub async fn delete_volume(&self, node: &str, storage: &str, volname: &str, d: Deadline) -> Result<(), PveError> {
+    pub async fn delete_volume(
+        &self,
+        node: &str,
+        storage: &str,
+        volname: &str,
+        d: Deadline,
+    ) -> Result<(), PveError> {
         let path = format!("/nodes/{node}/storage/{storage}/content/{storage}:{volname}");
         let upid: Option<String> = self.call(Method::DELETE, &path, &[], d).await?;
         match upid {
@@ -180,25 +239,54 @@ impl Client {
         }
     }
 
-    pub async fn storage_config(&self, storage: &str, d: Deadline) -> Result<StorageConfig, PveError> {
-        self.call(Method::GET, &format!("/storage/{storage}"), &[], d).await
+    pub async fn storage_config(
+        &self,
+        storage: &str,
+        d: Deadline,
+    ) -> Result<StorageConfig, PveError> {
+        self.call(Method::GET, &format!("/storage/{storage}"), &[], d)
+            .await
     }
 
     pub async fn vms(&self, d: Deadline) -> Result<Vec<VmResource>, PveError> {
         let all: Vec<VmResource> = self
-            .call(Method::GET, "/cluster/resources", &[("type", "vm".to_string())], d)
+            .call(
+                Method::GET,
+                "/cluster/resources",
+                &[("type", "vm".to_string())],
+                d,
+            )
             .await?;
-        Ok(all.into_iter().filter(|v| v.kind == "qemu" && v.template != Some(1)).collect())
+        Ok(all
+            .into_iter()
+            .filter(|v| v.kind == "qemu" && v.template != Some(1))
+            .collect())
     }
 
     pub async fn storages(&self, d: Deadline) -> Result<Vec<StorageResource>, PveError> {
-        self.call(Method::GET, "/cluster/resources", &[("type", "storage".to_string())], d).await
+        self.call(
+            Method::GET,
+            "/cluster/resources",
+            &[("type", "storage".to_string())],
+            d,
+        )
+        .await
     }
 
     /// Nodes the cluster membership does not show online
     /// (`/cluster/resources?type=node`, status `offline` or `unknown`).
-    pub async fn offline_nodes(&self, d: Deadline) -> Result<std::collections::BTreeSet<String>, PveError> {
-        let rows: Vec<Value> = self.call(Method::GET, "/cluster/resources", &[("type", "node".to_string())], d).await?;
+    pub async fn offline_nodes(
+        &self,
+        d: Deadline,
+    ) -> Result<std::collections::BTreeSet<String>, PveError> {
+        let rows: Vec<Value> = self
+            .call(
+                Method::GET,
+                "/cluster/resources",
+                &[("type", "node".to_string())],
+                d,
+            )
+            .await?;
         Ok(rows
             .iter()
             .filter(|r| r["status"] != "online")
@@ -207,23 +295,56 @@ impl Client {
     }
 
     /// The committed config (`current=1`: pending changes not applied).
-    pub async fn vm_config(&self, node: &str, vmid: u32, d: Deadline) -> Result<VmConfig, PveError> {
+    pub async fn vm_config(
+        &self,
+        node: &str,
+        vmid: u32,
+        d: Deadline,
+    ) -> Result<VmConfig, PveError> {
         let raw: BTreeMap<String, Value> = self
-            .call(Method::GET, &format!("/nodes/{node}/qemu/{vmid}/config"), &[("current", "1".into())], d)
+            .call(
+                Method::GET,
+                &format!("/nodes/{node}/qemu/{vmid}/config"),
+                &[("current", "1".into())],
+                d,
+            )
             .await?;
-        let mut values: BTreeMap<String, String> = raw.iter().map(|(k, v)| (k.clone(), text(v))).collect();
+        let mut values: BTreeMap<String, String> =
+            raw.iter().map(|(k, v)| (k.clone(), text(v))).collect();
         let digest = values.remove("digest").unwrap_or_default();
         Ok(VmConfig { values, digest })
     }
 
-    pub async fn vm_pending(&self, node: &str, vmid: u32, d: Deadline) -> Result<Vec<PendingItem>, PveError> {
-        self.call(Method::GET, &format!("/nodes/{node}/qemu/{vmid}/pending"), &[], d).await
+    pub async fn vm_pending(
+        &self,
+        node: &str,
+        vmid: u32,
+        d: Deadline,
+    ) -> Result<Vec<PendingItem>, PveError> {
+        self.call(
+            Method::GET,
+            &format!("/nodes/{node}/qemu/{vmid}/pending"),
+            &[],
+            d,
+        )
+        .await
     }
 
     /// `POST …/config` and wait for its task; the exit status is checked.
-    pub async fn update_config(&self, node: &str, vmid: u32, form: &[(&str, String)], d: Deadline) -> Result<(), PveError> {
+    pub async fn update_config(
+        &self,
+        node: &str,
+        vmid: u32,
+        form: &[(&str, String)],
+        d: Deadline,
+    ) -> Result<(), PveError> {
         let upid: Option<String> = self
-            .call(Method::POST, &format!("/nodes/{node}/qemu/{vmid}/config"), form, d)
+            .call(
+                Method::POST,
+                &format!("/nodes/{node}/qemu/{vmid}/config"),
+                form,
+                d,
+            )
             .await?;
         match upid {
             Some(u) => self.wait_task(&u, d).await,
@@ -233,28 +354,64 @@ impl Client {
 
     /// `POST …/config` without waiting: the task's UPID (`None` when
     /// Proxmox finished the work inside the request).
-    pub async fn start_config_update(&self, node: &str, vmid: u32, form: &[(&str, String)], d: Deadline) -> Result<Option<String>, PveError> {
-        self.call(Method::POST, &format!("/nodes/{node}/qemu/{vmid}/config"), form, d).await
+    pub async fn start_config_update(
+        &self,
+        node: &str,
+        vmid: u32,
+        form: &[(&str, String)],
+        d: Deadline,
+    ) -> Result<Option<String>, PveError> {
+        self.call(
+            Method::POST,
+            &format!("/nodes/{node}/qemu/{vmid}/config"),
+            form,
+            d,
+        )
+        .await
     }
 
     /// Creates a VM (no disks) and waits for the task.
-    pub async fn create_vm(&self, node: &str, form: &[(&str, String)], d: Deadline) -> Result<(), PveError> {
-        let upid: String = self.call(Method::POST, &format!("/nodes/{node}/qemu"), form, d).await?;
+    pub async fn create_vm(
+        &self,
+        node: &str,
+        form: &[(&str, String)],
+        d: Deadline,
+    ) -> Result<(), PveError> {
+        let upid: String = self
+            .call(Method::POST, &format!("/nodes/{node}/qemu"), form, d)
+            .await?;
         self.wait_task(&upid, d).await
     }
 
     /// Destroys a stopped VM with every disk it owns and its replication
     /// jobs (`purge`); waits for the task.
     pub async fn destroy_vm(&self, node: &str, vmid: u32, d: Deadline) -> Result<(), PveError> {
-        let q = [("purge", "1".to_string()), ("destroy-unreferenced-disks", "1".to_string())];
-        let upid: String = self.call(Method::DELETE, &format!("/nodes/{node}/qemu/{vmid}"), &q, d).await?;
+        let q = [
+            ("purge", "1".to_string()),
+            ("destroy-unreferenced-disks", "1".to_string()),
+        ];
+        let upid: String = self
+            .call(Method::DELETE, &format!("/nodes/{node}/qemu/{vmid}"), &q, d)
+            .await?;
         self.wait_task(&upid, d).await
     }
 
-    pub async fn resize(&self, node: &str, vmid: u32, disk: &str, bytes: u64, d: Deadline) -> Result<(), PveError> {
+    pub async fn resize(
+        &self,
+        node: &str,
+        vmid: u32,
+        disk: &str,
+        bytes: u64,
+        d: Deadline,
+    ) -> Result<(), PveError> {
         let form = [("disk", disk.to_string()), ("size", bytes.to_string())];
         let upid: Option<String> = self
-            .call(Method::PUT, &format!("/nodes/{node}/qemu/{vmid}/resize"), &form, d)
+            .call(
+                Method::PUT,
+                &format!("/nodes/{node}/qemu/{vmid}/resize"),
+                &form,
+                d,
+            )
             .await?;
         match upid {
             Some(u) => self.wait_task(&u, d).await,

@@ -82,8 +82,12 @@ impl PveError {
     /// the text against the cited corpus.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::Transport { .. } | Self::Deadline { .. } | Self::Unknown { .. } => ErrorKind::Transient,
-            Self::Api { status, message, .. } => classify(Some(status.as_u16()), message),
+            Self::Transport { .. } | Self::Deadline { .. } | Self::Unknown { .. } => {
+                ErrorKind::Transient
+            }
+            Self::Api {
+                status, message, ..
+            } => classify(Some(status.as_u16()), message),
             Self::Task { exitstatus, .. } => classify(None, exitstatus),
             Self::Tls { .. } | Self::Credentials { .. } | Self::Decode { .. } => ErrorKind::Other,
         }
@@ -241,7 +245,8 @@ impl Client {
             Err(PveError::Api { status, .. }) => status.as_u16().to_string(),
             Err(_) => "error".to_string(),
         };
-        self.metrics.observe(&self.cluster.region, &method, path, &code, started);
+        self.metrics
+            .observe(&self.cluster.region, &method, path, &code, started);
         result
     }
 
@@ -251,7 +256,11 @@ impl Client {
         path: &str,
         form: &[(&str, String)],
     ) -> Result<T, PveError> {
-        let url = format!("{}{}", self.cluster.url.as_str().trim_end_matches('/'), path);
+        let url = format!(
+            "{}{}",
+            self.cluster.url.as_str().trim_end_matches('/'),
+            path
+        );
         let mut req = self.http.request(method.clone(), &url);
         req = if matches!(method, Method::POST | Method::PUT) {
             req.form(form)
@@ -306,18 +315,31 @@ impl Client {
         method: &Method,
     ) -> Result<reqwest::RequestBuilder, PveError> {
         match &self.cluster.credentials {
-            Credentials::Token { id, secret } => {
-                Ok(req.header(reqwest::header::AUTHORIZATION, sensitive(&self.cluster.region, &format!("PVEAPIToken={id}={}", secret.expose()))?))
-            }
+            Credentials::Token { id, secret } => Ok(req.header(
+                reqwest::header::AUTHORIZATION,
+                sensitive(
+                    &self.cluster.region,
+                    &format!("PVEAPIToken={id}={}", secret.expose()),
+                )?,
+            )),
             Credentials::Password { username, password } => {
                 let mut session = self.session.lock().await;
                 let s = match &mut *session {
                     Some(s) => &*s,
                     slot @ None => &*slot.insert(self.login(username, password).await?),
                 };
-                let mut req = req.header(reqwest::header::COOKIE, sensitive(&self.cluster.region, &format!("PVEAuthCookie={}", s.cookie.expose()))?);
+                let mut req = req.header(
+                    reqwest::header::COOKIE,
+                    sensitive(
+                        &self.cluster.region,
+                        &format!("PVEAuthCookie={}", s.cookie.expose()),
+                    )?,
+                );
                 if *method != Method::GET {
-                    req = req.header("CSRFPreventionToken", sensitive(&self.cluster.region, s.csrf.expose())?);
+                    req = req.header(
+                        "CSRFPreventionToken",
+                        sensitive(&self.cluster.region, s.csrf.expose())?,
+                    );
                 }
                 Ok(req)
             }
@@ -327,14 +349,23 @@ impl Client {
     async fn login(&self, username: &str, password: &Secret<String>) -> Result<Session, PveError> {
         let path = "/access/ticket";
         let url = format!("{}{path}", self.cluster.url.as_str().trim_end_matches('/'));
-        let form = [("username", username), ("password", password.expose().as_str())];
+        let form = [
+            ("username", username),
+            ("password", password.expose().as_str()),
+        ];
         let transport = |source| PveError::Transport {
             region: self.cluster.region.clone(),
             method: Method::POST,
             path: path.to_string(),
             source,
         };
-        let resp = self.http.post(url).form(&form).send().await.map_err(transport)?;
+        let resp = self
+            .http
+            .post(url)
+            .form(&form)
+            .send()
+            .await
+            .map_err(transport)?;
         let status = resp.status();
         if !status.is_success() {
             return Err(PveError::Api {
@@ -379,10 +410,11 @@ fn api_message(body: &str, reason: &str) -> String {
 /// A credential header, marked sensitive: hyper and reqwest leave it out of
 /// their debug output and HTTP/2 never indexes it.
 fn sensitive(region: &str, value: &str) -> Result<reqwest::header::HeaderValue, PveError> {
-    let mut v = reqwest::header::HeaderValue::from_str(value).map_err(|_| PveError::Credentials {
-        region: region.to_string(),
-        reason: "they hold characters an HTTP header cannot carry".into(),
-    })?;
+    let mut v =
+        reqwest::header::HeaderValue::from_str(value).map_err(|_| PveError::Credentials {
+            region: region.to_string(),
+            reason: "they hold characters an HTTP header cannot carry".into(),
+        })?;
     v.set_sensitive(true);
     Ok(v)
 }
@@ -391,7 +423,11 @@ fn sensitive(region: &str, value: &str) -> Result<reqwest::header::HeaderValue, 
 mod sensitive_tests {
     #[test]
     fn credential_headers_are_sensitive() {
-        assert!(super::sensitive("r", "PVEAPIToken=u@pve!t=s").unwrap().is_sensitive());
+        assert!(
+            super::sensitive("r", "PVEAPIToken=u@pve!t=s")
+                .unwrap()
+                .is_sensitive()
+        );
         assert!(super::sensitive("r", "bad\nvalue").is_err());
     }
 }

@@ -28,14 +28,20 @@ impl Default for ApiMetrics {
     fn default() -> Self {
         Self {
             calls: Family::default(),
-            seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.005, 3.0, 9))),
+            seconds: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.005, 3.0, 9))
+            }),
         }
     }
 }
 
 impl ApiMetrics {
     pub fn register(&self, registry: &mut Registry) {
-        registry.register("proxmox_api_requests", "Proxmox API calls", self.calls.clone());
+        registry.register(
+            "proxmox_api_requests",
+            "Proxmox API calls",
+            self.calls.clone(),
+        );
         registry.register(
             "proxmox_api_request_duration_seconds",
             "Proxmox API call latency",
@@ -90,20 +96,28 @@ pub fn template(path: &str) -> String {
     format!("/{}", out.join("/"))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::template;
 
     #[test]
     fn paths_become_templates() {
-        assert_eq!(template("/nodes/pve1/qemu/112/config"), "/nodes/{node}/qemu/{vmid}/config");
+        assert_eq!(
+            template("/nodes/pve1/qemu/112/config"),
+            "/nodes/{node}/qemu/{vmid}/config"
+        );
         assert_eq!(
             template("/nodes/pve1/storage/local/content/local:9999/vm-9999-a.raw"),
             "/nodes/{node}/storage/{storage}/content/{volume}"
         );
-        assert_eq!(template("/nodes/pve1/tasks/UPID:x/status"), "/nodes/{node}/tasks/{upid}/status");
+        assert_eq!(
+            template("/nodes/pve1/tasks/UPID:x/status"),
+            "/nodes/{node}/tasks/{upid}/status"
+        );
         assert_eq!(template("/version"), "/version");
-        assert_eq!(template("/cluster/replication/100-0"), "/cluster/replication/{id}");
+        assert_eq!(
+            template("/cluster/replication/100-0"),
+            "/cluster/replication/{id}"
+        );
     }
 }

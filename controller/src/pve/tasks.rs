@@ -20,7 +20,9 @@ pub struct TaskStatus {
 /// The node a UPID belongs to: its status is served there.
 pub fn upid_node(upid: &str) -> Option<&str> {
     let mut parts = upid.split(':');
-    (parts.next() == Some("UPID")).then(|| parts.next()).flatten()
+    (parts.next() == Some("UPID"))
+        .then(|| parts.next())
+        .flatten()
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -55,13 +57,29 @@ impl Client {
     /// done, or failed with Proxmox's exit status.
     pub async fn task_state(&self, upid: &str, deadline: Deadline) -> Result<TaskState, PveError> {
         let node = upid_node(upid).unwrap_or_default();
-        let st: TaskStatus = self.call(Method::GET, &format!("/nodes/{node}/tasks/{upid}/status"), &[], deadline).await?;
+        let st: TaskStatus = self
+            .call(
+                Method::GET,
+                &format!("/nodes/{node}/tasks/{upid}/status"),
+                &[],
+                deadline,
+            )
+            .await?;
         if st.status != "running" {
             let exit = st.exitstatus.unwrap_or_default();
-            return Ok(if exit == "OK" || exit.starts_with("WARNINGS") { TaskState::Done } else { TaskState::Failed(exit) });
+            return Ok(if exit == "OK" || exit.starts_with("WARNINGS") {
+                TaskState::Done
+            } else {
+                TaskState::Failed(exit)
+            });
         }
         let log: Vec<LogLine> = self
-            .call(Method::GET, &format!("/nodes/{node}/tasks/{upid}/log"), &[("limit", "0".to_string())], deadline)
+            .call(
+                Method::GET,
+                &format!("/nodes/{node}/tasks/{upid}/log"),
+                &[("limit", "0".to_string())],
+                deadline,
+            )
             .await?;
         Ok(TaskState::Running(
             log.into_iter()
@@ -113,7 +131,10 @@ mod tests {
 
     #[test]
     fn finds_the_node_of_a_upid() {
-        assert_eq!(upid_node("UPID:pve2:0003A1F2:01B665C6:6B0C4CAF:qmconfig:112:root@pam:"), Some("pve2"));
+        assert_eq!(
+            upid_node("UPID:pve2:0003A1F2:01B665C6:6B0C4CAF:qmconfig:112:root@pam:"),
+            Some("pve2")
+        );
         assert_eq!(upid_node("nope"), None);
     }
 }

@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use callers::{attacher, provisioner};
 use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::ctl::Controller;
 use proxmox_csi_controller::pve;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
-use callers::{attacher, provisioner};
 use pvesim::{Running, Sim, State};
 use serde_json::Value;
 use tonic::Request;
@@ -93,8 +93,16 @@ async fn build(cluster: &str, f: impl FnOnce(Controller) -> Controller) -> Env {
         .map(|c| pve::Client::new(c, Duration::from_secs(10), Default::default()).map(Arc::new))
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
-    let ctl = f(Controller::new(clients, cfg.controller_vmid, Duration::from_secs(20)));
-    Env { sim, svc: ControllerService(Arc::new(ctl)), http: reqwest::Client::new() }
+    let ctl = f(Controller::new(
+        clients,
+        cfg.controller_vmid,
+        Duration::from_secs(20),
+    ));
+    Env {
+        sim,
+        svc: ControllerService(Arc::new(ctl)),
+        http: reqwest::Client::new(),
+    }
 }
 
 /// A second controller (its own queues, caches and memory) on `e`'s pvesim.
@@ -104,7 +112,13 @@ pub fn controller_on(e: &Env) -> Controller {
         e.sim.api_url()
     ))
     .unwrap();
-    let clients = cfg.clusters.into_iter().map(|c| Arc::new(pve::Client::new(c, Duration::from_secs(10), Default::default()).unwrap())).collect();
+    let clients = cfg
+        .clusters
+        .into_iter()
+        .map(|c| {
+            Arc::new(pve::Client::new(c, Duration::from_secs(10), Default::default()).unwrap())
+        })
+        .collect();
     Controller::new(clients, 9999, Duration::from_secs(20))
 }
 
@@ -112,7 +126,13 @@ impl Env {
     pub async fn admin(&self, method: &str, path: &str, body: &str) -> Value {
         let url = format!("http://{}/pvesim/{path}", self.sim.addr);
         let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
-        let r = self.http.request(m, url).body(body.to_string()).send().await.unwrap();
+        let r = self
+            .http
+            .request(m, url)
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
         r.json::<Value>().await.unwrap()["data"].clone()
     }
 
@@ -130,7 +150,10 @@ impl Env {
         let r = self
             .http
             .get(url)
-            .header("Authorization", format!("PVEAPIToken=kubernetes-csi@pve!csi={SECRET}"))
+            .header(
+                "Authorization",
+                format!("PVEAPIToken=kubernetes-csi@pve!csi={SECRET}"),
+            )
             .send()
             .await
             .unwrap();
@@ -145,7 +168,10 @@ impl Env {
         let r = self
             .http
             .request(m, url)
-            .header("Authorization", format!("PVEAPIToken=kubernetes-csi@pve!csi={SECRET}"))
+            .header(
+                "Authorization",
+                format!("PVEAPIToken=kubernetes-csi@pve!csi={SECRET}"),
+            )
             .form(form)
             .send()
             .await
@@ -156,7 +182,11 @@ impl Env {
 
     pub async fn calls(&self) -> u64 {
         let c = self.admin("GET", "counters", "").await;
-        c.as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum()
+        c.as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_u64().unwrap())
+            .sum()
     }
 }
 
@@ -170,7 +200,12 @@ pub fn claim(name: &str, bytes: i64) -> provisioner::Claim {
 /// `bytes` with a StorageClass of `params`, the pod's node in `zone` (or
 /// only the region). An empty `name` is a malformed request no caller
 /// sends, for the spec's checks.
-pub fn create_req(name: &str, bytes: i64, params: &[(&str, &str)], zone: Option<&str>) -> csi::CreateVolumeRequest {
+pub fn create_req(
+    name: &str,
+    bytes: i64,
+    params: &[(&str, &str)],
+    zone: Option<&str>,
+) -> csi::CreateVolumeRequest {
     let mut r = provision_req(&claim(name, bytes), params, zone);
     if name.is_empty() {
         r.name.clear();
@@ -179,18 +214,31 @@ pub fn create_req(name: &str, bytes: i64, params: &[(&str, &str)], zone: Option<
 }
 
 /// CreateVolume as the provisioner sends it for `claim`.
-fn provision_req(claim: &provisioner::Claim, params: &[(&str, &str)], zone: Option<&str>) -> csi::CreateVolumeRequest {
+fn provision_req(
+    claim: &provisioner::Claim,
+    params: &[(&str, &str)],
+    zone: Option<&str>,
+) -> csi::CreateVolumeRequest {
     let mut term = vec![("topology.kubernetes.io/region", "region-1")];
     if let Some(z) = zone {
         term.push(("topology.kubernetes.io/zone", z));
     }
     let requirement = provisioner::requirement(&[&term], 0);
-    provisioner::create_volume(&provisioner::StorageClass::new(params), claim, Some(requirement))
+    provisioner::create_volume(
+        &provisioner::StorageClass::new(params),
+        claim,
+        Some(requirement),
+    )
 }
 
 pub async fn create(e: &Env, name: &str, zone: Option<&str>) -> csi::Volume {
     e.svc
-        .create_volume(Request::new(create_req(name, 1 << 30, &[("storage", "local-lvm"), ("ssd", "1")], zone)))
+        .create_volume(Request::new(create_req(
+            name,
+            1 << 30,
+            &[("storage", "local-lvm"), ("ssd", "1")],
+            zone,
+        )))
         .await
         .unwrap()
         .into_inner()
@@ -201,8 +249,18 @@ pub async fn create(e: &Env, name: &str, zone: Option<&str>) -> csi::Volume {
 /// The PersistentVolume the provisioner writes for `v` (its
 /// volumeAttributes: the provisioner's identity key and the context).
 pub fn pv_of(v: &csi::Volume) -> callers::PersistentVolume {
-    let name = v.volume_id.rsplit('/').next().unwrap_or_default().trim_start_matches("vm-9999-").to_string();
-    provisioner::persistent_volume(&provisioner::StorageClass::default(), &claim(&name, v.capacity_bytes), v)
+    let name = v
+        .volume_id
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("vm-9999-")
+        .to_string();
+    provisioner::persistent_volume(
+        &provisioner::StorageClass::default(),
+        &claim(&name, v.capacity_bytes),
+        v,
+    )
 }
 
 /// ControllerPublish as the external-attacher sends it for `v`'s PV.
@@ -212,7 +270,11 @@ pub fn publish_req(v: &csi::Volume, node: &str) -> csi::ControllerPublishVolumeR
 
 /// The PV of a volume known only by its handle (one deleted or never made).
 pub fn pv_id(handle: &str) -> callers::PersistentVolume {
-    pv_of(&csi::Volume { volume_id: handle.into(), capacity_bytes: 1 << 30, ..Default::default() })
+    pv_of(&csi::Volume {
+        volume_id: handle.into(),
+        capacity_bytes: 1 << 30,
+        ..Default::default()
+    })
 }
 
 /// DeleteVolume as the provisioner sends it for `v`'s PV.
@@ -235,7 +297,13 @@ pub const COPY_ROLE: &str = "[VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.C
 
 /// CreateVolume as the provisioner sends it for a claim with a dataSource
 /// (a VolumeSnapshot's handle, or a source PV's).
-pub fn from_source(source: csi::volume_content_source::Type, name: &str, bytes: i64, params: &[(&str, &str)], zone: Option<&str>) -> csi::CreateVolumeRequest {
+pub fn from_source(
+    source: csi::volume_content_source::Type,
+    name: &str,
+    bytes: i64,
+    params: &[(&str, &str)],
+    zone: Option<&str>,
+) -> csi::CreateVolumeRequest {
     let mut claim = claim(name, bytes);
     claim.data_source = Some(source);
     provision_req(&claim, params, zone)
@@ -245,13 +313,23 @@ pub fn from_source(source: csi::volume_content_source::Type, name: &str, bytes: 
 /// VolumeSnapshot whose uid makes `name` (`snapshot-<uid>`) of the volume
 /// `source`.
 pub fn snap_req(name: &str, source: &str) -> csi::CreateSnapshotRequest {
-    let v = csi::Volume { volume_id: source.into(), capacity_bytes: 1 << 30, ..Default::default() };
+    let v = csi::Volume {
+        volume_id: source.into(),
+        capacity_bytes: 1 << 30,
+        ..Default::default()
+    };
     let uid = name.strip_prefix("snapshot-").unwrap_or(name);
     callers::snapshotter::create_snapshot(uid, uid, &pv_of(&v), &[])
 }
 
 pub async fn create_snapshot(e: &Env, name: &str, source: &str) -> csi::Snapshot {
-    e.svc.create_snapshot(Request::new(snap_req(name, source))).await.unwrap().into_inner().snapshot.unwrap()
+    e.svc
+        .create_snapshot(Request::new(snap_req(name, source)))
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap()
 }
 
 /// Calls CreateSnapshot until the snapshot is ready, as the snapshotter
@@ -266,7 +344,10 @@ pub async fn until_ready(e: &Env, name: &str, source: &str) -> Vec<csi::Snapshot
         if ready {
             return seen;
         }
-        assert!(started.elapsed() < Duration::from_secs(30), "snapshot never became ready: {seen:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "snapshot never became ready: {seen:?}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -277,7 +358,10 @@ pub async fn until_created(e: &Env, req: csi::CreateVolumeRequest) -> csi::Volum
     let started = std::time::Instant::now();
     loop {
         match e.svc.create_volume(Request::new(req.clone())).await {
-            Err(s) if s.code() == tonic::Code::Aborted && started.elapsed() < Duration::from_secs(30) => {
+            Err(s)
+                if s.code() == tonic::Code::Aborted
+                    && started.elapsed() < Duration::from_secs(30) =>
+            {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             r => return r.unwrap().into_inner().volume.unwrap(),

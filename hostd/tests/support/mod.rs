@@ -27,7 +27,10 @@ pub fn require_root() -> bool {
     if is_root() {
         return true;
     }
-    assert!(std::env::var_os("CI").is_none(), "hostd loop tests need root, and CI is set");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "hostd loop tests need root, and CI is set"
+    );
     eprintln!("SKIPPED: hostd loop-device tests need root");
     false
 }
@@ -74,28 +77,47 @@ impl Drop for Env {
 }
 
 pub fn spawn_hostd(dir: &Path, root: &Path, images: &Path, log: &Path, pbkdf: &str) -> Child {
-    hostd_command(dir, root, images, log, pbkdf).spawn().unwrap()
+    hostd_command(dir, root, images, log, pbkdf)
+        .spawn()
+        .unwrap()
 }
 
 pub fn hostd_command(dir: &Path, root: &Path, images: &Path, log: &Path, pbkdf: &str) -> Command {
     let socket = dir.join("hostd.sock");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_proxmox-csi-hostd"));
-    cmd
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--kubelet-root")
-            .arg(root)
-            .arg("--loop-dir")
-            .arg(images)
-            .arg("--health-file")
-            .arg(dir.join("health.json"))
-            // This host runs no udevd: take device events from the kernel.
-            .args(["--device-events", "kernel", "--device-wait", "5", "--driver-name", DRIVER])
-            .args(["--luks-pbkdf", pbkdf])
-            // The node plugin's uid, as the DaemonSet and the extension run it.
-            .args(["--socket-mode", "666", "--allow-uid", &NODE_PLUGIN_UID.to_string()])
-            .stdout(Stdio::null())
-            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap());
+    cmd.arg("--socket")
+        .arg(&socket)
+        .arg("--kubelet-root")
+        .arg(root)
+        .arg("--loop-dir")
+        .arg(images)
+        .arg("--health-file")
+        .arg(dir.join("health.json"))
+        // This host runs no udevd: take device events from the kernel.
+        .args([
+            "--device-events",
+            "kernel",
+            "--device-wait",
+            "5",
+            "--driver-name",
+            DRIVER,
+        ])
+        .args(["--luks-pbkdf", pbkdf])
+        // The node plugin's uid, as the DaemonSet and the extension run it.
+        .args([
+            "--socket-mode",
+            "666",
+            "--allow-uid",
+            &NODE_PLUGIN_UID.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .unwrap(),
+        );
     cmd
 }
 
@@ -108,7 +130,8 @@ pub async fn connect_as(socket: &Path, uid: u32) -> HostdClient<Channel> {
     let socket = socket.to_path_buf();
     let stream = std::thread::spawn(move || {
         // SAFETY: setresuid(2) with -1 keeps the real and saved uids; only this thread changes.
-        let rc = unsafe { nix::libc::syscall(nix::libc::SYS_setresuid, -1i64, i64::from(uid), -1i64) };
+        let rc =
+            unsafe { nix::libc::syscall(nix::libc::SYS_setresuid, -1i64, i64::from(uid), -1i64) };
         assert_eq!(rc, 0, "setresuid: {}", std::io::Error::last_os_error());
         std::os::unix::net::UnixStream::connect(&socket)
     })
@@ -121,7 +144,9 @@ pub async fn connect_as(socket: &Path, uid: u32) -> HostdClient<Channel> {
         .connect_with_connector(tower::service_fn(move |_| {
             let s = slot.lock().unwrap().take();
             async move {
-                let s = s.ok_or_else(|| std::io::Error::other("the connection made as another uid is used up"))?;
+                let s = s.ok_or_else(|| {
+                    std::io::Error::other("the connection made as another uid is used up")
+                })?;
                 tokio::net::UnixStream::from_std(s).map(hyper_util::rt::TokioIo::new)
             }
         }))
@@ -191,7 +216,11 @@ impl Env {
             .arg(&img)
             .output()
             .unwrap();
-        assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "losetup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         self.loops.push(Loop { dev });
     }
@@ -209,7 +238,14 @@ impl Env {
         let dir = self._dir.path().to_path_buf();
         let mut cmd = hostd_command(&dir, &self.root, &self.images, &self.log, self.pbkdf);
         if let Some(t) = tools {
-            cmd.env("PATH", format!("{}:{}", t.display(), std::env::var("PATH").unwrap_or_default()));
+            cmd.env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    t.display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            );
         }
         self.hostd = cmd.spawn().unwrap();
         self.client = connect(dir.join("hostd.sock")).await;
@@ -226,14 +262,21 @@ impl Env {
 
     /// kubelet's staging path of a volume: `<driver>/<sha256(volume id)>/globalmount`.
     pub fn staging(&self, vol: &str) -> PathBuf {
-        let p = self.root.join("plugins/kubernetes.io/csi").join(DRIVER).join(format!("{:x}", Sha256::digest(vol.as_bytes())));
+        let p = self
+            .root
+            .join("plugins/kubernetes.io/csi")
+            .join(DRIVER)
+            .join(format!("{:x}", Sha256::digest(vol.as_bytes())));
         std::fs::create_dir_all(&p).unwrap();
         p.join("globalmount")
     }
 
     /// kubelet's raw block staging directory (csi_block.go `GetStagingPath`).
     pub fn block_staging(&self, pv: &str) -> PathBuf {
-        let p = self.root.join("plugins/kubernetes.io/csi/volumeDevices/staging").join(pv);
+        let p = self
+            .root
+            .join("plugins/kubernetes.io/csi/volumeDevices/staging")
+            .join(pv);
         std::fs::create_dir_all(&p).unwrap();
         p
     }
@@ -241,14 +284,23 @@ impl Env {
     /// kubelet's raw block publish path (csi_block.go `getPublishPath`):
     /// kubelet makes the directory, the driver the file.
     pub fn block_target(&self, pv: &str, pod: &str) -> PathBuf {
-        let p = self.root.join("plugins/kubernetes.io/csi/volumeDevices/publish").join(pv);
+        let p = self
+            .root
+            .join("plugins/kubernetes.io/csi/volumeDevices/publish")
+            .join(pv);
         std::fs::create_dir_all(&p).unwrap();
         p.join(pod)
     }
 
     pub fn target(&self, pod: &str, kind: &str, pv: &str) -> PathBuf {
         // kubelet makes the volume's directory; the driver makes `mount` in it.
-        let p = self.root.join("pods").join(pod).join(kind).join("kubernetes.io~csi").join(pv);
+        let p = self
+            .root
+            .join("pods")
+            .join(pod)
+            .join(kind)
+            .join("kubernetes.io~csi")
+            .join(pv);
         std::fs::create_dir_all(&p).unwrap();
         p
     }
@@ -291,7 +343,11 @@ pub fn sha_of(path: &Path) -> String {
 
 pub fn run(tool: &str, args: &[&str], img: &Path) {
     let st = Command::new(tool).args(args).arg(img).output().unwrap();
-    assert!(st.status.success(), "{tool}: {}", String::from_utf8_lossy(&st.stderr));
+    assert!(
+        st.status.success(),
+        "{tool}: {}",
+        String::from_utf8_lossy(&st.stderr)
+    );
 }
 
 pub fn sfdisk(img: &Path, script: &str) {
@@ -302,13 +358,28 @@ pub fn sfdisk(img: &Path, script: &str) {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    c.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    c.stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
     assert!(c.wait().unwrap().success());
 }
 
 pub fn luks(img: &Path) {
     let mut c = Command::new("cryptsetup")
-        .args(["luksFormat", "--batch-mode", "--type", "luks2", "--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000", "--key-file", "-"])
+        .args([
+            "luksFormat",
+            "--batch-mode",
+            "--type",
+            "luks2",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-file",
+            "-",
+        ])
         .arg(img)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -322,4 +393,3 @@ pub fn luks(img: &Path) {
 pub fn libc_erofs() -> i32 {
     nix::errno::Errno::EROFS as i32
 }
-

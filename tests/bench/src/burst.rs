@@ -94,7 +94,14 @@ fn floor(hw: Hw, disks: usize, detach: bool) -> f64 {
 /// local-lvm, and the CSI token with the documented minimal role.
 fn cluster(vms: usize, hw: Hw) -> String {
     let workers: String = (0..vms)
-        .map(|i| format!("  - {{ vmid: {}, node: pve1, name: worker-{}, config: {{ scsihw: {} }} }}\n", 200 + i, 200 + i, hw.scsihw()))
+        .map(|i| {
+            format!(
+                "  - {{ vmid: {}, node: pve1, name: worker-{}, config: {{ scsihw: {} }} }}\n",
+                200 + i,
+                200 + i,
+                hw.scsihw()
+            )
+        })
         .collect();
     format!(
         "cluster: bench\nnodes: [{{ name: pve1 }}]\nstorages:\n  - {{ id: local-lvm, type: lvmthin, total: 109951162777600 }}\nvms:\n{workers}\
@@ -111,13 +118,26 @@ fn cluster(vms: usize, hw: Hw) -> String {
 async fn prepared(vms: usize, n: usize, hw: Hw) -> Result<(Sim, Vec<PersistentVolume>)> {
     let sim = Sim::start(&cluster(vms, hw)).await?;
     let ctl = sim.controller()?;
-    let sc = provisioner::StorageClass::new(&[("storage", "local-lvm"), ("csi.storage.k8s.io/fstype", "ext4")]);
-    let term = [("topology.kubernetes.io/region", "region-1"), ("topology.kubernetes.io/zone", "pve1")];
+    let sc = provisioner::StorageClass::new(&[
+        ("storage", "local-lvm"),
+        ("csi.storage.k8s.io/fstype", "ext4"),
+    ]);
+    let term = [
+        ("topology.kubernetes.io/region", "region-1"),
+        ("topology.kubernetes.io/zone", "pve1"),
+    ];
     let mut pvs = Vec::new();
     for i in 0..n {
-        let claim = provisioner::Claim::new(&format!("burst-{i:03}"), &format!("burst-{i:03}"), 1 << 30);
-        let r = provisioner::create_volume(&sc, &claim, Some(provisioner::requirement(&[&term], 0)));
-        let v = ctl.create_volume(Request::new(r)).await?.into_inner().volume.context("no volume")?;
+        let claim =
+            provisioner::Claim::new(&format!("burst-{i:03}"), &format!("burst-{i:03}"), 1 << 30);
+        let r =
+            provisioner::create_volume(&sc, &claim, Some(provisioner::requirement(&[&term], 0)));
+        let v = ctl
+            .create_volume(Request::new(r))
+            .await?
+            .into_inner()
+            .volume
+            .context("no volume")?;
         pvs.push(provisioner::persistent_volume(&sc, &claim, &v));
     }
     sim.knobs(COSTS).await?;
@@ -127,26 +147,51 @@ async fn prepared(vms: usize, n: usize, hw: Hw) -> Result<(Sim, Vec<PersistentVo
 
 /// SCSI disks on VM `vmid`.
 async fn disks(sim: &Sim, vmid: u32) -> Result<usize> {
-    let vm = sim.admin(reqwest::Method::GET, &format!("vms/{vmid}"), "").await?;
-    Ok(vm["config"].as_object().map(|m| m.keys().filter(|k| k.strip_prefix("scsi").is_some_and(|n| n.parse::<u32>().is_ok())).count()).unwrap_or(0))
+    let vm = sim
+        .admin(reqwest::Method::GET, &format!("vms/{vmid}"), "")
+        .await?;
+    Ok(vm["config"]
+        .as_object()
+        .map(|m| {
+            m.keys()
+                .filter(|k| {
+                    k.strip_prefix("scsi")
+                        .is_some_and(|n| n.parse::<u32>().is_ok())
+                })
+                .count()
+        })
+        .unwrap_or(0))
 }
 
 /// A controller on `sim` as one that has been running is: the attacher's
 /// reconcile (ListVolumes, every minute) has built its attachment index.
-async fn running_controller(sim: &Sim) -> Result<proxmox_csi_controller::csi::controller::ControllerService> {
+async fn running_controller(
+    sim: &Sim,
+) -> Result<proxmox_csi_controller::csi::controller::ControllerService> {
     let ctl = sim.controller()?;
-    ctl.list_volumes(Request::new(attacher::list_volumes(""))).await.context("list volumes")?;
+    ctl.list_volumes(Request::new(attacher::list_volumes("")))
+        .await
+        .context("list volumes")?;
     Ok(ctl)
 }
 
 /// Measures `run`, with the calls and config writes it made.
-async fn phase<F: std::future::Future<Output = Result<()>>>(sim: &Sim, floor: f64, run: F) -> Result<Phase> {
+async fn phase<F: std::future::Future<Output = Result<()>>>(
+    sim: &Sim,
+    floor: f64,
+    run: F,
+) -> Result<Phase> {
     sim.reset_counters().await?;
     let started = Instant::now();
     run.await?;
     let seconds = started.elapsed().as_secs_f64();
     let (calls, writes) = sim.calls_and_writes().await?;
-    Ok(Phase { seconds, floor, writes, calls })
+    Ok(Phase {
+        seconds,
+        floor,
+        writes,
+        calls,
+    })
 }
 
 fn node_id(vmid: u32) -> String {
@@ -159,7 +204,14 @@ pub async fn ours(n: usize, hw: Hw) -> Result<Burst> {
     let (sim, pvs) = prepared(1, n, hw).await?;
     let ctl = running_controller(&sim).await?;
     let attach = phase(&sim, floor(hw, n, false), async {
-        for r in join_all(pvs.iter().map(|pv| ctl.controller_publish_volume(Request::new(attacher::controller_publish(pv, &node_id(200)))))).await {
+        for r in join_all(pvs.iter().map(|pv| {
+            ctl.controller_publish_volume(Request::new(attacher::controller_publish(
+                pv,
+                &node_id(200),
+            )))
+        }))
+        .await
+        {
             r.context("publish")?;
         }
         Ok(())
@@ -167,19 +219,35 @@ pub async fn ours(n: usize, hw: Hw) -> Result<Burst> {
     .await?;
     let attached = disks(&sim, 200).await?;
     let detach = phase(&sim, floor(hw, n, true), async {
-        for r in join_all(pvs.iter().map(|pv| ctl.controller_unpublish_volume(Request::new(attacher::controller_unpublish(pv, &node_id(200)))))).await {
+        for r in join_all(pvs.iter().map(|pv| {
+            ctl.controller_unpublish_volume(Request::new(attacher::controller_unpublish(
+                pv,
+                &node_id(200),
+            )))
+        }))
+        .await
+        {
             r.context("unpublish")?;
         }
         Ok(())
     })
     .await?;
-    Ok(Burst { attach, detach, attached, left: disks(&sim, 200).await? })
+    Ok(Burst {
+        attach,
+        detach,
+        attached,
+        left: disks(&sim, 200).await?,
+    })
 }
 
 /// The volid of a PV's handle (`region/zone/storage/disk`).
 fn volid(pv: &PersistentVolume) -> String {
     let mut parts = pv.handle.splitn(4, '/').skip(2);
-    format!("{}:{}", parts.next().unwrap_or_default(), parts.next().unwrap_or_default())
+    format!(
+        "{}:{}",
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default()
+    )
 }
 
 /// The Go driver's strategy on the same burst.
@@ -189,7 +257,16 @@ pub async fn go_like(n: usize, hw: Hw) -> Result<Burst> {
     let attach = phase(&sim, floor(hw, n, false), async {
         let calls = pvs.iter().enumerate().map(|(i, pv)| {
             let go = &go;
-            async move { go.attach("pve1", 200, "local-lvm", &volid(pv), &format!("0x5056432d4944{i:04x}")).await }
+            async move {
+                go.attach(
+                    "pve1",
+                    200,
+                    "local-lvm",
+                    &volid(pv),
+                    &format!("0x5056432d4944{i:04x}"),
+                )
+                .await
+            }
         });
         for r in join_all(calls).await {
             r?;
@@ -209,7 +286,12 @@ pub async fn go_like(n: usize, hw: Hw) -> Result<Burst> {
         Ok(())
     })
     .await?;
-    Ok(Burst { attach, detach, attached, left: disks(&sim, 200).await? })
+    Ok(Burst {
+        attach,
+        detach,
+        attached,
+        left: disks(&sim, 200).await?,
+    })
 }
 
 /// `vms` VMs taking `per_vm` volumes each, all at once (virtio-scsi-pci):
@@ -220,7 +302,12 @@ pub async fn many_vms(vms: usize, per_vm: usize) -> Result<(Phase, Phase)> {
     let (sim, pvs) = prepared(vms, vms * per_vm, Hw::Pci).await?;
     let ctl = running_controller(&sim).await?;
     let ours = phase(&sim, floor(Hw::Pci, per_vm, false), async {
-        let calls = pvs.iter().enumerate().map(|(i, pv)| ctl.controller_publish_volume(Request::new(attacher::controller_publish(pv, &node_id(target(i))))));
+        let calls = pvs.iter().enumerate().map(|(i, pv)| {
+            ctl.controller_publish_volume(Request::new(attacher::controller_publish(
+                pv,
+                &node_id(target(i)),
+            )))
+        });
         for r in join_all(calls).await {
             r.context("publish")?;
         }
@@ -232,7 +319,16 @@ pub async fn many_vms(vms: usize, per_vm: usize) -> Result<(Phase, Phase)> {
     let go_phase = phase(&sim, floor(Hw::Pci, per_vm, false), async {
         let calls = pvs.iter().enumerate().map(|(i, pv)| {
             let go = &go;
-            async move { go.attach("pve1", target(i), "local-lvm", &volid(pv), &format!("0x5056432d4944{i:04x}")).await }
+            async move {
+                go.attach(
+                    "pve1",
+                    target(i),
+                    "local-lvm",
+                    &volid(pv),
+                    &format!("0x5056432d4944{i:04x}"),
+                )
+                .await
+            }
         });
         for r in join_all(calls).await {
             r?;

@@ -27,7 +27,11 @@ pub struct GoLike {
 
 impl GoLike {
     pub fn new(api: &str) -> Self {
-        Self { api: api.to_string(), http: reqwest::Client::new(), node_locks: std::sync::Mutex::default() }
+        Self {
+            api: api.to_string(),
+            http: reqwest::Client::new(),
+            node_locks: std::sync::Mutex::default(),
+        }
     }
 
     fn node_lock(&self, vmid: u32) -> Arc<Mutex<()>> {
@@ -37,8 +41,15 @@ impl GoLike {
 
     async fn call(&self, method: Method, path: &str, form: &[(&str, String)]) -> Result<Value> {
         let url = format!("{}{path}", self.api);
-        let mut req = self.http.request(method.clone(), url).header("Authorization", format!("PVEAPIToken={TOKEN}={SECRET}"));
-        req = if method == Method::GET { req.query(form) } else { req.form(form) };
+        let mut req = self
+            .http
+            .request(method.clone(), url)
+            .header("Authorization", format!("PVEAPIToken={TOKEN}={SECRET}"));
+        req = if method == Method::GET {
+            req.query(form)
+        } else {
+            req.form(form)
+        };
         let r = req.send().await?;
         let status = r.status();
         let body: Value = r.json().await.unwrap_or(Value::Null);
@@ -49,16 +60,42 @@ impl GoLike {
     }
 
     async fn vm_config(&self, node: &str, vmid: u32) -> Result<Value> {
-        self.call(Method::GET, &format!("/nodes/{node}/status"), &[]).await?;
-        self.call(Method::GET, &format!("/nodes/{node}/qemu/{vmid}/status/current"), &[]).await?;
-        self.call(Method::GET, &format!("/nodes/{node}/qemu/{vmid}/config"), &[]).await
+        self.call(Method::GET, &format!("/nodes/{node}/status"), &[])
+            .await?;
+        self.call(
+            Method::GET,
+            &format!("/nodes/{node}/qemu/{vmid}/status/current"),
+            &[],
+        )
+        .await?;
+        self.call(
+            Method::GET,
+            &format!("/nodes/{node}/qemu/{vmid}/config"),
+            &[],
+        )
+        .await
     }
 
     /// checkVolume: storage status and the volume, before the node's lock.
     async fn check_volume(&self, node: &str, storage: &str, volid: &str) -> Result<()> {
-        self.call(Method::GET, "/cluster/resources", &[("type", "storage".into())]).await?;
-        self.call(Method::GET, &format!("/nodes/{node}/storage/{storage}/status"), &[]).await?;
-        self.call(Method::GET, &format!("/nodes/{node}/storage/{storage}/content/{volid}"), &[]).await?;
+        self.call(
+            Method::GET,
+            "/cluster/resources",
+            &[("type", "storage".into())],
+        )
+        .await?;
+        self.call(
+            Method::GET,
+            &format!("/nodes/{node}/storage/{storage}/status"),
+            &[],
+        )
+        .await?;
+        self.call(
+            Method::GET,
+            &format!("/nodes/{node}/storage/{storage}/content/{volid}"),
+            &[],
+        )
+        .await?;
         Ok(())
     }
 
@@ -66,7 +103,13 @@ impl GoLike {
     /// is not checked.
     async fn wait_for(&self, node: &str, upid: &str) -> Result<()> {
         loop {
-            let st = self.call(Method::GET, &format!("/nodes/{node}/tasks/{upid}/status"), &[]).await?;
+            let st = self
+                .call(
+                    Method::GET,
+                    &format!("/nodes/{node}/tasks/{upid}/status"),
+                    &[],
+                )
+                .await?;
             if st["status"] != "running" {
                 return Ok(());
             }
@@ -75,7 +118,14 @@ impl GoLike {
     }
 
     /// Attaches `volid` (on `storage`) to VM `vmid` on `node`.
-    pub async fn attach(&self, node: &str, vmid: u32, storage: &str, volid: &str, wwn: &str) -> Result<()> {
+    pub async fn attach(
+        &self,
+        node: &str,
+        vmid: u32,
+        storage: &str,
+        volid: &str,
+        wwn: &str,
+    ) -> Result<()> {
         self.check_volume(node, storage, volid).await?;
         let lock = self.node_lock(vmid);
         let _g = lock.lock().await;
@@ -84,14 +134,24 @@ impl GoLike {
             .find(|n| cfg.get(format!("scsi{n}")).is_none())
             .context("no free LUN")?;
         let upid = self
-            .call(Method::POST, &format!("/nodes/{node}/qemu/{vmid}/config"), &[(&format!("scsi{lun}"), format!("{volid},backup=0,iothread=1,wwn={wwn}"))])
+            .call(
+                Method::POST,
+                &format!("/nodes/{node}/qemu/{vmid}/config"),
+                &[(
+                    &format!("scsi{lun}"),
+                    format!("{volid},backup=0,iothread=1,wwn={wwn}"),
+                )],
+            )
             .await?;
         let upid = upid.as_str().context("no UPID")?.to_string();
         self.wait_for(node, &upid).await?;
         // waitAttachVolume: the config every 5 s until the disk shows.
         for _ in 0..7 {
             let cfg = self.vm_config(node, vmid).await?;
-            if cfg.as_object().is_some_and(|m| m.values().any(|v| v.as_str().is_some_and(|s| s.contains(volid)))) {
+            if cfg.as_object().is_some_and(|m| {
+                m.values()
+                    .any(|v| v.as_str().is_some_and(|s| s.contains(volid)))
+            }) {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_secs(5)).await;
@@ -108,13 +168,21 @@ impl GoLike {
         let holds = |cfg: &Value| {
             cfg.as_object().and_then(|m| {
                 m.iter()
-                    .find(|(k, v)| k.starts_with("scsi") && v.as_str().is_some_and(|s| s.contains(volid)))
+                    .find(|(k, v)| {
+                        k.starts_with("scsi") && v.as_str().is_some_and(|s| s.contains(volid))
+                    })
                     .map(|(k, _)| k.clone())
             })
         };
         let cfg = self.vm_config(node, vmid).await?;
         if let Some(key) = holds(&cfg) {
-            let answer = self.call(Method::PUT, &format!("/nodes/{node}/qemu/{vmid}/unlink"), &[("idlist", key)]).await?;
+            let answer = self
+                .call(
+                    Method::PUT,
+                    &format!("/nodes/{node}/qemu/{vmid}/unlink"),
+                    &[("idlist", key)],
+                )
+                .await?;
             if let Some(upid) = answer.as_str() {
                 self.wait_for(node, upid).await?;
             }

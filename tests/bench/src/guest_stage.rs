@@ -23,29 +23,48 @@ use proxmox_csi_controller::pve;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
-use tonic::transport::Channel;
 use tonic::Request;
+use tonic::transport::Channel;
 
 use crate::percentile;
 use crate::sim::{SECRET, TOKEN};
 
 const PASSPHRASE: &str = "bench passphrase, not a secret";
 
-
 /// Creates and hot-plugs a 1 GiB volume into the guest, as the provisioner
 /// and the attacher do; its PersistentVolume and publish context.
-async fn plugged(ctl: &ControllerService, uid: &str) -> Result<(callers::PersistentVolume, HashMap<String, String>)> {
-    let sc = provisioner::StorageClass::new(&[("storage", "local-lvm"), ("csi.storage.k8s.io/fstype", "xfs")]);
+async fn plugged(
+    ctl: &ControllerService,
+    uid: &str,
+) -> Result<(callers::PersistentVolume, HashMap<String, String>)> {
+    let sc = provisioner::StorageClass::new(&[
+        ("storage", "local-lvm"),
+        ("csi.storage.k8s.io/fstype", "xfs"),
+    ]);
     let claim = provisioner::Claim::new(uid, uid, 1 << 30);
-    let term = [("topology.kubernetes.io/region", "region-1"), ("topology.kubernetes.io/zone", "pve2")];
+    let term = [
+        ("topology.kubernetes.io/region", "region-1"),
+        ("topology.kubernetes.io/zone", "pve2"),
+    ];
     let v = ctl
-        .create_volume(Request::new(provisioner::create_volume(&sc, &claim, Some(provisioner::requirement(&[&term], 0)))))
+        .create_volume(Request::new(provisioner::create_volume(
+            &sc,
+            &claim,
+            Some(provisioner::requirement(&[&term], 0)),
+        )))
         .await?
         .into_inner()
         .volume
         .context("no volume")?;
     let pv = provisioner::persistent_volume(&sc, &claim, &v);
-    let pc = ctl.controller_publish_volume(Request::new(attacher::controller_publish(&pv, "worker-2/112"))).await?.into_inner().publish_context;
+    let pc = ctl
+        .controller_publish_volume(Request::new(attacher::controller_publish(
+            &pv,
+            "worker-2/112",
+        )))
+        .await?
+        .into_inner()
+        .publish_context;
     Ok((pv, pc))
 }
 
@@ -106,12 +125,18 @@ async fn restart_hostd(g: &mut Guest, ch: &Channel, kdf: Kdf) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    bail!("hostd did not answer again after its restart with {}", kdf.hostd())
+    bail!(
+        "hostd did not answer again after its restart with {}",
+        kdf.hostd()
+    )
 }
 
 async fn probe_ready(ch: &Channel) -> bool {
     let mut probe = IdentityClient::new(ch.clone());
-    probe.probe(callers::identity::probe()).await.is_ok_and(|r| r.into_inner().ready == Some(true))
+    probe
+        .probe(callers::identity::probe())
+        .await
+        .is_ok_and(|r| r.into_inner().ready == Some(true))
 }
 
 pub async fn run(rounds: usize) -> Result<Report> {
@@ -126,15 +151,33 @@ pub async fn run(rounds: usize) -> Result<Report> {
          acl:\n  - {{ path: /, roles: [CSI], tokens: [\"{TOKEN}\"], users: [kubernetes-csi@pve] }}\n",
         g.qmp.display()
     );
-    let sim = pvesim::Sim::new(pvesim::State::from_yaml(&state)?).plain_http().volume_dir(images.path().to_path_buf()).start("127.0.0.1:0").await?;
-    let cfg = CloudConfig::parse(&format!("clusters:\n  - url: {}\n    token_id: {TOKEN}\n    token_secret: {SECRET}\n    region: region-1\n", sim.api_url()))?;
-    let clients = cfg.clusters.into_iter().map(|c| pve::Client::new(c, Duration::from_secs(30), Default::default()).map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
-    let ctl = ControllerService(Arc::new(Controller::new(clients, 9999, Duration::from_secs(60))));
+    let sim = pvesim::Sim::new(pvesim::State::from_yaml(&state)?)
+        .plain_http()
+        .volume_dir(images.path().to_path_buf())
+        .start("127.0.0.1:0")
+        .await?;
+    let cfg = CloudConfig::parse(&format!(
+        "clusters:\n  - url: {}\n    token_id: {TOKEN}\n    token_secret: {SECRET}\n    region: region-1\n",
+        sim.api_url()
+    ))?;
+    let clients = cfg
+        .clusters
+        .into_iter()
+        .map(|c| pve::Client::new(c, Duration::from_secs(30), Default::default()).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()?;
+    let ctl = ControllerService(Arc::new(Controller::new(
+        clients,
+        9999,
+        Duration::from_secs(60),
+    )));
     let deadline = Instant::now() + Duration::from_secs(60);
     // QEMU accepts the forwarded port before the guest listens: ready is
     // when Probe says hostd answers.
     let ch = loop {
-        if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", g.csi_port))?.connect().await
+        if let Ok(ch) =
+            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", g.csi_port))?
+                .connect()
+                .await
             && probe_ready(&ch).await
         {
             break ch;
@@ -156,15 +199,27 @@ pub async fn run(rounds: usize) -> Result<Report> {
             for d in kubelet.stage_dirs(&pv) {
                 g.sh(&format!("mkdir -p {d}")).await?;
             }
-            let req = kubelet.node_stage(&pv, &pc, HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]));
+            let req = kubelet.node_stage(
+                &pv,
+                &pc,
+                HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]),
+            );
             let t = Instant::now();
-            node.node_stage_volume(req).await.map_err(|e| anyhow::anyhow!("NodeStage: {}", e.message()))?;
+            node.node_stage_volume(req)
+                .await
+                .map_err(|e| anyhow::anyhow!("NodeStage: {}", e.message()))?;
             ours.push(t.elapsed().as_secs_f64() * 1000.0);
-            node.node_unstage_volume(kubelet.node_unstage(&pv)).await.map_err(|e| anyhow::anyhow!("NodeUnstage: {}", e.message()))?;
+            node.node_unstage_volume(kubelet.node_unstage(&pv))
+                .await
+                .map_err(|e| anyhow::anyhow!("NodeUnstage: {}", e.message()))?;
 
             let (_, pc) = plugged(&ctl, &format!("bare-{tag}")).await?;
             let wwn = pc.get("wwn").cloned().unwrap_or_default();
-            let dev = g.sh(&format!("udevadm settle; readlink -f /dev/disk/by-id/wwn-{wwn}")).await?;
+            let dev = g
+                .sh(&format!(
+                    "udevadm settle; readlink -f /dev/disk/by-id/wwn-{wwn}"
+                ))
+                .await?;
             let cmd = format!(
                 "printf %s '{PASSPHRASE}' | cryptsetup luksFormat --batch-mode --type luks2 --cipher aes-xts-plain64 --key-size 512 \
                  {} --key-file - {dev} && \
@@ -178,9 +233,14 @@ pub async fn run(rounds: usize) -> Result<Report> {
                 bail!("bare commands failed: {out}");
             }
             bare.push(t.elapsed().as_secs_f64() * 1000.0);
-            g.sh(&format!("umount /mnt/bare{i} && cryptsetup close bare{i}")).await?;
+            g.sh(&format!("umount /mnt/bare{i} && cryptsetup close bare{i}"))
+                .await?;
         }
-        medians.push((kdf, percentile(&mut ours, 50.0), percentile(&mut bare, 50.0)));
+        medians.push((
+            kdf,
+            percentile(&mut ours, 50.0),
+            percentile(&mut bare, 50.0),
+        ));
     }
 
     // Six argon2id stages at once; the Probe is asked every 100 ms meanwhile.
@@ -190,7 +250,11 @@ pub async fn run(rounds: usize) -> Result<Report> {
         for d in kubelet.stage_dirs(&pv) {
             g.sh(&format!("mkdir -p {d}")).await?;
         }
-        stages.push(kubelet.node_stage(&pv, &pc, HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())])));
+        stages.push(kubelet.node_stage(
+            &pv,
+            &pc,
+            HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]),
+        ));
     }
     let started = Instant::now();
     let calls: Vec<_> = stages
@@ -204,12 +268,16 @@ pub async fn run(rounds: usize) -> Result<Report> {
     let mut latencies = Vec::new();
     while !calls.iter().all(|c| c.is_finished()) {
         let t = Instant::now();
-        probe.probe(callers::identity::probe()).await.map_err(|e| anyhow::anyhow!("Probe during the stages: {}", e.message()))?;
+        probe
+            .probe(callers::identity::probe())
+            .await
+            .map_err(|e| anyhow::anyhow!("Probe during the stages: {}", e.message()))?;
         latencies.push(t.elapsed().as_secs_f64() * 1000.0);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for c in calls {
-        c.await?.map_err(|e| anyhow::anyhow!("one of six NodeStage calls: {}", e.message()))?;
+        c.await?
+            .map_err(|e| anyhow::anyhow!("one of six NodeStage calls: {}", e.message()))?;
     }
     let six_wall = started.elapsed().as_secs_f64() * 1000.0;
     let probe_max = latencies.iter().cloned().fold(0.0, f64::max);

@@ -50,13 +50,15 @@ pub struct Run {
 pub const PER_DISK_MS: u64 = 300;
 pub const RRD_LAG_MS: u64 = 10_000;
 
-
 fn zone_of(i: usize) -> String {
     format!("pve{}", i % NODES + 1)
 }
 
 fn class() -> provisioner::StorageClass {
-    provisioner::StorageClass::new(&[("storage", "local-lvm"), ("csi.storage.k8s.io/fstype", "ext4")])
+    provisioner::StorageClass::new(&[
+        ("storage", "local-lvm"),
+        ("csi.storage.k8s.io/fstype", "ext4"),
+    ])
 }
 
 fn claim(i: usize) -> provisioner::Claim {
@@ -66,8 +68,15 @@ fn claim(i: usize) -> provisioner::Claim {
 /// CreateVolume as the provisioner sends it for claim `i`, its pod's node in `zone_of(i)`.
 fn create_req(i: usize) -> csi::CreateVolumeRequest {
     let zone = zone_of(i);
-    let term = [("topology.kubernetes.io/region", "region-1"), ("topology.kubernetes.io/zone", zone.as_str())];
-    provisioner::create_volume(&class(), &claim(i), Some(provisioner::requirement(&[&term], 0)))
+    let term = [
+        ("topology.kubernetes.io/region", "region-1"),
+        ("topology.kubernetes.io/zone", zone.as_str()),
+    ];
+    provisioner::create_volume(
+        &class(),
+        &claim(i),
+        Some(provisioner::requirement(&[&term], 0)),
+    )
 }
 
 /// The VM a volume made for zone `pve<n>` is published to: one per node, in turn.
@@ -77,9 +86,13 @@ fn vm_for(i: usize, round: usize) -> (String, u32) {
     (format!("worker-{vmid}/{vmid}"), vmid as u32)
 }
 
-async fn timed<T, F: std::future::Future<Output = Result<T, tonic::Status>>>(f: F) -> Result<(T, f64)> {
+async fn timed<T, F: std::future::Future<Output = Result<T, tonic::Status>>>(
+    f: F,
+) -> Result<(T, f64)> {
     let t = Instant::now();
-    let v = f.await.map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?;
+    let v = f
+        .await
+        .map_err(|s| anyhow::anyhow!("{}: {}", s.code(), s.message()))?;
     Ok((v, t.elapsed().as_secs_f64() * 1000.0))
 }
 
@@ -123,14 +136,20 @@ pub async fn run(sizes: &[usize], concurrency: usize, latency_ms: u64) -> Result
         // A publish to every VM at once (the last volumes made, each to a VM
         // of its node), then the unpublishes.
         let round = checkpoints.len();
-        let window: Vec<(usize, &callers::PersistentVolume)> = (made - NODES * VMS_PER_NODE..made).map(|i| (i, &pvs[i])).collect();
+        let window: Vec<(usize, &callers::PersistentVolume)> = (made - NODES * VMS_PER_NODE..made)
+            .map(|i| (i, &pvs[i]))
+            .collect();
         sim.reset_counters().await?;
         let mut publish_ms = Vec::new();
         let pubs = window.iter().map(|(i, pv)| {
             let mut ctl = ctl.clone();
             let (node_id, _) = vm_for(*i, round + *i / NODES);
             let req = attacher::controller_publish(pv, &node_id);
-            async move { timed(ctl.controller_publish_volume(req)).await.map(|(_, ms)| ms) }
+            async move {
+                timed(ctl.controller_publish_volume(req))
+                    .await
+                    .map(|(_, ms)| ms)
+            }
         });
         for r in futures::future::join_all(pubs).await {
             publish_ms.push(r?);
@@ -170,8 +189,16 @@ pub async fn run(sizes: &[usize], concurrency: usize, latency_ms: u64) -> Result
     sim.reset_counters().await?;
     let last = made - 1;
     let (node_id, _) = vm_for(last, 0);
-    let (_, restart_publish_ms) = timed(ctl.controller_publish_volume(attacher::controller_publish(&pvs[last], &node_id))).await?;
+    let (_, restart_publish_ms) =
+        timed(ctl.controller_publish_volume(attacher::controller_publish(&pvs[last], &node_id)))
+            .await?;
     let (restart_publish_calls, _) = sim.calls_and_writes().await?;
     proc.stop()?;
-    Ok(Run { idle_rss_kib, checkpoints, peak_rss_kib, restart_publish_ms, restart_publish_calls })
+    Ok(Run {
+        idle_rss_kib,
+        checkpoints,
+        peak_rss_kib,
+        restart_publish_ms,
+        restart_publish_calls,
+    })
 }

@@ -47,8 +47,15 @@ impl Sim {
     pub async fn start(cluster: &str) -> Result<Self> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let state = pvesim::State::from_yaml(cluster).context("pvesim state")?;
-        let running = pvesim::Sim::new(state).plain_http().start("127.0.0.1:0").await.context("pvesim")?;
-        Ok(Self { running, http: reqwest::Client::new() })
+        let running = pvesim::Sim::new(state)
+            .plain_http()
+            .start("127.0.0.1:0")
+            .await
+            .context("pvesim")?;
+        Ok(Self {
+            running,
+            http: reqwest::Client::new(),
+        })
     }
 
     pub fn api_url(&self) -> String {
@@ -56,7 +63,10 @@ impl Sim {
     }
 
     pub fn cloud_config(&self) -> String {
-        format!("clusters:\n  - url: {}\n    token_id: {TOKEN}\n    token_secret: {SECRET}\n    region: region-1\n", self.api_url())
+        format!(
+            "clusters:\n  - url: {}\n    token_id: {TOKEN}\n    token_secret: {SECRET}\n    region: region-1\n",
+            self.api_url()
+        )
     }
 
     /// An in-process controller on this simulator.
@@ -67,37 +77,60 @@ impl Sim {
             .into_iter()
             .map(|c| pve::Client::new(c, Duration::from_secs(30), Default::default()).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(ControllerService(Arc::new(Controller::new(clients, cfg.controller_vmid, Duration::from_secs(120)))))
+        Ok(ControllerService(Arc::new(Controller::new(
+            clients,
+            cfg.controller_vmid,
+            Duration::from_secs(120),
+        ))))
     }
 
     pub async fn admin(&self, method: reqwest::Method, path: &str, body: &str) -> Result<Value> {
         let url = format!("http://{}/pvesim/{path}", self.running.addr);
-        let r = self.http.request(method, url).body(body.to_string()).send().await?;
+        let r = self
+            .http
+            .request(method, url)
+            .body(body.to_string())
+            .send()
+            .await?;
         Ok(r.json::<Value>().await?["data"].clone())
     }
 
     pub async fn knobs(&self, json: &str) -> Result<()> {
-        self.admin(reqwest::Method::POST, "knobs", json).await.map(|_| ())
+        self.admin(reqwest::Method::POST, "knobs", json)
+            .await
+            .map(|_| ())
     }
 
     /// Calls per endpoint template since the last reset.
     pub async fn counters(&self) -> Result<BTreeMap<String, u64>> {
         let v = self.admin(reqwest::Method::GET, "counters", "").await?;
-        Ok(v.as_object().map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0))).collect()).unwrap_or_default())
+        Ok(v.as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 
     pub async fn reset_counters(&self) -> Result<()> {
-        self.admin(reqwest::Method::DELETE, "counters", "").await.map(|_| ())
+        self.admin(reqwest::Method::DELETE, "counters", "")
+            .await
+            .map(|_| ())
     }
 
     /// Total calls and config writes (`POST` or `PUT …/qemu/{vmid}/config`,
     /// `PUT …/unlink`) since the last reset.
     pub async fn calls_and_writes(&self) -> Result<(u64, u64)> {
         let c = self.counters().await?;
-        let writes = ["POST /nodes/{node}/qemu/{vmid}/config", "PUT /nodes/{node}/qemu/{vmid}/config", "PUT /nodes/{node}/qemu/{vmid}/unlink"]
-            .iter()
-            .map(|k| c.get(*k).copied().unwrap_or(0))
-            .sum();
+        let writes = [
+            "POST /nodes/{node}/qemu/{vmid}/config",
+            "PUT /nodes/{node}/qemu/{vmid}/config",
+            "PUT /nodes/{node}/qemu/{vmid}/unlink",
+        ]
+        .iter()
+        .map(|k| c.get(*k).copied().unwrap_or(0))
+        .sum();
         Ok((c.values().sum(), writes))
     }
 }

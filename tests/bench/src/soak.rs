@@ -56,11 +56,19 @@ impl Outcome {
         for (k, n) in &self.operations {
             s.push_str(&format!(" {k} {n},"));
         }
-        s.push_str(&format!(" ({} in all, {} retried calls)\nfaults:", self.operations.values().sum::<u64>(), self.retries));
+        s.push_str(&format!(
+            " ({} in all, {} retried calls)\nfaults:",
+            self.operations.values().sum::<u64>(),
+            self.retries
+        ));
         for (k, n) in &self.faults {
             s.push_str(&format!(" {k} {n},"));
         }
-        s.push_str(&format!(" ({} in all)\nviolations: {}\n", self.faults.values().sum::<u64>(), self.violations.len()));
+        s.push_str(&format!(
+            " ({} in all)\nviolations: {}\n",
+            self.faults.values().sum::<u64>(),
+            self.violations.len()
+        ));
         for v in &self.violations {
             s.push_str(&format!("  {v}\n"));
         }
@@ -79,14 +87,23 @@ struct Campaign {
     out: Outcome,
 }
 
-
 fn final_code(c: Code) -> bool {
-    matches!(c, Code::InvalidArgument | Code::NotFound | Code::AlreadyExists | Code::FailedPrecondition | Code::OutOfRange | Code::Unimplemented | Code::PermissionDenied)
+    matches!(
+        c,
+        Code::InvalidArgument
+            | Code::NotFound
+            | Code::AlreadyExists
+            | Code::FailedPrecondition
+            | Code::OutOfRange
+            | Code::Unimplemented
+            | Code::PermissionDenied
+    )
 }
 
 impl Campaign {
     fn start_controller(&mut self) -> Result<()> {
-        let (p, s) = demo::common::start_controller_with(self.dir.path(), &self.sim.cloud_config())?;
+        let (p, s) =
+            demo::common::start_controller_with(self.dir.path(), &self.sim.cloud_config())?;
         self.controller = Some(p);
         self.socket = s;
         Ok(())
@@ -110,12 +127,20 @@ impl Campaign {
             match attempt {
                 Ok(v) => return Some(v),
                 Err(s) if final_code(s.code()) => {
-                    self.out.violations.push(format!("{what}: final error {:?}: {}", s.code(), s.message()));
+                    self.out.violations.push(format!(
+                        "{what}: final error {:?}: {}",
+                        s.code(),
+                        s.message()
+                    ));
                     return None;
                 }
                 Err(s) => {
                     if started.elapsed() > CONVERGE {
-                        self.out.violations.push(format!("{what}: not done after {CONVERGE:?}; last {:?}: {}", s.code(), s.message()));
+                        self.out.violations.push(format!(
+                            "{what}: not done after {CONVERGE:?}; last {:?}: {}",
+                            s.code(),
+                            s.message()
+                        ));
                         return None;
                     }
                     self.out.retries += 1;
@@ -134,21 +159,37 @@ impl Campaign {
         let vm = VMS[self.rng.random_range(0..VMS.len())].0;
         let pick = self.rng.random_range(0..8);
         let (name, knobs): (&'static str, Option<String>) = match pick {
-            0 => ("5xx for the next calls", Some(r#"{"error_5xx_rate": 0.15}"#.into())),
-            1 => ("dropped connections", Some(r#"{"drop_connections": 3}"#.into())),
+            0 => (
+                "5xx for the next calls",
+                Some(r#"{"error_5xx_rate": 0.15}"#.into()),
+            ),
+            1 => (
+                "dropped connections",
+                Some(r#"{"drop_connections": 3}"#.into()),
+            ),
             2 => ("failed hot-plug", Some(r#"{"fail_hotplugs": 1}"#.into())),
-            3 => ("task failing after its UPID", Some(r#"{"fail_tasks": 1}"#.into())),
+            3 => (
+                "task failing after its UPID",
+                Some(r#"{"fail_tasks": 1}"#.into()),
+            ),
             4 => {
-                self.sim.admin(Method::POST, &format!("vms/{vm}/hold-lock?seconds=12"), "").await?;
+                self.sim
+                    .admin(Method::POST, &format!("vms/{vm}/hold-lock?seconds=12"), "")
+                    .await?;
                 ("config lock held 12 s", None)
             }
             5 => {
-                self.sim.admin(Method::PUT, &format!("vms/{vm}/lock?value=backup"), "").await?;
+                self.sim
+                    .admin(Method::PUT, &format!("vms/{vm}/lock?value=backup"), "")
+                    .await?;
                 let sim_addr = self.sim.running.addr;
                 let wait = Duration::from_millis(self.rng.random_range(500..4000));
                 tokio::spawn(async move {
                     tokio::time::sleep(wait).await;
-                    let _ = reqwest::Client::new().delete(format!("http://{sim_addr}/pvesim/vms/{vm}/lock")).send().await;
+                    let _ = reqwest::Client::new()
+                        .delete(format!("http://{sim_addr}/pvesim/vms/{vm}/lock"))
+                        .send()
+                        .await;
                 });
                 ("lock: backup for a while", None)
             }
@@ -173,7 +214,9 @@ impl Campaign {
     async fn calm(&mut self) -> Result<()> {
         self.sim.knobs(r#"{"error_5xx_rate": 0.0, "drop_connections": 0, "fail_hotplugs": 0, "fail_tasks": 0}"#).await?;
         for (vm, _) in VMS {
-            self.sim.admin(Method::DELETE, &format!("vms/{vm}/lock"), "").await?;
+            self.sim
+                .admin(Method::DELETE, &format!("vms/{vm}/lock"), "")
+                .await?;
         }
         if self.controller.is_none() {
             self.start_controller()?;
@@ -184,9 +227,19 @@ impl Campaign {
     async fn step(&mut self) {
         let kind = self.rng.random_range(0..100);
         // Deleted volumes stay in the model while their snapshots live.
-        let live: Vec<usize> = (0..self.vols.len()).filter(|i| !self.vols[*i].id.is_empty()).collect();
-        let idle: Vec<usize> = live.iter().copied().filter(|i| self.vols[*i].on.is_none()).collect();
-        let busy: Vec<usize> = live.iter().copied().filter(|i| self.vols[*i].on.is_some()).collect();
+        let live: Vec<usize> = (0..self.vols.len())
+            .filter(|i| !self.vols[*i].id.is_empty())
+            .collect();
+        let idle: Vec<usize> = live
+            .iter()
+            .copied()
+            .filter(|i| self.vols[*i].on.is_none())
+            .collect();
+        let busy: Vec<usize> = live
+            .iter()
+            .copied()
+            .filter(|i| self.vols[*i].on.is_some())
+            .collect();
         let any = !live.is_empty();
         let op: &'static str = match kind {
             0..25 => "create",
@@ -204,32 +257,64 @@ impl Campaign {
             "create" => {
                 self.next += 1;
                 let name = format!("pvc-soak-{:04}", self.next);
-                let zone = if self.rng.random_bool(0.5) { "pve1" } else { "pve2" };
+                let zone = if self.rng.random_bool(0.5) {
+                    "pve1"
+                } else {
+                    "pve2"
+                };
                 let bytes: u64 = self.rng.random_range(1..=3) << 30;
-                let sc = provisioner::StorageClass::new(&[("storage", "local-lvm"), ("csi.storage.k8s.io/fstype", "ext4")]);
-                let claim = provisioner::Claim::new(&name, name.trim_start_matches("pvc-"), bytes as i64);
-                let term = [("topology.kubernetes.io/region", "region-1"), ("topology.kubernetes.io/zone", zone)];
-                let req = provisioner::create_volume(&sc, &claim, Some(provisioner::requirement(&[&term], 0)));
+                let sc = provisioner::StorageClass::new(&[
+                    ("storage", "local-lvm"),
+                    ("csi.storage.k8s.io/fstype", "ext4"),
+                ]);
+                let claim =
+                    provisioner::Claim::new(&name, name.trim_start_matches("pvc-"), bytes as i64);
+                let term = [
+                    ("topology.kubernetes.io/region", "region-1"),
+                    ("topology.kubernetes.io/zone", zone),
+                ];
+                let req = provisioner::create_volume(
+                    &sc,
+                    &claim,
+                    Some(provisioner::requirement(&[&term], 0)),
+                );
                 let r = self.retry(format!("CreateVolume {name}"), |mut c| {
                     let req = req.clone();
                     async move { c.create_volume(req).await }
                 });
                 if let Some(v) = r.await.and_then(|r| r.into_inner().volume) {
                     let pv = provisioner::persistent_volume(&sc, &claim, &v);
-                    self.vols.push(Vol { name, id: v.volume_id, pv: Some(pv), zone, bytes, on: None, snapshots: Vec::new() });
+                    self.vols.push(Vol {
+                        name,
+                        id: v.volume_id,
+                        pv: Some(pv),
+                        zone,
+                        bytes,
+                        on: None,
+                        snapshots: Vec::new(),
+                    });
                 }
             }
             "publish" => {
                 let i = idle[self.rng.random_range(0..idle.len())];
                 let zone = self.vols[i].zone;
-                let vms: Vec<u32> = VMS.iter().filter(|(_, n)| *n == zone).map(|(v, _)| *v).collect();
+                let vms: Vec<u32> = VMS
+                    .iter()
+                    .filter(|(_, n)| *n == zone)
+                    .map(|(v, _)| *v)
+                    .collect();
                 let vmid = vms[self.rng.random_range(0..vms.len())];
-                let Some(pv) = self.vols[i].pv.clone() else { return };
+                let Some(pv) = self.vols[i].pv.clone() else {
+                    return;
+                };
                 let req = attacher::controller_publish(&pv, &format!("worker-{vmid}/{vmid}"));
-                let ok = self.retry(format!("ControllerPublishVolume {} to {vmid}", self.vols[i].name), |mut c| {
-                    let req = req.clone();
-                    async move { c.controller_publish_volume(req).await }
-                });
+                let ok = self.retry(
+                    format!("ControllerPublishVolume {} to {vmid}", self.vols[i].name),
+                    |mut c| {
+                        let req = req.clone();
+                        async move { c.controller_publish_volume(req).await }
+                    },
+                );
                 if ok.await.is_some() {
                     self.vols[i].on = Some(vmid);
                 }
@@ -237,12 +322,20 @@ impl Campaign {
             "unpublish" => {
                 let i = busy[self.rng.random_range(0..busy.len())];
                 let vmid = self.vols[i].on.unwrap_or_default();
-                let Some(pv) = self.vols[i].pv.clone() else { return };
+                let Some(pv) = self.vols[i].pv.clone() else {
+                    return;
+                };
                 let req = attacher::controller_unpublish(&pv, &format!("worker-{vmid}/{vmid}"));
-                let ok = self.retry(format!("ControllerUnpublishVolume {} from {vmid}", self.vols[i].name), |mut c| {
-                    let req = req.clone();
-                    async move { c.controller_unpublish_volume(req).await }
-                });
+                let ok = self.retry(
+                    format!(
+                        "ControllerUnpublishVolume {} from {vmid}",
+                        self.vols[i].name
+                    ),
+                    |mut c| {
+                        let req = req.clone();
+                        async move { c.controller_unpublish_volume(req).await }
+                    },
+                );
                 if ok.await.is_some() {
                     self.vols[i].on = None;
                 }
@@ -250,12 +343,17 @@ impl Campaign {
             "expand" => {
                 let i = live[self.rng.random_range(0..live.len())];
                 let bytes = self.vols[i].bytes + (512 << 20);
-                let Some(pv) = self.vols[i].pv.clone() else { return };
+                let Some(pv) = self.vols[i].pv.clone() else {
+                    return;
+                };
                 let req = resizer::controller_expand(&pv, bytes as i64);
-                let ok = self.retry(format!("ControllerExpandVolume {} to {bytes}", self.vols[i].name), |mut c| {
-                    let req = req.clone();
-                    async move { c.controller_expand_volume(req).await }
-                });
+                let ok = self.retry(
+                    format!("ControllerExpandVolume {} to {bytes}", self.vols[i].name),
+                    |mut c| {
+                        let req = req.clone();
+                        async move { c.controller_expand_volume(req).await }
+                    },
+                );
                 if ok.await.is_some() {
                     self.vols[i].bytes = bytes;
                 }
@@ -263,14 +361,22 @@ impl Campaign {
             "modify" => {
                 let i = live[self.rng.random_range(0..live.len())];
                 let iops = self.rng.random_range(0..5) * 1000;
-                let Some(pv) = self.vols[i].pv.clone() else { return };
+                let Some(pv) = self.vols[i].pv.clone() else {
+                    return;
+                };
                 let iops = iops.to_string();
                 let req = resizer::controller_modify(&pv, &[("diskIOPS", iops.as_str())]);
                 let _ = self
-                    .retry(format!("ControllerModifyVolume {} diskIOPS={iops}", self.vols[i].name), |mut c| {
-                        let req = req.clone();
-                        async move { c.controller_modify_volume(req).await }
-                    })
+                    .retry(
+                        format!(
+                            "ControllerModifyVolume {} diskIOPS={iops}",
+                            self.vols[i].name
+                        ),
+                        |mut c| {
+                            let req = req.clone();
+                            async move { c.controller_modify_volume(req).await }
+                        },
+                    )
                     .await;
             }
             "snapshot" => {
@@ -278,7 +384,9 @@ impl Campaign {
                 self.next += 1;
                 let uid = format!("soak-{:04}", self.next);
                 let name = format!("snapshot-{uid}");
-                let Some(pv) = self.vols[i].pv.clone() else { return };
+                let Some(pv) = self.vols[i].pv.clone() else {
+                    return;
+                };
                 let req = snapshotter::create_snapshot(&uid, &uid, &pv, &[]);
                 // The snapshotter asks again until ready_to_use.
                 let started = Instant::now();
@@ -289,20 +397,26 @@ impl Campaign {
                             async move { c.create_snapshot(req).await }
                         })
                         .await;
-                    let Some(s) = r.and_then(|r| r.into_inner().snapshot) else { break };
+                    let Some(s) = r.and_then(|r| r.into_inner().snapshot) else {
+                        break;
+                    };
                     if s.ready_to_use {
                         self.vols[i].snapshots.push((name, s.snapshot_id));
                         break;
                     }
                     if started.elapsed() > CONVERGE {
-                        self.out.violations.push(format!("CreateSnapshot {name}: never ready"));
+                        self.out
+                            .violations
+                            .push(format!("CreateSnapshot {name}: never ready"));
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
             }
             "delete snapshot" => {
-                let i = (0..self.vols.len()).find(|i| !self.vols[*i].snapshots.is_empty()).unwrap_or_default();
+                let i = (0..self.vols.len())
+                    .find(|i| !self.vols[*i].snapshots.is_empty())
+                    .unwrap_or_default();
                 let (name, id) = self.vols[i].snapshots.remove(0);
                 let req = snapshotter::delete_snapshot(&id);
                 let _ = self
@@ -329,14 +443,20 @@ impl Campaign {
             }
         }
         // A deleted volume without snapshots is forgotten.
-        self.vols.retain(|v| !v.id.is_empty() || !v.snapshots.is_empty());
+        self.vols
+            .retain(|v| !v.id.is_empty() || !v.snapshots.is_empty());
     }
 
     /// Proxmox's state against the model.
     async fn check(&mut self) -> Result<()> {
         let vms = self.sim.admin(Method::GET, "vms", "").await?;
         let volumes = self.sim.admin(Method::GET, "volumes", "").await?;
-        let live: BTreeSet<String> = self.vols.iter().filter(|v| !v.id.is_empty()).map(|v| format!("vm-9999-{}", v.name)).collect();
+        let live: BTreeSet<String> = self
+            .vols
+            .iter()
+            .filter(|v| !v.id.is_empty())
+            .map(|v| format!("vm-9999-{}", v.name))
+            .collect();
         let snap_vms: BTreeSet<u64> = self
             .vols
             .iter()
@@ -348,7 +468,9 @@ impl Campaign {
             let vmid = vm["vmid"].as_u64().unwrap_or(0);
             let config = vm["config"].as_object().cloned().unwrap_or_default();
             if vm["pending"].as_object().is_some_and(|p| !p.is_empty()) {
-                self.out.violations.push(format!("VM {vmid} has pending changes: {}", vm["pending"]));
+                self.out
+                    .violations
+                    .push(format!("VM {vmid} has pending changes: {}", vm["pending"]));
             }
             let worker = VMS.iter().any(|(v, _)| u64::from(*v) == vmid);
             if worker {
@@ -356,18 +478,36 @@ impl Campaign {
                     if k.starts_with("unused") {
                         self.out.violations.push(format!("VM {vmid} has {k}: {v}"));
                     }
-                    if k.strip_prefix("scsi").is_some_and(|n| n.parse::<u32>().is_ok()) {
-                        let volid = v.as_str().unwrap_or_default().split(',').next().unwrap_or_default().to_string();
+                    if k.strip_prefix("scsi")
+                        .is_some_and(|n| n.parse::<u32>().is_ok())
+                    {
+                        let volid = v
+                            .as_str()
+                            .unwrap_or_default()
+                            .split(',')
+                            .next()
+                            .unwrap_or_default()
+                            .to_string();
                         attached.entry(volid).or_default().push(vmid);
                     }
                 }
-            } else if config.get("tags").and_then(Value::as_str).is_some_and(|t| t.contains("csi-snapshot")) && !snap_vms.contains(&vmid) {
-                self.out.violations.push(format!("copy VM {vmid} ({}) belongs to no live snapshot", config.get("name").and_then(Value::as_str).unwrap_or("?")));
+            } else if config
+                .get("tags")
+                .and_then(Value::as_str)
+                .is_some_and(|t| t.contains("csi-snapshot"))
+                && !snap_vms.contains(&vmid)
+            {
+                self.out.violations.push(format!(
+                    "copy VM {vmid} ({}) belongs to no live snapshot",
+                    config.get("name").and_then(Value::as_str).unwrap_or("?")
+                ));
             }
         }
         for (volid, on) in &attached {
             if on.len() > 1 {
-                self.out.violations.push(format!("{volid} is attached to {on:?}"));
+                self.out
+                    .violations
+                    .push(format!("{volid} is attached to {on:?}"));
             }
         }
         for v in self.vols.iter().filter(|v| !v.id.is_empty()) {
@@ -375,7 +515,10 @@ impl Campaign {
             let on: Vec<u64> = attached.get(&volid).cloned().unwrap_or_default();
             let want: Vec<u64> = v.on.map(u64::from).into_iter().collect();
             if on != want {
-                self.out.violations.push(format!("{} is attached to {on:?}, the driver was told {want:?}", v.name));
+                self.out.violations.push(format!(
+                    "{} is attached to {on:?}, the driver was told {want:?}",
+                    v.name
+                ));
             }
         }
         for vol in volumes.as_array().cloned().unwrap_or_default() {
@@ -384,14 +527,27 @@ impl Campaign {
             let owner = vol["owner"].as_u64().unwrap_or(0);
             let size = vol["size"].as_u64().unwrap_or(0);
             if owner == 9999 {
-                match self.vols.iter().find(|v| !v.id.is_empty() && format!("vm-9999-{}", v.name) == name) {
-                    Some(v) if size < v.bytes => self.out.violations.push(format!("{volid} has {size} bytes, {} were asked", v.bytes)),
+                match self
+                    .vols
+                    .iter()
+                    .find(|v| !v.id.is_empty() && format!("vm-9999-{}", v.name) == name)
+                {
+                    Some(v) if size < v.bytes => self
+                        .out
+                        .violations
+                        .push(format!("{volid} has {size} bytes, {} were asked", v.bytes)),
                     Some(_) => {}
-                    None if !live.contains(name) => self.out.violations.push(format!("{volid} belongs to no live volume")),
+                    None if !live.contains(name) => self
+                        .out
+                        .violations
+                        .push(format!("{volid} belongs to no live volume")),
                     None => {}
                 }
-            } else if !snap_vms.contains(&owner) && !VMS.iter().any(|(v, _)| u64::from(*v) == owner) {
-                self.out.violations.push(format!("{volid} (owner {owner}) belongs to no live snapshot"));
+            } else if !snap_vms.contains(&owner) && !VMS.iter().any(|(v, _)| u64::from(*v) == owner)
+            {
+                self.out.violations.push(format!(
+                    "{volid} (owner {owner}) belongs to no live snapshot"
+                ));
             }
         }
         Ok(())
@@ -402,7 +558,8 @@ impl Campaign {
 /// before each operation.
 pub async fn run(seed: u64, duration: Duration, fault_rate: f64) -> Result<Outcome> {
     let sim = Sim::start(&cluster(2, 2, ", VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone")).await?;
-    sim.knobs(r#"{"api_latency_ms": 2, "hotplug_latency_ms": 50}"#).await?;
+    sim.knobs(r#"{"api_latency_ms": 2, "hotplug_latency_ms": 50}"#)
+        .await?;
     let dir = tempfile::tempdir()?;
     let mut c = Campaign {
         sim,
@@ -412,7 +569,10 @@ pub async fn run(seed: u64, duration: Duration, fault_rate: f64) -> Result<Outco
         rng: StdRng::seed_from_u64(seed),
         vols: Vec::new(),
         next: 0,
-        out: Outcome { seed, ..Default::default() },
+        out: Outcome {
+            seed,
+            ..Default::default()
+        },
     };
     c.start_controller()?;
     let started = Instant::now();

@@ -33,15 +33,23 @@ impl Drop for Loop {
 
 fn attach(img: &Path) -> Result<Loop> {
     std::fs::File::create(img)?.set_len(1 << 30)?;
-    let out = Command::new("losetup").args(["--find", "--show"]).arg(img).output()?;
+    let out = Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(img)
+        .output()?;
     if !out.status.success() {
         bail!("losetup: {}", String::from_utf8_lossy(&out.stderr));
     }
-    Ok(Loop(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())))
+    Ok(Loop(PathBuf::from(
+        String::from_utf8_lossy(&out.stdout).trim(),
+    )))
 }
 
 fn run(cmd: &str, args: &[&str]) -> Result<()> {
-    let out = Command::new(cmd).args(args).output().with_context(|| cmd.to_string())?;
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .with_context(|| cmd.to_string())?;
     if !out.status.success() {
         bail!("{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
@@ -52,7 +60,10 @@ fn run(cmd: &str, args: &[&str]) -> Result<()> {
 fn bare_mkfs(fs: &str, dev: &str) -> Result<()> {
     match fs {
         "ext4" => run("mkfs.ext4", &["-q", "-m0", "-E", "nodiscard", dev]),
-        _ => run("mkfs.xfs", &["-q", "-K", "-b", "size=4096", "-i", "size=512", dev]),
+        _ => run(
+            "mkfs.xfs",
+            &["-q", "-K", "-b", "size=4096", "-i", "size=512", dev],
+        ),
     }
 }
 
@@ -72,8 +83,16 @@ pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64))> {
         "proxmox-csi-hostd",
         &demo::common::bin("proxmox-csi-hostd")?,
         &[
-            "--socket", &s(&socket), "--kubelet-root", &s(&root), "--loop-dir", &s(&images), "--device-events", "kernel",
-            "--health-file", &s(&d.join("health.json")),
+            "--socket",
+            &s(&socket),
+            "--kubelet-root",
+            &s(&root),
+            "--loop-dir",
+            &s(&images),
+            "--device-events",
+            "kernel",
+            "--health-file",
+            &s(&d.join("health.json")),
         ]
         .map(String::from),
         &d.join("hostd.log"),
@@ -85,8 +104,20 @@ pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64))> {
         "proxmox-csi-node",
         &demo::common::bin("proxmox-csi-node")?,
         &[
-            "--csi-address", &format!("unix://{}", node_sock.display()), "--hostd-socket", &s(&socket), "--node-id", "worker-1",
-            "--vmid", "200", "--region", "region-1", "--zone", "pve1", "--kubelet-root", &s(&root),
+            "--csi-address",
+            &format!("unix://{}", node_sock.display()),
+            "--hostd-socket",
+            &s(&socket),
+            "--node-id",
+            "worker-1",
+            "--vmid",
+            "200",
+            "--region",
+            "region-1",
+            "--zone",
+            "pve1",
+            "--kubelet-root",
+            &s(&root),
         ]
         .map(String::from),
         &d.join("node.log"),
@@ -103,23 +134,40 @@ pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64))> {
             let dev = attach(&images.join(format!("{wwn}.raw")))?;
             // kubelet's staging path: the SHA-256 of the volume id (csi_attacher.go makeDeviceMountPath).
             let volume_id = format!("region-1/pve1/local-lvm/vm-9999-{fs}-{i}");
-            let hash: String = Sha256::digest(volume_id.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
-            let staging = root.join("plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev").join(hash);
+            let hash: String = Sha256::digest(volume_id.as_bytes())
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            let staging = root
+                .join("plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev")
+                .join(hash);
             std::fs::create_dir_all(&staging)?;
             let staging = staging.join("globalmount");
             let req = pb::StageRequest {
                 volume_id: volume_id.clone(),
-                device: Some(pb::Device { wwn: format!("0x{wwn}"), serial: String::new() }),
+                device: Some(pb::Device {
+                    wwn: format!("0x{wwn}"),
+                    serial: String::new(),
+                }),
                 staging_path: s(&staging),
-                access: Some(pb::stage_request::Access::Filesystem(pb::Filesystem { fs_type: fs.into(), ..Default::default() })),
+                access: Some(pb::stage_request::Access::Filesystem(pb::Filesystem {
+                    fs_type: fs.into(),
+                    ..Default::default()
+                })),
                 encryption: None,
                 read_only: false,
             };
             let t = Instant::now();
-            client.stage(req).await.map_err(|e| anyhow::anyhow!("hostd Stage: {}", e.message()))?;
+            client
+                .stage(req)
+                .await
+                .map_err(|e| anyhow::anyhow!("hostd Stage: {}", e.message()))?;
             ours.push(t.elapsed().as_secs_f64() * 1000.0);
             client
-                .unstage(pb::UnstageRequest { volume_id, staging_path: s(&staging) })
+                .unstage(pb::UnstageRequest {
+                    volume_id,
+                    staging_path: s(&staging),
+                })
                 .await
                 .map_err(|e| anyhow::anyhow!("hostd Unstage: {}", e.message()))?;
             drop(dev);

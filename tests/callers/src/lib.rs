@@ -106,8 +106,15 @@ impl PersistentVolume {
                 .unwrap_or_default(),
             read_only: csi["readOnly"].as_bool().unwrap_or(false),
             access_modes,
-            mount_options: spec["mountOptions"].as_array().map(|o| o.iter().map(text).collect()).unwrap_or_default(),
-            volume_mode: if spec["volumeMode"] == "Block" { VolumeMode::Block } else { VolumeMode::Filesystem },
+            mount_options: spec["mountOptions"]
+                .as_array()
+                .map(|o| o.iter().map(text).collect())
+                .unwrap_or_default(),
+            volume_mode: if spec["volumeMode"] == "Block" {
+                VolumeMode::Block
+            } else {
+                VolumeMode::Filesystem
+            },
             capacity_bytes: 0,
         }
     }

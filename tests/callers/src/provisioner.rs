@@ -249,12 +249,18 @@ pub fn persistent_volume(
 /// (pkg/capacity/capacity.go syncCapacity): the StorageClass's parameters
 /// unfiltered, no capabilities, the topology segment of one CSIStorageCapacity
 /// object (`None` for a driver without topology).
-pub fn get_capacity(sc: &StorageClass, segment: Option<&[(&str, &str)]>) -> csi::GetCapacityRequest {
+pub fn get_capacity(
+    sc: &StorageClass,
+    segment: Option<&[(&str, &str)]>,
+) -> csi::GetCapacityRequest {
     csi::GetCapacityRequest {
         volume_capabilities: Vec::new(),
         parameters: sc.parameters.clone(),
         accessible_topology: segment.map(|s| csi::Topology {
-            segments: s.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            segments: s
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         }),
     }
 }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use callers::{PersistentVolume, attacher, health, provisioner, resizer, sanity, snapshotter};
 use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::csi::identity::Identity;
@@ -15,7 +16,6 @@ use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use proxmox_csi_proto::csi::v1::controller_service_capability::rpc::Type as Rpc;
 use proxmox_csi_proto::csi::v1::identity_server::Identity as _;
 use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
-use callers::{PersistentVolume, attacher, health, provisioner, resizer, sanity, snapshotter};
 use tonic::{Code, Request};
 
 use crate::{Report, ensure, expect_code, ok};
@@ -51,7 +51,10 @@ const NEVER: &str = "region-1/pve2/local-lvm/vm-9999-pvc-never";
 
 /// The StorageClass of every volume here: local-lvm, ext4.
 fn class() -> provisioner::StorageClass {
-    provisioner::StorageClass::new(&[("storage", "local-lvm"), ("csi.storage.k8s.io/fstype", "ext4")])
+    provisioner::StorageClass::new(&[
+        ("storage", "local-lvm"),
+        ("csi.storage.k8s.io/fstype", "ext4"),
+    ])
 }
 
 /// The claim behind a volume named `name` (`pvc-<uid>`, as the provisioner
@@ -63,7 +66,10 @@ fn claim(name: &str, bytes: i64) -> provisioner::Claim {
 fn topology(zone: &str) -> csi::Topology {
     csi::Topology {
         segments: HashMap::from([
-            ("topology.kubernetes.io/region".to_string(), "region-1".to_string()),
+            (
+                "topology.kubernetes.io/region".to_string(),
+                "region-1".to_string(),
+            ),
             ("topology.kubernetes.io/zone".to_string(), zone.to_string()),
         ]),
     }
@@ -71,7 +77,13 @@ fn topology(zone: &str) -> csi::Topology {
 
 /// The provisioner's topology requirement with the pod's node in `zone`.
 fn requirement(zone: &str) -> csi::TopologyRequirement {
-    provisioner::requirement(&[&[("topology.kubernetes.io/region", "region-1"), ("topology.kubernetes.io/zone", zone)]], 0)
+    provisioner::requirement(
+        &[&[
+            ("topology.kubernetes.io/region", "region-1"),
+            ("topology.kubernetes.io/zone", zone),
+        ]],
+        0,
+    )
 }
 
 /// CreateVolume as the external-provisioner sends it for `claim`, the pod's node on pve2.
@@ -87,13 +99,17 @@ fn create(name: &str, bytes: i64) -> csi::CreateVolumeRequest {
 /// then the PersistentVolume it writes from the answer.
 async fn provision(c: &ControllerService, name: &str) -> Result<PersistentVolume, String> {
     let claim = claim(name, 1 << 30);
-    let volume = ok(c.create_volume(Request::new(create_for(&claim))).await)?.into_inner().volume.unwrap_or_default();
+    let volume = ok(c.create_volume(Request::new(create_for(&claim))).await)?
+        .into_inner()
+        .volume
+        .unwrap_or_default();
     Ok(provisioner::persistent_volume(&class(), &claim, &volume))
 }
 
 async fn start() -> Target {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).expect("cluster")).plain_http();
+    let mut sim =
+        pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).expect("cluster")).plain_http();
     let schema = pvesim::schema::default_path();
     if schema.is_file() {
         sim = sim.with_schema(pvesim::Schema::load(&schema).expect("schema"));
@@ -110,9 +126,21 @@ async fn start() -> Target {
         .map(|c| pve::Client::new(c, Duration::from_secs(10), Default::default()).map(Arc::new))
         .collect::<Result<_, _>>()
         .expect("clients");
-    let ident = Identity::new("csi.proxmox.sinextra.dev".into(), clients.clone(), Duration::from_secs(5));
-    let ctl = ControllerService(Arc::new(Controller::new(clients, cfg.controller_vmid, Duration::from_secs(20))));
-    Target { _sim: sim, ctl, ident }
+    let ident = Identity::new(
+        "csi.proxmox.sinextra.dev".into(),
+        clients.clone(),
+        Duration::from_secs(5),
+    );
+    let ctl = ControllerService(Arc::new(Controller::new(
+        clients,
+        cfg.controller_vmid,
+        Duration::from_secs(20),
+    )));
+    Target {
+        _sim: sim,
+        ctl,
+        ident,
+    }
 }
 
 /// Runs every Identity and Controller clause.
@@ -130,23 +158,46 @@ pub async fn run(report: &mut Report) {
 }
 
 async fn identity(t: &Target, r: &mut Report) {
-    let info = ok(t.ident.get_plugin_info(Request::new(callers::identity::get_plugin_info())).await).map(|x| x.into_inner());
+    let info = ok(t
+        .ident
+        .get_plugin_info(Request::new(callers::identity::get_plugin_info()))
+        .await)
+    .map(|x| x.into_inner());
     r.clause(
         "GetPluginInfo: name MUST follow domain name notation and be at most 63 characters",
         info.as_ref().map_err(Clone::clone).and_then(|i| {
             ensure(
-                i.name.len() <= 63 && i.name.contains('.') && i.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-'),
+                i.name.len() <= 63
+                    && i.name.contains('.')
+                    && i.name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-'),
                 || format!("name {:?}", i.name),
             )
         }),
     );
     r.clause(
         "GetPluginInfo: vendor_version MUST be set",
-        info.as_ref().map_err(Clone::clone).and_then(|i| ensure(!i.vendor_version.is_empty(), || "empty vendor_version".into())),
+        info.as_ref().map_err(Clone::clone).and_then(|i| {
+            ensure(!i.vendor_version.is_empty(), || {
+                "empty vendor_version".into()
+            })
+        }),
     );
-    let probe = ok(t.ident.probe(Request::new(callers::identity::probe())).await).map(|p| p.into_inner().ready);
-    r.clause("Probe: answers, ready while Proxmox does", probe.and_then(|ready| ensure(ready == Some(true), || format!("ready {ready:?}"))));
-    let pcaps = ok(t.ident.get_plugin_capabilities(Request::new(callers::identity::get_plugin_capabilities())).await).map(|c| format!("{:?}", c.into_inner()));
+    let probe = ok(t
+        .ident
+        .probe(Request::new(callers::identity::probe()))
+        .await)
+    .map(|p| p.into_inner().ready);
+    r.clause(
+        "Probe: answers, ready while Proxmox does",
+        probe.and_then(|ready| ensure(ready == Some(true), || format!("ready {ready:?}"))),
+    );
+    let pcaps = ok(t
+        .ident
+        .get_plugin_capabilities(Request::new(callers::identity::get_plugin_capabilities()))
+        .await)
+    .map(|c| format!("{:?}", c.into_inner()));
     r.clause(
         "GetPluginCapabilities: CONTROLLER_SERVICE and VOLUME_ACCESSIBILITY_CONSTRAINTS, as the controller serves and volumes are topology-bound",
         pcaps.and_then(|c| ensure(c.contains("ControllerService") && c.contains("VolumeAccessibilityConstraints"), || c)),
@@ -154,7 +205,13 @@ async fn identity(t: &Target, r: &mut Report) {
 }
 
 async fn capabilities(t: &Target, r: &mut Report) -> Vec<Rpc> {
-    let caps: Vec<Rpc> = match ok(t.ctl.controller_get_capabilities(Request::new(callers::identity::controller_get_capabilities())).await) {
+    let caps: Vec<Rpc> = match ok(t
+        .ctl
+        .controller_get_capabilities(Request::new(
+            callers::identity::controller_get_capabilities(),
+        ))
+        .await)
+    {
         Ok(c) => c
             .into_inner()
             .capabilities
@@ -174,20 +231,76 @@ async fn capabilities(t: &Target, r: &mut Report) -> Vec<Rpc> {
     // id it is about removed is refused as INVALID_ARGUMENT, never
     // UNIMPLEMENTED (and creates nothing).
     let c = &t.ctl;
-    let pv = provisioner::persistent_volume(&class(), &claim("pvc-conf-probe", 1 << 30), &csi::Volume { volume_id: NEVER.into(), ..Default::default() });
+    let pv = provisioner::persistent_volume(
+        &class(),
+        &claim("pvc-conf-probe", 1 << 30),
+        &csi::Volume {
+            volume_id: NEVER.into(),
+            ..Default::default()
+        },
+    );
     let mut unimplemented = Vec::new();
     for rpc in &caps {
         let code = match rpc {
-            Rpc::CreateDeleteVolume => c.create_volume(Request::new({ let mut q = create("pvc-conf-probe", 1 << 30); q.name.clear(); q })).await.err(),
-            Rpc::PublishUnpublishVolume => c.controller_publish_volume(Request::new({ let mut q = attacher::controller_publish(&pv, "worker-2"); q.volume_id.clear(); q })).await.err(),
+            Rpc::CreateDeleteVolume => c
+                .create_volume(Request::new({
+                    let mut q = create("pvc-conf-probe", 1 << 30);
+                    q.name.clear();
+                    q
+                }))
+                .await
+                .err(),
+            Rpc::PublishUnpublishVolume => c
+                .controller_publish_volume(Request::new({
+                    let mut q = attacher::controller_publish(&pv, "worker-2");
+                    q.volume_id.clear();
+                    q
+                }))
+                .await
+                .err(),
             Rpc::ListVolumes => None,
             Rpc::GetCapacity => None,
-            Rpc::CreateDeleteSnapshot => c.create_snapshot(Request::new({ let mut q = snapshotter::create_snapshot("conf-probe", "conf-probe", &pv, &[]); q.source_volume_id.clear(); q })).await.err(),
+            Rpc::CreateDeleteSnapshot => c
+                .create_snapshot(Request::new({
+                    let mut q = snapshotter::create_snapshot("conf-probe", "conf-probe", &pv, &[]);
+                    q.source_volume_id.clear();
+                    q
+                }))
+                .await
+                .err(),
             Rpc::ListSnapshots => None,
-            Rpc::ExpandVolume => c.controller_expand_volume(Request::new({ let mut q = resizer::controller_expand(&pv, 2 << 30); q.volume_id.clear(); q })).await.err(),
-            Rpc::GetVolume => c.controller_get_volume(Request::new({ let mut q = health::controller_get_volume(&pv); q.volume_id.clear(); q })).await.err(),
-            Rpc::ModifyVolume => c.controller_modify_volume(Request::new({ let mut q = resizer::controller_modify(&pv, &[("diskIOPS", "100")]); q.volume_id.clear(); q })).await.err(),
-            Rpc::GetSnapshot => c.get_snapshot(Request::new({ let mut q = sanity::get_snapshot("region-1/pve2/local-lvm/snapshot-vm-777"); q.snapshot_id.clear(); q })).await.err(),
+            Rpc::ExpandVolume => c
+                .controller_expand_volume(Request::new({
+                    let mut q = resizer::controller_expand(&pv, 2 << 30);
+                    q.volume_id.clear();
+                    q
+                }))
+                .await
+                .err(),
+            Rpc::GetVolume => c
+                .controller_get_volume(Request::new({
+                    let mut q = health::controller_get_volume(&pv);
+                    q.volume_id.clear();
+                    q
+                }))
+                .await
+                .err(),
+            Rpc::ModifyVolume => c
+                .controller_modify_volume(Request::new({
+                    let mut q = resizer::controller_modify(&pv, &[("diskIOPS", "100")]);
+                    q.volume_id.clear();
+                    q
+                }))
+                .await
+                .err(),
+            Rpc::GetSnapshot => c
+                .get_snapshot(Request::new({
+                    let mut q = sanity::get_snapshot("region-1/pve2/local-lvm/snapshot-vm-777");
+                    q.snapshot_id.clear();
+                    q
+                }))
+                .await
+                .err(),
             _ => None,
         }
         .map(|s| s.code());
@@ -197,7 +310,9 @@ async fn capabilities(t: &Target, r: &mut Report) -> Vec<Rpc> {
     }
     r.clause(
         "ControllerGetCapabilities: every advertised RPC is implemented",
-        ensure(!caps.is_empty() && unimplemented.is_empty(), || format!("UNIMPLEMENTED: {unimplemented:?}")),
+        ensure(!caps.is_empty() && unimplemented.is_empty(), || {
+            format!("UNIMPLEMENTED: {unimplemented:?}")
+        }),
     );
     caps
 }
@@ -206,22 +321,41 @@ async fn create_volume(t: &Target, r: &mut Report) {
     let c = &t.ctl;
     let mut no_name = create("pvc-conf-noname", 1 << 30);
     no_name.name.clear(); // the spec's missing-name case
-    r.clause("CreateVolume: a missing name is INVALID_ARGUMENT", expect_code(c.create_volume(Request::new(no_name)).await, Code::InvalidArgument));
+    r.clause(
+        "CreateVolume: a missing name is INVALID_ARGUMENT",
+        expect_code(
+            c.create_volume(Request::new(no_name)).await,
+            Code::InvalidArgument,
+        ),
+    );
     let mut no_caps = create("pvc-conf-nocaps", 1 << 30);
     no_caps.volume_capabilities.clear(); // the spec's missing-capabilities case
     r.clause(
         "CreateVolume: missing volume_capabilities is INVALID_ARGUMENT",
-        expect_code(c.create_volume(Request::new(no_caps)).await, Code::InvalidArgument),
+        expect_code(
+            c.create_volume(Request::new(no_caps)).await,
+            Code::InvalidArgument,
+        ),
     );
     // A ReadWriteMany claim: the provisioner asks for MULTI_NODE_MULTI_WRITER.
-    let multi = create_for(&claim("pvc-conf-multi", 1 << 30).access(&[callers::AccessMode::ReadWriteMany]));
+    let multi =
+        create_for(&claim("pvc-conf-multi", 1 << 30).access(&[callers::AccessMode::ReadWriteMany]));
     r.clause(
         "CreateVolume: an unsupported capability is INVALID_ARGUMENT",
-        expect_code(c.create_volume(Request::new(multi)).await, Code::InvalidArgument),
+        expect_code(
+            c.create_volume(Request::new(multi)).await,
+            Code::InvalidArgument,
+        ),
     );
 
-    let first = ok(c.create_volume(Request::new(create("pvc-conf-a", 1 << 30))).await).map(|v| v.into_inner().volume);
-    let again = ok(c.create_volume(Request::new(create("pvc-conf-a", 1 << 30))).await).map(|v| v.into_inner().volume);
+    let first = ok(c
+        .create_volume(Request::new(create("pvc-conf-a", 1 << 30)))
+        .await)
+    .map(|v| v.into_inner().volume);
+    let again = ok(c
+        .create_volume(Request::new(create("pvc-conf-a", 1 << 30)))
+        .await)
+    .map(|v| v.into_inner().volume);
     r.clause(
         "CreateVolume: the same name and parameters again answer the same volume (idempotent)",
         match (&first, &again) {
@@ -232,22 +366,30 @@ async fn create_volume(t: &Target, r: &mut Report) {
     r.clause(
         "CreateVolume: capacity_bytes is at least required_bytes",
         match &first {
-            Ok(Some(v)) => ensure(v.capacity_bytes >= 1 << 30, || format!("{} bytes", v.capacity_bytes)),
+            Ok(Some(v)) => ensure(v.capacity_bytes >= 1 << 30, || {
+                format!("{} bytes", v.capacity_bytes)
+            }),
             other => Err(format!("{other:?}")),
         },
     );
     r.clause(
         "CreateVolume: accessible_topology satisfies the requisite topology",
         match &first {
-            Ok(Some(v)) => ensure(!v.accessible_topology.is_empty() && v.accessible_topology.iter().all(|x| *x == topology("pve2")), || {
-                format!("{:?}", v.accessible_topology)
-            }),
+            Ok(Some(v)) => ensure(
+                !v.accessible_topology.is_empty()
+                    && v.accessible_topology.iter().all(|x| *x == topology("pve2")),
+                || format!("{:?}", v.accessible_topology),
+            ),
             other => Err(format!("{other:?}")),
         },
     );
     r.clause(
         "CreateVolume: the same name with an incompatible capacity is ALREADY_EXISTS",
-        expect_code(c.create_volume(Request::new(create("pvc-conf-a", 5 << 30))).await, Code::AlreadyExists),
+        expect_code(
+            c.create_volume(Request::new(create("pvc-conf-a", 5 << 30)))
+                .await,
+            Code::AlreadyExists,
+        ),
     );
     let mut limited = create("pvc-conf-lim", 600 << 20);
     if let Some(range) = limited.capacity_range.as_mut() {
@@ -255,7 +397,10 @@ async fn create_volume(t: &Target, r: &mut Report) {
     }
     r.clause(
         "CreateVolume: a capacity range the plugin cannot honour is OUT_OF_RANGE",
-        expect_code(c.create_volume(Request::new(limited)).await, Code::OutOfRange),
+        expect_code(
+            c.create_volume(Request::new(limited)).await,
+            Code::OutOfRange,
+        ),
     );
     let mut within = create("pvc-conf-within", 100 << 20);
     if let Some(range) = within.capacity_range.as_mut() {
@@ -264,21 +409,37 @@ async fn create_volume(t: &Target, r: &mut Report) {
     r.clause(
         "CreateVolume: capacity_bytes is at most limit_bytes",
         ok(c.create_volume(Request::new(within)).await).and_then(|v| {
-            let b = v.into_inner().volume.map(|v| v.capacity_bytes).unwrap_or(-1);
+            let b = v
+                .into_inner()
+                .volume
+                .map(|v| v.capacity_bytes)
+                .unwrap_or(-1);
             ensure((100 << 20..=1 << 30).contains(&b), || format!("{b} bytes"))
         }),
     );
     // A claim whose dataSource is a VolumeSnapshot with a handle that names no snapshot.
-    let from_missing = create_for(&claim("pvc-conf-src", 1 << 30).from_snapshot("region-1/pve2/local-lvm/snapshot-vm-777"));
+    let from_missing = create_for(
+        &claim("pvc-conf-src", 1 << 30).from_snapshot("region-1/pve2/local-lvm/snapshot-vm-777"),
+    );
     r.clause(
         "CreateVolume: a content source that does not exist is NOT_FOUND",
-        expect_code(c.create_volume(Request::new(from_missing)).await, Code::NotFound),
+        expect_code(
+            c.create_volume(Request::new(from_missing)).await,
+            Code::NotFound,
+        ),
     );
     // The pod's node in a zone without any Proxmox node.
-    let elsewhere = provisioner::create_volume(&class(), &claim("pvc-conf-zone", 1 << 30), Some(requirement("pve9")));
+    let elsewhere = provisioner::create_volume(
+        &class(),
+        &claim("pvc-conf-zone", 1 << 30),
+        Some(requirement("pve9")),
+    );
     r.clause(
         "CreateVolume: no provisioning possible in the requisite topology is RESOURCE_EXHAUSTED",
-        expect_code(c.create_volume(Request::new(elsewhere)).await, Code::ResourceExhausted),
+        expect_code(
+            c.create_volume(Request::new(elsewhere)).await,
+            Code::ResourceExhausted,
+        ),
     );
 }
 
@@ -290,25 +451,56 @@ async fn delete_volume(t: &Target, r: &mut Report) {
     };
     let mut no_id = provisioner::delete_volume(&pv);
     no_id.volume_id.clear(); // the spec's missing-id case
-    r.clause("DeleteVolume: a missing volume_id is INVALID_ARGUMENT", expect_code(c.delete_volume(Request::new(no_id)).await, Code::InvalidArgument));
+    r.clause(
+        "DeleteVolume: a missing volume_id is INVALID_ARGUMENT",
+        expect_code(
+            c.delete_volume(Request::new(no_id)).await,
+            Code::InvalidArgument,
+        ),
+    );
     let mut unknown = provisioner::delete_volume(&pv);
     unknown.volume_id = NEVER.into(); // a volume that does not exist
-    r.clause("DeleteVolume: a volume that does not exist is deleted already (OK)", ok(c.delete_volume(Request::new(unknown)).await).map(|_| ()));
-    let twice = ok(c.delete_volume(Request::new(provisioner::delete_volume(&pv))).await).and(ok(c.delete_volume(Request::new(provisioner::delete_volume(&pv))).await)).map(|_| ());
+    r.clause(
+        "DeleteVolume: a volume that does not exist is deleted already (OK)",
+        ok(c.delete_volume(Request::new(unknown)).await).map(|_| ()),
+    );
+    let twice = ok(c
+        .delete_volume(Request::new(provisioner::delete_volume(&pv)))
+        .await)
+    .and(ok(c
+        .delete_volume(Request::new(provisioner::delete_volume(&pv)))
+        .await))
+    .map(|_| ());
     r.clause("DeleteVolume: deleting twice answers OK both times", twice);
     let outcome = match provision(c, "pvc-conf-busy").await {
-        Ok(pv) => match ok(c.controller_publish_volume(Request::new(attacher::controller_publish(&pv, "worker-2"))).await) {
+        Ok(pv) => match ok(c
+            .controller_publish_volume(Request::new(attacher::controller_publish(&pv, "worker-2")))
+            .await)
+        {
             Ok(_) => {
-                let res = expect_code(c.delete_volume(Request::new(provisioner::delete_volume(&pv))).await, Code::FailedPrecondition);
-                let _ = c.controller_unpublish_volume(Request::new(attacher::controller_unpublish(&pv, "worker-2"))).await;
-                let _ = c.delete_volume(Request::new(provisioner::delete_volume(&pv))).await;
+                let res = expect_code(
+                    c.delete_volume(Request::new(provisioner::delete_volume(&pv)))
+                        .await,
+                    Code::FailedPrecondition,
+                );
+                let _ = c
+                    .controller_unpublish_volume(Request::new(attacher::controller_unpublish(
+                        &pv, "worker-2",
+                    )))
+                    .await;
+                let _ = c
+                    .delete_volume(Request::new(provisioner::delete_volume(&pv)))
+                    .await;
                 res
             }
             Err(e) => Err(e),
         },
         Err(e) => Err(e),
     };
-    r.clause("DeleteVolume: a volume in use is FAILED_PRECONDITION", outcome);
+    r.clause(
+        "DeleteVolume: a volume in use is FAILED_PRECONDITION",
+        outcome,
+    );
 }
 
 async fn publish_unpublish(t: &Target, r: &mut Report) {
@@ -323,27 +515,55 @@ async fn publish_unpublish(t: &Target, r: &mut Report) {
     let publish = |node: &str| attacher::controller_publish(&pv, node);
     // The spec's missing-field cases: the attacher's request, one field then removed.
     for (field, req) in [
-        ("volume_id", { let mut q = publish("worker-2"); q.volume_id.clear(); q }),
-        ("node_id", { let mut q = publish("worker-2"); q.node_id.clear(); q }),
-        ("volume_capability", { let mut q = publish("worker-2"); q.volume_capability = None; q }),
+        ("volume_id", {
+            let mut q = publish("worker-2");
+            q.volume_id.clear();
+            q
+        }),
+        ("node_id", {
+            let mut q = publish("worker-2");
+            q.node_id.clear();
+            q
+        }),
+        ("volume_capability", {
+            let mut q = publish("worker-2");
+            q.volume_capability = None;
+            q
+        }),
     ] {
         r.clause(
             &format!("ControllerPublishVolume: a missing {field} is INVALID_ARGUMENT"),
-            expect_code(c.controller_publish_volume(Request::new(req)).await, Code::InvalidArgument),
+            expect_code(
+                c.controller_publish_volume(Request::new(req)).await,
+                Code::InvalidArgument,
+            ),
         );
     }
     let mut unknown = publish("worker-2");
     unknown.volume_id = NEVER.into(); // a volume that does not exist
     r.clause(
         "ControllerPublishVolume: a volume that does not exist is NOT_FOUND",
-        expect_code(c.controller_publish_volume(Request::new(unknown)).await, Code::NotFound),
+        expect_code(
+            c.controller_publish_volume(Request::new(unknown)).await,
+            Code::NotFound,
+        ),
     );
     r.clause(
         "ControllerPublishVolume: a node that does not exist is NOT_FOUND",
-        expect_code(c.controller_publish_volume(Request::new(publish("worker-99"))).await, Code::NotFound),
+        expect_code(
+            c.controller_publish_volume(Request::new(publish("worker-99")))
+                .await,
+            Code::NotFound,
+        ),
     );
-    let a = ok(c.controller_publish_volume(Request::new(publish("worker-2"))).await).map(|x| x.into_inner().publish_context);
-    let b = ok(c.controller_publish_volume(Request::new(publish("worker-2"))).await).map(|x| x.into_inner().publish_context);
+    let a = ok(c
+        .controller_publish_volume(Request::new(publish("worker-2")))
+        .await)
+    .map(|x| x.into_inner().publish_context);
+    let b = ok(c
+        .controller_publish_volume(Request::new(publish("worker-2")))
+        .await)
+    .map(|x| x.into_inner().publish_context);
     r.clause(
         "ControllerPublishVolume: publishing again to the same node answers OK with the same publish_context",
         match (a, b) {
@@ -353,24 +573,40 @@ async fn publish_unpublish(t: &Target, r: &mut Report) {
     );
     r.clause(
         "ControllerPublishVolume: a single-node volume published elsewhere is FAILED_PRECONDITION",
-        expect_code(c.controller_publish_volume(Request::new(publish("worker-3"))).await, Code::FailedPrecondition),
+        expect_code(
+            c.controller_publish_volume(Request::new(publish("worker-3")))
+                .await,
+            Code::FailedPrecondition,
+        ),
     );
     let unpub = |node: &str| attacher::controller_unpublish(&pv, node);
     let mut no_id = unpub("worker-2");
     no_id.volume_id.clear(); // the spec's missing-id case
     r.clause(
         "ControllerUnpublishVolume: a missing volume_id is INVALID_ARGUMENT",
-        expect_code(c.controller_unpublish_volume(Request::new(no_id)).await, Code::InvalidArgument),
+        expect_code(
+            c.controller_unpublish_volume(Request::new(no_id)).await,
+            Code::InvalidArgument,
+        ),
     );
     r.clause(
         "ControllerUnpublishVolume: unpublishing twice answers OK both times",
-        ok(c.controller_unpublish_volume(Request::new(unpub("worker-2"))).await)
-            .and(ok(c.controller_unpublish_volume(Request::new(unpub("worker-2"))).await))
-            .map(|_| ()),
+        ok(
+            c.controller_unpublish_volume(Request::new(unpub("worker-2")))
+                .await,
+        )
+        .and(ok(c
+            .controller_unpublish_volume(Request::new(unpub("worker-2")))
+            .await))
+        .map(|_| ()),
     );
     r.clause(
         "ControllerUnpublishVolume: a node that does not exist counts as unpublished (OK)",
-        ok(c.controller_unpublish_volume(Request::new(unpub("worker-99"))).await).map(|_| ()),
+        ok(
+            c.controller_unpublish_volume(Request::new(unpub("worker-99")))
+                .await,
+        )
+        .map(|_| ()),
     );
     let mut unknown = unpub("worker-2");
     unknown.volume_id = NEVER.into(); // a volume that does not exist
@@ -392,46 +628,77 @@ async fn validate_and_get(t: &Target, r: &mut Report) {
     no_id.volume_id.clear(); // the spec's missing-id case
     r.clause(
         "ValidateVolumeCapabilities: a missing volume_id is INVALID_ARGUMENT",
-        expect_code(c.validate_volume_capabilities(Request::new(no_id)).await, Code::InvalidArgument),
+        expect_code(
+            c.validate_volume_capabilities(Request::new(no_id)).await,
+            Code::InvalidArgument,
+        ),
     );
     let mut no_caps = validate();
     no_caps.volume_capabilities.clear(); // the spec's missing-capabilities case
     r.clause(
         "ValidateVolumeCapabilities: missing volume_capabilities is INVALID_ARGUMENT",
-        expect_code(c.validate_volume_capabilities(Request::new(no_caps)).await, Code::InvalidArgument),
+        expect_code(
+            c.validate_volume_capabilities(Request::new(no_caps)).await,
+            Code::InvalidArgument,
+        ),
     );
     let mut unknown = validate();
     unknown.volume_id = NEVER.into(); // a volume that does not exist
     r.clause(
         "ValidateVolumeCapabilities: a volume that does not exist is NOT_FOUND",
-        expect_code(c.validate_volume_capabilities(Request::new(unknown)).await, Code::NotFound),
+        expect_code(
+            c.validate_volume_capabilities(Request::new(unknown)).await,
+            Code::NotFound,
+        ),
     );
     r.clause(
         "ValidateVolumeCapabilities: supported capabilities are confirmed",
-        ok(c.validate_volume_capabilities(Request::new(validate())).await)
-            .and_then(|x| ensure(x.into_inner().confirmed.is_some(), || "not confirmed".into())),
+        ok(c.validate_volume_capabilities(Request::new(validate()))
+            .await)
+        .and_then(|x| {
+            ensure(x.into_inner().confirmed.is_some(), || {
+                "not confirmed".into()
+            })
+        }),
     );
     let mut multi = validate();
     // A capability the driver does not support, in place of the volume's own.
-    multi.volume_capabilities = vec![callers::capability(Mode::MultiNodeMultiWriter, pv.volume_mode, &pv.fs_type, &pv.mount_options)];
+    multi.volume_capabilities = vec![callers::capability(
+        Mode::MultiNodeMultiWriter,
+        pv.volume_mode,
+        &pv.fs_type,
+        &pv.mount_options,
+    )];
     r.clause(
         "ValidateVolumeCapabilities: unsupported capabilities are not confirmed, with a message",
         ok(c.validate_volume_capabilities(Request::new(multi)).await).and_then(|x| {
             let x = x.into_inner();
-            ensure(x.confirmed.is_none() && !x.message.is_empty(), || format!("{x:?}"))
+            ensure(x.confirmed.is_none() && !x.message.is_empty(), || {
+                format!("{x:?}")
+            })
         }),
     );
     let mut unknown = health::controller_get_volume(&pv);
     unknown.volume_id = NEVER.into(); // a volume that does not exist
     r.clause(
         "ControllerGetVolume: a volume that does not exist is NOT_FOUND",
-        expect_code(c.controller_get_volume(Request::new(unknown)).await, Code::NotFound),
+        expect_code(
+            c.controller_get_volume(Request::new(unknown)).await,
+            Code::NotFound,
+        ),
     );
     r.clause(
         "ControllerGetVolume: answers the volume with its status",
-        ok(c.controller_get_volume(Request::new(health::controller_get_volume(&pv))).await).and_then(|x| {
+        ok(
+            c.controller_get_volume(Request::new(health::controller_get_volume(&pv)))
+                .await,
+        )
+        .and_then(|x| {
             let x = x.into_inner();
-            ensure(x.volume.as_ref().is_some_and(|v| v.volume_id == id) && x.status.is_some(), || format!("{x:?}"))
+            ensure(
+                x.volume.as_ref().is_some_and(|v| v.volume_id == id) && x.status.is_some(),
+                || format!("{x:?}"),
+            )
         }),
     );
     let modify = |k: &str, v: &str| resizer::controller_modify(&pv, &[(k, v)]);
@@ -439,17 +706,27 @@ async fn validate_and_get(t: &Target, r: &mut Report) {
     no_id.volume_id.clear(); // the spec's missing-id case
     r.clause(
         "ControllerModifyVolume: a missing volume_id is INVALID_ARGUMENT",
-        expect_code(c.controller_modify_volume(Request::new(no_id)).await, Code::InvalidArgument),
+        expect_code(
+            c.controller_modify_volume(Request::new(no_id)).await,
+            Code::InvalidArgument,
+        ),
     );
     r.clause(
         "ControllerModifyVolume: an unsupported mutable parameter is INVALID_ARGUMENT",
-        expect_code(c.controller_modify_volume(Request::new(modify("storage", "other"))).await, Code::InvalidArgument),
+        expect_code(
+            c.controller_modify_volume(Request::new(modify("storage", "other")))
+                .await,
+            Code::InvalidArgument,
+        ),
     );
     let mut unknown = modify("diskIOPS", "100");
     unknown.volume_id = NEVER.into(); // a volume that does not exist
     r.clause(
         "ControllerModifyVolume: a volume that does not exist is NOT_FOUND",
-        expect_code(c.controller_modify_volume(Request::new(unknown)).await, Code::NotFound),
+        expect_code(
+            c.controller_modify_volume(Request::new(unknown)).await,
+            Code::NotFound,
+        ),
     );
 }
 
@@ -462,19 +739,32 @@ async fn list_volumes(t: &Target, r: &mut Report, caps: &[Rpc]) {
     };
     r.clause(
         "ListVolumes: without max_entries every volume in one answer, next_token empty",
-        ensure(all.entries.len() >= 3 && all.next_token.is_empty(), || format!("{} entries, next_token {:?}", all.entries.len(), all.next_token)),
+        ensure(all.entries.len() >= 3 && all.next_token.is_empty(), || {
+            format!(
+                "{} entries, next_token {:?}",
+                all.entries.len(),
+                all.next_token
+            )
+        }),
     );
     let mut seen = Vec::new();
     let mut token = String::new();
     let mut pages = 0;
     let paged: Result<(), String> = loop {
-        match ok(c.list_volumes(Request::new(sanity::list_volumes(2, &token))).await) {
+        match ok(c
+            .list_volumes(Request::new(sanity::list_volumes(2, &token)))
+            .await)
+        {
             Ok(p) => {
                 let p = p.into_inner();
                 if p.entries.len() > 2 {
                     break Err(format!("{} entries for max_entries 2", p.entries.len()));
                 }
-                seen.extend(p.entries.iter().filter_map(|e| e.volume.as_ref().map(|v| v.volume_id.clone())));
+                seen.extend(
+                    p.entries
+                        .iter()
+                        .filter_map(|e| e.volume.as_ref().map(|v| v.volume_id.clone())),
+                );
                 pages += 1;
                 if p.next_token.is_empty() || pages > 50 {
                     break Ok(());
@@ -484,7 +774,11 @@ async fn list_volumes(t: &Target, r: &mut Report, caps: &[Rpc]) {
             Err(e) => break Err(e),
         }
     };
-    let mut want: Vec<String> = all.entries.iter().filter_map(|e| e.volume.as_ref().map(|v| v.volume_id.clone())).collect();
+    let mut want: Vec<String> = all
+        .entries
+        .iter()
+        .filter_map(|e| e.volume.as_ref().map(|v| v.volume_id.clone()))
+        .collect();
     want.sort();
     seen.sort();
     r.clause(
@@ -493,35 +787,66 @@ async fn list_volumes(t: &Target, r: &mut Report, caps: &[Rpc]) {
     );
     r.clause(
         "ListVolumes: a starting_token not given out is ABORTED",
-        expect_code(c.list_volumes(Request::new(sanity::list_volumes(0, "not-a-token"))).await, Code::Aborted), // a token never given out
+        expect_code(
+            c.list_volumes(Request::new(sanity::list_volumes(0, "not-a-token")))
+                .await,
+            Code::Aborted,
+        ), // a token never given out
     );
     let mut negative = sanity::list_volumes(2, "");
     negative.max_entries = -1; // a negative page size, which no caller sends
     r.clause(
         "ListVolumes: a negative max_entries is INVALID_ARGUMENT",
-        expect_code(c.list_volumes(Request::new(negative)).await, Code::InvalidArgument),
+        expect_code(
+            c.list_volumes(Request::new(negative)).await,
+            Code::InvalidArgument,
+        ),
     );
     if caps.contains(&Rpc::ListVolumesPublishedNodes) {
         let outcome = match provision(c, "pvc-conf-listpub").await {
-            Ok(pv) => match ok(c.controller_publish_volume(Request::new(attacher::controller_publish(&pv, "worker-2"))).await) {
+            Ok(pv) => match ok(c
+                .controller_publish_volume(Request::new(attacher::controller_publish(
+                    &pv, "worker-2",
+                )))
+                .await)
+            {
                 // The attacher's reconcile.
-                Ok(_) => ok(c.list_volumes(Request::new(attacher::list_volumes(""))).await).and_then(|l| {
-                    let entry = l.into_inner().entries.into_iter().find(|e| e.volume.as_ref().is_some_and(|v| v.volume_id == pv.handle));
-                    let nodes = entry.and_then(|e| e.status).map(|s| s.published_node_ids).unwrap_or_default();
-                    ensure(nodes.len() == 1, || format!("published_node_ids {nodes:?}"))
-                }),
+                Ok(_) => {
+                    ok(c.list_volumes(Request::new(attacher::list_volumes("")))
+                        .await)
+                    .and_then(|l| {
+                        let entry =
+                            l.into_inner().entries.into_iter().find(|e| {
+                                e.volume.as_ref().is_some_and(|v| v.volume_id == pv.handle)
+                            });
+                        let nodes = entry
+                            .and_then(|e| e.status)
+                            .map(|s| s.published_node_ids)
+                            .unwrap_or_default();
+                        ensure(nodes.len() == 1, || format!("published_node_ids {nodes:?}"))
+                    })
+                }
                 Err(e) => Err(e),
             },
             Err(e) => Err(e),
         };
-        r.clause("ListVolumes: with LIST_VOLUMES_PUBLISHED_NODES, published_node_ids names the node", outcome);
+        r.clause(
+            "ListVolumes: with LIST_VOLUMES_PUBLISHED_NODES, published_node_ids names the node",
+            outcome,
+        );
     }
 }
 
 async fn capacity_and_expand(t: &Target, r: &mut Report) {
     let c = &t.ctl;
     // The provisioner's capacity controller, for the CSIStorageCapacity of the class in pve2.
-    let cap_req = provisioner::get_capacity(&class(), Some(&[("topology.kubernetes.io/region", "region-1"), ("topology.kubernetes.io/zone", "pve2")]));
+    let cap_req = provisioner::get_capacity(
+        &class(),
+        Some(&[
+            ("topology.kubernetes.io/region", "region-1"),
+            ("topology.kubernetes.io/zone", "pve2"),
+        ]),
+    );
     r.clause(
         "GetCapacity: available_capacity is not negative and maximum_volume_size is at most the storage",
         ok(c.get_capacity(Request::new(cap_req)).await).and_then(|x| {
@@ -538,23 +863,40 @@ async fn capacity_and_expand(t: &Target, r: &mut Report) {
     no_id.volume_id.clear(); // the spec's missing-id case
     r.clause(
         "ControllerExpandVolume: a missing volume_id is INVALID_ARGUMENT",
-        expect_code(c.controller_expand_volume(Request::new(no_id)).await, Code::InvalidArgument),
+        expect_code(
+            c.controller_expand_volume(Request::new(no_id)).await,
+            Code::InvalidArgument,
+        ),
     );
     let mut no_range = expand(2 << 30);
     no_range.capacity_range = None; // the spec's missing-capacity case
     r.clause(
         "ControllerExpandVolume: a missing capacity_range is INVALID_ARGUMENT",
-        expect_code(c.controller_expand_volume(Request::new(no_range)).await, Code::InvalidArgument),
+        expect_code(
+            c.controller_expand_volume(Request::new(no_range)).await,
+            Code::InvalidArgument,
+        ),
     );
     let mut unknown = expand(2 << 30);
     unknown.volume_id = NEVER.into(); // a volume that does not exist
     r.clause(
         "ControllerExpandVolume: a volume that does not exist is NOT_FOUND",
-        expect_code(c.controller_expand_volume(Request::new(unknown)).await, Code::NotFound),
+        expect_code(
+            c.controller_expand_volume(Request::new(unknown)).await,
+            Code::NotFound,
+        ),
     );
-    let _ = c.controller_publish_volume(Request::new(attacher::controller_publish(&pv, "worker-2"))).await;
-    let a = ok(c.controller_expand_volume(Request::new(expand(2 << 30))).await).map(|x| x.into_inner().capacity_bytes);
-    let b = ok(c.controller_expand_volume(Request::new(expand(2 << 30))).await).map(|x| x.into_inner().capacity_bytes);
+    let _ = c
+        .controller_publish_volume(Request::new(attacher::controller_publish(&pv, "worker-2")))
+        .await;
+    let a = ok(c
+        .controller_expand_volume(Request::new(expand(2 << 30)))
+        .await)
+    .map(|x| x.into_inner().capacity_bytes);
+    let b = ok(c
+        .controller_expand_volume(Request::new(expand(2 << 30)))
+        .await)
+    .map(|x| x.into_inner().capacity_bytes);
     r.clause(
         "ControllerExpandVolume: capacity_bytes is at least required_bytes, and repeating it answers the same",
         match (a, b) {
@@ -568,7 +910,10 @@ async fn capacity_and_expand(t: &Target, r: &mut Report) {
     }
     r.clause(
         "ControllerExpandVolume: a capacity beyond limit_bytes is OUT_OF_RANGE",
-        expect_code(c.controller_expand_volume(Request::new(beyond)).await, Code::OutOfRange),
+        expect_code(
+            c.controller_expand_volume(Request::new(beyond)).await,
+            Code::OutOfRange,
+        ),
     );
 }
 
@@ -582,12 +927,21 @@ async fn snapshots(t: &Target, r: &mut Report) {
     };
     let mut no_name = snap(&src);
     no_name.name.clear(); // the spec's missing-name case
-    r.clause("CreateSnapshot: a missing name is INVALID_ARGUMENT", expect_code(c.create_snapshot(Request::new(no_name)).await, Code::InvalidArgument));
+    r.clause(
+        "CreateSnapshot: a missing name is INVALID_ARGUMENT",
+        expect_code(
+            c.create_snapshot(Request::new(no_name)).await,
+            Code::InvalidArgument,
+        ),
+    );
     let mut no_source = snap(&src);
     no_source.source_volume_id.clear(); // the spec's missing-source case
     r.clause(
         "CreateSnapshot: a missing source_volume_id is INVALID_ARGUMENT",
-        expect_code(c.create_snapshot(Request::new(no_source)).await, Code::InvalidArgument),
+        expect_code(
+            c.create_snapshot(Request::new(no_source)).await,
+            Code::InvalidArgument,
+        ),
     );
     let mut first = None;
     for _ in 0..100 {
@@ -598,7 +952,10 @@ async fn snapshots(t: &Target, r: &mut Report) {
                     first = Some(s.clone());
                 }
                 if s.ready_to_use {
-                    first = first.map(|f| csi::Snapshot { ready_to_use: true, ..f });
+                    first = first.map(|f| csi::Snapshot {
+                        ready_to_use: true,
+                        ..f
+                    });
                     break;
                 }
             }
@@ -612,29 +969,54 @@ async fn snapshots(t: &Target, r: &mut Report) {
     let s = first.unwrap_or_default();
     r.clause(
         "CreateSnapshot: snapshot_id, source_volume_id and creation_time are set",
-        ensure(!s.snapshot_id.is_empty() && s.source_volume_id == src.handle && s.creation_time.is_some(), || format!("{s:?}")),
+        ensure(
+            !s.snapshot_id.is_empty()
+                && s.source_volume_id == src.handle
+                && s.creation_time.is_some(),
+            || format!("{s:?}"),
+        ),
     );
-    let again = ok(c.create_snapshot(Request::new(snap(&src))).await).map(|x| x.into_inner().snapshot.unwrap_or_default());
+    let again = ok(c.create_snapshot(Request::new(snap(&src))).await)
+        .map(|x| x.into_inner().snapshot.unwrap_or_default());
     r.clause(
         "CreateSnapshot: the same name and source again answer the same snapshot (idempotent)",
-        again.and_then(|a| ensure(a.snapshot_id == s.snapshot_id && a.ready_to_use, || format!("{a:?}"))),
+        again.and_then(|a| {
+            ensure(a.snapshot_id == s.snapshot_id && a.ready_to_use, || {
+                format!("{a:?}")
+            })
+        }),
     );
     r.clause(
         "CreateSnapshot: the same name for another source is ALREADY_EXISTS",
         match provision(c, "pvc-conf-snap2").await {
-            Ok(other) => expect_code(c.create_snapshot(Request::new(snap(&other))).await, Code::AlreadyExists),
+            Ok(other) => expect_code(
+                c.create_snapshot(Request::new(snap(&other))).await,
+                Code::AlreadyExists,
+            ),
             Err(e) => Err(e),
         },
     );
     r.clause(
         "ListSnapshots: a starting_token not given out is ABORTED",
-        expect_code(c.list_snapshots(Request::new(sanity::list_snapshots(0, "not-a-token", "", ""))).await, Code::Aborted), // a token never given out
+        expect_code(
+            c.list_snapshots(Request::new(sanity::list_snapshots(
+                0,
+                "not-a-token",
+                "",
+                "",
+            )))
+            .await,
+            Code::Aborted,
+        ), // a token never given out
     );
     let mut negative = sanity::list_snapshots(2, "", "", "");
     negative.max_entries = -1; // a negative page size, which no caller sends
     r.clause(
         "ListSnapshots: a negative max_entries is INVALID_ARGUMENT",
-        expect_code(c.list_snapshots(Request::new(negative)).await, Code::InvalidArgument),
+        expect_code(
+            c.list_snapshots(Request::new(negative)).await,
+            Code::InvalidArgument,
+        ),
     );
     // The snapshotter's status check of a pre-provisioned VolumeSnapshotContent whose handle names no snapshot.
     r.clause(
@@ -644,14 +1026,31 @@ async fn snapshots(t: &Target, r: &mut Report) {
     );
     r.clause(
         "ListSnapshots: filtering by snapshot_id answers that snapshot",
-        ok(c.list_snapshots(Request::new(snapshotter::list_snapshot(&s.snapshot_id))).await).and_then(|x| {
+        ok(
+            c.list_snapshots(Request::new(snapshotter::list_snapshot(&s.snapshot_id)))
+                .await,
+        )
+        .and_then(|x| {
             let e = x.into_inner().entries;
-            ensure(e.len() == 1 && e[0].snapshot.as_ref().is_some_and(|x| x.snapshot_id == s.snapshot_id), || format!("{e:?}"))
+            ensure(
+                e.len() == 1
+                    && e[0]
+                        .snapshot
+                        .as_ref()
+                        .is_some_and(|x| x.snapshot_id == s.snapshot_id),
+                || format!("{e:?}"),
+            )
         }),
     );
     r.clause(
         "GetSnapshot: a snapshot that does not exist is NOT_FOUND",
-        expect_code(c.get_snapshot(Request::new(sanity::get_snapshot("region-1/pve2/local-lvm/snapshot-vm-777"))).await, Code::NotFound),
+        expect_code(
+            c.get_snapshot(Request::new(sanity::get_snapshot(
+                "region-1/pve2/local-lvm/snapshot-vm-777",
+            )))
+            .await,
+            Code::NotFound,
+        ),
     );
     let mut small = create_for(&claim("pvc-conf-restore", 256 << 20).from_snapshot(&s.snapshot_id));
     if let Some(range) = small.capacity_range.as_mut() {
@@ -666,16 +1065,29 @@ async fn snapshots(t: &Target, r: &mut Report) {
         "CreateVolume: a volume from a snapshot echoes its content_source",
         ok(c.create_volume(Request::new(restore.clone())).await).and_then(|x| {
             let v = x.into_inner().volume.unwrap_or_default();
-            ensure(v.content_source == restore.volume_content_source, || format!("{:?}", v.content_source))
+            ensure(v.content_source == restore.volume_content_source, || {
+                format!("{:?}", v.content_source)
+            })
         }),
     );
     let mut no_id = snapshotter::delete_snapshot(&s.snapshot_id);
     no_id.snapshot_id.clear(); // the spec's missing-id case
-    r.clause("DeleteSnapshot: a missing snapshot_id is INVALID_ARGUMENT", expect_code(c.delete_snapshot(Request::new(no_id)).await, Code::InvalidArgument));
+    r.clause(
+        "DeleteSnapshot: a missing snapshot_id is INVALID_ARGUMENT",
+        expect_code(
+            c.delete_snapshot(Request::new(no_id)).await,
+            Code::InvalidArgument,
+        ),
+    );
     r.clause(
         "DeleteSnapshot: deleting twice answers OK both times",
-        ok(c.delete_snapshot(Request::new(snapshotter::delete_snapshot(&s.snapshot_id))).await)
-            .and(ok(c.delete_snapshot(Request::new(snapshotter::delete_snapshot(&s.snapshot_id))).await))
-            .map(|_| ()),
+        ok(
+            c.delete_snapshot(Request::new(snapshotter::delete_snapshot(&s.snapshot_id)))
+                .await,
+        )
+        .and(ok(c
+            .delete_snapshot(Request::new(snapshotter::delete_snapshot(&s.snapshot_id)))
+            .await))
+        .map(|_| ()),
     );
 }

@@ -37,7 +37,11 @@ impl Report {
     }
 
     pub fn failed(&self) -> Vec<&str> {
-        self.results.iter().filter(|(_, r)| r.is_err()).map(|(n, _)| n.as_str()).collect()
+        self.results
+            .iter()
+            .filter(|(_, r)| r.is_err())
+            .map(|(n, _)| n.as_str())
+            .collect()
     }
 
     /// The closing line: `N passed, N failed`.
@@ -54,7 +58,10 @@ pub fn as_root() -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;
     }
-    assert!(std::env::var_os("CI").is_none(), "this test needs root (loop devices, mounts), and CI is set");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "this test needs root (loop devices, mounts), and CI is set"
+    );
     eprintln!("SKIPPED: this test needs root (loop devices, mounts)");
     false
 }
@@ -64,7 +71,11 @@ pub fn as_root() -> bool {
 pub fn expect_code<T: std::fmt::Debug>(r: Result<T, Status>, want: Code) -> Result<(), String> {
     match r {
         Ok(v) => Err(format!("answered OK ({v:?}), want {want:?}")),
-        Err(s) if s.code() != want => Err(format!("answered {:?} ({}), want {want:?}", s.code(), s.message())),
+        Err(s) if s.code() != want => Err(format!(
+            "answered {:?} ({}), want {want:?}",
+            s.code(),
+            s.message()
+        )),
         Err(s) if s.message().trim().is_empty() => Err(format!("{want:?} without a message")),
         Err(s) if !s.details().is_empty() => Err(format!("{want:?} with non-empty details")),
         Err(_) => Ok(()),

@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use callers::kubelet::{Kubelet, Pod};
+use callers::{PersistentVolume, provisioner};
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use proxmox_csi_proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
 use proxmox_csi_proto::csi::v1::volume_capability::AccessType;
-use callers::kubelet::{Kubelet, Pod};
-use callers::{PersistentVolume, provisioner};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -38,7 +38,10 @@ pub struct Target {
 
 impl std::fmt::Debug for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Target").field("root", &self.root).field("images", &self.images).finish_non_exhaustive()
+        f.debug_struct("Target")
+            .field("root", &self.root)
+            .field("images", &self.images)
+            .finish_non_exhaustive()
     }
 }
 
@@ -50,7 +53,11 @@ impl Drop for Target {
         }
         let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let root = self.root.display().to_string();
-        let mut points: Vec<&str> = table.lines().filter_map(|l| l.split(' ').nth(4)).filter(|p| p.starts_with(&root)).collect();
+        let mut points: Vec<&str> = table
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|p| p.starts_with(&root))
+            .collect();
         points.reverse();
         for p in points {
             let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
@@ -64,12 +71,20 @@ impl Drop for Target {
 /// A binary of the workspace, next to this test's executable.
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
-    let debug = exe.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default();
+    let debug = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
     debug.join(name)
 }
 
 pub fn spawn(program: &Path, args: &[&str], log: &Path) -> std::io::Result<Child> {
-    Command::new(program).args(args).stdout(Stdio::null()).stderr(std::fs::File::create(log)?).spawn()
+    Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?)
+        .spawn()
 }
 
 pub async fn wait_for(path: &Path) -> Result<(), String> {
@@ -85,47 +100,102 @@ pub async fn wait_for(path: &Path) -> Result<(), String> {
 
 pub async fn start() -> Result<Target, String> {
     let hostd = bin("proxmox-csi-hostd");
-    let help = Command::new(&hostd).arg("--help").output().map_err(|e| format!("{}: {e}", hostd.display()))?;
+    let help = Command::new(&hostd)
+        .arg("--help")
+        .output()
+        .map_err(|e| format!("{}: {e}", hostd.display()))?;
     if !String::from_utf8_lossy(&help.stdout).contains("--loop-dir") {
-        return Err("hostd was built without the loop-resolver test feature: run `cargo test --workspace`".into());
+        return Err(
+            "hostd was built without the loop-resolver test feature: run `cargo test --workspace`"
+                .into(),
+        );
     }
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let mode = |p: &Path, m: u32| std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(m));
+    let mode = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(m))
+    };
     mode(dir.path(), 0o755).map_err(|e| e.to_string())?;
-    let (root, images, sockets) = (dir.path().join("kubelet"), dir.path().join("images"), dir.path().join("sockets"));
+    let (root, images, sockets) = (
+        dir.path().join("kubelet"),
+        dir.path().join("images"),
+        dir.path().join("sockets"),
+    );
     for d in [&root, &images, &sockets] {
         std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
     }
     mode(&sockets, 0o777).map_err(|e| e.to_string())?;
     let (hostd_sock, csi_sock) = (sockets.join("hostd.sock"), sockets.join("csi.sock"));
     let s = |p: &Path| p.display().to_string();
-    let mut procs = vec![spawn(
-        &hostd,
-        &[
-            "--socket", &s(&hostd_sock), "--socket-mode", "666", "--allow-uid", "65534", "--kubelet-root", &s(&root),
-            "--loop-dir", &s(&images), "--device-events", "kernel", "--device-wait", "5",
-            "--health-file", &s(&dir.path().join("health.json")), "--luks-pbkdf", "pbkdf2:1000",
-        ],
-        &dir.path().join("hostd.log"),
-    )
-    .map_err(|e| e.to_string())?];
+    let mut procs = vec![
+        spawn(
+            &hostd,
+            &[
+                "--socket",
+                &s(&hostd_sock),
+                "--socket-mode",
+                "666",
+                "--allow-uid",
+                "65534",
+                "--kubelet-root",
+                &s(&root),
+                "--loop-dir",
+                &s(&images),
+                "--device-events",
+                "kernel",
+                "--device-wait",
+                "5",
+                "--health-file",
+                &s(&dir.path().join("health.json")),
+                "--luks-pbkdf",
+                "pbkdf2:1000",
+            ],
+            &dir.path().join("hostd.log"),
+        )
+        .map_err(|e| e.to_string())?,
+    ];
     wait_for(&hostd_sock).await?;
     procs.push(
         spawn(
             Path::new("setpriv"),
             &[
-                "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs",
-                &s(&bin("proxmox-csi-node")), "--csi-address", &format!("unix://{}", csi_sock.display()),
-                "--hostd-socket", &s(&hostd_sock), "--node-id", "worker-2", "--vmid", "112",
-                "--region", "region-1", "--zone", "pve2", "--kubelet-root", &s(&root),
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--no-new-privs",
+                &s(&bin("proxmox-csi-node")),
+                "--csi-address",
+                &format!("unix://{}", csi_sock.display()),
+                "--hostd-socket",
+                &s(&hostd_sock),
+                "--node-id",
+                "worker-2",
+                "--vmid",
+                "112",
+                "--region",
+                "region-1",
+                "--zone",
+                "pve2",
+                "--kubelet-root",
+                &s(&root),
             ],
             &dir.path().join("node.log"),
         )
         .map_err(|e| e.to_string())?,
     );
     wait_for(&csi_sock).await?;
-    let ch = proxmox_csi_common::client::unix_channel(csi_sock).await.map_err(|e| e.to_string())?;
-    Ok(Target { dir, root, images, procs, loops: Vec::new(), node: NodeClient::new(ch) })
+    let ch = proxmox_csi_common::client::unix_channel(csi_sock)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Target {
+        dir,
+        root,
+        images,
+        procs,
+        loops: Vec::new(),
+        node: NodeClient::new(ch),
+    })
 }
 
 /// Where the node plugin runs: how a disk reaches it and how its files and
@@ -158,7 +228,10 @@ impl NodeHost for Target {
     /// A loop device named by its "WWN"; it is volume `VOL`'s.
     async fn disk(&mut self, n: u32) -> Result<Disk, String> {
         let wwn = self.loop_disk(n)?;
-        Ok(Disk { volume_id: VOL.into(), publish_context: publish_context(&wwn) })
+        Ok(Disk {
+            volume_id: VOL.into(),
+            publish_context: publish_context(&wwn),
+        })
     }
 
     fn kubelet_root(&self) -> String {
@@ -195,23 +268,40 @@ impl Target {
     fn loop_disk(&mut self, n: u32) -> Result<String, String> {
         let wwn = format!("5000c500{n:08x}");
         let img = self.images.join(format!("{wwn}.raw"));
-        std::fs::File::create(&img).and_then(|f| f.set_len(DISK_BYTES as u64)).map_err(|e| e.to_string())?;
-        let out = Command::new("losetup").args(["--find", "--show"]).arg(&img).output().map_err(|e| e.to_string())?;
+        std::fs::File::create(&img)
+            .and_then(|f| f.set_len(DISK_BYTES as u64))
+            .map_err(|e| e.to_string())?;
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&img)
+            .output()
+            .map_err(|e| e.to_string())?;
         if !out.status.success() {
             return Err(format!("losetup: {}", String::from_utf8_lossy(&out.stderr)));
         }
-        self.loops.push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
+        self.loops
+            .push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
         Ok(wwn)
     }
-
 }
 
 /// The PersistentVolume of the disk's volume: what the provisioner writes
 /// for it (an ext4 StorageClass, a ReadWriteOnce claim).
 fn volume_pv(volume_id: &str) -> PersistentVolume {
-    let sc = provisioner::StorageClass::new(&[("storage", "local-lvm"), ("csi.storage.k8s.io/fstype", "ext4")]);
+    let sc = provisioner::StorageClass::new(&[
+        ("storage", "local-lvm"),
+        ("csi.storage.k8s.io/fstype", "ext4"),
+    ]);
     let claim = provisioner::Claim::new("conf", "conf", DISK_BYTES);
-    provisioner::persistent_volume(&sc, &claim, &csi::Volume { volume_id: volume_id.into(), capacity_bytes: DISK_BYTES, ..Default::default() })
+    provisioner::persistent_volume(
+        &sc,
+        &claim,
+        &csi::Volume {
+            volume_id: volume_id.into(),
+            capacity_bytes: DISK_BYTES,
+            ..Default::default()
+        },
+    )
 }
 
 /// What ControllerPublishVolume answered for the disk (the
@@ -246,12 +336,18 @@ pub async fn run(report: &mut Report) {
     let log = std::fs::read_to_string(t.dir.path().join("node.log")).unwrap_or_default();
     report.clause(
         "Node: the node plugin runs unprivileged (uid 65534) and logs no failure to reach hostd",
-        ensure(!log.contains("hostd is not reachable"), || log.lines().last().unwrap_or_default().to_string()),
+        ensure(!log.contains("hostd is not reachable"), || {
+            log.lines().last().unwrap_or_default().to_string()
+        }),
     );
 }
 
 /// Runs every Node clause against `node`, running on `host`.
-pub async fn run_with<H: NodeHost>(host: &mut H, node: &mut NodeClient<Channel>, report: &mut Report) {
+pub async fn run_with<H: NodeHost>(
+    host: &mut H,
+    node: &mut NodeClient<Channel>,
+    report: &mut Report,
+) {
     info(node, report).await;
     let disk = match host.disk(1).await {
         Ok(d) => d,
@@ -261,16 +357,24 @@ pub async fn run_with<H: NodeHost>(host: &mut H, node: &mut NodeClient<Channel>,
 }
 
 async fn info(n: &mut NodeClient<Channel>, r: &mut Report) {
-    let info = ok(n.node_get_info(callers::identity::node_get_info()).await).map(|x| x.into_inner());
+    let info =
+        ok(n.node_get_info(callers::identity::node_get_info()).await).map(|x| x.into_inner());
     r.clause(
         "NodeGetInfo: node_id is set and max_volumes_per_node is not negative",
-        info.as_ref().map_err(Clone::clone).and_then(|i| ensure(!i.node_id.is_empty() && i.max_volumes_per_node >= 0, || format!("{i:?}"))),
+        info.as_ref().map_err(Clone::clone).and_then(|i| {
+            ensure(!i.node_id.is_empty() && i.max_volumes_per_node >= 0, || {
+                format!("{i:?}")
+            })
+        }),
     );
     r.clause(
         "NodeGetInfo: accessible_topology is set, as the plugin has VOLUME_ACCESSIBILITY_CONSTRAINTS",
         info.and_then(|i| ensure(i.accessible_topology.is_some_and(|x| x.segments.get("topology.kubernetes.io/zone").is_some_and(|z| z == "pve2")), || "no zone".into())),
     );
-    let caps: Vec<NodeRpc> = match ok(n.node_get_capabilities(callers::identity::node_get_capabilities()).await) {
+    let caps: Vec<NodeRpc> = match ok(n
+        .node_get_capabilities(callers::identity::node_get_capabilities())
+        .await)
+    {
         Ok(c) => c
             .into_inner()
             .capabilities
@@ -289,7 +393,12 @@ async fn info(n: &mut NodeClient<Channel>, r: &mut Report) {
     );
 }
 
-async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &mut Report, disk: &Disk) {
+async fn stage_clauses<H: NodeHost>(
+    h: &mut H,
+    n: &mut NodeClient<Channel>,
+    r: &mut Report,
+    disk: &Disk,
+) {
     let kubelet = Kubelet::new(&h.kubelet_root());
     let pv = volume_pv(&disk.volume_id);
     let pc = disk.publish_context.clone();
@@ -301,11 +410,26 @@ async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &
     let stage = kubelet.node_stage(&pv, &pc, HashMap::new());
     // The spec's missing-field cases: kubelet's request, one field then removed.
     for (field, req) in [
-        ("volume_id", { let mut q = stage.clone(); q.volume_id.clear(); q }),
-        ("staging_target_path", { let mut q = stage.clone(); q.staging_target_path.clear(); q }),
-        ("volume_capability", { let mut q = stage.clone(); q.volume_capability = None; q }),
+        ("volume_id", {
+            let mut q = stage.clone();
+            q.volume_id.clear();
+            q
+        }),
+        ("staging_target_path", {
+            let mut q = stage.clone();
+            q.staging_target_path.clear();
+            q
+        }),
+        ("volume_capability", {
+            let mut q = stage.clone();
+            q.volume_capability = None;
+            q
+        }),
     ] {
-        r.clause(&format!("NodeStageVolume: a missing {field} is INVALID_ARGUMENT"), expect_code(n.node_stage_volume(req).await, Code::InvalidArgument));
+        r.clause(
+            &format!("NodeStageVolume: a missing {field} is INVALID_ARGUMENT"),
+            expect_code(n.node_stage_volume(req).await, Code::InvalidArgument),
+        );
     }
     r.clause(
         "NodeUnstageVolume: a volume not staged at the path answers OK",
@@ -323,7 +447,11 @@ async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &
     );
     let mut xfs = stage.clone();
     // The same volume asked for as xfs: an incompatible capability.
-    if let Some(AccessType::Mount(m)) = xfs.volume_capability.as_mut().and_then(|c| c.access_type.as_mut()) {
+    if let Some(AccessType::Mount(m)) = xfs
+        .volume_capability
+        .as_mut()
+        .and_then(|c| c.access_type.as_mut())
+    {
         m.fs_type = "xfs".into();
     }
     r.clause(
@@ -334,11 +462,26 @@ async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &
     let publish = kubelet.node_publish(&pv, &pod, &pc);
     // The spec's missing-field cases: kubelet's request, one field then removed.
     for (field, req) in [
-        ("volume_id", { let mut q = publish.clone(); q.volume_id.clear(); q }),
-        ("target_path", { let mut q = publish.clone(); q.target_path.clear(); q }),
-        ("volume_capability", { let mut q = publish.clone(); q.volume_capability = None; q }),
+        ("volume_id", {
+            let mut q = publish.clone();
+            q.volume_id.clear();
+            q
+        }),
+        ("target_path", {
+            let mut q = publish.clone();
+            q.target_path.clear();
+            q
+        }),
+        ("volume_capability", {
+            let mut q = publish.clone();
+            q.volume_capability = None;
+            q
+        }),
     ] {
-        r.clause(&format!("NodePublishVolume: a missing {field} is INVALID_ARGUMENT"), expect_code(n.node_publish_volume(req).await, Code::InvalidArgument));
+        r.clause(
+            &format!("NodePublishVolume: a missing {field} is INVALID_ARGUMENT"),
+            expect_code(n.node_publish_volume(req).await, Code::InvalidArgument),
+        );
     }
     let mut unstaged = publish.clone();
     unstaged.staging_target_path.clear(); // the spec's missing-staging-path case
@@ -363,16 +506,23 @@ async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &
         written.and_then(|_| ensure(seen.as_deref() == Some("csi"), || format!("staging mount holds {seen:?}"))),
     );
     // A pod whose claim reference says readOnly.
-    let ro_pod = Pod { read_only: true, ..Pod::new(POD_RO) };
+    let ro_pod = Pod {
+        read_only: true,
+        ..Pod::new(POD_RO)
+    };
     mkdirs(h, kubelet.publish_dirs(&ro_pod, &pv)).await;
     let ro_target = kubelet.target_path(&ro_pod, &pv);
-    let ro = ok(n.node_publish_volume(kubelet.node_publish(&pv, &ro_pod, &pc)).await);
+    let ro = ok(n
+        .node_publish_volume(kubelet.node_publish(&pv, &ro_pod, &pc))
+        .await);
     let write = h.write(&format!("{ro_target}/x"), "x").await;
     r.clause(
         "NodePublishVolume: readonly publishes the volume read-only",
         ro.and_then(|_| match write {
             Err(e) if e.contains("Read-only file system") => Ok(()),
-            other => Err(format!("write answered {other:?}, want a read-only file system")),
+            other => Err(format!(
+                "write answered {other:?}, want a read-only file system"
+            )),
         }),
     );
 
@@ -380,19 +530,31 @@ async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &
     no_path.volume_path.clear(); // the spec's missing-path case
     r.clause(
         "NodeGetVolumeStats: a missing volume_path is INVALID_ARGUMENT",
-        expect_code(n.node_get_volume_stats(no_path).await, Code::InvalidArgument),
+        expect_code(
+            n.node_get_volume_stats(no_path).await,
+            Code::InvalidArgument,
+        ),
     );
     // A pod the volume never reached: its target path holds nothing.
     r.clause(
         "NodeGetVolumeStats: a path that holds no volume is NOT_FOUND",
-        expect_code(n.node_get_volume_stats(kubelet.node_stats(&pv, &Pod::new(POD_NONE))).await, Code::NotFound),
+        expect_code(
+            n.node_get_volume_stats(kubelet.node_stats(&pv, &Pod::new(POD_NONE)))
+                .await,
+            Code::NotFound,
+        ),
     );
     r.clause(
         "NodeGetVolumeStats: usage in BYTES with total, used and available for a mounted volume",
         ok(n.node_get_volume_stats(kubelet.node_stats(&pv, &pod)).await).and_then(|x| {
             let u = x.into_inner().usage;
             ensure(
-                u.iter().any(|u| u.unit == csi::volume_usage::Unit::Bytes as i32 && u.total > 0 && u.available > 0 && u.used >= 0),
+                u.iter().any(|u| {
+                    u.unit == csi::volume_usage::Unit::Bytes as i32
+                        && u.total > 0
+                        && u.available > 0
+                        && u.used >= 0
+                }),
                 || format!("{u:?}"),
             )
         }),
@@ -418,7 +580,10 @@ async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &
     no_target.target_path.clear(); // the spec's missing-path case
     r.clause(
         "NodeUnpublishVolume: a missing target_path is INVALID_ARGUMENT",
-        expect_code(n.node_unpublish_volume(no_target).await, Code::InvalidArgument),
+        expect_code(
+            n.node_unpublish_volume(no_target).await,
+            Code::InvalidArgument,
+        ),
     );
     let gone = ok(n.node_unpublish_volume(unpublish.clone()).await);
     let left = h.exists(&target).await;
@@ -426,14 +591,22 @@ async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &
         "NodeUnpublishVolume: the SP deletes the target_path it created",
         gone.and_then(|_| ensure(!left, || format!("{target} still exists"))),
     );
-    r.clause("NodeUnpublishVolume: unpublishing again answers OK", ok(n.node_unpublish_volume(unpublish).await).map(|_| ()));
-    let _ = n.node_unpublish_volume(kubelet.node_unpublish(&pv, &ro_pod)).await;
+    r.clause(
+        "NodeUnpublishVolume: unpublishing again answers OK",
+        ok(n.node_unpublish_volume(unpublish).await).map(|_| ()),
+    );
+    let _ = n
+        .node_unpublish_volume(kubelet.node_unpublish(&pv, &ro_pod))
+        .await;
     let unstage = kubelet.node_unstage(&pv);
     let mut no_staging = unstage.clone();
     no_staging.staging_target_path.clear(); // the spec's missing-path case
     r.clause(
         "NodeUnstageVolume: a missing staging_target_path is INVALID_ARGUMENT",
-        expect_code(n.node_unstage_volume(no_staging).await, Code::InvalidArgument),
+        expect_code(
+            n.node_unstage_volume(no_staging).await,
+            Code::InvalidArgument,
+        ),
     );
     let down = ok(n.node_unstage_volume(unstage.clone()).await);
     let still = h.mounted(&staging).await;
@@ -441,12 +614,19 @@ async fn stage_clauses<H: NodeHost>(h: &mut H, n: &mut NodeClient<Channel>, r: &
         "NodeUnstageVolume: nothing stays mounted at staging_target_path",
         down.and_then(|_| ensure(!still, || format!("{staging} still mounted"))),
     );
-    r.clause("NodeUnstageVolume: unstaging again answers OK", ok(n.node_unstage_volume(unstage.clone()).await).map(|_| ()));
+    r.clause(
+        "NodeUnstageVolume: unstaging again answers OK",
+        ok(n.node_unstage_volume(unstage.clone()).await).map(|_| ()),
+    );
     let again = ok(n.node_stage_volume(stage).await);
     let kept = h.read(&format!("{staging}/conformance")).await;
     r.clause(
         "NodeStageVolume: staging the volume again keeps its data (never reformatted)",
-        again.and_then(|_| ensure(kept.as_deref() == Some("csi"), || format!("the file written before reads {kept:?}"))),
+        again.and_then(|_| {
+            ensure(kept.as_deref() == Some("csi"), || {
+                format!("the file written before reads {kept:?}")
+            })
+        }),
     );
     let _ = n.node_unstage_volume(unstage).await;
 }

@@ -86,9 +86,14 @@ fn build_once() -> Result<Option<PathBuf>, String> {
         .output()
         .map_err(|e| format!("{}: {e}", script.display()))?;
     if !out.status.success() {
-        return Err(format!("building csi-sanity failed: {}", String::from_utf8_lossy(&out.stderr)));
+        return Err(format!(
+            "building csi-sanity failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
-    Ok(Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())))
+    Ok(Some(PathBuf::from(
+        String::from_utf8_lossy(&out.stdout).trim(),
+    )))
 }
 
 /// A child process killed when this is dropped (a test that panics too).
@@ -106,7 +111,9 @@ impl Drop for Killed {
 fn detach_loops(dir: &Path) {
     for f in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let out = Command::new("losetup").arg("-j").arg(f.path()).output();
-        let listed = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+        let listed = out
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
         for dev in listed.lines().filter_map(|l| l.split(':').next()) {
             let _ = Command::new("losetup").args(["-d", dev]).status();
         }
@@ -138,7 +145,8 @@ impl Lab {
             .await
             .map_err(|e| e.to_string())?;
         let ca = dir.join("pvesim-ca.pem");
-        std::fs::write(&ca, sim.ca_pem.as_deref().unwrap_or_default()).map_err(|e| e.to_string())?;
+        std::fs::write(&ca, sim.ca_pem.as_deref().unwrap_or_default())
+            .map_err(|e| e.to_string())?;
         let config = dir.join("cloud-config.yaml");
         std::fs::write(
             &config,
@@ -152,14 +160,25 @@ impl Lab {
         let controller_socket = dir.join("sockets/controller.sock");
         let controller = node::spawn(
             &node::bin("proxmox-csi-controller"),
-            &["--csi-address", &format!("unix://{}", controller_socket.display()), "--cloud-config", &config.display().to_string()],
+            &[
+                "--csi-address",
+                &format!("unix://{}", controller_socket.display()),
+                "--cloud-config",
+                &config.display().to_string(),
+            ],
             &dir.join("controller.log"),
         )
         .map_err(|e| format!("controller: {e}"))?;
         let controller = Killed(controller);
         node::wait_for(&controller_socket).await?;
         let node_socket = dir.join("sockets/csi.sock");
-        Ok(Lab { target, sim, _controller: controller, controller_socket, node_socket })
+        Ok(Lab {
+            target,
+            sim,
+            _controller: controller,
+            controller_socket,
+            node_socket,
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -174,13 +193,21 @@ impl Lab {
     /// The logs of the controller, the node plugin and hostd.
     pub fn logs(&self) -> String {
         let log = |name: &str| std::fs::read_to_string(self.dir().join(name)).unwrap_or_default();
-        format!("--- controller.log\n{}\n--- node.log\n{}\n--- hostd.log\n{}", log("controller.log"), log("node.log"), log("hostd.log"))
+        format!(
+            "--- controller.log\n{}\n--- node.log\n{}\n--- hostd.log\n{}",
+            log("controller.log"),
+            log("node.log"),
+            log("hostd.log")
+        )
     }
 }
 
 impl std::fmt::Debug for Lab {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lab").field("target", &self.target).field("controller_socket", &self.controller_socket).finish_non_exhaustive()
+        f.debug_struct("Lab")
+            .field("target", &self.target)
+            .field("controller_socket", &self.controller_socket)
+            .finish_non_exhaustive()
     }
 }
 
@@ -202,11 +229,23 @@ pub fn settle() {
 pub async fn execute(mut cmd: tokio::process::Command, sanity: &Path) -> Result<Outcome, String> {
     cmd.arg("--ginkgo.v");
     let started = Instant::now();
-    let out = cmd.output().await.map_err(|e| format!("{}: {e}", sanity.display()))?;
-    let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let out = cmd
+        .output()
+        .await
+        .map_err(|e| format!("{}: {e}", sanity.display()))?;
+    let output = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let summary: Vec<&str> = output
         .lines()
-        .filter(|l| l.starts_with("Ran ") || l.contains("Passed |") || l.starts_with("SUCCESS!") || l.starts_with("FAIL!"))
+        .filter(|l| {
+            l.starts_with("Ran ")
+                || l.contains("Passed |")
+                || l.starts_with("SUCCESS!")
+                || l.starts_with("FAIL!")
+        })
         .collect();
     // Ginkgo's verbose report marks a skipped spec `[SKIPPED]` with its reason on a later line.
     let mut reasons: Vec<String> = output
@@ -216,13 +255,26 @@ pub async fn execute(mut cmd: tokio::process::Command, sanity: &Path) -> Result<
         .collect();
     reasons.sort();
     reasons.dedup();
-    let summary = format!("{} ({:.0?}); skipped because: {reasons:?}", summary.join("; "), started.elapsed());
-    Ok(Outcome { passed: out.status.success(), summary, output })
+    let summary = format!(
+        "{} ({:.0?}); skipped because: {reasons:?}",
+        summary.join("; "),
+        started.elapsed()
+    );
+    Ok(Outcome {
+        passed: out.status.success(),
+        summary,
+        output,
+    })
 }
 
 /// Runs csi-sanity's `specs` with volumes on `storage` (a pvesim storage of
 /// type `kind`). Needs root (loop devices, mounts).
-pub async fn run(sanity: &Path, storage: &str, kind: &str, specs: Specs) -> Result<Outcome, String> {
+pub async fn run(
+    sanity: &Path,
+    storage: &str,
+    kind: &str,
+    specs: Specs,
+) -> Result<Outcome, String> {
     let lab = Lab::start(storage, kind).await?;
     let dir = lab.dir().to_path_buf();
     let ctl_sock = lab.controller_socket.clone();
@@ -231,7 +283,8 @@ pub async fn run(sanity: &Path, storage: &str, kind: &str, specs: Specs) -> Resu
     // (`globalmount`, and the pod volume's directory holding `target`).
     let root = &target.root;
     let staging_parent = root.join("plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev/5b1e0c4f9d2a7e3c8b6a1f0e9d8c7b6a5f4e3d2c1b0a99887766554433221100");
-    let pod_volumes = root.join("pods/0b7c3f52-5e2a-4d0c-9a3e-2f1d7c6b5a40/volumes/kubernetes.io~csi");
+    let pod_volumes =
+        root.join("pods/0b7c3f52-5e2a-4d0c-9a3e-2f1d7c6b5a40/volumes/kubernetes.io~csi");
     for d in [&staging_parent, &pod_volumes] {
         std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
     }
@@ -240,16 +293,31 @@ pub async fn run(sanity: &Path, storage: &str, kind: &str, specs: Specs) -> Resu
     let mutable = dir.join("mutable.yaml");
     std::fs::write(&mutable, "diskIOPS: \"500\"\n").map_err(|e| e.to_string())?;
     let mut cmd = tokio::process::Command::new(sanity);
-    cmd.arg(format!("--csi.endpoint=unix://{}", dir.join("sockets/csi.sock").display()))
-        .arg(format!("--csi.controllerendpoint=unix://{}", ctl_sock.display()))
-        .arg(format!("--csi.stagingdir={}", staging_parent.join("globalmount").display()))
-        .arg(format!("--csi.mountdir={}", pod_volumes.join("pvc-sanity").display()))
-        .arg(format!("--csi.testvolumeparameters={}", params.display()))
-        .arg(format!("--csi.testvolumemutableparameters={}", mutable.display()))
-        .arg("--csi.testvolumesize=1073741824")
-        .arg("--csi.testvolumeexpandsize=2147483648")
-        .arg("--ginkgo.no-color")
-        .arg("--ginkgo.timeout=20m");
+    cmd.arg(format!(
+        "--csi.endpoint=unix://{}",
+        dir.join("sockets/csi.sock").display()
+    ))
+    .arg(format!(
+        "--csi.controllerendpoint=unix://{}",
+        ctl_sock.display()
+    ))
+    .arg(format!(
+        "--csi.stagingdir={}",
+        staging_parent.join("globalmount").display()
+    ))
+    .arg(format!(
+        "--csi.mountdir={}",
+        pod_volumes.join("pvc-sanity").display()
+    ))
+    .arg(format!("--csi.testvolumeparameters={}", params.display()))
+    .arg(format!(
+        "--csi.testvolumemutableparameters={}",
+        mutable.display()
+    ))
+    .arg("--csi.testvolumesize=1073741824")
+    .arg("--csi.testvolumeexpandsize=2147483648")
+    .arg("--ginkgo.no-color")
+    .arg("--ginkgo.timeout=20m");
     match specs {
         Specs::Controller => {
             cmd.arg("--ginkgo.skip=Node Service");

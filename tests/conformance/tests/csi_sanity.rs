@@ -7,7 +7,10 @@ fn binary() -> Option<std::path::PathBuf> {
     match sanity::build() {
         Ok(Some(b)) => Some(b),
         Ok(None) => {
-            assert!(std::env::var_os("CI").is_none(), "../shared/tools/csi-sanity is missing, and CI is set");
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "../shared/tools/csi-sanity is missing, and CI is set"
+            );
             eprintln!("SKIPPED: ../shared/tools/csi-sanity is not beside the repository");
             None
         }
@@ -20,8 +23,13 @@ async fn check(storage: &str, kind: &str, specs: Specs) {
     if !conformance::as_root() {
         return;
     }
-    let o = sanity::run(&bin, storage, kind, specs).await.unwrap_or_else(|e| panic!("{e}"));
-    println!("csi-sanity {specs:?} on {kind} storage {storage}: {}", o.summary);
+    let o = sanity::run(&bin, storage, kind, specs)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    println!(
+        "csi-sanity {specs:?} on {kind} storage {storage}: {}",
+        o.summary
+    );
     assert!(o.passed, "csi-sanity failed on {kind}:\n{}", o.output);
 }
 

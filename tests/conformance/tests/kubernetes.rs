@@ -47,11 +47,28 @@ fn status(what: &'static str) -> impl Fn(tonic::Status) -> String {
 
 /// Clients of the controller and the node plugin, and the node as it
 /// registers: NodeGetInfo's id (CSINode's) and its topology term.
-async fn connect(lab: &Lab) -> Result<(ControllerClient<Channel>, NodeClient<Channel>, csi::NodeGetInfoResponse), String> {
-    let ctl_ch = proxmox_csi_common::client::unix_channel(lab.controller_socket.clone()).await.map_err(|e| e.to_string())?;
-    let node_ch = proxmox_csi_common::client::unix_channel(lab.node_socket.clone()).await.map_err(|e| e.to_string())?;
+async fn connect(
+    lab: &Lab,
+) -> Result<
+    (
+        ControllerClient<Channel>,
+        NodeClient<Channel>,
+        csi::NodeGetInfoResponse,
+    ),
+    String,
+> {
+    let ctl_ch = proxmox_csi_common::client::unix_channel(lab.controller_socket.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    let node_ch = proxmox_csi_common::client::unix_channel(lab.node_socket.clone())
+        .await
+        .map_err(|e| e.to_string())?;
     let mut node = NodeClient::new(node_ch);
-    let info = node.node_get_info(callers::identity::node_get_info()).await.map_err(status("NodeGetInfo"))?.into_inner();
+    let info = node
+        .node_get_info(callers::identity::node_get_info())
+        .await
+        .map_err(status("NodeGetInfo"))?
+        .into_inner();
     Ok((ControllerClient::new(ctl_ch), node, info))
 }
 
@@ -65,26 +82,54 @@ async fn stage_and_publish(
     published: &HashMap<String, String>,
 ) -> Result<(), String> {
     mkdirs(kubelet.stage_dirs(pv));
-    node.node_stage_volume(kubelet.node_stage(pv, published, HashMap::new())).await.map_err(status("NodeStageVolume"))?;
+    node.node_stage_volume(kubelet.node_stage(pv, published, HashMap::new()))
+        .await
+        .map_err(status("NodeStageVolume"))?;
     mkdirs(kubelet.publish_dirs(pod, pv));
-    node.node_publish_volume(kubelet.node_publish(pv, pod, published)).await.map_err(status("NodePublishVolume"))?;
+    node.node_publish_volume(kubelet.node_publish(pv, pod, published))
+        .await
+        .map_err(status("NodePublishVolume"))?;
     Ok(())
 }
 
 async fn life(lab: &Lab) -> Result<(), String> {
     // The node registers: its id goes into CSINode, its topology onto the Node.
     let (mut ctl, mut node, info) = connect(lab).await?;
-    let segments = info.accessible_topology.clone().unwrap_or_default().segments;
-    let term: Vec<(&str, &str)> = segments.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let segments = info
+        .accessible_topology
+        .clone()
+        .unwrap_or_default()
+        .segments;
+    let term: Vec<(&str, &str)> = segments
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
 
     // The provisioner: a StorageClass with the legacy `fstype` key and mount options.
-    let sc = provisioner::StorageClass::new(&[("storage", "local-lvm"), ("ssd", "true"), ("fstype", "xfs")]).mount_options(&["noatime"]);
+    let sc = provisioner::StorageClass::new(&[
+        ("storage", "local-lvm"),
+        ("ssd", "true"),
+        ("fstype", "xfs"),
+    ])
+    .mount_options(&["noatime"]);
     let claim = provisioner::Claim::new("data", "7d1c5a9e-2b4f-4c8e-9a61-3f0e8d2c1b7a", 1 << 30);
-    let create = provisioner::create_volume(&sc, &claim, Some(provisioner::requirement(&[&term], 0)));
-    let volume = ctl.create_volume(create).await.map_err(status("CreateVolume"))?.into_inner().volume.ok_or("no volume")?;
+    let create =
+        provisioner::create_volume(&sc, &claim, Some(provisioner::requirement(&[&term], 0)));
+    let volume = ctl
+        .create_volume(create)
+        .await
+        .map_err(status("CreateVolume"))?
+        .into_inner()
+        .volume
+        .ok_or("no volume")?;
     let mut pv = provisioner::persistent_volume(&sc, &claim, &volume);
     // What a PV the Go driver made also carries (proxmox-csi-plugin pkg/csi/parameters.go).
-    for (k, v) in [("resizeRequired", "true"), ("resizeSizeBytes", "1073741824"), ("iops_rd", "100"), ("mbps_wr", "10")] {
+    for (k, v) in [
+        ("resizeRequired", "true"),
+        ("resizeSizeBytes", "1073741824"),
+        ("iops_rd", "100"),
+        ("mbps_wr", "10"),
+    ] {
         pv.attributes.insert(k.into(), v.into());
     }
     assert!(pv.attributes.contains_key(provisioner::IDENTITY_KEY));
@@ -97,9 +142,16 @@ async fn life(lab: &Lab) -> Result<(), String> {
         .into_inner()
         .publish_context;
     // Its reconcile: ListVolumes names the same node id, so nothing is published again.
-    let listed = ctl.list_volumes(attacher::list_volumes("")).await.map_err(status("ListVolumes"))?.into_inner();
+    let listed = ctl
+        .list_volumes(attacher::list_volumes(""))
+        .await
+        .map_err(status("ListVolumes"))?
+        .into_inner();
     if !attacher::published(&listed.entries, &pv.handle, &info.node_id) {
-        return Err(format!("ListVolumes does not show {} published to {}: {listed:?}", pv.handle, info.node_id));
+        return Err(format!(
+            "ListVolumes does not show {} published to {}: {listed:?}",
+            pv.handle, info.node_id
+        ));
     }
 
     // kubelet: stage, publish, the pod writes.
@@ -108,37 +160,66 @@ async fn life(lab: &Lab) -> Result<(), String> {
     stage_and_publish(&mut node, &kubelet, &pv, &pod, &published).await?;
     let target = kubelet.target_path(&pod, &pv);
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    let line = mounts.lines().find(|l| l.split(' ').nth(1) == Some(target.as_str())).ok_or("the target is not mounted")?;
+    let line = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(1) == Some(target.as_str()))
+        .ok_or("the target is not mounted")?;
     if line.split(' ').nth(2) != Some("xfs") || !line.contains("noatime") {
-        return Err(format!("the legacy fstype and the mount options were not applied: {line}"));
+        return Err(format!(
+            "the legacy fstype and the mount options were not applied: {line}"
+        ));
     }
     let payload: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
     std::fs::write(Path::new(&target).join("data.bin"), &payload).map_err(|e| e.to_string())?;
 
     // The resizer grows it; kubelet grows the filesystem.
-    let grown = ctl.controller_expand_volume(resizer::controller_expand(&pv, 2 << 30)).await.map_err(status("ControllerExpandVolume"))?.into_inner();
+    let grown = ctl
+        .controller_expand_volume(resizer::controller_expand(&pv, 2 << 30))
+        .await
+        .map_err(status("ControllerExpandVolume"))?
+        .into_inner();
     if grown.capacity_bytes < 2 << 30 || !grown.node_expansion_required {
         return Err(format!("ControllerExpandVolume: {grown:?}"));
     }
-    let expanded = node.node_expand_volume(kubelet.node_expand(&pv, &pod, 2 << 30, HashMap::new())).await.map_err(status("NodeExpandVolume"))?.into_inner();
+    let expanded = node
+        .node_expand_volume(kubelet.node_expand(&pv, &pod, 2 << 30, HashMap::new()))
+        .await
+        .map_err(status("NodeExpandVolume"))?
+        .into_inner();
     if expanded.capacity_bytes < 2 << 30 {
         return Err(format!("NodeExpandVolume: {expanded:?}"));
     }
-    let stats = node.node_get_volume_stats(kubelet.node_stats(&pv, &pod)).await.map_err(status("NodeGetVolumeStats"))?.into_inner();
+    let stats = node
+        .node_get_volume_stats(kubelet.node_stats(&pv, &pod))
+        .await
+        .map_err(status("NodeGetVolumeStats"))?
+        .into_inner();
     let total = stats.usage.first().map(|u| u.total).unwrap_or(0);
     if total < (19 << 30) / 10 {
         return Err(format!("the filesystem did not grow: {stats:?}"));
     }
 
     // Undone in kubelet's order, then the attacher, then the provisioner.
-    node.node_unpublish_volume(kubelet.node_unpublish(&pv, &pod)).await.map_err(status("NodeUnpublishVolume"))?;
-    node.node_unstage_volume(kubelet.node_unstage(&pv)).await.map_err(status("NodeUnstageVolume"))?;
-    ctl.controller_unpublish_volume(attacher::controller_unpublish(&pv, &info.node_id)).await.map_err(status("ControllerUnpublishVolume"))?;
-    let listed = ctl.list_volumes(attacher::list_volumes("")).await.map_err(status("ListVolumes"))?.into_inner();
+    node.node_unpublish_volume(kubelet.node_unpublish(&pv, &pod))
+        .await
+        .map_err(status("NodeUnpublishVolume"))?;
+    node.node_unstage_volume(kubelet.node_unstage(&pv))
+        .await
+        .map_err(status("NodeUnstageVolume"))?;
+    ctl.controller_unpublish_volume(attacher::controller_unpublish(&pv, &info.node_id))
+        .await
+        .map_err(status("ControllerUnpublishVolume"))?;
+    let listed = ctl
+        .list_volumes(attacher::list_volumes(""))
+        .await
+        .map_err(status("ListVolumes"))?
+        .into_inner();
     if attacher::published(&listed.entries, &pv.handle, &info.node_id) {
         return Err("still listed as published after ControllerUnpublishVolume".into());
     }
-    ctl.delete_volume(provisioner::delete_volume(&pv)).await.map_err(status("DeleteVolume"))?;
+    ctl.delete_volume(provisioner::delete_volume(&pv))
+        .await
+        .map_err(status("DeleteVolume"))?;
     let gone = ctl
         .validate_volume_capabilities(callers::sanity::validate_volume_capabilities(&pv))
         .await;
@@ -148,7 +229,11 @@ async fn life(lab: &Lab) -> Result<(), String> {
     }
     // The controller logged the RPC that failed, with its method and code.
     let log = std::fs::read_to_string(lab.dir().join("controller.log")).unwrap_or_default();
-    if !log.lines().any(|l| l.contains("RPC failed") && l.contains("ValidateVolumeCapabilities") && l.contains("NotFound")) {
+    if !log.lines().any(|l| {
+        l.contains("RPC failed")
+            && l.contains("ValidateVolumeCapabilities")
+            && l.contains("NotFound")
+    }) {
         return Err("no log line for the failed ValidateVolumeCapabilities".into());
     }
     Ok(())
@@ -174,13 +259,28 @@ async fn a_block_volume_through_kubernetes_callers() {
 async fn block_life(lab: &Lab) -> Result<(), String> {
     use std::io::{Read, Seek, SeekFrom, Write};
     let (mut ctl, mut node, info) = connect(lab).await?;
-    let segments = info.accessible_topology.clone().unwrap_or_default().segments;
-    let term: Vec<(&str, &str)> = segments.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let segments = info
+        .accessible_topology
+        .clone()
+        .unwrap_or_default()
+        .segments;
+    let term: Vec<(&str, &str)> = segments
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
 
     let sc = provisioner::StorageClass::new(&[("storage", "local-lvm")]);
-    let claim = provisioner::Claim::new("raw", "0a7c2e94-5d1b-4f3a-8c6e-9b2d1f0e4a73", 1 << 30).block();
-    let create = provisioner::create_volume(&sc, &claim, Some(provisioner::requirement(&[&term], 0)));
-    let volume = ctl.create_volume(create).await.map_err(status("CreateVolume"))?.into_inner().volume.ok_or("no volume")?;
+    let claim =
+        provisioner::Claim::new("raw", "0a7c2e94-5d1b-4f3a-8c6e-9b2d1f0e4a73", 1 << 30).block();
+    let create =
+        provisioner::create_volume(&sc, &claim, Some(provisioner::requirement(&[&term], 0)));
+    let volume = ctl
+        .create_volume(create)
+        .await
+        .map_err(status("CreateVolume"))?
+        .into_inner()
+        .volume
+        .ok_or("no volume")?;
     let pv = provisioner::persistent_volume(&sc, &claim, &volume);
     let published = ctl
         .controller_publish_volume(attacher::controller_publish(&pv, &info.node_id))
@@ -194,23 +294,40 @@ async fn block_life(lab: &Lab) -> Result<(), String> {
     stage_and_publish(&mut node, &kubelet, &pv, &pod, &published).await?;
     // The pod's device: bytes written at 100 MiB are there when read back.
     let target = kubelet.target_path(&pod, &pv);
-    let mut dev = std::fs::OpenOptions::new().read(true).write(true).open(&target).map_err(|e| format!("{target}: {e}"))?;
+    let mut dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&target)
+        .map_err(|e| format!("{target}: {e}"))?;
     let pattern = b"proxmox-csi block volume";
-    dev.seek(SeekFrom::Start(100 << 20)).and_then(|_| dev.write_all(pattern)).and_then(|_| dev.sync_all()).map_err(|e| e.to_string())?;
+    dev.seek(SeekFrom::Start(100 << 20))
+        .and_then(|_| dev.write_all(pattern))
+        .and_then(|_| dev.sync_all())
+        .map_err(|e| e.to_string())?;
     let mut back = vec![0u8; pattern.len()];
-    dev.seek(SeekFrom::Start(100 << 20)).and_then(|_| dev.read_exact(&mut back)).map_err(|e| e.to_string())?;
+    dev.seek(SeekFrom::Start(100 << 20))
+        .and_then(|_| dev.read_exact(&mut back))
+        .map_err(|e| e.to_string())?;
     drop(dev);
     if back != pattern {
         return Err("the block device did not keep its bytes".into());
     }
 
-    node.node_unpublish_volume(kubelet.node_unpublish(&pv, &pod)).await.map_err(status("NodeUnpublishVolume"))?;
+    node.node_unpublish_volume(kubelet.node_unpublish(&pv, &pod))
+        .await
+        .map_err(status("NodeUnpublishVolume"))?;
     if Path::new(&target).exists() {
         return Err(format!("{target} is still there after NodeUnpublishVolume"));
     }
-    node.node_unstage_volume(kubelet.node_unstage(&pv)).await.map_err(status("NodeUnstageVolume"))?;
-    ctl.controller_unpublish_volume(attacher::controller_unpublish(&pv, &info.node_id)).await.map_err(status("ControllerUnpublishVolume"))?;
-    ctl.delete_volume(provisioner::delete_volume(&pv)).await.map_err(status("DeleteVolume"))?;
+    node.node_unstage_volume(kubelet.node_unstage(&pv))
+        .await
+        .map_err(status("NodeUnstageVolume"))?;
+    ctl.controller_unpublish_volume(attacher::controller_unpublish(&pv, &info.node_id))
+        .await
+        .map_err(status("ControllerUnpublishVolume"))?;
+    ctl.delete_volume(provisioner::delete_volume(&pv))
+        .await
+        .map_err(status("DeleteVolume"))?;
     Ok(())
 }
 
@@ -270,9 +387,15 @@ async fn take_down(
     pod: &Pod,
     node_id: &str,
 ) -> Result<(), String> {
-    node.node_unpublish_volume(kubelet.node_unpublish(pv, pod)).await.map_err(status("NodeUnpublishVolume"))?;
-    node.node_unstage_volume(kubelet.node_unstage(pv)).await.map_err(status("NodeUnstageVolume"))?;
-    ctl.controller_unpublish_volume(attacher::controller_unpublish(pv, node_id)).await.map_err(status("ControllerUnpublishVolume"))?;
+    node.node_unpublish_volume(kubelet.node_unpublish(pv, pod))
+        .await
+        .map_err(status("NodeUnpublishVolume"))?;
+    node.node_unstage_volume(kubelet.node_unstage(pv))
+        .await
+        .map_err(status("NodeUnstageVolume"))?;
+    ctl.controller_unpublish_volume(attacher::controller_unpublish(pv, node_id))
+        .await
+        .map_err(status("ControllerUnpublishVolume"))?;
     Ok(())
 }
 
@@ -291,54 +414,105 @@ async fn provision(
                 let volume = r.into_inner().volume.ok_or("no volume")?;
                 return Ok(provisioner::persistent_volume(sc, claim, &volume));
             }
-            Err(s) if matches!(s.code(), Code::Aborted | Code::Unavailable | Code::DeadlineExceeded) => {
+            Err(s)
+                if matches!(
+                    s.code(),
+                    Code::Aborted | Code::Unavailable | Code::DeadlineExceeded
+                ) =>
+            {
                 tokio::time::sleep(std::time::Duration::from_millis(200)).await;
             }
             Err(s) => return Err(status("CreateVolume")(s)),
         }
     }
-    Err(format!("CreateVolume of {} never finished", claim.volume_name()))
+    Err(format!(
+        "CreateVolume of {} never finished",
+        claim.volume_name()
+    ))
 }
 
 /// The bytes of `file` in the pod's volume.
 fn digest(kubelet: &Kubelet, pv: &callers::PersistentVolume, pod: &Pod) -> Result<Vec<u8>, String> {
-    std::fs::read(Path::new(&kubelet.target_path(pod, pv)).join("data.bin")).map_err(|e| format!("{}: {e}", pv.name))
+    std::fs::read(Path::new(&kubelet.target_path(pod, pv)).join("data.bin"))
+        .map_err(|e| format!("{}: {e}", pv.name))
 }
 
 async fn whole_life(lab: &Lab, storage: &str) -> Result<(), String> {
     let (mut ctl, mut node, info) = connect(lab).await?;
-    let segments = info.accessible_topology.clone().unwrap_or_default().segments;
-    let term: Vec<(&str, &str)> = segments.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let segments = info
+        .accessible_topology
+        .clone()
+        .unwrap_or_default()
+        .segments;
+    let term: Vec<(&str, &str)> = segments
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
     let kubelet = Kubelet::new(&lab.kubelet_root().display().to_string());
     // xfs: ext4 cannot grow online on this host (resize2fs needs CAP_SYS_RESOURCE there).
-    let sc = provisioner::StorageClass::new(&[("storage", storage), ("csi.storage.k8s.io/fstype", "xfs")]);
+    let sc = provisioner::StorageClass::new(&[
+        ("storage", storage),
+        ("csi.storage.k8s.io/fstype", "xfs"),
+    ]);
 
     // Created, published, staged, written.
     let claim = provisioner::Claim::new("data", "3e5a7c9b-1d2f-4a6b-8c0e-2f4a6b8c0d1e", 1 << 30);
     let pv = provision(&mut ctl, &sc, &claim, &term).await?;
-    let published = ctl.controller_publish_volume(attacher::controller_publish(&pv, &info.node_id)).await.map_err(status("ControllerPublishVolume"))?.into_inner().publish_context;
+    let published = ctl
+        .controller_publish_volume(attacher::controller_publish(&pv, &info.node_id))
+        .await
+        .map_err(status("ControllerPublishVolume"))?
+        .into_inner()
+        .publish_context;
     let pod = Pod::new("9b1d3f5a-7c9e-4b1d-a3f5-7c9e1b3d5f7a");
     stage_and_publish(&mut node, &kubelet, &pv, &pod, &published).await?;
-    let payload: Vec<u8> = (0..1u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
-    std::fs::write(Path::new(&kubelet.target_path(&pod, &pv)).join("data.bin"), &payload).map_err(|e| e.to_string())?;
+    let payload: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(
+        Path::new(&kubelet.target_path(&pod, &pv)).join("data.bin"),
+        &payload,
+    )
+    .map_err(|e| e.to_string())?;
 
     // Grown online: the disk through the VM, the filesystem by the node.
-    let grown = ctl.controller_expand_volume(resizer::controller_expand(&pv, 2 << 30)).await.map_err(status("ControllerExpandVolume (online)"))?.into_inner();
+    let grown = ctl
+        .controller_expand_volume(resizer::controller_expand(&pv, 2 << 30))
+        .await
+        .map_err(status("ControllerExpandVolume (online)"))?
+        .into_inner();
     if grown.capacity_bytes < 2 << 30 || !grown.node_expansion_required {
         return Err(format!("online ControllerExpandVolume: {grown:?}"));
     }
-    node.node_expand_volume(kubelet.node_expand(&pv, &pod, 2 << 30, HashMap::new())).await.map_err(status("NodeExpandVolume"))?;
+    node.node_expand_volume(kubelet.node_expand(&pv, &pod, 2 << 30, HashMap::new()))
+        .await
+        .map_err(status("NodeExpandVolume"))?;
     take_down(&mut ctl, &mut node, &kubelet, &pv, &pod, &info.node_id).await?;
 
     // Grown offline (through a holder VM), then a snapshot of the detached volume.
-    let grown = ctl.controller_expand_volume(resizer::controller_expand(&pv, 3 << 30)).await.map_err(status("ControllerExpandVolume (offline)"))?.into_inner();
+    let grown = ctl
+        .controller_expand_volume(resizer::controller_expand(&pv, 3 << 30))
+        .await
+        .map_err(status("ControllerExpandVolume (offline)"))?
+        .into_inner();
     if grown.capacity_bytes < 3 << 30 {
         return Err(format!("offline ControllerExpandVolume: {grown:?}"));
     }
-    let take = snapshotter::create_snapshot("5f7a9c1e-3b5d-4f7a-9c1e-3b5d7f9a1c3e", "data-snap", &pv, &[]);
+    let take = snapshotter::create_snapshot(
+        "5f7a9c1e-3b5d-4f7a-9c1e-3b5d7f9a1c3e",
+        "data-snap",
+        &pv,
+        &[],
+    );
     let mut snapshot = None;
     for _ in 0..300 {
-        let s = ctl.create_snapshot(take.clone()).await.map_err(status("CreateSnapshot"))?.into_inner().snapshot.ok_or("no snapshot")?;
+        let s = ctl
+            .create_snapshot(take.clone())
+            .await
+            .map_err(status("CreateSnapshot"))?
+            .into_inner()
+            .snapshot
+            .ok_or("no snapshot")?;
         if s.ready_to_use {
             snapshot = Some(s);
             break;
@@ -348,10 +522,29 @@ async fn whole_life(lab: &Lab, storage: &str) -> Result<(), String> {
     let snapshot = snapshot.ok_or("the snapshot never became ready")?;
 
     // Restored from the snapshot and cloned from the volume: both have the bytes.
-    let restored = provision(&mut ctl, &sc, &provisioner::Claim::new("restored", "7a9c1e3b-5d7f-4a9c-8e3b-5d7f9a1c3e5b", 3 << 30).from_snapshot(&snapshot.snapshot_id), &term).await?;
-    let cloned = provision(&mut ctl, &sc, &provisioner::Claim::new("cloned", "1c3e5a7b-9d1f-4c3e-a7b9-d1f3c5e7a9b1", 3 << 30).from_volume(&pv), &term).await?;
+    let restored = provision(
+        &mut ctl,
+        &sc,
+        &provisioner::Claim::new("restored", "7a9c1e3b-5d7f-4a9c-8e3b-5d7f9a1c3e5b", 3 << 30)
+            .from_snapshot(&snapshot.snapshot_id),
+        &term,
+    )
+    .await?;
+    let cloned = provision(
+        &mut ctl,
+        &sc,
+        &provisioner::Claim::new("cloned", "1c3e5a7b-9d1f-4c3e-a7b9-d1f3c5e7a9b1", 3 << 30)
+            .from_volume(&pv),
+        &term,
+    )
+    .await?;
     for copy in [&restored, &cloned] {
-        let pc = ctl.controller_publish_volume(attacher::controller_publish(copy, &info.node_id)).await.map_err(status("ControllerPublishVolume (copy)"))?.into_inner().publish_context;
+        let pc = ctl
+            .controller_publish_volume(attacher::controller_publish(copy, &info.node_id))
+            .await
+            .map_err(status("ControllerPublishVolume (copy)"))?
+            .into_inner()
+            .publish_context;
         stage_and_publish(&mut node, &kubelet, copy, &pod, &pc).await?;
         if digest(&kubelet, copy, &pod)? != payload {
             return Err(format!("{} does not have the source's bytes", copy.name));
@@ -361,24 +554,33 @@ async fn whole_life(lab: &Lab, storage: &str) -> Result<(), String> {
 
     // Deleted: nothing of any of it stays on Proxmox.
     for v in [&restored, &cloned, &pv] {
-        ctl.delete_volume(provisioner::delete_volume(v)).await.map_err(status("DeleteVolume"))?;
+        ctl.delete_volume(provisioner::delete_volume(v))
+            .await
+            .map_err(status("DeleteVolume"))?;
     }
-    ctl.delete_snapshot(snapshotter::delete_snapshot(&snapshot.snapshot_id)).await.map_err(status("DeleteSnapshot"))?;
+    ctl.delete_snapshot(snapshotter::delete_snapshot(&snapshot.snapshot_id))
+        .await
+        .map_err(status("DeleteSnapshot"))?;
     let (vms, volumes) = {
         let c = lab.sim.ctx.cluster();
         // Besides the workers, only the node's holder VM (offline growth)
         // may stay, holding nothing.
-        let vms: Vec<String> = c
-            .vms
-            .values()
-            .filter(|vm| ![112, 113].contains(&vm.vmid))
-            .filter(|vm| {
-                let holder = vm.config.get("name").is_some_and(|n| n.starts_with("proxmox-csi-holder-"));
-                let holds = vm.config.keys().chain(vm.pending.keys()).any(|k| (k.starts_with("scsi") && k != "scsihw") || k.starts_with("unused"));
-                !holder || holds
-            })
-            .map(|vm| format!("{} {:?}", vm.vmid, vm.config))
-            .collect();
+        let vms: Vec<String> =
+            c.vms
+                .values()
+                .filter(|vm| ![112, 113].contains(&vm.vmid))
+                .filter(|vm| {
+                    let holder = vm
+                        .config
+                        .get("name")
+                        .is_some_and(|n| n.starts_with("proxmox-csi-holder-"));
+                    let holds = vm.config.keys().chain(vm.pending.keys()).any(|k| {
+                        (k.starts_with("scsi") && k != "scsihw") || k.starts_with("unused")
+                    });
+                    !holder || holds
+                })
+                .map(|vm| format!("{} {:?}", vm.vmid, vm.config))
+                .collect();
         let volumes: Vec<String> = c.volumes.values().flat_map(|m| m.keys().cloned()).collect();
         (vms, volumes)
     };

@@ -71,7 +71,10 @@ impl Proc {
     }
 
     pub fn stop(mut self) -> Result<String> {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), nix::sys::signal::Signal::SIGTERM)?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(status) = self.child.try_wait()? {
@@ -97,10 +100,16 @@ impl Drop for Proc {
 pub fn bin(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    let candidates = [dir.join(name), dir.parent().map(|d| d.join(name)).unwrap_or_default()];
+    let candidates = [
+        dir.join(name),
+        dir.parent().map(|d| d.join(name)).unwrap_or_default(),
+    ];
     match candidates.iter().find(|p| p.is_file()) {
         Some(p) => Ok(p.clone()),
-        None => bail!("{name} is not built beside {}: run `cargo build --workspace` (or `make demo`)", exe.display()),
+        None => bail!(
+            "{name} is not built beside {}: run `cargo build --workspace` (or `make demo`)",
+            exe.display()
+        ),
     }
 }
 
@@ -108,7 +117,12 @@ pub fn spawn(name: &'static str, program: &Path, args: &[String], log: &Path) ->
     let child = Command::new(program)
         .args(args)
         .stdout(Stdio::null())
-        .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log)?)
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)?,
+        )
         .spawn()
         .with_context(|| format!("starting {name}"))?;
     Ok(Proc { name, child })
@@ -126,9 +140,15 @@ pub async fn channel(socket: &Path) -> Result<Channel> {
 }
 
 pub fn sh(cmd: &str, args: &[&str]) -> Result<String> {
-    let out = Command::new(cmd).args(args).output().with_context(|| format!("running {cmd}"))?;
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {cmd}"))?;
     if !out.status.success() {
-        bail!("{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "{cmd} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
@@ -156,14 +176,26 @@ pub fn pod() -> Pod {
 /// The node's topology term as NodeGetInfo reports it (kubelet labels the
 /// Node with it; the provisioner's requirement names the selected node's).
 pub fn term(segments: &std::collections::HashMap<String, String>) -> Vec<(&str, &str)> {
-    segments.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+    segments
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
 }
 
 /// Writes a Go-driver-compatible cloud config (with `features`, YAML lines
 /// indented by two, when given) and starts the controller on a socket in `d`;
 /// its log goes to `d/controller.log`.
-pub fn start_controller(d: &Path, api_url: &str, ca: &Path, features: &str) -> Result<(Proc, PathBuf)> {
-    let features = if features.is_empty() { String::new() } else { format!("features:\n{features}") };
+pub fn start_controller(
+    d: &Path,
+    api_url: &str,
+    ca: &Path,
+    features: &str,
+) -> Result<(Proc, PathBuf)> {
+    let features = if features.is_empty() {
+        String::new()
+    } else {
+        format!("features:\n{features}")
+    };
     start_controller_with(
         d,
         &format!(
@@ -182,7 +214,12 @@ pub fn start_controller_with(d: &Path, cloud_config: &str) -> Result<(Proc, Path
     let controller = spawn(
         "proxmox-csi-controller",
         &bin("proxmox-csi-controller")?,
-        &["--csi-address".into(), format!("unix://{}", socket.display()), "--cloud-config".into(), config.display().to_string()],
+        &[
+            "--csi-address".into(),
+            format!("unix://{}", socket.display()),
+            "--cloud-config".into(),
+            config.display().to_string(),
+        ],
         &d.join("controller.log"),
     )?;
     Ok((controller, socket))
@@ -194,6 +231,11 @@ pub async fn reqwest_json(addr: &str, path: &str) -> Result<serde_json::Value> {
     let client = reqwest::Client::builder()
         .tls_danger_accept_invalid_certs(true)
         .build()?;
-    let v: serde_json::Value = client.get(format!("https://{addr}/pvesim/{path}")).send().await?.json().await?;
+    let v: serde_json::Value = client
+        .get(format!("https://{addr}/pvesim/{path}"))
+        .send()
+        .await?
+        .json()
+        .await?;
     Ok(v["data"].clone())
 }

@@ -8,11 +8,16 @@ mod host;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let qemu = std::process::Command::new("qemu-system-x86_64").arg("--version").output().is_ok();
+    let qemu = std::process::Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_ok();
     if qemu && std::env::var_os("DEMO_WITHOUT_GUEST").is_none() {
         guest::run().await
     } else {
-        println!("QEMU is not installed here: the disk reaches the worker as a loop device on this host instead of a guest VM.");
+        println!(
+            "QEMU is not installed here: the disk reaches the worker as a loop device on this host instead of a guest VM."
+        );
         host::run().await
     }
 }

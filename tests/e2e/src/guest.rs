@@ -62,7 +62,10 @@ pub fn build_image() -> Result<PathBuf> {
         .output()
         .context("running build-guest.sh")?;
     if !out.status.success() {
-        bail!("build-guest.sh failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "build-guest.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     for f in ["vmlinuz", "initramfs.cpio.gz"] {
         std::fs::rename(staging.path().join(f), dir.join(f))?;
@@ -101,7 +104,9 @@ impl Drop for Guest {
 }
 
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 impl Guest {
@@ -128,7 +133,10 @@ impl Guest {
         loop {
             attempt += 1;
             match Self::start(&image).await {
-                Ok((mut g, started)) => match g.read_until("E2E-GUEST-READY", Duration::from_secs(120)).await {
+                Ok((mut g, started)) => match g
+                    .read_until("E2E-GUEST-READY", Duration::from_secs(120))
+                    .await
+                {
                     Ok(_) => {
                         g.boot_time = started.elapsed();
                         g._slot = Some(slot);
@@ -136,7 +144,10 @@ impl Guest {
                         return Ok(g);
                     }
                     Err(e) if attempt < 3 && g.qemu_said().contains("hostfwd") => {
-                        eprintln!("guest start {attempt} failed ({e}); QEMU said: {}", g.qemu_said());
+                        eprintln!(
+                            "guest start {attempt} failed ({e}); QEMU said: {}",
+                            g.qemu_said()
+                        );
                     }
                     Err(e) => return Err(e.context(format!("QEMU said: {}", g.qemu_said()))),
                 },
@@ -153,20 +164,43 @@ impl Guest {
         let csi_port = free_port()?;
         let started = Instant::now();
         let qemu = Command::new("qemu-system-x86_64")
-            .args(["-machine", "q35", "-accel", "tcg", "-m", "1024", "-smp", "2", "-display", "none", "-no-reboot"])
+            .args([
+                "-machine",
+                "q35",
+                "-accel",
+                "tcg",
+                "-m",
+                "1024",
+                "-smp",
+                "2",
+                "-display",
+                "none",
+                "-no-reboot",
+            ])
             .arg("-kernel")
             .arg(image.join("vmlinuz"))
             .arg("-initrd")
             .arg(image.join("initramfs.cpio.gz"))
-            .args(["-append", "console=ttyS0 quiet panic=-1 nokaslr mitigations=off"])
+            .args([
+                "-append",
+                "console=ttyS0 quiet panic=-1 nokaslr mitigations=off",
+            ])
             .arg("-serial")
             .arg(format!("unix:{},server=on,wait=off", console.display()))
             .arg("-qmp")
             .arg(format!("unix:{},server=on,wait=off", qmp.display()))
             .args(["-device", "virtio-scsi-pci,id=scsihw0"])
-            .args(["-netdev", &format!("user,id=n0,hostfwd=tcp:127.0.0.1:{csi_port}-:10000"), "-device", "virtio-net-pci,netdev=n0"])
+            .args([
+                "-netdev",
+                &format!("user,id=n0,hostfwd=tcp:127.0.0.1:{csi_port}-:10000"),
+                "-device",
+                "virtio-net-pci,netdev=n0",
+            ])
             .arg("-virtfs")
-            .arg(format!("local,path={},mount_tag=host,security_model=none,readonly=on", bin_dir().display()))
+            .arg(format!(
+                "local,path={},mount_tag=host,security_model=none,readonly=on",
+                bin_dir().display()
+            ))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.path().join("qemu.err"))?)
             .spawn()
@@ -177,7 +211,12 @@ impl Guest {
         let console = loop {
             match UnixStream::connect(&console).await {
                 Ok(c) => break c,
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) && Instant::now() < deadline => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                    ) && Instant::now() < deadline =>
+                {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Err(e) => return Err(anyhow::Error::new(e).context("QEMU's console socket")),
@@ -198,7 +237,10 @@ impl Guest {
 
     /// What QEMU wrote to its standard error.
     fn qemu_said(&self) -> String {
-        std::fs::read_to_string(self._dir.path().join("qemu.err")).unwrap_or_default().trim().to_string()
+        std::fs::read_to_string(self._dir.path().join("qemu.err"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
     }
 
     /// Reads the console up to `marker`; returns what came before it and
@@ -221,8 +263,17 @@ impl Guest {
                 Err(_) => 0,
                 // The console closes when the guest stops (panic=-1 with -no-reboot): say what it printed last.
                 Ok(Ok(0)) | Ok(Err(_)) => {
-                    let tail: String = text.chars().rev().take(3000).collect::<Vec<_>>().into_iter().rev().collect();
-                    bail!("guest console closed while waiting for {marker:?} (the guest stopped: kernel panic or QEMU exit); last output:\n{tail}");
+                    let tail: String = text
+                        .chars()
+                        .rev()
+                        .take(3000)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect();
+                    bail!(
+                        "guest console closed while waiting for {marker:?} (the guest stopped: kernel panic or QEMU exit); last output:\n{tail}"
+                    );
                 }
                 Ok(Ok(n)) => n,
             };
@@ -260,9 +311,15 @@ impl Guest {
 
 /// Whether QEMU is installed; a test without it is skipped, except under CI.
 pub fn qemu_present() -> bool {
-    let ok = Command::new("qemu-system-x86_64").arg("--version").output().is_ok();
+    let ok = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_ok();
     if !ok {
-        assert!(std::env::var_os("CI").is_none(), "qemu-system-x86_64 is missing and CI is set");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "qemu-system-x86_64 is missing and CI is set"
+        );
         eprintln!("SKIPPED: qemu-system-x86_64 not installed");
     }
     ok

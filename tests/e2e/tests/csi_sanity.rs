@@ -14,7 +14,6 @@ use pvesim::{Sim, State};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::Mutex;
 
-
 /// Serves one shell command per connection in the guest: the answer is its
 /// exit code on the first line, then its output.
 async fn serve_guest_commands(guest: Arc<Mutex<Guest>>) -> u16 {
@@ -55,7 +54,10 @@ async fn csi_sanity_node_specs_in_the_guest() {
     let sanity_bin = match sanity::build() {
         Ok(Some(b)) => b,
         Ok(None) => {
-            assert!(std::env::var_os("CI").is_none(), "../shared/tools/csi-sanity is missing, and CI is set");
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "../shared/tools/csi-sanity is missing, and CI is set"
+            );
             eprintln!("SKIPPED: ../shared/tools/csi-sanity is not beside the repository");
             return;
         }
@@ -72,7 +74,12 @@ async fn csi_sanity_node_specs_in_the_guest() {
     std::fs::create_dir_all(&images).unwrap();
     let role = "VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit";
     let state = guest_cluster(&guest.qmp, role);
-    let sim = Sim::new(State::from_yaml(&state).unwrap()).plain_http().volume_dir(images).start("127.0.0.1:0").await.unwrap();
+    let sim = Sim::new(State::from_yaml(&state).unwrap())
+        .plain_http()
+        .volume_dir(images)
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
     let config = dir.path().join("cloud-config.yaml");
     std::fs::write(
         &config,
@@ -82,7 +89,12 @@ async fn csi_sanity_node_specs_in_the_guest() {
     let ctl_sock = dir.path().join("controller.sock");
     let controller = conformance::node::spawn(
         &conformance::node::bin("proxmox-csi-controller"),
-        &["--csi-address", &format!("unix://{}", ctl_sock.display()), "--cloud-config", &config.display().to_string()],
+        &[
+            "--csi-address",
+            &format!("unix://{}", ctl_sock.display()),
+            "--cloud-config",
+            &config.display().to_string(),
+        ],
         &dir.path().join("controller.log"),
     )
     .unwrap();
@@ -125,7 +137,15 @@ async fn csi_sanity_node_specs_in_the_guest() {
     drop(controller);
     if !outcome.passed {
         let log = std::fs::read_to_string(dir.path().join("controller.log")).unwrap_or_default();
-        let node_log = guest.lock().await.sh("cat /run/node.log; tail -n 40 /run/hostd.log").await.unwrap_or_default();
-        panic!("csi-sanity failed in the guest:\n{}\n--- controller.log\n{log}\n--- guest\n{node_log}", outcome.output);
+        let node_log = guest
+            .lock()
+            .await
+            .sh("cat /run/node.log; tail -n 40 /run/hostd.log")
+            .await
+            .unwrap_or_default();
+        panic!(
+            "csi-sanity failed in the guest:\n{}\n--- controller.log\n{log}\n--- guest\n{node_log}",
+            outcome.output
+        );
     }
 }

@@ -56,25 +56,46 @@ fn luks() -> HashMap<String, String> {
 /// The provisioner: CreateVolume for `claim` with the pod's node on pve2
 /// (delayed binding), and the PV it writes.
 async fn provision(ctl: &ControllerService, sc: &StorageClass, claim: &Claim) -> PersistentVolume {
-    let term = [("topology.kubernetes.io/region", "region-1"), ("topology.kubernetes.io/zone", "pve2")];
+    let term = [
+        ("topology.kubernetes.io/region", "region-1"),
+        ("topology.kubernetes.io/zone", "pve2"),
+    ];
     let req = provisioner::create_volume(sc, claim, Some(provisioner::requirement(&[&term], 0)));
-    let volume = ctl.create_volume(Request::new(req)).await.unwrap().into_inner().volume.unwrap();
+    let volume = ctl
+        .create_volume(Request::new(req))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     provisioner::persistent_volume(sc, claim, &volume)
 }
 
 /// The attacher: ControllerPublish of `pv` to `node_id`; the publish context.
-async fn attach(ctl: &ControllerService, pv: &PersistentVolume, node_id: &str) -> HashMap<String, String> {
-    ctl.controller_publish_volume(Request::new(attacher::controller_publish(pv, node_id))).await.unwrap().into_inner().publish_context
+async fn attach(
+    ctl: &ControllerService,
+    pv: &PersistentVolume,
+    node_id: &str,
+) -> HashMap<String, String> {
+    ctl.controller_publish_volume(Request::new(attacher::controller_publish(pv, node_id)))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context
 }
 
 async fn detach(ctl: &ControllerService, pv: &PersistentVolume, node_id: &str) {
-    ctl.controller_unpublish_volume(Request::new(attacher::controller_unpublish(pv, node_id))).await.unwrap();
+    ctl.controller_unpublish_volume(Request::new(attacher::controller_unpublish(pv, node_id)))
+        .await
+        .unwrap();
 }
 
 /// The directories kubelet makes before a call, made in the guest.
 async fn mkdirs(g: &mut Guest, dirs: Vec<String>) {
     let quoted: Vec<String> = dirs.iter().map(|d| format!("'{d}'")).collect();
-    g.sh(&format!("mkdir -p {}", quoted.join(" "))).await.unwrap();
+    g.sh(&format!("mkdir -p {}", quoted.join(" ")))
+        .await
+        .unwrap();
 }
 
 /// A client of the node plugin in `g`, once its Probe says it and hostd
@@ -83,10 +104,15 @@ async fn node_client(g: &mut Guest) -> NodeClient<Channel> {
     let port = g.csi_port;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let last = match tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}")).unwrap().connect().await {
+        let last = match tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .connect()
+            .await
+        {
             Ok(ch) => {
                 // Ready when the node plugin answers and its Probe says hostd does.
-                let mut probe = proxmox_csi_proto::csi::v1::identity_client::IdentityClient::new(ch.clone());
+                let mut probe =
+                    proxmox_csi_proto::csi::v1::identity_client::IdentityClient::new(ch.clone());
                 match probe.probe(callers::identity::probe()).await {
                     Ok(r) if r.get_ref().ready == Some(true) => return NodeClient::new(ch),
                     Ok(r) => format!("Probe: {:?}", r.into_inner()),
@@ -105,7 +131,16 @@ async fn node_client(g: &mut Guest) -> NodeClient<Channel> {
 
 #[tokio::test]
 async fn luks_xfs_volume_in_a_guest_vm() {
-    let Some(Lab { mut g, ctl, mut node, sim: _sim, images: _images }) = Lab::start(Share::Shared, MINIMAL_ROLE).await else { return };
+    let Some(Lab {
+        mut g,
+        ctl,
+        mut node,
+        sim: _sim,
+        images: _images,
+    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    else {
+        return;
+    };
     eprintln!("MEASURE boot to shell: {:?}", g.boot_time);
 
     let k = kubelet();
@@ -116,62 +151,146 @@ async fn luks_xfs_volume_in_a_guest_vm() {
 
     let t = Instant::now();
     let pc = attach(&ctl, &pv, WORKER_2).await;
-    eprintln!("MEASURE ControllerPublish (QMP hot-plug): {:?}", t.elapsed());
+    eprintln!(
+        "MEASURE ControllerPublish (QMP hot-plug): {:?}",
+        t.elapsed()
+    );
     let wwn = pc["wwn"].clone();
     // udev in the guest names the disk by WWN, with the serial we set.
-    let link = g.sh(&format!("udevadm settle; readlink -f /dev/disk/by-id/wwn-{wwn}")).await.unwrap();
+    let link = g
+        .sh(&format!(
+            "udevadm settle; readlink -f /dev/disk/by-id/wwn-{wwn}"
+        ))
+        .await
+        .unwrap();
     assert!(link.starts_with("/dev/sd"), "{link}");
     let dev = link.trim().to_string();
-    let serial = g.sh(&format!("udevadm info --query=property --name={dev} | grep ID_SCSI_SERIAL")).await.unwrap();
+    let serial = g
+        .sh(&format!(
+            "udevadm info --query=property --name={dev} | grep ID_SCSI_SERIAL"
+        ))
+        .await
+        .unwrap();
     assert!(serial.contains(&pc["serial"]), "{serial}");
 
     mkdirs(&mut g, k.stage_dirs(&pv)).await;
     let t = Instant::now();
-    let staged = tokio::time::timeout(Duration::from_secs(60), node.node_stage_volume(k.node_stage(&pv, &pc, luks()))).await;
+    let staged = tokio::time::timeout(
+        Duration::from_secs(60),
+        node.node_stage_volume(k.node_stage(&pv, &pc, luks())),
+    )
+    .await;
     if !matches!(staged, Ok(Ok(_))) {
         let why = g.sh("tail -5 /run/hostd.log; ps | grep -v ']$'; ls -l /dev/mapper; dmsetup info -c; dmsetup udevcookies; ls /lib/udev/rules.d; for p in $(pidof proxmox-csi-hostd); do cat /proc/$p/task/*/wchan; echo; done").await.unwrap_or_default();
         panic!("NodeStage failed: {staged:?}\nguest:\n{why}");
     }
-    eprintln!("MEASURE NodeStage (LUKS format+open, mkfs.xfs, mount): {:?}", t.elapsed());
-    let staged = g.sh("grep 'volume staged' /run/node.log | tail -1").await.unwrap();
-    assert!(staged.contains("\"wait\"") && staged.contains("\"luks_format\"") && staged.contains("\"mkfs\""), "{staged}");
+    eprintln!(
+        "MEASURE NodeStage (LUKS format+open, mkfs.xfs, mount): {:?}",
+        t.elapsed()
+    );
+    let staged = g
+        .sh("grep 'volume staged' /run/node.log | tail -1")
+        .await
+        .unwrap();
+    assert!(
+        staged.contains("\"wait\"")
+            && staged.contains("\"luks_format\"")
+            && staged.contains("\"mkfs\""),
+        "{staged}"
+    );
     // The size hostd reports is the mapping's: the disk less the LUKS2 header.
-    let size: u64 = staged.split("size_bytes=").nth(1).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let size: u64 = staged
+        .split("size_bytes=")
+        .nth(1)
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     assert!(size > (1 << 30) - (32 << 20) && size < 1 << 30, "{staged}");
-    eprintln!("MEASURE NodeStage phases: {}", staged.split("timings_ms=").nth(1).unwrap_or("?"));
+    eprintln!(
+        "MEASURE NodeStage phases: {}",
+        staged.split("timings_ms=").nth(1).unwrap_or("?")
+    );
     let mounts = g.sh("grep globalmount /proc/mounts").await.unwrap();
-    assert!(mounts.contains(&staging) && mounts.contains("/dev/mapper/pvecsi-") && mounts.contains(" xfs "), "{mounts}");
-    let luks_dump = g.sh(&format!("cryptsetup luksDump {dev} | grep -E 'Version|cipher:|Cipher key'")).await.unwrap();
-    assert!(luks_dump.contains("aes-xts-plain64") && luks_dump.contains("512 bits"), "{luks_dump}");
+    assert!(
+        mounts.contains(&staging)
+            && mounts.contains("/dev/mapper/pvecsi-")
+            && mounts.contains(" xfs "),
+        "{mounts}"
+    );
+    let luks_dump = g
+        .sh(&format!(
+            "cryptsetup luksDump {dev} | grep -E 'Version|cipher:|Cipher key'"
+        ))
+        .await
+        .unwrap();
+    assert!(
+        luks_dump.contains("aes-xts-plain64") && luks_dump.contains("512 bits"),
+        "{luks_dump}"
+    );
 
     // A node plugin that asks for this volume's open mapping on another
     // volume's disk: refused by the serial the request names, then by the
     // serial the disk carries; the other disk stays blank, the mapping on its own disk.
     let other = provision(&ctl, &class("local-lvm", "xfs"), &claim("e2e-other")).await;
     let mut other_pc = attach(&ctl, &other, WORKER_2).await;
-    let other_dev = g.sh(&format!("udevadm settle; readlink -f /dev/disk/by-id/wwn-{}", other_pc["wwn"])).await.unwrap().trim().to_string();
-    for (named, code) in [(true, tonic::Code::InvalidArgument), (false, tonic::Code::FailedPrecondition)] {
+    let other_dev = g
+        .sh(&format!(
+            "udevadm settle; readlink -f /dev/disk/by-id/wwn-{}",
+            other_pc["wwn"]
+        ))
+        .await
+        .unwrap()
+        .trim()
+        .to_string();
+    for (named, code) in [
+        (true, tonic::Code::InvalidArgument),
+        (false, tonic::Code::FailedPrecondition),
+    ] {
         if !named {
             other_pc.remove("serial");
         }
-        let e = node.node_stage_volume(k.node_stage(&pv, &other_pc, luks())).await.unwrap_err();
+        let e = node
+            .node_stage_volume(k.node_stage(&pv, &other_pc, luks()))
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), code, "serial in the request: {named}: {e:?}");
         assert!(e.message().contains("serial"), "{}", e.message());
     }
-    let blank = g.sh(&format!("blkid -p {other_dev}; echo rc=$?")).await.unwrap();
-    assert!(blank.contains("rc=2"), "the other disk was written to: {blank}");
-    let under = g.sh("cat /sys/block/dm-*/slaves/*/dev 2>/dev/null; ls /sys/block/dm-*/slaves").await.unwrap();
-    assert!(under.contains(dev.trim_start_matches("/dev/")), "the mapping left its disk: {under}");
+    let blank = g
+        .sh(&format!("blkid -p {other_dev}; echo rc=$?"))
+        .await
+        .unwrap();
+    assert!(
+        blank.contains("rc=2"),
+        "the other disk was written to: {blank}"
+    );
+    let under = g
+        .sh("cat /sys/block/dm-*/slaves/*/dev 2>/dev/null; ls /sys/block/dm-*/slaves")
+        .await
+        .unwrap();
+    assert!(
+        under.contains(dev.trim_start_matches("/dev/")),
+        "the mapping left its disk: {under}"
+    );
     detach(&ctl, &other, WORKER_2).await;
     mkdirs(&mut g, k.publish_dirs(&pod, &pv)).await;
-    node.node_publish_volume(k.node_publish(&pv, &pod, &pc)).await.unwrap();
+    node.node_publish_volume(k.node_publish(&pv, &pod, &pc))
+        .await
+        .unwrap();
     let sum = g.sh(&format!("dd if=/dev/urandom of={target}/data bs=1M count=8 2>/dev/null && sync && sha256sum {target}/data | cut -d' ' -f1")).await.unwrap();
     assert_eq!(sum.len(), 64, "{sum}");
 
     // Online growth: Proxmox resizes (block_resize), the node grows LUKS and xfs.
-    let grown = ctl.controller_expand_volume(Request::new(resizer::controller_expand(&pv, 2 << 30))).await.unwrap().into_inner();
+    let grown = ctl
+        .controller_expand_volume(Request::new(resizer::controller_expand(&pv, 2 << 30)))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(grown.node_expansion_required);
-    let ne = match node.node_expand_volume(k.node_expand(&pv, &pod, 2 << 30, luks())).await {
+    let ne = match node
+        .node_expand_volume(k.node_expand(&pv, &pod, 2 << 30, luks()))
+        .await
+    {
         Ok(r) => r.into_inner(),
         Err(e) => {
             let why = g.sh("tail -5 /run/hostd.log; tail -5 /run/node.log; ps | grep proxmox; dmesg | tail -5").await.unwrap_or_default();
@@ -179,46 +298,85 @@ async fn luks_xfs_volume_in_a_guest_vm() {
         }
     };
     assert!(ne.capacity_bytes > (1 << 30) + (900 << 20), "{ne:?}");
-    let df = g.sh(&format!("df -kP {target} | tail -1 | awk '{{print $2}}'")).await.unwrap();
+    let df = g
+        .sh(&format!("df -kP {target} | tail -1 | awk '{{print $2}}'"))
+        .await
+        .unwrap();
     let kib: u64 = df.trim().parse().unwrap();
-    assert!(kib > 1_900_000, "filesystem is {kib} KiB after growing to 2 GiB");
+    assert!(
+        kib > 1_900_000,
+        "filesystem is {kib} KiB after growing to 2 GiB"
+    );
 
     // Down in kubelet's order: unpublish, unstage (LUKS closed), then the
     // attacher's detach (the guest sees it go).
-    node.node_unpublish_volume(k.node_unpublish(&pv, &pod)).await.unwrap();
+    node.node_unpublish_volume(k.node_unpublish(&pv, &pod))
+        .await
+        .unwrap();
     node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
     let mapper = g.sh("ls /dev/mapper").await.unwrap();
     assert!(!mapper.contains("pvecsi-"), "{mapper}");
     detach(&ctl, &pv, WORKER_2).await;
-    let (code, _) = g.sh_status(&format!("udevadm settle; test -e /dev/disk/by-id/wwn-{wwn}")).await.unwrap();
+    let (code, _) = g
+        .sh_status(&format!(
+            "udevadm settle; test -e /dev/disk/by-id/wwn-{wwn}"
+        ))
+        .await
+        .unwrap();
     assert_ne!(code, 0, "the wwn link must disappear after the unplug");
 
     // Back again: the LUKS volume is opened, not formatted, and the data is there.
     let pc = attach(&ctl, &pv, WORKER_2).await;
     assert_eq!(pc["wwn"], wwn, "the same WWN read back from the config");
-    node.node_stage_volume(k.node_stage(&pv, &pc, luks())).await.unwrap();
-    node.node_publish_volume(k.node_publish(&pv, &pod, &pc)).await.unwrap();
-    let again = g.sh(&format!("sha256sum {target}/data | cut -d' ' -f1")).await.unwrap();
+    node.node_stage_volume(k.node_stage(&pv, &pc, luks()))
+        .await
+        .unwrap();
+    node.node_publish_volume(k.node_publish(&pv, &pod, &pc))
+        .await
+        .unwrap();
+    let again = g
+        .sh(&format!("sha256sum {target}/data | cut -d' ' -f1"))
+        .await
+        .unwrap();
     assert_eq!(again, sum, "data survived unplug and re-attach");
     let hostd_log = g.sh("cat /run/hostd.log").await.unwrap();
-    assert!(!hostd_log.contains(PASSPHRASE), "the passphrase reached hostd's log");
+    assert!(
+        !hostd_log.contains(PASSPHRASE),
+        "the passphrase reached hostd's log"
+    );
     // Surprise unplug under the open mapping: unstage still closes it (forced).
     detach(&ctl, &pv, WORKER_2).await;
     g.sh("udevadm settle").await.unwrap();
-    node.node_unpublish_volume(k.node_unpublish(&pv, &pod)).await.unwrap();
+    node.node_unpublish_volume(k.node_unpublish(&pv, &pod))
+        .await
+        .unwrap();
     node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
-    let mapper = g.sh("ls /dev/mapper; dmsetup ls 2>/dev/null").await.unwrap();
-    assert!(!mapper.contains("pvecsi-"), "the mapping outlived its unplugged disk: {mapper}");
+    let mapper = g
+        .sh("ls /dev/mapper; dmsetup ls 2>/dev/null")
+        .await
+        .unwrap();
+    assert!(
+        !mapper.contains("pvecsi-"),
+        "the mapping outlived its unplugged disk: {mapper}"
+    );
     let pc = attach(&ctl, &pv, WORKER_2).await;
     // A wrong passphrase (the Secret changed) is refused without touching the header.
     let wrong = HashMap::from([("encryption-passphrase".to_string(), "not it".to_string())]);
-    let err = node.node_stage_volume(k.node_stage(&pv, &pc, wrong)).await.unwrap_err();
+    let err = node
+        .node_stage_volume(k.node_stage(&pv, &pc, wrong))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
-    assert!(err.message().contains("passphrase does not open"), "{}", err.message());
+    assert!(
+        err.message().contains("passphrase does not open"),
+        "{}",
+        err.message()
+    );
 }
 
 /// The documented minimal role of the CSI token.
-const MINIMAL_ROLE: &str = "VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit";
+const MINIMAL_ROLE: &str =
+    "VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit";
 
 /// A booted guest with pvesim and a controller bound to it, and a client of
 /// the node plugin in the guest, ready (its Probe answers).
@@ -243,25 +401,62 @@ impl Lab {
         let images = tempfile::tempdir().unwrap();
         let (sim, ctl) = setup_with_role(&g, images.path(), role).await;
         let node = node_client(&mut g).await;
-        Some(Self { g, images, sim, ctl, node })
+        Some(Self {
+            g,
+            images,
+            sim,
+            ctl,
+            node,
+        })
     }
 }
 
-async fn setup_with_role(g: &Guest, images: &std::path::Path, role: &str) -> (pvesim::Running, ControllerService) {
+async fn setup_with_role(
+    g: &Guest,
+    images: &std::path::Path,
+    role: &str,
+) -> (pvesim::Running, ControllerService) {
     let state = guest_cluster(&g.qmp, role);
-    let sim = Sim::new(State::from_yaml(&state).unwrap()).plain_http().volume_dir(images.to_path_buf()).start("127.0.0.1:0").await.unwrap();
+    let sim = Sim::new(State::from_yaml(&state).unwrap())
+        .plain_http()
+        .volume_dir(images.to_path_buf())
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
     let cfg = CloudConfig::parse(&format!(
         "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
         sim.api_url()
     ))
     .unwrap();
-    let clients = cfg.clusters.into_iter().map(|c| Arc::new(pve::Client::new(c, Duration::from_secs(30), Default::default()).unwrap())).collect();
-    (sim, ControllerService(Arc::new(Controller::new(clients, 9999, Duration::from_secs(60)))))
+    let clients = cfg
+        .clusters
+        .into_iter()
+        .map(|c| {
+            Arc::new(pve::Client::new(c, Duration::from_secs(30), Default::default()).unwrap())
+        })
+        .collect();
+    (
+        sim,
+        ControllerService(Arc::new(Controller::new(
+            clients,
+            9999,
+            Duration::from_secs(60),
+        ))),
+    )
 }
 
 #[tokio::test]
 async fn ext4_growth_surprise_unplug_and_24_disks() {
-    let Some(Lab { mut g, ctl, mut node, sim: _sim, images: _images }) = Lab::start(Share::Shared, MINIMAL_ROLE).await else { return };
+    let Some(Lab {
+        mut g,
+        ctl,
+        mut node,
+        sim: _sim,
+        images: _images,
+    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    else {
+        return;
+    };
     let k = kubelet();
 
     // ext4, plain: online growth with resize2fs (root in the guest has CAP_SYS_RESOURCE).
@@ -273,7 +468,13 @@ async fn ext4_growth_surprise_unplug_and_24_disks() {
     // the attachment; this measures hostd's wait, with the context the
     // controller is about to answer.)
     let wwn = proxmox_csi_controller::drive::wwn_for(&pv.handle, 0);
-    let early = HashMap::from([("wwn".to_string(), wwn.clone()), ("serial".to_string(), proxmox_csi_controller::drive::serial_for(&pv.handle))]);
+    let early = HashMap::from([
+        ("wwn".to_string(), wwn.clone()),
+        (
+            "serial".to_string(),
+            proxmox_csi_controller::drive::serial_for(&pv.handle),
+        ),
+    ]);
     mkdirs(&mut g, k.stage_dirs(&pv)).await;
     let t = Instant::now();
     let mut waiting = node.clone();
@@ -285,30 +486,59 @@ async fn ext4_growth_surprise_unplug_and_24_disks() {
     assert_eq!(pc["wwn"], wwn);
     let publish_took = published.elapsed();
     staged.await.unwrap().unwrap();
-    eprintln!("MEASURE NodeStage (wait, mkfs.ext4, mount): {:?}", t.elapsed());
-    let line = g.sh("grep 'volume staged' /run/node.log | tail -1").await.unwrap();
+    eprintln!(
+        "MEASURE NodeStage (wait, mkfs.ext4, mount): {:?}",
+        t.elapsed()
+    );
+    let line = g
+        .sh("grep 'volume staged' /run/node.log | tail -1")
+        .await
+        .unwrap();
     eprintln!(
         "MEASURE ControllerPublish took {publish_took:?}; hostd, waiting since 300 ms before it, found the disk: {}",
         line.split("timings_ms=").nth(1).unwrap_or("?")
     );
     mkdirs(&mut g, k.publish_dirs(&pod, &pv)).await;
-    node.node_publish_volume(k.node_publish(&pv, &pod, &pc)).await.unwrap();
-    g.sh(&format!("echo kept > {target}/f && sync")).await.unwrap();
-    ctl.controller_expand_volume(Request::new(resizer::controller_expand(&pv, 2 << 30))).await.unwrap();
-    node.node_expand_volume(k.node_expand(&pv, &pod, 2 << 30, HashMap::new())).await.unwrap();
-    let kib: u64 = g.sh(&format!("df -kP {target} | tail -1 | awk '{{print $2}}'")).await.unwrap().trim().parse().unwrap();
+    node.node_publish_volume(k.node_publish(&pv, &pod, &pc))
+        .await
+        .unwrap();
+    g.sh(&format!("echo kept > {target}/f && sync"))
+        .await
+        .unwrap();
+    ctl.controller_expand_volume(Request::new(resizer::controller_expand(&pv, 2 << 30)))
+        .await
+        .unwrap();
+    node.node_expand_volume(k.node_expand(&pv, &pod, 2 << 30, HashMap::new()))
+        .await
+        .unwrap();
+    let kib: u64 = g
+        .sh(&format!("df -kP {target} | tail -1 | awk '{{print $2}}'"))
+        .await
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     assert!(kib > 1_900_000, "ext4 is {kib} KiB after growing to 2 GiB");
 
     // Surprise unplug while mounted: the condition turns abnormal, unstage still cleans up.
     detach(&ctl, &pv, WORKER_2).await;
     g.sh("udevadm settle").await.unwrap();
-    let stats = node.node_get_volume_stats(k.node_stats(&pv, &pod)).await.unwrap().into_inner();
+    let stats = node
+        .node_get_volume_stats(k.node_stats(&pv, &pod))
+        .await
+        .unwrap()
+        .into_inner();
     let cond = stats.volume_condition.unwrap();
     assert!(cond.abnormal, "{cond:?}");
     eprintln!("condition after surprise unplug: {}", cond.message);
-    node.node_unpublish_volume(k.node_unpublish(&pv, &pod)).await.unwrap();
+    node.node_unpublish_volume(k.node_unpublish(&pv, &pod))
+        .await
+        .unwrap();
     node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
-    let mounts = g.sh("grep -c kubelet/plugins /proc/mounts || true").await.unwrap();
+    let mounts = g
+        .sh("grep -c kubelet/plugins /proc/mounts || true")
+        .await
+        .unwrap();
     assert_eq!(mounts.trim(), "0", "nothing left mounted");
 
     // 24 block claims attached concurrently to one VM: all appear in the guest by WWN.
@@ -324,8 +554,18 @@ async fn ext4_growth_surprise_unplug_and_24_disks() {
         async move { ctl.controller_publish_volume(Request::new(req)).await }
     });
     let results: Vec<_> = futures::future::join_all(calls).await;
-    eprintln!("MEASURE 24 concurrent ControllerPublish into the guest: {:?}, {} config writes", t.elapsed(), ctl.0.attacher.writes.load(std::sync::atomic::Ordering::Relaxed));
-    let contexts: Vec<HashMap<String, String>> = results.into_iter().map(|r| r.unwrap().into_inner().publish_context).collect();
+    eprintln!(
+        "MEASURE 24 concurrent ControllerPublish into the guest: {:?}, {} config writes",
+        t.elapsed(),
+        ctl.0
+            .attacher
+            .writes
+            .load(std::sync::atomic::Ordering::Relaxed)
+    );
+    let contexts: Vec<HashMap<String, String>> = results
+        .into_iter()
+        .map(|r| r.unwrap().into_inner().publish_context)
+        .collect();
     let wwns: Vec<String> = contexts.iter().map(|c| c["wwn"].clone()).collect();
     // Stage them all (kubelet's block staging): a burst of hot-plugs can
     // overrun virtio-scsi's event queue, and hostd's SCSI rescan fallback
@@ -340,11 +580,19 @@ async fn ext4_growth_surprise_unplug_and_24_disks() {
     for r in futures::future::join_all(stages).await {
         r.expect("every hot-plugged disk is found and staged");
     }
-    eprintln!("MEASURE 24 NodeStage (block) at once in the guest: {:?}", t.elapsed());
-    let links = g.sh("udevadm settle; ls /dev/disk/by-id/ | grep -c '^wwn-'").await.unwrap();
+    eprintln!(
+        "MEASURE 24 NodeStage (block) at once in the guest: {:?}",
+        t.elapsed()
+    );
+    let links = g
+        .sh("udevadm settle; ls /dev/disk/by-id/ | grep -c '^wwn-'")
+        .await
+        .unwrap();
     assert_eq!(links.trim(), "24", "by-id links in the guest");
     for w in &wwns {
-        g.sh(&format!("test -e /dev/disk/by-id/wwn-{w}")).await.unwrap();
+        g.sh(&format!("test -e /dev/disk/by-id/wwn-{w}"))
+            .await
+            .unwrap();
     }
 }
 
@@ -353,7 +601,16 @@ async fn ext4_growth_surprise_unplug_and_24_disks() {
 #[tokio::test]
 async fn hostd_killed_mid_stage_in_the_guest() {
     // Alone on the machine, so that each phase lasts long enough to be hit.
-    let Some(Lab { mut g, ctl, mut node, sim: _sim, images: _images }) = Lab::start(Share::Alone, MINIMAL_ROLE).await else { return };
+    let Some(Lab {
+        mut g,
+        ctl,
+        mut node,
+        sim: _sim,
+        images: _images,
+    }) = Lab::start(Share::Alone, MINIMAL_ROLE).await
+    else {
+        return;
+    };
     let k = kubelet();
     // Each kill is made in the guest the moment its phase shows, and what
     // the guest looked like at that moment is reported with it: before the
@@ -362,10 +619,18 @@ async fn hostd_killed_mid_stage_in_the_guest() {
     let phases = [
         ("before the mapping", "sleep 0.3; true"),
         ("mapping open", "ls /dev/mapper | grep -q pvecsi-"),
-        ("mkfs.xfs running", "cat /proc/[0-9]*/comm 2>/dev/null | grep -q '^mkfs'"),
+        (
+            "mkfs.xfs running",
+            "cat /proc/[0-9]*/comm 2>/dev/null | grep -q '^mkfs'",
+        ),
     ];
     for (i, (phase, shows)) in phases.into_iter().enumerate() {
-        let pv = provision(&ctl, &class("local-lvm", "xfs"), &claim(&format!("kill-{i}"))).await;
+        let pv = provision(
+            &ctl,
+            &class("local-lvm", "xfs"),
+            &claim(&format!("kill-{i}")),
+        )
+        .await;
         let staging = k.staging_path(&pv);
         mkdirs(&mut g, k.stage_dirs(&pv)).await;
         let pc = attach(&ctl, &pv, WORKER_2).await;
@@ -382,16 +647,35 @@ async fn hostd_killed_mid_stage_in_the_guest() {
             .await
             .unwrap();
         let killed = call.await.unwrap();
-        eprintln!("killed with {phase}: {at_kill}; the interrupted NodeStage answered {:?}", killed.as_ref().map(|_| ()).map_err(|e| e.code()));
+        eprintln!(
+            "killed with {phase}: {at_kill}; the interrupted NodeStage answered {:?}",
+            killed.as_ref().map(|_| ()).map_err(|e| e.code())
+        );
         // The kill landed in the phase it names, before the volume was staged.
-        let seen = |key: &str| at_kill.split_whitespace().find_map(|w| w.strip_prefix(key)?.parse::<u32>().ok()).unwrap_or(0);
-        assert_eq!(seen("mounted="), 0, "{phase}: the stage had finished before the kill: {at_kill}");
+        let seen = |key: &str| {
+            at_kill
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(key)?.parse::<u32>().ok())
+                .unwrap_or(0)
+        };
+        assert_eq!(
+            seen("mounted="),
+            0,
+            "{phase}: the stage had finished before the kill: {at_kill}"
+        );
         match i {
-            0 => assert_eq!((seen("mappings="), seen("mkfs=")), (0, 0), "{phase}: {at_kill}"),
+            0 => assert_eq!(
+                (seen("mappings="), seen("mkfs=")),
+                (0, 0),
+                "{phase}: {at_kill}"
+            ),
             1 => assert!(seen("mappings=") >= 1, "{phase}: {at_kill}"),
             _ => assert!(seen("mkfs=") >= 1, "{phase}: {at_kill}"),
         }
-        assert!(killed.is_err(), "{phase}: the interrupted NodeStage reported success");
+        assert!(
+            killed.is_err(),
+            "{phase}: the interrupted NodeStage reported success"
+        );
         // The kubelet retries until it works.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -405,9 +689,14 @@ async fn hostd_killed_mid_stage_in_the_guest() {
             }
         }
         let mounts = g.sh("grep globalmount /proc/mounts").await.unwrap();
-        assert!(mounts.contains(&staging) && mounts.contains("/dev/mapper/pvecsi-"), "{mounts}");
+        assert!(
+            mounts.contains(&staging) && mounts.contains("/dev/mapper/pvecsi-"),
+            "{mounts}"
+        );
 
-        g.sh(&format!("echo ok > {staging}/f && sync")).await.unwrap();
+        g.sh(&format!("echo ok > {staging}/f && sync"))
+            .await
+            .unwrap();
         node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
         // Stages again from scratch: LUKS opens, xfs mounts (a torn one would
         // not), and the file written after the retry is there.
@@ -425,7 +714,10 @@ async fn hostd_killed_mid_stage_in_the_guest() {
         })
         .await;
     }
-    let log = g.sh("grep -cE 'interrupted|half-made' /run/hostd.log || true").await.unwrap();
+    let log = g
+        .sh("grep -cE 'interrupted|half-made' /run/hostd.log || true")
+        .await
+        .unwrap();
     eprintln!("recoveries logged by hostd: {}", log.trim());
 }
 
@@ -463,14 +755,29 @@ acl:
         g1.qmp.display(),
         g2.qmp.display()
     );
-    let sim = Sim::new(State::from_yaml(&state).unwrap()).plain_http().volume_dir(images.path().to_path_buf()).start("127.0.0.1:0").await.unwrap();
+    let sim = Sim::new(State::from_yaml(&state).unwrap())
+        .plain_http()
+        .volume_dir(images.path().to_path_buf())
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
     let cfg = CloudConfig::parse(&format!(
         "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
         sim.api_url()
     ))
     .unwrap();
-    let clients = cfg.clusters.into_iter().map(|c| Arc::new(pve::Client::new(c, Duration::from_secs(30), Default::default()).unwrap())).collect();
-    let ctl = ControllerService(Arc::new(Controller::new(clients, 9999, Duration::from_secs(60))));
+    let clients = cfg
+        .clusters
+        .into_iter()
+        .map(|c| {
+            Arc::new(pve::Client::new(c, Duration::from_secs(30), Default::default()).unwrap())
+        })
+        .collect();
+    let ctl = ControllerService(Arc::new(Controller::new(
+        clients,
+        9999,
+        Duration::from_secs(60),
+    )));
     let (mut n1, mut n2) = (node_client(&mut g1).await, node_client(&mut g2).await);
     let k = kubelet();
 
@@ -482,24 +789,51 @@ acl:
         mkdirs(g, k.stage_dirs(&local)).await;
     }
     let pc = attach(&ctl, &local, WORKER_2).await;
-    n1.node_stage_volume(k.node_stage(&local, &pc, HashMap::new())).await.unwrap();
+    n1.node_stage_volume(k.node_stage(&local, &pc, HashMap::new()))
+        .await
+        .unwrap();
     let sum = g1.sh(&format!("dd if=/dev/urandom of={staging}/d bs=1M count=4 2>/dev/null && sync && sha256sum {staging}/d | cut -d' ' -f1")).await.unwrap();
     // While attached to worker-2, worker-3 cannot have it.
-    let err = ctl.controller_publish_volume(Request::new(attacher::controller_publish(&local, "worker-3/113"))).await.unwrap_err();
+    let err = ctl
+        .controller_publish_volume(Request::new(attacher::controller_publish(
+            &local,
+            "worker-3/113",
+        )))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
-    n1.node_unstage_volume(k.node_unstage(&local)).await.unwrap();
+    n1.node_unstage_volume(k.node_unstage(&local))
+        .await
+        .unwrap();
     detach(&ctl, &local, WORKER_2).await;
     let pc = attach(&ctl, &local, "worker-3/113").await;
-    n2.node_stage_volume(k.node_stage(&local, &pc, HashMap::new())).await.unwrap();
-    let moved = g2.sh(&format!("sha256sum {staging}/d | cut -d' ' -f1")).await.unwrap();
+    n2.node_stage_volume(k.node_stage(&local, &pc, HashMap::new()))
+        .await
+        .unwrap();
+    let moved = g2
+        .sh(&format!("sha256sum {staging}/d | cut -d' ' -f1"))
+        .await
+        .unwrap();
     assert_eq!(moved, sum, "data intact after the move to another VM");
-    n2.node_unstage_volume(k.node_unstage(&local)).await.unwrap();
+    n2.node_unstage_volume(k.node_unstage(&local))
+        .await
+        .unwrap();
     detach(&ctl, &local, "worker-3/113").await;
 
     // To a VM on another Proxmox node: local storage refused with the reason and the remedy…
-    let err = ctl.controller_publish_volume(Request::new(attacher::controller_publish(&local, "worker-4/114"))).await.unwrap_err();
+    let err = ctl
+        .controller_publish_volume(Request::new(attacher::controller_publish(
+            &local,
+            "worker-4/114",
+        )))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
-    assert!(err.message().contains("pvecsictl migrate"), "{}", err.message());
+    assert!(
+        err.message().contains("pvecsictl migrate"),
+        "{}",
+        err.message()
+    );
     // …shared storage goes.
     let shared = provision(&ctl, &class("nfs", "ext4"), &claim("shared")).await;
     attach(&ctl, &shared, WORKER_2).await;
@@ -511,44 +845,102 @@ acl:
 /// LUKS (cryptsetup resize, then resize2fs) and plain xfs (xfs_growfs).
 #[tokio::test]
 async fn online_growth_of_ext4_with_luks_and_of_plain_xfs() {
-    let Some(Lab { mut g, ctl, mut node, sim: _sim, images: _images }) = Lab::start(Share::Shared, MINIMAL_ROLE).await else { return };
+    let Some(Lab {
+        mut g,
+        ctl,
+        mut node,
+        sim: _sim,
+        images: _images,
+    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    else {
+        return;
+    };
     let luks = HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())]);
-    for (name, fs, secrets) in [("pvc-ext4-luks", "ext4", luks), ("pvc-xfs-plain", "xfs", HashMap::new())] {
+    for (name, fs, secrets) in [
+        ("pvc-ext4-luks", "ext4", luks),
+        ("pvc-xfs-plain", "xfs", HashMap::new()),
+    ] {
         grow_online(&ctl, &mut node, &mut g, name, fs, secrets).await;
     }
 }
 
 /// Create, attach, stage, write, grow from 1 to 2 GiB while mounted, check
 /// the size and the bytes, then take everything down and delete.
-async fn grow_online(ctl: &ControllerService, node: &mut NodeClient<Channel>, g: &mut Guest, name: &str, fs: &str, secrets: HashMap<String, String>) {
+async fn grow_online(
+    ctl: &ControllerService,
+    node: &mut NodeClient<Channel>,
+    g: &mut Guest,
+    name: &str,
+    fs: &str,
+    secrets: HashMap<String, String>,
+) {
     let k = kubelet();
     let pv = provision(ctl, &class("local-lvm", fs), &claim(name)).await;
     let pod = Pod::new(&format!("pod-{name}"));
     let (staging, target) = (k.staging_path(&pv), k.target_path(&pod, &pv));
     mkdirs(g, k.stage_dirs(&pv)).await;
     let pc = attach(ctl, &pv, WORKER_2).await;
-    node.node_stage_volume(k.node_stage(&pv, &pc, secrets.clone())).await.unwrap();
-    let mounts = g.sh(&format!("grep '{staging}' /proc/mounts")).await.unwrap();
+    node.node_stage_volume(k.node_stage(&pv, &pc, secrets.clone()))
+        .await
+        .unwrap();
+    let mounts = g
+        .sh(&format!("grep '{staging}' /proc/mounts"))
+        .await
+        .unwrap();
     assert!(mounts.contains(&format!(" {fs} ")), "{mounts}");
-    assert_eq!(mounts.contains("/dev/mapper/pvecsi-"), !secrets.is_empty(), "{mounts}");
+    assert_eq!(
+        mounts.contains("/dev/mapper/pvecsi-"),
+        !secrets.is_empty(),
+        "{mounts}"
+    );
     mkdirs(g, k.publish_dirs(&pod, &pv)).await;
-    node.node_publish_volume(k.node_publish(&pv, &pod, &pc)).await.unwrap();
+    node.node_publish_volume(k.node_publish(&pv, &pod, &pc))
+        .await
+        .unwrap();
     let sum = g.sh(&format!("dd if=/dev/urandom of={target}/data bs=1M count=4 2>/dev/null && sync && sha256sum {target}/data | cut -d' ' -f1")).await.unwrap();
     assert_eq!(sum.len(), 64, "{sum}");
 
-    let grown = ctl.controller_expand_volume(Request::new(resizer::controller_expand(&pv, 2 << 30))).await.unwrap().into_inner();
+    let grown = ctl
+        .controller_expand_volume(Request::new(resizer::controller_expand(&pv, 2 << 30)))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(grown.node_expansion_required);
-    node.node_expand_volume(k.node_expand(&pv, &pod, 2 << 30, secrets.clone())).await.unwrap();
-    let kib: u64 = g.sh(&format!("df -kP {target} | tail -1 | awk '{{print $2}}'")).await.unwrap().trim().parse().unwrap();
-    assert!(kib > 1_900_000, "{name}: {fs} is {kib} KiB after growing to 2 GiB");
-    let again = g.sh(&format!("sha256sum {target}/data | cut -d' ' -f1")).await.unwrap();
+    node.node_expand_volume(k.node_expand(&pv, &pod, 2 << 30, secrets.clone()))
+        .await
+        .unwrap();
+    let kib: u64 = g
+        .sh(&format!("df -kP {target} | tail -1 | awk '{{print $2}}'"))
+        .await
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        kib > 1_900_000,
+        "{name}: {fs} is {kib} KiB after growing to 2 GiB"
+    );
+    let again = g
+        .sh(&format!("sha256sum {target}/data | cut -d' ' -f1"))
+        .await
+        .unwrap();
     assert_eq!(again, sum, "{name}: the data survived the growth");
 
-    node.node_unpublish_volume(k.node_unpublish(&pv, &pod)).await.unwrap();
+    node.node_unpublish_volume(k.node_unpublish(&pv, &pod))
+        .await
+        .unwrap();
     node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
     detach(ctl, &pv, WORKER_2).await;
-    ctl.delete_volume(Request::new(provisioner::delete_volume(&pv))).await.unwrap();
-    let (code, _) = g.sh_status(&format!("udevadm settle; test -e /dev/disk/by-id/wwn-{}", pc["wwn"])).await.unwrap();
+    ctl.delete_volume(Request::new(provisioner::delete_volume(&pv)))
+        .await
+        .unwrap();
+    let (code, _) = g
+        .sh_status(&format!(
+            "udevadm settle; test -e /dev/disk/by-id/wwn-{}",
+            pc["wwn"]
+        ))
+        .await
+        .unwrap();
     assert_ne!(code, 0, "{name}: the disk is gone from the guest");
 }
 
@@ -557,7 +949,16 @@ async fn grow_online(ctl: &ControllerService, node: &mut NodeClient<Channel>, g:
 #[tokio::test]
 async fn snapshot_restore_keeps_the_bytes() {
     let role = "VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit";
-    let Some(Lab { mut g, ctl, mut node, images, sim: _sim }) = Lab::start(Share::Shared, role).await else { return };
+    let Some(Lab {
+        mut g,
+        ctl,
+        mut node,
+        images,
+        sim: _sim,
+    }) = Lab::start(Share::Shared, role).await
+    else {
+        return;
+    };
     let k = kubelet();
     let sc = class("local-lvm", "ext4");
 
@@ -565,42 +966,88 @@ async fn snapshot_restore_keeps_the_bytes() {
     let staging = k.staging_path(&src);
     mkdirs(&mut g, k.stage_dirs(&src)).await;
     let pc = attach(&ctl, &src, WORKER_2).await;
-    node.node_stage_volume(k.node_stage(&src, &pc, luks())).await.unwrap();
+    node.node_stage_volume(k.node_stage(&src, &pc, luks()))
+        .await
+        .unwrap();
     let sum = g.sh(&format!("dd if=/dev/urandom of={staging}/d bs=1M count=4 2>/dev/null && sync && sha256sum {staging}/d | cut -d' ' -f1")).await.unwrap();
     // Quiesced: the filesystem is unmounted while the snapshot is copied.
-    node.node_unstage_volume(k.node_unstage(&src)).await.unwrap();
+    node.node_unstage_volume(k.node_unstage(&src))
+        .await
+        .unwrap();
 
     // The snapshotter calls CreateSnapshot, unchanged, until ready_to_use.
     let t = Instant::now();
-    let take = snapshotter::create_snapshot("2d4f6a8c-0e1b-4c3d-8e5f-7a9b1c3d5e7f", "src-snap", &src, &[]);
+    let take = snapshotter::create_snapshot(
+        "2d4f6a8c-0e1b-4c3d-8e5f-7a9b1c3d5e7f",
+        "src-snap",
+        &src,
+        &[],
+    );
     let snap = loop {
-        let s = ctl.create_snapshot(Request::new(take.clone())).await.unwrap().into_inner().snapshot.unwrap();
+        let s = ctl
+            .create_snapshot(Request::new(take.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
         if s.ready_to_use {
             break s;
         }
-        assert!(t.elapsed() < Duration::from_secs(60), "snapshot never ready");
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "snapshot never ready"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     eprintln!("MEASURE snapshot of 1 GiB ready after {:?}", t.elapsed());
     detach(&ctl, &src, WORKER_2).await;
 
-    let restored = provision(&ctl, &sc, &claim("restored").from_snapshot(&snap.snapshot_id)).await;
+    let restored = provision(
+        &ctl,
+        &sc,
+        &claim("restored").from_snapshot(&snap.snapshot_id),
+    )
+    .await;
     assert_ne!(restored.handle, src.handle);
     let staging = k.staging_path(&restored);
     mkdirs(&mut g, k.stage_dirs(&restored)).await;
     let pc = attach(&ctl, &restored, WORKER_2).await;
-    node.node_stage_volume(k.node_stage(&restored, &pc, luks())).await.unwrap();
-    let got = g.sh(&format!("sha256sum {staging}/d | cut -d' ' -f1")).await.unwrap();
+    node.node_stage_volume(k.node_stage(&restored, &pc, luks()))
+        .await
+        .unwrap();
+    let got = g
+        .sh(&format!("sha256sum {staging}/d | cut -d' ' -f1"))
+        .await
+        .unwrap();
     assert_eq!(got, sum, "the restored volume has the snapshot's bytes");
-    let staged = g.sh("grep 'volume staged' /run/node.log | tail -1").await.unwrap();
-    assert!(!staged.contains("luks_format") && !staged.contains("\"mkfs\""), "the restored volume was opened, not formatted: {staged}");
-    node.node_unstage_volume(k.node_unstage(&restored)).await.unwrap();
+    let staged = g
+        .sh("grep 'volume staged' /run/node.log | tail -1")
+        .await
+        .unwrap();
+    assert!(
+        !staged.contains("luks_format") && !staged.contains("\"mkfs\""),
+        "the restored volume was opened, not formatted: {staged}"
+    );
+    node.node_unstage_volume(k.node_unstage(&restored))
+        .await
+        .unwrap();
     detach(&ctl, &restored, WORKER_2).await;
     for pv in [&restored, &src] {
-        ctl.delete_volume(Request::new(provisioner::delete_volume(pv))).await.unwrap();
+        ctl.delete_volume(Request::new(provisioner::delete_volume(pv)))
+            .await
+            .unwrap();
     }
-    ctl.delete_snapshot(Request::new(snapshotter::delete_snapshot(&snap.snapshot_id))).await.unwrap();
-    let left: Vec<_> = std::fs::read_dir(images.path()).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+    ctl.delete_snapshot(Request::new(snapshotter::delete_snapshot(
+        &snap.snapshot_id,
+    )))
+    .await
+    .unwrap();
+    let left: Vec<_> = std::fs::read_dir(images.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name())
+        .collect();
     assert!(left.is_empty(), "backing files left behind: {left:?}");
 }
 
@@ -614,9 +1061,21 @@ struct GuestNode<'a> {
 
 impl conformance::node::NodeHost for GuestNode<'_> {
     async fn disk(&mut self, n: u32) -> Result<conformance::node::Disk, String> {
-        let pv = provision(&self.ctl, &class("local-lvm", "ext4"), &claim(&format!("conf-{n}"))).await;
-        let pc = self.ctl.controller_publish_volume(Request::new(attacher::controller_publish(&pv, WORKER_2))).await.map_err(|e| e.to_string())?;
-        Ok(conformance::node::Disk { volume_id: pv.handle.clone(), publish_context: pc.into_inner().publish_context })
+        let pv = provision(
+            &self.ctl,
+            &class("local-lvm", "ext4"),
+            &claim(&format!("conf-{n}")),
+        )
+        .await;
+        let pc = self
+            .ctl
+            .controller_publish_volume(Request::new(attacher::controller_publish(&pv, WORKER_2)))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(conformance::node::Disk {
+            volume_id: pv.handle.clone(),
+            publish_context: pc.into_inner().publish_context,
+        })
     }
 
     fn kubelet_root(&self) -> String {
@@ -624,23 +1083,42 @@ impl conformance::node::NodeHost for GuestNode<'_> {
     }
 
     async fn mkdir(&mut self, path: &str) -> Result<(), String> {
-        self.g.sh(&format!("mkdir -p '{path}'")).await.map(|_| ()).map_err(|e| e.to_string())
+        self.g
+            .sh(&format!("mkdir -p '{path}'"))
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     async fn is_dir(&mut self, path: &str) -> bool {
-        self.g.sh_status(&format!("test -d '{path}'")).await.is_ok_and(|(c, _)| c == 0)
+        self.g
+            .sh_status(&format!("test -d '{path}'"))
+            .await
+            .is_ok_and(|(c, _)| c == 0)
     }
 
     async fn exists(&mut self, path: &str) -> bool {
-        self.g.sh_status(&format!("test -e '{path}' || test -L '{path}'")).await.is_ok_and(|(c, _)| c == 0)
+        self.g
+            .sh_status(&format!("test -e '{path}' || test -L '{path}'"))
+            .await
+            .is_ok_and(|(c, _)| c == 0)
     }
 
     async fn mounted(&mut self, path: &str) -> bool {
-        self.g.sh_status(&format!("awk '$2==\"{path}\" {{f=1}} END {{exit !f}}' /proc/mounts")).await.is_ok_and(|(c, _)| c == 0)
+        self.g
+            .sh_status(&format!(
+                "awk '$2==\"{path}\" {{f=1}} END {{exit !f}}' /proc/mounts"
+            ))
+            .await
+            .is_ok_and(|(c, _)| c == 0)
     }
 
     async fn write(&mut self, path: &str, data: &str) -> Result<(), String> {
-        match self.g.sh_status(&format!("printf %s '{data}' > '{path}' 2>&1")).await {
+        match self
+            .g
+            .sh_status(&format!("printf %s '{data}' > '{path}' 2>&1"))
+            .await
+        {
             Ok((0, _)) => Ok(()),
             Ok((_, out)) => Err(out),
             Err(e) => Err(e.to_string()),
@@ -659,13 +1137,33 @@ impl conformance::node::NodeHost for GuestNode<'_> {
 /// in the guest, with real hot-plugged disks and udev.
 #[tokio::test]
 async fn node_follows_the_spec_in_the_guest() {
-    let Some(Lab { mut g, ctl, mut node, sim: _sim, images: _images }) = Lab::start(Share::Shared, MINIMAL_ROLE).await else { return };
+    let Some(Lab {
+        mut g,
+        ctl,
+        mut node,
+        sim: _sim,
+        images: _images,
+    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    else {
+        return;
+    };
     let mut report = conformance::Report::default();
     let mut host = GuestNode { g: &mut g, ctl };
     conformance::node::run_with(&mut host, &mut node, &mut report).await;
-    print!("{}", report.render("CSI spec clauses: Node (node plugin and hostd in the guest VM)"));
-    assert!(report.results.len() >= 30, "only {} clauses ran", report.results.len());
-    assert!(report.failed().is_empty(), "failed clauses: {:#?}", report.failed());
+    print!(
+        "{}",
+        report.render("CSI spec clauses: Node (node plugin and hostd in the guest VM)")
+    );
+    assert!(
+        report.results.len() >= 30,
+        "only {} clauses ran",
+        report.results.len()
+    );
+    assert!(
+        report.failed().is_empty(),
+        "failed clauses: {:#?}",
+        report.failed()
+    );
 }
 
 /// Calls `f` until it succeeds, as a sidecar would, while faults are
@@ -678,7 +1176,15 @@ where
     for attempt in 0..40 {
         match f().await {
             Ok(r) => return (r.into_inner(), attempt),
-            Err(s) if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Internal | tonic::Code::Aborted | tonic::Code::DeadlineExceeded) => {
+            Err(s)
+                if matches!(
+                    s.code(),
+                    tonic::Code::Unavailable
+                        | tonic::Code::Internal
+                        | tonic::Code::Aborted
+                        | tonic::Code::DeadlineExceeded
+                ) =>
+            {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(s) => panic!("{what}: final error {:?}: {}", s.code(), s.message()),
@@ -694,7 +1200,16 @@ where
 #[tokio::test]
 async fn soak_in_the_guest_keeps_every_byte() {
     use rand::{Rng, SeedableRng};
-    let Some(Lab { mut g, ctl, mut node, sim, images: _images }) = Lab::start(Share::Shared, MINIMAL_ROLE).await else { return };
+    let Some(Lab {
+        mut g,
+        ctl,
+        mut node,
+        sim,
+        images: _images,
+    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    else {
+        return;
+    };
     let http = reqwest::Client::new();
     let knobs = |body: &'static str| {
         let (http, url) = (http.clone(), format!("http://{}/pvesim/knobs", sim.addr));
@@ -704,7 +1219,14 @@ async fn soak_in_the_guest_keeps_every_byte() {
     let k = kubelet();
     let pod = Pod::new("6a8c0e2f-4b6d-4f8a-9c1e-3d5f7a9b1c3e");
     let mut vols = Vec::new();
-    for (i, (fs, secrets)) in [("ext4", HashMap::new()), ("xfs", HashMap::new()), ("ext4", luks())].into_iter().enumerate() {
+    for (i, (fs, secrets)) in [
+        ("ext4", HashMap::new()),
+        ("xfs", HashMap::new()),
+        ("ext4", luks()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let pv = provision(&ctl, &class("local-lvm", fs), &claim(&format!("soak-{i}"))).await;
         mkdirs(&mut g, k.stage_dirs(&pv)).await;
         mkdirs(&mut g, k.publish_dirs(&pod, &pv)).await;
@@ -715,42 +1237,73 @@ async fn soak_in_the_guest_keeps_every_byte() {
         let i = rng.random_range(0..vols.len());
         let (pv, secrets, sum, bytes) = vols[i].clone();
         let target = k.target_path(&pod, &pv);
-        let fault = ["", r#"{"fail_hotplugs": 1}"#, r#"{"fail_tasks": 1}"#, r#"{"error_5xx_rate": 0.2}"#][rng.random_range(0..4)];
+        let fault = [
+            "",
+            r#"{"fail_hotplugs": 1}"#,
+            r#"{"fail_tasks": 1}"#,
+            r#"{"error_5xx_rate": 0.2}"#,
+        ][rng.random_range(0..4)];
         if !fault.is_empty() {
             knobs(fault).await;
             faults += 1;
         }
-        let (pc, n) = until_ok("publish", || ctl.controller_publish_volume(Request::new(attacher::controller_publish(&pv, WORKER_2)))).await;
+        let (pc, n) = until_ok("publish", || {
+            ctl.controller_publish_volume(Request::new(attacher::controller_publish(&pv, WORKER_2)))
+        })
+        .await;
         retries += n;
         knobs(r#"{"error_5xx_rate": 0.0, "fail_hotplugs": 0, "fail_tasks": 0}"#).await;
         let (_, n) = until_ok("stage", || {
-            let (mut n, req) = (node.clone(), k.node_stage(&pv, &pc.publish_context, secrets.clone()));
+            let (mut n, req) = (
+                node.clone(),
+                k.node_stage(&pv, &pc.publish_context, secrets.clone()),
+            );
             async move { n.node_stage_volume(req).await }
         })
         .await;
         retries += n;
-        node.node_publish_volume(k.node_publish(&pv, &pod, &pc.publish_context)).await.unwrap();
+        node.node_publish_volume(k.node_publish(&pv, &pod, &pc.publish_context))
+            .await
+            .unwrap();
         if let Some(want) = &sum {
-            let got = g.sh(&format!("sha256sum {target}/d | cut -d' ' -f1")).await.unwrap();
+            let got = g
+                .sh(&format!("sha256sum {target}/d | cut -d' ' -f1"))
+                .await
+                .unwrap();
             assert_eq!(&got, want, "round {round}: volume {i} lost its bytes");
         }
         let mut bytes = bytes;
         if rng.random_bool(0.3) && bytes < 2 << 30 {
             bytes += 512 << 20;
-            let (_, n) = until_ok("expand", || ctl.controller_expand_volume(Request::new(resizer::controller_expand(&pv, bytes as i64)))).await;
+            let (_, n) = until_ok("expand", || {
+                ctl.controller_expand_volume(Request::new(resizer::controller_expand(
+                    &pv,
+                    bytes as i64,
+                )))
+            })
+            .await;
             retries += n;
             node.node_expand_volume(k.node_expand(&pv, &pod, bytes as i64, secrets.clone()))
                 .await
-                .unwrap_or_else(|e| panic!("round {round}: NodeExpand of volume {i}: {}", e.message()));
+                .unwrap_or_else(|e| {
+                    panic!("round {round}: NodeExpand of volume {i}: {}", e.message())
+                });
         }
         let new_sum = g.sh(&format!("dd if=/dev/urandom of={target}/d bs=1M count=2 2>/dev/null && sync && sha256sum {target}/d | cut -d' ' -f1")).await.unwrap();
-        node.node_unpublish_volume(k.node_unpublish(&pv, &pod)).await.unwrap();
+        node.node_unpublish_volume(k.node_unpublish(&pv, &pod))
+            .await
+            .unwrap();
         node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
         if rng.random_bool(0.5) {
             knobs(r#"{"fail_hotplugs": 1}"#).await;
             faults += 1;
         }
-        let (_, n) = until_ok("unpublish", || ctl.controller_unpublish_volume(Request::new(attacher::controller_unpublish(&pv, WORKER_2)))).await;
+        let (_, n) = until_ok("unpublish", || {
+            ctl.controller_unpublish_volume(Request::new(attacher::controller_unpublish(
+                &pv, WORKER_2,
+            )))
+        })
+        .await;
         retries += n;
         knobs(r#"{"fail_hotplugs": 0}"#).await;
         vols[i].2 = Some(new_sum);
@@ -761,15 +1314,38 @@ async fn soak_in_the_guest_keeps_every_byte() {
         let Some(want) = sum else { continue };
         let staging = k.staging_path(pv);
         let pc = attach(&ctl, pv, WORKER_2).await;
-        node.node_stage_volume(k.node_stage(pv, &pc, secrets.clone())).await.unwrap();
-        let got = g.sh(&format!("sha256sum {staging}/d | cut -d' ' -f1")).await.unwrap();
+        node.node_stage_volume(k.node_stage(pv, &pc, secrets.clone()))
+            .await
+            .unwrap();
+        let got = g
+            .sh(&format!("sha256sum {staging}/d | cut -d' ' -f1"))
+            .await
+            .unwrap();
         assert_eq!(&got, want, "volume {i} lost its last bytes");
         node.node_unstage_volume(k.node_unstage(pv)).await.unwrap();
         detach(&ctl, pv, WORKER_2).await;
     }
-    let vm: serde_json::Value = http.get(format!("http://{}/pvesim/vms/112", sim.addr)).send().await.unwrap().json().await.unwrap();
+    let vm: serde_json::Value = http
+        .get(format!("http://{}/pvesim/vms/112", sim.addr))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(vm["data"]["pending"], serde_json::json!({}), "{vm}");
-    let keys: Vec<&String> = vm["data"]["config"].as_object().unwrap().keys().filter(|k| k.starts_with("unused") || k.strip_prefix("scsi").is_some_and(|n| n.parse::<u32>().is_ok())).collect();
+    let keys: Vec<&String> = vm["data"]["config"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| {
+            k.starts_with("unused")
+                || k.strip_prefix("scsi")
+                    .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .collect();
     assert!(keys.is_empty(), "left in VM 112: {keys:?}");
-    eprintln!("MEASURE guest soak: 14 rounds, {faults} faults, {retries} retried calls, every byte intact");
+    eprintln!(
+        "MEASURE guest soak: 14 rounds, {faults} faults, {retries} retried calls, every byte intact"
+    );
 }

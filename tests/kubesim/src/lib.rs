@@ -84,7 +84,13 @@ fn merge(target: &mut Value, patch: &Value) {
 }
 
 impl Store {
-    fn write(&mut self, tx: &broadcast::Sender<(u64, String, &'static str, Value)>, key: Key, mut obj: Option<Value>, kind: &'static str) -> u64 {
+    fn write(
+        &mut self,
+        tx: &broadcast::Sender<(u64, String, &'static str, Value)>,
+        key: Key,
+        mut obj: Option<Value>,
+        kind: &'static str,
+    ) -> u64 {
         self.rv += 1;
         let rv = self.rv;
         if let Some(o) = obj.as_mut() {
@@ -106,18 +112,28 @@ impl Store {
     /// Binds claims and volumes that name each other; releases volumes
     /// whose claim is gone.
     fn bind(&mut self, tx: &broadcast::Sender<(u64, String, &'static str, Value)>) {
-        let pvs: Vec<(Key, Value)> = self.objects.iter().filter(|(k, _)| k.0 == "persistentvolumes").map(|(k, v)| (k.clone(), v.clone())).collect();
+        let pvs: Vec<(Key, Value)> = self
+            .objects
+            .iter()
+            .filter(|(k, _)| k.0 == "persistentvolumes")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         for (pv_key, pv) in pvs {
             let claim = &pv["spec"]["claimRef"];
             let phase = pv["status"]["phase"].as_str().unwrap_or("").to_string();
             let want = if claim.is_null() {
                 "Available".to_string()
             } else {
-                let ck = ("persistentvolumeclaims".to_string(), claim["namespace"].as_str().unwrap_or("").to_string(), claim["name"].as_str().unwrap_or("").to_string());
+                let ck = (
+                    "persistentvolumeclaims".to_string(),
+                    claim["namespace"].as_str().unwrap_or("").to_string(),
+                    claim["name"].as_str().unwrap_or("").to_string(),
+                );
                 match self.objects.get(&ck).cloned() {
                     Some(pvc)
                         if pvc["spec"]["volumeName"] == pv["metadata"]["name"]
-                            && (claim["uid"].is_null() || claim["uid"] == pvc["metadata"]["uid"]) =>
+                            && (claim["uid"].is_null()
+                                || claim["uid"] == pvc["metadata"]["uid"]) =>
                     {
                         if pvc["status"]["phase"] != "Bound" {
                             let mut pvc = pvc.clone();
@@ -149,7 +165,10 @@ pub struct Running {
 impl Running {
     /// Stores `obj` (its `kind` and metadata name, and namespace when namespaced).
     pub fn put(&self, plural: &str, obj: Value) {
-        let ns = obj["metadata"]["namespace"].as_str().unwrap_or("").to_string();
+        let ns = obj["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
         let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
         let mut s = self.shared.store.lock().unwrap_or_else(|e| e.into_inner());
         let mut obj = obj;
@@ -159,13 +178,20 @@ impl Running {
         }
         obj["kind"] = json!(kind_of(plural));
         obj["apiVersion"] = json!("v1");
-        s.write(&self.shared.tx, (plural.to_string(), ns, name), Some(obj), "ADDED");
+        s.write(
+            &self.shared.tx,
+            (plural.to_string(), ns, name),
+            Some(obj),
+            "ADDED",
+        );
         s.bind(&self.shared.tx);
     }
 
     pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
         let s = self.shared.store.lock().unwrap_or_else(|e| e.into_inner());
-        s.objects.get(&(plural.to_string(), namespace.to_string(), name.to_string())).cloned()
+        s.objects
+            .get(&(plural.to_string(), namespace.to_string(), name.to_string()))
+            .cloned()
     }
 
     /// Makes SelfSubjectAccessReviews for `verb` on `resource` answer no.
@@ -178,7 +204,10 @@ impl Running {
 /// Starts kubesim on 127.0.0.1 (a free port).
 pub async fn start() -> std::io::Result<Running> {
     let (tx, _) = broadcast::channel(1024);
-    let shared = Shared { store: Arc::new(Mutex::new(Store::default())), tx };
+    let shared = Shared {
+        store: Arc::new(Mutex::new(Store::default())),
+        tx,
+    };
     let app = Router::new().fallback(handle).with_state(shared.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
@@ -196,22 +225,45 @@ fn route(path: &str) -> Option<(String, String, Option<String>)> {
     };
     match rest {
         ["namespaces", ns, plural] => Some((plural.to_string(), ns.to_string(), None)),
-        ["namespaces", ns, plural, name] => Some((plural.to_string(), ns.to_string(), Some(name.to_string()))),
+        ["namespaces", ns, plural, name] => {
+            Some((plural.to_string(), ns.to_string(), Some(name.to_string())))
+        }
         [plural] => Some((plural.to_string(), String::new(), None)),
         [plural, name] => Some((plural.to_string(), String::new(), Some(name.to_string()))),
         _ => None,
     }
 }
 
-async fn handle(State(sh): State<Shared>, method: Method, uri: Uri, Query(q): Query<BTreeMap<String, String>>, body: axum::body::Bytes) -> Response {
+async fn handle(
+    State(sh): State<Shared>,
+    method: Method,
+    uri: Uri,
+    Query(q): Query<BTreeMap<String, String>>,
+    body: axum::body::Bytes,
+) -> Response {
     let Some((plural, ns, name)) = route(uri.path()) else {
-        return status(StatusCode::NOT_FOUND, "NotFound", format!("the server could not find the requested resource ({})", uri.path()));
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!(
+                "the server could not find the requested resource ({})",
+                uri.path()
+            ),
+        );
     };
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     if plural == "selfsubjectaccessreviews" {
         let attrs = &body["spec"]["resourceAttributes"];
-        let key = (attrs["verb"].as_str().unwrap_or("").to_string(), attrs["resource"].as_str().unwrap_or("").to_string());
-        let allowed = !sh.store.lock().unwrap_or_else(|e| e.into_inner()).denied.contains(&key);
+        let key = (
+            attrs["verb"].as_str().unwrap_or("").to_string(),
+            attrs["resource"].as_str().unwrap_or("").to_string(),
+        );
+        let allowed = !sh
+            .store
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .denied
+            .contains(&key);
         let mut out = body.clone();
         out["status"] = json!({"allowed": allowed});
         return (StatusCode::CREATED, axum::Json(out)).into_response();
@@ -220,24 +272,46 @@ async fn handle(State(sh): State<Shared>, method: Method, uri: Uri, Query(q): Qu
     let mut s = sh.store.lock().unwrap_or_else(|e| e.into_inner());
     match (method, name) {
         (Method::GET, None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
-            let since: u64 = q.get("resourceVersion").and_then(|r| r.parse().ok()).unwrap_or(0);
-            let timeout = Duration::from_secs(q.get("timeoutSeconds").and_then(|t| t.parse().ok()).unwrap_or(5));
+            let since: u64 = q
+                .get("resourceVersion")
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(0);
+            let timeout = Duration::from_secs(
+                q.get("timeoutSeconds")
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(5),
+            );
             let past: Vec<Value> = s
                 .events
                 .iter()
-                .filter(|(rv, p, _, o)| *rv > since && *p == plural && (ns.is_empty() || o["metadata"]["namespace"] == json!(ns)))
+                .filter(|(rv, p, _, o)| {
+                    *rv > since
+                        && *p == plural
+                        && (ns.is_empty() || o["metadata"]["namespace"] == json!(ns))
+                })
                 .map(|(_, _, t, o)| json!({"type": t, "object": o}))
                 .collect();
             let rx = sh.tx.subscribe();
             drop(s);
             let (plural2, ns2) = (plural.clone(), ns.clone());
             let live = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |e| {
-                let keep = e.ok().filter(|(rv, p, _, o)| *rv > since && *p == plural2 && (ns2.is_empty() || o["metadata"]["namespace"] == json!(ns2)));
+                let keep = e.ok().filter(|(rv, p, _, o)| {
+                    *rv > since
+                        && *p == plural2
+                        && (ns2.is_empty() || o["metadata"]["namespace"] == json!(ns2))
+                });
                 async move { keep.map(|(_, _, t, o)| json!({"type": t, "object": o})) }
             });
-            let stream = futures::stream::iter(past).chain(live).map(|v| Ok::<_, std::io::Error>(format!("{v}\n")));
-            let stream = tokio_stream::StreamExt::timeout(stream, timeout).take_while(|r| futures::future::ready(r.is_ok())).filter_map(|r| async move { r.ok() });
-            Response::builder().header("content-type", "application/json").body(Body::from_stream(stream)).unwrap_or_default()
+            let stream = futures::stream::iter(past)
+                .chain(live)
+                .map(|v| Ok::<_, std::io::Error>(format!("{v}\n")));
+            let stream = tokio_stream::StreamExt::timeout(stream, timeout)
+                .take_while(|r| futures::future::ready(r.is_ok()))
+                .filter_map(|r| async move { r.ok() });
+            Response::builder()
+                .header("content-type", "application/json")
+                .body(Body::from_stream(stream))
+                .unwrap_or_default()
         }
         (Method::GET, None) => {
             let items: Vec<Value> = s
@@ -250,14 +324,22 @@ async fn handle(State(sh): State<Shared>, method: Method, uri: Uri, Query(q): Qu
         }
         (Method::GET, Some(n)) => match s.objects.get(&(plural.clone(), ns.clone(), n.clone())) {
             Some(o) => axum::Json(o.clone()).into_response(),
-            None => status(StatusCode::NOT_FOUND, "NotFound", format!("{plural} \"{n}\" not found")),
+            None => status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("{plural} \"{n}\" not found"),
+            ),
         },
         (Method::POST, None) => {
             let mut obj = body;
             let n = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
             let key = (plural.clone(), ns.clone(), n.clone());
             if s.objects.contains_key(&key) {
-                return status(StatusCode::CONFLICT, "AlreadyExists", format!("{plural} \"{n}\" already exists"));
+                return status(
+                    StatusCode::CONFLICT,
+                    "AlreadyExists",
+                    format!("{plural} \"{n}\" already exists"),
+                );
             }
             s.uid += 1;
             obj["metadata"]["uid"] = json!(format!("uid-{}", s.uid));
@@ -268,20 +350,32 @@ async fn handle(State(sh): State<Shared>, method: Method, uri: Uri, Query(q): Qu
             obj["apiVersion"] = json!("v1");
             s.write(&sh.tx, key.clone(), Some(obj), "ADDED");
             s.bind(&sh.tx);
-            (StatusCode::CREATED, axum::Json(s.objects.get(&key).cloned().unwrap_or_default())).into_response()
+            (
+                StatusCode::CREATED,
+                axum::Json(s.objects.get(&key).cloned().unwrap_or_default()),
+            )
+                .into_response()
         }
         (m @ (Method::PUT | Method::PATCH), Some(n)) => {
             let key = (plural.clone(), ns.clone(), n.clone());
             let Some(current) = s.objects.get(&key).cloned() else {
-                return status(StatusCode::NOT_FOUND, "NotFound", format!("{plural} \"{n}\" not found"));
+                return status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("{plural} \"{n}\" not found"),
+                );
             };
             let next = if m == Method::PUT {
                 // A replace: the stored version must be the one read.
-                if body["metadata"]["resourceVersion"].is_string() && body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
+                if body["metadata"]["resourceVersion"].is_string()
+                    && body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"]
+                {
                     return status(
                         StatusCode::CONFLICT,
                         "Conflict",
-                        format!("Operation cannot be fulfilled on {plural} \"{n}\": the object has been modified; please apply your changes to the latest version and try again"),
+                        format!(
+                            "Operation cannot be fulfilled on {plural} \"{n}\": the object has been modified; please apply your changes to the latest version and try again"
+                        ),
                     );
                 }
                 let mut b = body;
@@ -299,13 +393,21 @@ async fn handle(State(sh): State<Shared>, method: Method, uri: Uri, Query(q): Qu
         (Method::DELETE, Some(n)) => {
             let key = (plural.clone(), ns.clone(), n.clone());
             let Some(current) = s.objects.get(&key).cloned() else {
-                return status(StatusCode::NOT_FOUND, "NotFound", format!("{plural} \"{n}\" not found"));
+                return status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("{plural} \"{n}\" not found"),
+                );
             };
             s.write(&sh.tx, key, None, "DELETED");
             s.bind(&sh.tx);
             axum::Json(current).into_response()
         }
-        _ => status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", format!("{} is not served here", uri.path())),
+        _ => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("{} is not served here", uri.path()),
+        ),
     }
 }
 

@@ -17,28 +17,77 @@ async fn resource_versions_conflicts_binding_and_watch() {
     let created = pvs.create(&PostParams::default(), &pv).await.unwrap();
     let rv0 = created.metadata.resource_version.clone().unwrap();
     let dup = pvs.create(&PostParams::default(), &pv).await.unwrap_err();
-    assert!(matches!(dup, kube::Error::Api(ref e) if e.code == 409 && e.reason == "AlreadyExists"), "{dup:?}");
+    assert!(
+        matches!(dup, kube::Error::Api(ref e) if e.code == 409 && e.reason == "AlreadyExists"),
+        "{dup:?}"
+    );
 
     // A watch from now sees what follows.
-    let mut events = pvs.watch(&WatchParams::default().timeout(5), &rv0).await.unwrap().boxed();
-    pvs.patch("pv-1", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}}))).await.unwrap();
+    let mut events = pvs
+        .watch(&WatchParams::default().timeout(5), &rv0)
+        .await
+        .unwrap()
+        .boxed();
+    pvs.patch(
+        "pv-1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})),
+    )
+    .await
+    .unwrap();
     let first = events.try_next().await.unwrap().unwrap();
-    assert!(matches!(first, WatchEvent::Modified(ref p) if p.metadata.labels.as_ref().is_some_and(|l| l["x"] == "1")), "{first:?}");
+    assert!(
+        matches!(first, WatchEvent::Modified(ref p) if p.metadata.labels.as_ref().is_some_and(|l| l["x"] == "1")),
+        "{first:?}"
+    );
 
     // A replace with the version read before the patch is refused.
     let mut stale = created.clone();
     stale.metadata.labels = Some([("y".to_string(), "2".to_string())].into());
-    let err = pvs.replace("pv-1", &PostParams::default(), &stale).await.unwrap_err();
-    assert!(matches!(err, kube::Error::Api(ref e) if e.code == 409 && e.reason == "Conflict"), "{err:?}");
+    let err = pvs
+        .replace("pv-1", &PostParams::default(), &stale)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(ref e) if e.code == 409 && e.reason == "Conflict"),
+        "{err:?}"
+    );
 
     // The binder: a claim naming the volume that names it binds both.
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client, "ns");
-    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({"metadata": {"name": "c1"}, "spec": {"accessModes": ["ReadWriteOnce"],
-        "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "pv-1"}})).unwrap();
+    let pvc: PersistentVolumeClaim = serde_json::from_value(
+        json!({"metadata": {"name": "c1"}, "spec": {"accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "pv-1"}}),
+    )
+    .unwrap();
     pvcs.create(&PostParams::default(), &pvc).await.unwrap();
-    assert_eq!(pvcs.get("c1").await.unwrap().status.and_then(|s| s.phase).as_deref(), Some("Bound"));
-    assert_eq!(pvs.get("pv-1").await.unwrap().status.and_then(|s| s.phase).as_deref(), Some("Bound"));
+    assert_eq!(
+        pvcs.get("c1")
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.phase)
+            .as_deref(),
+        Some("Bound")
+    );
+    assert_eq!(
+        pvs.get("pv-1")
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.phase)
+            .as_deref(),
+        Some("Bound")
+    );
     pvcs.delete("c1", &Default::default()).await.unwrap();
-    assert_eq!(pvs.get("pv-1").await.unwrap().status.and_then(|s| s.phase).as_deref(), Some("Released"));
+    assert_eq!(
+        pvs.get("pv-1")
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.phase)
+            .as_deref(),
+        Some("Released")
+    );
     assert!(pvcs.get_opt("c1").await.unwrap().is_none());
 }

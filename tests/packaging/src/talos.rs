@@ -118,22 +118,30 @@ pub struct Security {
 
 const DEPENDENCY_KINDS: &[&str] = &["service", "path", "network", "time", "configuration"];
 const MOUNT_OPTIONS: &[&str] = &[
-    "bind", "rbind", "ro", "rw", "shared", "rshared", "slave", "rslave", "private", "rprivate", "nosuid", "nodev", "noexec",
+    "bind", "rbind", "ro", "rw", "shared", "rshared", "slave", "rslave", "private", "rprivate",
+    "nosuid", "nodev", "noexec",
 ];
-const PROPAGATIONS: &[&str] = &["shared", "rshared", "slave", "rslave", "private", "rprivate"];
+const PROPAGATIONS: &[&str] = &[
+    "shared", "rshared", "slave", "rslave", "private", "rprivate",
+];
 
 /// Every rule the tree at `root` breaks, as sentences; empty when it is a
 /// valid extension.
 pub fn problems(root: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let mut top: Vec<String> = match std::fs::read_dir(root) {
-        Ok(d) => d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect(),
+        Ok(d) => d
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect(),
         Err(e) => return vec![format!("{}: {e}", root.display())],
     };
     top.sort();
     for name in &top {
         if name != "manifest.yaml" && name != "rootfs" {
-            out.push(format!("unexpected file \"{name}\" at the top of the extension"));
+            out.push(format!(
+                "unexpected file \"{name}\" at the top of the extension"
+            ));
         }
     }
     match std::fs::read_to_string(root.join("manifest.yaml")) {
@@ -152,7 +160,11 @@ pub fn problems(root: &Path) -> Vec<String> {
             let p = e.path();
             if p.extension().is_some_and(|x| x == "yaml") {
                 let text = std::fs::read_to_string(&p).unwrap_or_default();
-                out.extend(service_problems(&rootfs, &text).into_iter().map(|m| format!("{}: {m}", p.display())));
+                out.extend(
+                    service_problems(&rootfs, &text)
+                        .into_iter()
+                        .map(|m| format!("{}: {m}", p.display())),
+                );
             }
         }
     }
@@ -168,11 +180,19 @@ pub fn manifest_problems(text: &str) -> Vec<String> {
     if m.version != "v1alpha1" {
         out.push(format!("unsupported manifest version {:?}", m.version));
     }
-    let semver = regex::Regex::new(r"^v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$").map(|r| r.is_match(&m.metadata.version));
+    let semver = regex::Regex::new(r"^v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+        .map(|r| r.is_match(&m.metadata.version));
     if semver != Ok(true) {
-        out.push(format!("metadata.version {:?} is not semver", m.metadata.version));
+        out.push(format!(
+            "metadata.version {:?} is not semver",
+            m.metadata.version
+        ));
     }
-    for (field, v) in [("name", &m.metadata.name), ("author", &m.metadata.author), ("description", &m.metadata.description)] {
+    for (field, v) in [
+        ("name", &m.metadata.name),
+        ("author", &m.metadata.author),
+        ("description", &m.metadata.description),
+    ] {
         if v.trim().is_empty() {
             out.push(format!("metadata.{field} is empty"));
         }
@@ -182,7 +202,10 @@ pub fn manifest_problems(text: &str) -> Vec<String> {
             let range = regex::Regex::new(r"^(>=|>|<=|<|=|~|\^)?\s*v?\d+\.\d+(\.\d+)?(,\s*(>=|>|<=|<)\s*v?\d+\.\d+(\.\d+)?)*$")
                 .map(|r| r.is_match(c.talos.version.trim()));
             if range != Ok(true) {
-                out.push(format!("compatibility.talos.version {:?} is not a version range", c.talos.version));
+                out.push(format!(
+                    "compatibility.talos.version {:?} is not a version range",
+                    c.talos.version
+                ));
             }
         }
         None => out.push("compatibility.talos.version is not set".into()),
@@ -197,7 +220,10 @@ pub fn service_problems(rootfs: &Path, text: &str) -> Vec<String> {
     };
     let mut out = Vec::new();
     if !regex::Regex::new(r"^[-_a-z0-9]{1,}$").is_ok_and(|r| r.is_match(&s.name)) {
-        out.push(format!("name {:?} does not match ^[-_a-z0-9]{{1,}}$", s.name));
+        out.push(format!(
+            "name {:?} does not match ^[-_a-z0-9]{{1,}}$",
+            s.name
+        ));
     }
     if !matches!(s.restart.as_str(), "always" | "never" | "untilSuccess") {
         out.push(format!("restart kind is invalid: {:?}", s.restart));
@@ -205,17 +231,27 @@ pub fn service_problems(rootfs: &Path, text: &str) -> Vec<String> {
     for (i, d) in s.depends.iter().enumerate() {
         let kinds: Vec<&String> = d.keys().collect();
         if kinds.len() != 1 || !DEPENDENCY_KINDS.contains(&kinds[0].as_str()) {
-            out.push(format!("depends[{i}] must set exactly one of {DEPENDENCY_KINDS:?}, has {kinds:?}"));
+            out.push(format!(
+                "depends[{i}] must set exactly one of {DEPENDENCY_KINDS:?}, has {kinds:?}"
+            ));
         }
     }
     if s.container.entrypoint.is_empty() {
         out.push("container.entrypoint is empty".into());
     } else {
         let svc = rootfs.join("usr/local/lib/containers").join(&s.name);
-        let entry = svc.join(s.container.entrypoint.trim_start_matches("./").trim_start_matches('/'));
+        let entry = svc.join(
+            s.container
+                .entrypoint
+                .trim_start_matches("./")
+                .trim_start_matches('/'),
+        );
         match std::fs::metadata(&entry) {
             Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {}
-            _ => out.push(format!("entrypoint {} is not an executable file of the service's rootfs", entry.display())),
+            _ => out.push(format!(
+                "entrypoint {} is not an executable file of the service's rootfs",
+                entry.display()
+            )),
         }
     }
     for e in &s.container.environment {
@@ -225,7 +261,10 @@ pub fn service_problems(rootfs: &Path, text: &str) -> Vec<String> {
     }
     for m in &s.container.mounts {
         if !m.source.starts_with('/') || !m.destination.starts_with('/') {
-            out.push(format!("mount {} → {}: paths must be absolute", m.source, m.destination));
+            out.push(format!(
+                "mount {} → {}: paths must be absolute",
+                m.source, m.destination
+            ));
         }
         if m.kind != "bind" {
             out.push(format!("mount {}: type {:?}, want bind", m.source, m.kind));
@@ -239,17 +278,28 @@ pub fn service_problems(rootfs: &Path, text: &str) -> Vec<String> {
     if let Some(p) = &s.container.security.rootfs_propagation
         && !PROPAGATIONS.contains(&p.as_str())
     {
-        out.push(format!("security.rootfsPropagation {p:?} is not one of {PROPAGATIONS:?}"));
+        out.push(format!(
+            "security.rootfsPropagation {p:?} is not one of {PROPAGATIONS:?}"
+        ));
     }
     out
 }
 
 fn walk(rootfs: &Path, dir: &Path, out: &mut Vec<String>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for e in entries.filter_map(|e| e.ok()) {
         let path = e.path();
-        let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
-        let inside = format!("/{}", path.strip_prefix(rootfs).map(|p| p.display().to_string()).unwrap_or_default());
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let inside = format!(
+            "/{}",
+            path.strip_prefix(rootfs)
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        );
         let ft = meta.file_type();
         if !ft.is_symlink() && meta.mode() & 0o002 != 0 {
             out.push(format!("{inside}: world-writeable files are not allowed"));

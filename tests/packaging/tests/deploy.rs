@@ -10,21 +10,44 @@ use packaging::repo_root;
 
 #[test]
 fn deployment_renders_validates_and_keeps_the_node_plugin_unprivileged() {
-    let venv = std::env::var_os("PROXMOX_CSI_TOOLS").map(PathBuf::from).unwrap_or_else(|| "/opt/proxmox-csi-tools".into());
+    let venv = std::env::var_os("PROXMOX_CSI_TOOLS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/opt/proxmox-csi-tools".into());
     let python = venv.join("bin/python");
     if !python.is_file() {
-        assert!(std::env::var_os("CI").is_none(), "{} is missing (scripts/pytools.sh) and CI is set", python.display());
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{} is missing (scripts/pytools.sh) and CI is set",
+            python.display()
+        );
         eprintln!("SKIPPED: run scripts/pytools.sh for the deployment checks");
         return;
     }
-    let out = Command::new(&python).arg(repo_root().join("deploy/check.py")).output().unwrap();
+    let out = Command::new(&python)
+        .arg(repo_root().join("deploy/check.py"))
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
     let last = text.lines().last().unwrap_or_default();
-    assert!(out.status.success() && last.ends_with(" passed, 0 failed"), "deploy/check.py: {last}");
-    let passed: u32 = last.split(' ').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(
+        out.status.success() && last.ends_with(" passed, 0 failed"),
+        "deploy/check.py: {last}"
+    );
+    let passed: u32 = last
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
     assert!(passed >= 60, "only {passed} checks ran");
-    for must in ["the chart and the base render the same objects", "node plugin pod: checkov finds no privilege", "checkov catches each of those in a privileged pod"] {
-        assert!(text.contains(&format!("ok    {must}")), "{must} did not pass");
+    for must in [
+        "the chart and the base render the same objects",
+        "node plugin pod: checkov finds no privilege",
+        "checkov catches each of those in a privileged pod",
+    ] {
+        assert!(
+            text.contains(&format!("ok    {must}")),
+            "{must} did not pass"
+        );
     }
 }

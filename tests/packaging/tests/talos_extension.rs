@@ -8,19 +8,41 @@ use std::process::Command;
 use packaging::{repo_root, talos};
 
 fn hostd_binary() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target"));
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
     let bin = target.join("debug/proxmox-csi-hostd");
-    assert!(bin.is_file(), "{} is missing: build the workspace first (cargo build --workspace)", bin.display());
+    assert!(
+        bin.is_file(),
+        "{} is missing: build the workspace first (cargo build --workspace)",
+        bin.display()
+    );
     bin
 }
 
 fn is_root() -> bool {
-    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout == b"0\n")
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout == b"0\n")
 }
 
 fn chroot(root: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new("chroot").arg(root).args(args).env_clear().env("PATH", "/usr/sbin:/usr/bin").output().unwrap();
-    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    let out = Command::new("chroot")
+        .arg(root)
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
 }
 
 #[test]
@@ -36,41 +58,89 @@ fn assembled_extension_is_valid_and_self_contained() {
     assert!(status.success(), "assemble.sh failed");
 
     let problems = talos::problems(&tree);
-    assert!(problems.is_empty(), "the extension breaks Talos's rules:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "the extension breaks Talos's rules:\n{}",
+        problems.join("\n")
+    );
 
     let spec_path = tree.join("rootfs/usr/local/etc/containers/proxmox-csi-hostd.yaml");
-    let spec: talos::Service = serde_norway::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
+    let spec: talos::Service =
+        serde_norway::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
     assert_eq!(spec.restart, "always");
-    let deps: Vec<String> = spec.depends.iter().flat_map(|d| d.values().filter_map(|v| v.as_str().map(String::from))).collect();
+    let deps: Vec<String> = spec
+        .depends
+        .iter()
+        .flat_map(|d| d.values().filter_map(|v| v.as_str().map(String::from)))
+        .collect();
     assert_eq!(deps, ["udevd", "kubelet"]);
-    assert_eq!(spec.container.security.rootfs_propagation.as_deref(), Some("shared"));
-    let mount = |dest: &str| spec.container.mounts.iter().find(|m| m.destination == dest).unwrap_or_else(|| panic!("no mount of {dest}"));
-    assert!(mount("/var/lib/kubelet").options.iter().any(|o| o == "rshared"), "kubelet mounts must propagate back");
+    assert_eq!(
+        spec.container.security.rootfs_propagation.as_deref(),
+        Some("shared")
+    );
+    let mount = |dest: &str| {
+        spec.container
+            .mounts
+            .iter()
+            .find(|m| m.destination == dest)
+            .unwrap_or_else(|| panic!("no mount of {dest}"))
+    };
+    assert!(
+        mount("/var/lib/kubelet")
+            .options
+            .iter()
+            .any(|o| o == "rshared"),
+        "kubelet mounts must propagate back"
+    );
     assert!(mount("/dev").options.iter().any(|o| o == "rshared"));
     assert!(mount("/run/udev").options.iter().any(|o| o == "ro"));
-    assert!(spec.container.args.iter().any(|a| a == "--socket=/run/proxmox-csi-hostd/hostd.sock"));
-    assert_eq!(mount("/run/proxmox-csi-hostd").source, "/run/proxmox-csi-hostd");
+    assert!(
+        spec.container
+            .args
+            .iter()
+            .any(|a| a == "--socket=/run/proxmox-csi-hostd/hostd.sock")
+    );
+    assert_eq!(
+        mount("/run/proxmox-csi-hostd").source,
+        "/run/proxmox-csi-hostd"
+    );
     let manifest = std::fs::read_to_string(tree.join("manifest.yaml")).unwrap();
-    assert!(manifest.contains(&format!("version: {}", env!("CARGO_PKG_VERSION"))), "{manifest}");
+    assert!(
+        manifest.contains(&format!("version: {}", env!("CARGO_PKG_VERSION"))),
+        "{manifest}"
+    );
 
     if !is_root() {
-        assert!(std::env::var_os("CI").is_none(), "the chroot checks need root, and CI is set");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the chroot checks need root, and CI is set"
+        );
         eprintln!("SKIPPED: the chroot checks need root");
         return;
     }
     let svc = tree.join("rootfs/usr/local/lib/containers/proxmox-csi-hostd");
     let (ok, text) = chroot(&svc, &["/usr/bin/proxmox-csi-hostd", "--version"]);
-    assert!(ok && text.contains(&format!("proxmox-csi-hostd {}", env!("CARGO_PKG_VERSION"))), "{text}");
+    assert!(
+        ok && text.contains(&format!("proxmox-csi-hostd {}", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
     let (ok, text) = chroot(&svc, &["/usr/sbin/mkfs.ext4", "-V"]);
     assert!(ok && text.contains("mke2fs"), "{text}");
     let (ok, text) = chroot(&svc, &["/usr/sbin/mkfs.xfs", "-V"]);
     assert!(ok && text.contains("mkfs.xfs version"), "{text}");
     // A real ext4 made inside: the bundled mke2fs.conf gives ext4's features.
     std::fs::create_dir_all(svc.join("tmp")).unwrap();
-    std::fs::File::create(svc.join("tmp/img")).unwrap().set_len(64 << 20).unwrap();
+    std::fs::File::create(svc.join("tmp/img"))
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
     let (ok, text) = chroot(&svc, &["/usr/sbin/mkfs.ext4", "-F", "-q", "/tmp/img"]);
     assert!(ok, "{text}");
-    let dump = Command::new("dumpe2fs").arg("-h").arg(svc.join("tmp/img")).output().unwrap();
+    let dump = Command::new("dumpe2fs")
+        .arg("-h")
+        .arg(svc.join("tmp/img"))
+        .output()
+        .unwrap();
     let dump = String::from_utf8_lossy(&dump.stdout);
     assert!(dump.contains("extent") && dump.contains("64bit"), "{dump}");
 }
@@ -83,7 +153,11 @@ fn the_checker_rejects_what_talos_rejects() {
     std::fs::create_dir_all(&svc).unwrap();
     std::fs::create_dir_all(root.join("rootfs/usr/local/etc/containers")).unwrap();
     std::fs::create_dir_all(root.join("rootfs/usr/bin")).unwrap();
-    std::fs::write(root.join("manifest.yaml"), "version: v1\nmetadata: {name: bad, version: latest, author: x, description: y}\n").unwrap();
+    std::fs::write(
+        root.join("manifest.yaml"),
+        "version: v1\nmetadata: {name: bad, version: latest, author: x, description: y}\n",
+    )
+    .unwrap();
     std::fs::write(root.join("usr"), "").unwrap();
     std::fs::write(root.join("rootfs/usr/bin/tool"), "").unwrap();
     let open = root.join("rootfs/usr/local/open");
@@ -114,7 +188,13 @@ fn the_checker_rejects_what_talos_rejects() {
     ] {
         assert!(found.contains(want), "missing {want:?} in:\n{found}");
     }
-    assert!(talos::service_problems(root, "name: x\nrestart: always\ncontainer: {entrypoint: ./x, nonsense: 1}\n")[0].contains("unknown field `nonsense`"));
+    assert!(
+        talos::service_problems(
+            root,
+            "name: x\nrestart: always\ncontainer: {entrypoint: ./x, nonsense: 1}\n"
+        )[0]
+        .contains("unknown field `nonsense`")
+    );
 }
 
 fn nix_mkfifo(p: &Path) {

@@ -6,14 +6,42 @@ use std::collections::BTreeMap;
 
 /// Sub-options that are booleans in the qemu-server drive schema.
 const BOOLEANS: &[&str] = &[
-    "backup", "detect_zeroes", "iothread", "replicate", "ro", "scsiblock", "shared", "snapshot", "ssd",
+    "backup",
+    "detect_zeroes",
+    "iothread",
+    "replicate",
+    "ro",
+    "scsiblock",
+    "shared",
+    "snapshot",
+    "ssd",
 ];
 
 /// Options that can change on a running disk without re-plugging it.
 pub const HOT_CHANGEABLE: &[&str] = &[
-    "backup", "replicate", "serial", "wwn", "size", "iops", "iops_rd", "iops_wr", "iops_max", "iops_rd_max",
-    "iops_wr_max", "iops_max_length", "iops_rd_max_length", "iops_wr_max_length", "mbps", "mbps_rd", "mbps_wr",
-    "mbps_max", "mbps_rd_max", "mbps_wr_max", "bps", "bps_rd", "bps_wr",
+    "backup",
+    "replicate",
+    "serial",
+    "wwn",
+    "size",
+    "iops",
+    "iops_rd",
+    "iops_wr",
+    "iops_max",
+    "iops_rd_max",
+    "iops_wr_max",
+    "iops_max_length",
+    "iops_rd_max_length",
+    "iops_wr_max_length",
+    "mbps",
+    "mbps_rd",
+    "mbps_wr",
+    "mbps_max",
+    "mbps_rd_max",
+    "mbps_wr_max",
+    "bps",
+    "bps_rd",
+    "bps_wr",
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,22 +103,40 @@ impl Drive {
                 continue;
             }
             let v = if BOOLEANS.contains(&k) {
-                bool_value(v).ok_or("unable to parse drive options")?.to_string()
+                bool_value(v)
+                    .ok_or("unable to parse drive options")?
+                    .to_string()
             } else {
                 v.to_string()
             };
             if opts.insert(k.to_string(), v).is_some() {
-                return Err(format!("duplicate key in comma-separated list property: {k}"));
+                return Err(format!(
+                    "duplicate key in comma-separated list property: {k}"
+                ));
             }
         }
-        let volume = volume.filter(|v| !v.is_empty()).ok_or("unable to parse drive options")?;
+        let volume = volume
+            .filter(|v| !v.is_empty())
+            .ok_or("unable to parse drive options")?;
         // Mutually exclusive throttles, as qemu-server rejects them.
-        for (a, b) in [("iops", "iops_rd"), ("iops", "iops_wr"), ("mbps", "mbps_rd"), ("mbps", "mbps_wr")] {
+        for (a, b) in [
+            ("iops", "iops_rd"),
+            ("iops", "iops_wr"),
+            ("mbps", "mbps_rd"),
+            ("mbps", "mbps_wr"),
+        ] {
             if opts.contains_key(a) && opts.contains_key(b) {
                 return Err("unable to parse drive options".into());
             }
         }
-        for m in ["iops_max", "iops_rd_max", "iops_wr_max", "mbps_max", "mbps_rd_max", "mbps_wr_max"] {
+        for m in [
+            "iops_max",
+            "iops_rd_max",
+            "iops_wr_max",
+            "mbps_max",
+            "mbps_rd_max",
+            "mbps_wr_max",
+        ] {
             if opts.contains_key(m) && !opts.contains_key(m.trim_end_matches("_max")) {
                 return Err("unable to parse drive options".into());
             }
@@ -116,11 +162,15 @@ impl Drive {
 
     /// `(storage, volname)` of a managed volume.
     pub fn volid(&self) -> Option<(&str, &str)> {
-        self.volume.split_once(':').filter(|(s, n)| !s.is_empty() && !n.is_empty())
+        self.volume
+            .split_once(':')
+            .filter(|(s, n)| !s.is_empty() && !n.is_empty())
     }
 
     pub fn is_cdrom(&self) -> bool {
-        self.opts.get("media").map(String::as_str) == Some("cdrom") || self.volume == "cdrom" || self.volume == "none"
+        self.opts.get("media").map(String::as_str) == Some("cdrom")
+            || self.volume == "cdrom"
+            || self.volume == "none"
     }
 
     /// Whether `other` differs only in options that can change live.
@@ -128,7 +178,8 @@ impl Drive {
         if self.volume != other.volume {
             return false;
         }
-        let keys: std::collections::BTreeSet<&String> = self.opts.keys().chain(other.opts.keys()).collect();
+        let keys: std::collections::BTreeSet<&String> =
+            self.opts.keys().chain(other.opts.keys()).collect();
         keys.into_iter()
             .filter(|k| self.opts.get(*k) != other.opts.get(*k))
             .all(|k| HOT_CHANGEABLE.contains(&k.as_str()))
@@ -176,7 +227,12 @@ mod tests {
             d2.canonical(),
             "local-lvm:vm-9999-pvc-x,backup=0,cache=writethrough,discard=on,iothread=1,size=10G,ssd=1,wwn=0x5056432d49443031"
         );
-        assert_eq!(Drive::parse("file=local:9999/x.raw,ro=yes").unwrap().canonical(), "local:9999/x.raw,ro=1");
+        assert_eq!(
+            Drive::parse("file=local:9999/x.raw,ro=yes")
+                .unwrap()
+                .canonical(),
+            "local:9999/x.raw,ro=1"
+        );
     }
 
     #[test]
@@ -198,6 +254,9 @@ mod tests {
         assert_eq!(parse_size("512MiB"), Some(512 << 20));
         assert!(is_drive_key("scsi30") && !is_drive_key("scsi31") && !is_drive_key("scsihw"));
         assert!(is_unused_key("unused0") && !is_unused_key("unused256"));
-        assert_eq!(Drive::parse("local-lvm:4").unwrap().allocation(), Some(("local-lvm".into(), 4.0)));
+        assert_eq!(
+            Drive::parse("local-lvm:4").unwrap().allocation(),
+            Some(("local-lvm".into(), 4.0))
+        );
     }
 }

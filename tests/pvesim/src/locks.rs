@@ -26,7 +26,12 @@ impl Locks {
         m.entry(name.to_string()).or_default().clone()
     }
 
-    async fn acquire(&self, name: &str, timeout: Duration, message: String) -> Result<Guard, String> {
+    async fn acquire(
+        &self,
+        name: &str,
+        timeout: Duration,
+        message: String,
+    ) -> Result<Guard, String> {
         let lock = self.lock_for(name);
         tokio::time::timeout(timeout, lock.write_owned())
             .await
@@ -41,7 +46,9 @@ impl Locks {
         tokio::time::timeout(timeout, lock.read_owned())
             .await
             .map(Guard::Shared)
-            .map_err(|_| format!("can't lock file '/var/lock/qemu-server/lock-{vmid}.conf' - got timeout"))
+            .map_err(|_| {
+                format!("can't lock file '/var/lock/qemu-server/lock-{vmid}.conf' - got timeout")
+            })
     }
 
     pub async fn vm(&self, vmid: u32, timeout: Duration) -> Result<Guard, String> {
@@ -53,13 +60,19 @@ impl Locks {
         .await
     }
 
-    pub async fn storage(&self, storage: &str, shared: bool, timeout: Duration) -> Result<Guard, String> {
+    pub async fn storage(
+        &self,
+        storage: &str,
+        shared: bool,
+        timeout: Duration,
+    ) -> Result<Guard, String> {
         let message = if shared {
             format!("cfs-lock 'storage-{storage}' error: got lock request timeout")
         } else {
             format!("can't lock file '/var/lock/pve-manager/pve-storage-{storage}' - got timeout")
         };
-        self.acquire(&format!("storage-{storage}"), timeout, message).await
+        self.acquire(&format!("storage-{storage}"), timeout, message)
+            .await
     }
 
     /// Holds a storage's allocation lock for `hold`.

@@ -33,24 +33,29 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
     let args = Args::parse();
     let state = match &args.state {
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             State::from_yaml(&text).with_context(|| format!("parsing {}", p.display()))?
         }
         None => State::default(),
     };
     let mut sim = Sim::new(state);
-    let schema_path = args.schema.clone().unwrap_or_else(pvesim::schema::default_path);
+    let schema_path = args
+        .schema
+        .clone()
+        .unwrap_or_else(pvesim::schema::default_path);
     match pvesim::Schema::load(&schema_path) {
         Ok(schema) => sim = sim.with_schema(schema),
         Err(e) if args.schema.is_some() => return Err(e),
-        Err(e) => tracing::warn!(error = %e, "requests are not validated against the Proxmox schema"),
+        Err(e) => {
+            tracing::warn!(error = %e, "requests are not validated against the Proxmox schema")
+        }
     }
     if let Some(dir) = &args.volume_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -80,7 +80,9 @@ impl Cluster {
     fn role_privs(&self, role: &str) -> Vec<String> {
         match role {
             "Administrator" => ALL_PRIVS.iter().map(|p| p.to_string()).collect(),
-            "PVEAuditor" => ["Datastore.Audit", "Sys.Audit", "VM.Audit"].map(String::from).to_vec(),
+            "PVEAuditor" => ["Datastore.Audit", "Sys.Audit", "VM.Audit"]
+                .map(String::from)
+                .to_vec(),
             "NoAccess" => Vec::new(),
             other => self.roles.get(other).cloned().unwrap_or_default(),
         }
@@ -114,7 +116,10 @@ impl Cluster {
             return true;
         }
         match caller.split_once('!') {
-            None => self.acl_privs(caller, false, path).iter().any(|p| p == privilege),
+            None => self
+                .acl_privs(caller, false, path)
+                .iter()
+                .any(|p| p == privilege),
             Some((user, token)) => {
                 let privsep = self
                     .users
@@ -122,17 +127,31 @@ impl Cluster {
                     .find(|u| u.userid == user)
                     .and_then(|u| u.tokens.iter().find(|t| t.name == token))
                     .is_none_or(|t| t.privsep);
-                let user_has = user == "root@pam" || self.acl_privs(user, false, path).iter().any(|p| p == privilege);
+                let user_has = user == "root@pam"
+                    || self
+                        .acl_privs(user, false, path)
+                        .iter()
+                        .any(|p| p == privilege);
                 if !privsep {
                     return user_has;
                 }
-                user_has && self.acl_privs(caller, true, path).iter().any(|p| p == privilege)
+                user_has
+                    && self
+                        .acl_privs(caller, true, path)
+                        .iter()
+                        .any(|p| p == privilege)
             }
         }
     }
 
     /// The schema's `["perm", path, [privs], ("any", 1)?]` check.
-    pub fn check(&self, caller: &str, path: &str, privs: &[&str], any: bool) -> Result<(), ApiError> {
+    pub fn check(
+        &self,
+        caller: &str,
+        path: &str,
+        privs: &[&str],
+        any: bool,
+    ) -> Result<(), ApiError> {
         let ok = if any {
             privs.iter().any(|p| self.has_priv(caller, path, p))
         } else {

@@ -19,9 +19,19 @@ use crate::server::Ctx;
 /// A disk change on a running VM.
 #[derive(Debug, Clone)]
 pub enum Action {
-    Add { key: String, drive: Drive },
-    Remove { key: String, drive: Drive },
-    Resize { key: String, drive: Drive, size: u64 },
+    Add {
+        key: String,
+        drive: Drive,
+    },
+    Remove {
+        key: String,
+        drive: Drive,
+    },
+    Resize {
+        key: String,
+        drive: Drive,
+        size: u64,
+    },
 }
 
 /// One QMP session.
@@ -75,7 +85,10 @@ impl Session {
                 return Ok(r.clone());
             }
             if let Some(e) = m.get("error") {
-                let desc = e.get("desc").and_then(Value::as_str).unwrap_or("unknown error");
+                let desc = e
+                    .get("desc")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unknown error");
                 return Err(desc.to_string());
             }
         }
@@ -91,11 +104,15 @@ impl Session {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while !seen(&self.events) {
             if tokio::time::Instant::now() > deadline {
-                return Err(format!("error on hot-unplugging device '{id}' - still busy in guest?"));
+                return Err(format!(
+                    "error on hot-unplugging device '{id}' - still busy in guest?"
+                ));
             }
             let m = tokio::time::timeout_at(deadline, self.read_message())
                 .await
-                .map_err(|_| format!("error on hot-unplugging device '{id}' - still busy in guest?"))??;
+                .map_err(|_| {
+                    format!("error on hot-unplugging device '{id}' - still busy in guest?")
+                })??;
             if m.get("event").is_some() {
                 self.events.push(m);
             }
@@ -106,7 +123,10 @@ impl Session {
 
 /// Where the file backing `volid` lives.
 pub fn backing_path(dir: &Path, volid: &str) -> PathBuf {
-    let name: String = volid.chars().map(|c| if c == '/' || c == ':' { '_' } else { c }).collect();
+    let name: String = volid
+        .chars()
+        .map(|c| if c == '/' || c == ':' { '_' } else { c })
+        .collect();
     dir.join(format!("{name}.img"))
 }
 
@@ -121,7 +141,8 @@ pub fn backing_file(dir: &Path, volid: &str, size: u64) -> Result<PathBuf, Strin
         .map_err(|e| format!("backing file {}: {e}", path.display()))?;
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     if len < size {
-        f.set_len(size).map_err(|e| format!("growing {}: {e}", path.display()))?;
+        f.set_len(size)
+            .map_err(|e| format!("growing {}: {e}", path.display()))?;
     }
     Ok(path)
 }
@@ -142,7 +163,11 @@ fn volume_size(ctx: &Ctx, vmid: u32, d: &Drive) -> u64 {
     let c = ctx.cluster();
     let node = c.vms.get(&vmid).map(|v| v.node.clone()).unwrap_or_default();
     d.volid()
-        .and_then(|(s, n)| c.place(s, &node).ok().and_then(|p| c.volume(&p, n).map(|v| v.size)))
+        .and_then(|(s, n)| {
+            c.place(s, &node)
+                .ok()
+                .and_then(|p| c.volume(&p, n).map(|v| v.size))
+        })
         .unwrap_or(0)
 }
 
@@ -194,7 +219,9 @@ pub async fn plug(ctx: &Arc<Ctx>, vmid: u32, action: &Action) -> Result<(), Stri
             if let Err(e) = s.execute("device_add", dev).await {
                 // Undo the block node, as qemu-server does on a failed add.
                 let _ = s.execute("blockdev-del", json!({"node-name": node})).await;
-                let _ = s.execute("object-del", json!({"id": format!("throttle-{node}")})).await;
+                let _ = s
+                    .execute("object-del", json!({"id": format!("throttle-{node}")}))
+                    .await;
                 return Err(e);
             }
             Ok(())
@@ -203,14 +230,19 @@ pub async fn plug(ctx: &Arc<Ctx>, vmid: u32, action: &Action) -> Result<(), Stri
             let node = format!("drive-{key}");
             s.execute("device_del", json!({"id": key})).await?;
             s.wait_deleted(key).await?;
-            s.execute("blockdev-del", json!({"node-name": node})).await?;
-            s.execute("object-del", json!({"id": format!("throttle-{node}")})).await?;
+            s.execute("blockdev-del", json!({"node-name": node}))
+                .await?;
+            s.execute("object-del", json!({"id": format!("throttle-{node}")}))
+                .await?;
             Ok(())
         }
         Action::Resize { key, drive, size } => {
             backing_file(&dir, &drive.volume, *size)?;
-            s.execute("block_resize", json!({"node-name": format!("drive-{key}"), "size": size}))
-                .await?;
+            s.execute(
+                "block_resize",
+                json!({"node-name": format!("drive-{key}"), "size": size}),
+            )
+            .await?;
             Ok(())
         }
     }
@@ -219,28 +251,48 @@ pub async fn plug(ctx: &Arc<Ctx>, vmid: u32, action: &Action) -> Result<(), Stri
 /// The loop-device host: a disk added to the VM becomes a loop device on
 /// this host, backed by `<loop_dir>/<wwn>.raw`; removed, it is detached.
 fn plug_loop(ctx: &Ctx, vmid: u32, loop_dir: &Path, action: &Action) -> Result<(), String> {
-    let dir = ctx.volume_dir.clone().ok_or("the loop host needs a volume_dir for backing files")?;
+    let dir = ctx
+        .volume_dir
+        .clone()
+        .ok_or("the loop host needs a volume_dir for backing files")?;
     let link = |drive: &Drive| -> Result<PathBuf, String> {
-        let w = drive.opts.get("wwn").ok_or("a disk for the loop host needs a wwn")?;
-        Ok(loop_dir.join(format!("{}.raw", w.trim_start_matches("0x").to_ascii_lowercase())))
+        let w = drive
+            .opts
+            .get("wwn")
+            .ok_or("a disk for the loop host needs a wwn")?;
+        Ok(loop_dir.join(format!(
+            "{}.raw",
+            w.trim_start_matches("0x").to_ascii_lowercase()
+        )))
     };
     let losetup = |args: &[&str]| -> Result<String, String> {
-        let out = std::process::Command::new("losetup").args(args).output().map_err(|e| format!("losetup: {e}"))?;
+        let out = std::process::Command::new("losetup")
+            .args(args)
+            .output()
+            .map_err(|e| format!("losetup: {e}"))?;
         if !out.status.success() {
-            return Err(format!("losetup {args:?}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+            return Err(format!(
+                "losetup {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
         }
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
     let devices = |file: &Path| -> Vec<String> {
         let listed = losetup(&["-j", &file.display().to_string()]).unwrap_or_default();
-        listed.lines().filter_map(|l| l.split(':').next()).map(str::to_string).collect()
+        listed
+            .lines()
+            .filter_map(|l| l.split(':').next())
+            .map(str::to_string)
+            .collect()
     };
     match action {
         Action::Add { drive, .. } => {
             let file = backing_file(&dir, &drive.volume, volume_size(ctx, vmid, drive))?;
             let link = link(drive)?;
             let _ = std::fs::remove_file(&link);
-            std::fs::hard_link(&file, &link).map_err(|e| format!("linking {}: {e}", link.display()))?;
+            std::fs::hard_link(&file, &link)
+                .map_err(|e| format!("linking {}: {e}", link.display()))?;
             losetup(&["--find", "--show", &link.display().to_string()]).map(|_| ())
         }
         Action::Remove { drive, .. } => {

@@ -24,8 +24,9 @@ pub fn default_path() -> PathBuf {
 
 impl Schema {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("reading the Proxmox API schema {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            anyhow::anyhow!("reading the Proxmox API schema {}: {e}", path.display())
+        })?;
         let v: Value = serde_json::from_str(&text)?;
         let mut endpoints = BTreeMap::new();
         if let Some(map) = v.get("endpoints").and_then(Value::as_object) {
@@ -61,7 +62,10 @@ impl Schema {
         let Some(info) = self.info(template, method) else {
             return Ok(());
         };
-        let Some(props) = info.pointer("/parameters/properties").and_then(Value::as_object) else {
+        let Some(props) = info
+            .pointer("/parameters/properties")
+            .and_then(Value::as_object)
+        else {
             return Ok(());
         };
         let additional = info
@@ -88,13 +92,19 @@ impl Schema {
         for (key, schema) in props {
             let optional = schema.get("optional").is_some_and(truthy);
             if !optional && !key.contains("[n]") && !params.contains_key(key) {
-                errors.insert(key.clone(), "property is missing and it is not optional".into());
+                errors.insert(
+                    key.clone(),
+                    "property is missing and it is not optional".into(),
+                );
             }
             if let Some(req) = schema.get("requires").and_then(Value::as_str)
                 && params.contains_key(key)
                 && !params.contains_key(req)
             {
-                errors.insert(req.to_string(), format!("missing property required by '{key}'"));
+                errors.insert(
+                    req.to_string(),
+                    format!("missing property required by '{key}'"),
+                );
             }
         }
         if errors.is_empty() {
@@ -140,7 +150,10 @@ fn lookup<'a>(props: &'a serde_json::Map<String, Value>, key: &str) -> Option<&'
     }
     let index: u32 = key[base.len()..].parse().ok()?;
     let schema = props.get(&format!("{base}[n]"))?;
-    let desc = schema.get("description").and_then(Value::as_str).unwrap_or_default();
+    let desc = schema
+        .get("description")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let range = Regex::new(r"n is (\d+) to (\d+)").ok()?;
     if let Some(c) = range.captures(desc) {
         let lo: u32 = c[1].parse().ok()?;
@@ -158,7 +171,10 @@ fn perl_regex(pattern: &str) -> Option<Regex> {
     if let Some(inner) = p.strip_prefix("(?^:").and_then(|s| s.strip_suffix(')')) {
         p = inner.to_string();
     }
-    let p = Regex::new(r"\{,(\d+)\}").ok()?.replace_all(&p, "{0,$1}").into_owned();
+    let p = Regex::new(r"\{,(\d+)\}")
+        .ok()?
+        .replace_all(&p, "{0,$1}")
+        .into_owned();
     Regex::new(&format!("^(?:{p})$")).ok()
 }
 
@@ -168,7 +184,10 @@ pub fn check_value(key: &str, schema: &Value, value: &str) -> Result<(), String>
 
 /// `in_property_string`: booleans there may also be on/off/yes/no/true/false.
 fn check(key: &str, schema: &Value, value: &str, in_property_string: bool) -> Result<(), String> {
-    let ty = schema.get("type").and_then(Value::as_str).unwrap_or("string");
+    let ty = schema
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("string");
     match ty {
         "boolean" => {
             let lenient = ["on", "off", "yes", "no", "true", "false"];
@@ -177,7 +196,9 @@ fn check(key: &str, schema: &Value, value: &str, in_property_string: bool) -> Re
             }
         }
         "integer" => {
-            let ok = Regex::new(r"^[+-]?\d+$").map(|r| r.is_match(value)).unwrap_or(false);
+            let ok = Regex::new(r"^[+-]?\d+$")
+                .map(|r| r.is_match(value))
+                .unwrap_or(false);
             if !ok {
                 return Err(format!("type check ('integer') failed - got '{value}'"));
             }
@@ -251,18 +272,21 @@ fn check_property_string(
                 None => return Err("invalid format - value without key, but schema does not define a default key\n".to_string()),
             },
         };
-        let mut sub = format
-            .get(&k)
-            .ok_or_else(|| format!("invalid format - invalid key in comma-separated list property: {k}\n"))?;
+        let mut sub = format.get(&k).ok_or_else(|| {
+            format!("invalid format - invalid key in comma-separated list property: {k}\n")
+        })?;
         let mut name = k.clone();
         if let Some(alias) = sub.get("alias").and_then(Value::as_str) {
             name = alias.to_string();
             sub = format.get(alias).unwrap_or(sub);
         }
         if !seen.insert(name.clone()) {
-            return Err(format!("invalid format - duplicate key in comma-separated list property: {name}\n"));
+            return Err(format!(
+                "invalid format - duplicate key in comma-separated list property: {name}\n"
+            ));
         }
-        check(&name, sub, v, true).map_err(|e| format!("invalid format - format error\n{key}.{name}: {e}\n"))?;
+        check(&name, sub, v, true)
+            .map_err(|e| format!("invalid format - format error\n{key}.{name}: {e}\n"))?;
     }
     Ok(())
 }
@@ -289,7 +313,10 @@ fn check_shape(at: &str, schema: &Value, value: &Value) -> Result<(), String> {
         _ => true,
     };
     if !ok {
-        return Err(format!("{at}: {value} is not of type {}", ty.unwrap_or("?")));
+        return Err(format!(
+            "{at}: {value} is not of type {}",
+            ty.unwrap_or("?")
+        ));
     }
     if let (Some(props), Some(obj)) = (
         schema.get("properties").and_then(Value::as_object),

@@ -68,7 +68,11 @@ pub struct Running {
 impl Running {
     /// `https://127.0.0.1:PORT/api2/json` (or `http://…`).
     pub fn api_url(&self) -> String {
-        let scheme = if self.ca_pem.is_some() { "https" } else { "http" };
+        let scheme = if self.ca_pem.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         format!("{scheme}://{}/api2/json", self.addr)
     }
 }
@@ -121,7 +125,11 @@ impl Sim {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let certs = if self.tls {
-            Some(crate::tls::generate(&["localhost", "127.0.0.1", &addr.ip().to_string()])?)
+            Some(crate::tls::generate(&[
+                "localhost",
+                "127.0.0.1",
+                &addr.ip().to_string(),
+            ])?)
         } else {
             None
         };
@@ -209,7 +217,10 @@ async fn accept_loop(
     }
 }
 
-async fn handle(ctx: Arc<Ctx>, req: Request<hyper::body::Incoming>) -> Result<Response<Body>, Dropped> {
+async fn handle(
+    ctx: Arc<Ctx>,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, Dropped> {
     let (parts, body) = req.into_parts();
     let body = match body.collect().await {
         Ok(b) => b.to_bytes(),
@@ -221,7 +232,11 @@ async fn handle(ctx: Arc<Ctx>, req: Request<hyper::body::Incoming>) -> Result<Re
             let mut c = ctx.cluster();
             let drop = crate::knobs::take(&mut c.knobs.drop_connections);
             let rate = c.knobs.error_5xx_rate;
-            (c.knobs.api_latency_ms, drop, rate > 0.0 && rand::random::<f64>() < rate)
+            (
+                c.knobs.api_latency_ms,
+                drop,
+                rate > 0.0 && rand::random::<f64>() < rate,
+            )
         };
         if latency > 0 {
             tokio::time::sleep(Duration::from_millis(latency)).await;
@@ -248,4 +263,3 @@ async fn handle(ctx: Arc<Ctx>, req: Request<hyper::body::Incoming>) -> Result<Re
         }
     })
 }
-

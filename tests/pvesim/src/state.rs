@@ -157,7 +157,11 @@ impl StorageSpec {
     }
 
     pub fn enabled_on(&self, node: &str) -> bool {
-        !self.disable && self.nodes.as_ref().is_none_or(|n| n.iter().any(|x| x == node))
+        !self.disable
+            && self
+                .nodes
+                .as_ref()
+                .is_none_or(|n| n.iter().any(|x| x == node))
     }
 }
 
@@ -429,7 +433,14 @@ impl Cluster {
             .storages
             .get(storage)
             .ok_or_else(|| anyhow::anyhow!("storage '{storage}' does not exist"))?;
-        Ok((storage.to_string(), if st.is_shared() { String::new() } else { node.to_string() }))
+        Ok((
+            storage.to_string(),
+            if st.is_shared() {
+                String::new()
+            } else {
+                node.to_string()
+            },
+        ))
     }
 
     pub fn used(&self, place: &Place) -> u64 {
@@ -476,8 +487,17 @@ mod tests {
         assert_eq!(StorageType::Zfspool.round((1 << 20) + 1), 2 << 20);
         assert_eq!(StorageType::Dir.round(12345), 12345);
         assert_eq!(StorageType::Rbd.round((1 << 20) + 1), 2 << 20);
-        assert_eq!(StorageType::Rbd.resize_rounding((1 << 30) + 1024, true), (1 << 30) + 1024);
-        assert_eq!(StorageType::Rbd.resize_rounding((1 << 30) + 1024, false), (1 << 30) + (1 << 20));
-        assert_eq!(StorageType::Lvm.resize_rounding((1 << 30) + 1024, true), (1 << 30) + (4 << 20));
+        assert_eq!(
+            StorageType::Rbd.resize_rounding((1 << 30) + 1024, true),
+            (1 << 30) + 1024
+        );
+        assert_eq!(
+            StorageType::Rbd.resize_rounding((1 << 30) + 1024, false),
+            (1 << 30) + (1 << 20)
+        );
+        assert_eq!(
+            StorageType::Lvm.resize_rounding((1 << 30) + 1024, true),
+            (1 << 30) + (4 << 20)
+        );
     }
 }

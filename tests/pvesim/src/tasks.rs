@@ -24,7 +24,8 @@ impl Task {
         let pid = NEXT_PID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let starttime = crate::state::now();
         let pstart = 0x01B2_C3D4 + u64::from(pid);
-        let upid = format!("UPID:{node}:{pid:08X}:{pstart:08X}:{starttime:08X}:{kind}:{id}:{user}:");
+        let upid =
+            format!("UPID:{node}:{pid:08X}:{pstart:08X}:{starttime:08X}:{kind}:{id}:{user}:");
         Self {
             upid,
             node: node.into(),
@@ -99,15 +100,24 @@ mod tests {
         assert_eq!(parse_upid(&t.upid).as_deref(), Some("pve1"), "{}", t.upid);
         assert!(t.upid.ends_with(":qmconfig:100:kubernetes-csi@pve!csi:"));
         let e = Task::new("pve1", "imgdel", "", "root@pam");
-        assert!(parse_upid(&e.upid).is_some(), "empty id allowed: {}", e.upid);
+        assert!(
+            parse_upid(&e.upid).is_some(),
+            "empty id allowed: {}",
+            e.upid
+        );
         assert_eq!(parse_upid("UPID:bad"), None);
     }
 
     #[test]
     fn errors_are_one_line_in_the_log() {
         let mut t = Task::new("pve1", "qmconfig", "100", "root@pam");
-        t.finish(Err("400 Parameter verification failed.\nscsi1: hotplug problem - x\n".into()));
-        assert_eq!(t.exitstatus.as_deref(), Some("400 Parameter verification failed. scsi1: hotplug problem - x"));
+        t.finish(Err(
+            "400 Parameter verification failed.\nscsi1: hotplug problem - x\n".into(),
+        ));
+        assert_eq!(
+            t.exitstatus.as_deref(),
+            Some("400 Parameter verification failed. scsi1: hotplug problem - x")
+        );
         assert_eq!(t.status_json()["status"], "stopped");
     }
 }

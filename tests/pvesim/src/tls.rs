@@ -27,9 +27,7 @@ pub fn generate(hostnames: &[&str]) -> anyhow::Result<Certs> {
     let key = KeyPair::generate()?;
     let names: Vec<String> = hostnames.iter().map(|h| h.to_string()).collect();
     let mut params = CertificateParams::new(names)?;
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "pvesim");
+    params.distinguished_name.push(DnType::CommonName, "pvesim");
     let cert = params.signed_by(&key, &issuer)?;
 
     let provider = Arc::new(rustls::crypto::ring::default_provider());

@@ -25,20 +25,40 @@ impl Drop for Qemu {
 fn qemu(socket: &Path, with_scsi: bool) -> Option<Qemu> {
     let bin = "qemu-system-x86_64";
     if Command::new(bin).arg("--version").output().is_err() {
-        assert!(std::env::var_os("CI").is_none(), "{bin} is missing and CI is set (scripts/deps.sh test installs it)");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{bin} is missing and CI is set (scripts/deps.sh test installs it)"
+        );
         eprintln!("SKIPPED: {bin} not installed");
         return None;
     }
     let mut cmd = Command::new(bin);
-    cmd.args(["-machine", "q35", "-accel", "tcg", "-S", "-nodefaults", "-display", "none"]);
+    cmd.args([
+        "-machine",
+        "q35",
+        "-accel",
+        "tcg",
+        "-S",
+        "-nodefaults",
+        "-display",
+        "none",
+    ]);
     if with_scsi {
         cmd.args(["-device", "virtio-scsi-pci,id=scsihw0"]);
     }
-    cmd.arg("-qmp").arg(format!("unix:{},server=on,wait=off", socket.display()));
-    let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().ok()?;
+    cmd.arg("-qmp")
+        .arg(format!("unix:{},server=on,wait=off", socket.display()));
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
     let deadline = Instant::now() + Duration::from_secs(20);
     while !socket.exists() {
-        assert!(Instant::now() < deadline, "QEMU did not open its QMP socket");
+        assert!(
+            Instant::now() < deadline,
+            "QEMU did not open its QMP socket"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     Some(Qemu(child))
@@ -46,13 +66,17 @@ fn qemu(socket: &Path, with_scsi: bool) -> Option<Qemu> {
 
 /// Our own QMP client, to look at QEMU from the outside.
 async fn qmp(socket: &Path, command: &str, args: Value) -> Result<Value, String> {
-    let s = tokio::net::UnixStream::connect(socket).await.map_err(|e| e.to_string())?;
+    let s = tokio::net::UnixStream::connect(socket)
+        .await
+        .map_err(|e| e.to_string())?;
     let (r, mut w) = s.into_split();
     let mut r = BufReader::new(r);
     let mut line = String::new();
     r.read_line(&mut line).await.map_err(|e| e.to_string())?;
     for (cmd, a) in [("qmp_capabilities", json!({})), (command, args)] {
-        w.write_all(format!("{}\n", json!({"execute": cmd, "arguments": a})).as_bytes()).await.map_err(|e| e.to_string())?;
+        w.write_all(format!("{}\n", json!({"execute": cmd, "arguments": a})).as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
         loop {
             line.clear();
             r.read_line(&mut line).await.map_err(|e| e.to_string())?;
@@ -109,55 +133,138 @@ async fn disks_are_hot_plugged_into_qemu_as_proxmox_does() {
         .unwrap();
     let c = Client::new(&sim, TOKEN);
     for name in ["vm-9999-pvc-a", "vm-9999-pvc-b"] {
-        c.call("POST", "/nodes/pve2/storage/local-lvm/content", &[("filename", name), ("vmid", "9999"), ("size", "1G")]).await.ok();
+        c.call(
+            "POST",
+            "/nodes/pve2/storage/local-lvm/content",
+            &[("filename", name), ("vmid", "9999"), ("size", "1G")],
+        )
+        .await
+        .ok();
     }
     let post = |params: Vec<(&'static str, String)>, vmid: u32| {
         let c = c.clone();
         async move {
             let p: Vec<(&str, &str)> = params.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            let upid = c.call("POST", &format!("/nodes/pve2/qemu/{vmid}/config"), &p).await.ok();
+            let upid = c
+                .call("POST", &format!("/nodes/pve2/qemu/{vmid}/config"), &p)
+                .await
+                .ok();
             c.wait_task(upid.as_str().unwrap()).await
         }
     };
 
-    let st = post(vec![("scsi1", "local-lvm:vm-9999-pvc-a,wwn=0x5000c500deadbeef,serial=pvc-a".into())], 112).await;
+    let st = post(
+        vec![(
+            "scsi1",
+            "local-lvm:vm-9999-pvc-a,wwn=0x5000c500deadbeef,serial=pvc-a".into(),
+        )],
+        112,
+    )
+    .await;
     assert_eq!(st["exitstatus"], "OK", "{st}");
-    let st = post(vec![("scsi2", "local-lvm:vm-9999-pvc-b,wwn=0x5000c500deadbeee,serial=pvc-b".into())], 112).await;
+    let st = post(
+        vec![(
+            "scsi2",
+            "local-lvm:vm-9999-pvc-b,wwn=0x5000c500deadbeee,serial=pvc-b".into(),
+        )],
+        112,
+    )
+    .await;
     assert_eq!(st["exitstatus"], "OK", "{st}");
     // QEMU has the devices with the WWN and serial, backed by sparse files.
-    let w = qmp(&good, "qom-get", json!({"path": "/machine/peripheral/scsi1", "property": "wwn"})).await.unwrap();
+    let w = qmp(
+        &good,
+        "qom-get",
+        json!({"path": "/machine/peripheral/scsi1", "property": "wwn"}),
+    )
+    .await
+    .unwrap();
     assert_eq!(w, json!(0x5000c500deadbeefu64));
-    let s = qmp(&good, "qom-get", json!({"path": "/machine/peripheral/scsi2", "property": "serial"})).await.unwrap();
+    let s = qmp(
+        &good,
+        "qom-get",
+        json!({"path": "/machine/peripheral/scsi2", "property": "serial"}),
+    )
+    .await
+    .unwrap();
     assert_eq!(s, json!("pvc-b"));
-    let lun = qmp(&good, "qom-get", json!({"path": "/machine/peripheral/scsi2", "property": "lun"})).await.unwrap();
+    let lun = qmp(
+        &good,
+        "qom-get",
+        json!({"path": "/machine/peripheral/scsi2", "property": "lun"}),
+    )
+    .await
+    .unwrap();
     assert_eq!(lun, json!(2));
-    let nodes = qmp(&good, "query-named-block-nodes", json!({})).await.unwrap();
+    let nodes = qmp(&good, "query-named-block-nodes", json!({}))
+        .await
+        .unwrap();
     assert_eq!(node_size(&nodes, "drive-scsi1"), Some(1 << 30));
     let file = images.join("local-lvm_vm-9999-pvc-a.img");
     assert_eq!(std::fs::metadata(&file).unwrap().len(), 1 << 30);
 
     // Resize: the file grows, then block_resize on the throttle node.
-    let upid = c.call("PUT", "/nodes/pve2/qemu/112/resize", &[("disk", "scsi1"), ("size", "2G")]).await.ok();
-    assert_eq!(c.wait_task(upid.as_str().unwrap()).await["exitstatus"], "OK");
-    let nodes = qmp(&good, "query-named-block-nodes", json!({})).await.unwrap();
+    let upid = c
+        .call(
+            "PUT",
+            "/nodes/pve2/qemu/112/resize",
+            &[("disk", "scsi1"), ("size", "2G")],
+        )
+        .await
+        .ok();
+    assert_eq!(
+        c.wait_task(upid.as_str().unwrap()).await["exitstatus"],
+        "OK"
+    );
+    let nodes = qmp(&good, "query-named-block-nodes", json!({}))
+        .await
+        .unwrap();
     assert_eq!(node_size(&nodes, "drive-scsi1"), Some(2 << 30));
 
     // Detach: device, block node and throttle group are gone.
     let st = post(vec![("delete", "scsi1".into())], 112).await;
     assert_eq!(st["exitstatus"], "OK", "{st}");
-    assert!(qmp(&good, "qom-get", json!({"path": "/machine/peripheral/scsi1", "property": "wwn"})).await.is_err());
-    let nodes = qmp(&good, "query-named-block-nodes", json!({})).await.unwrap();
+    assert!(
+        qmp(
+            &good,
+            "qom-get",
+            json!({"path": "/machine/peripheral/scsi1", "property": "wwn"})
+        )
+        .await
+        .is_err()
+    );
+    let nodes = qmp(&good, "query-named-block-nodes", json!({}))
+        .await
+        .unwrap();
     assert_eq!(node_size(&nodes, "drive-scsi1"), None);
     assert!(node_size(&nodes, "drive-scsi2").is_some());
     assert!(c.config("pve2", 112, true).await.get("scsi1").is_none());
 
     // A QMP failure: the change stays pending and QEMU keeps no half-added node.
-    let st = post(vec![("scsi1", "local-lvm:vm-9999-pvc-a,wwn=0x5000c500deadbeef".into())], 113).await;
+    let st = post(
+        vec![(
+            "scsi1",
+            "local-lvm:vm-9999-pvc-a,wwn=0x5000c500deadbeef".into(),
+        )],
+        113,
+    )
+    .await;
     let exit = st["exitstatus"].as_str().unwrap();
-    assert!(exit.starts_with("400 Parameter verification failed. scsi1: hotplug problem - "), "{exit}");
+    assert!(
+        exit.starts_with("400 Parameter verification failed. scsi1: hotplug problem - "),
+        "{exit}"
+    );
     assert!(exit.contains("scsihw0.0"), "{exit}");
     let cfg = c.get("/nodes/pve2/qemu/113/pending", &[]).await.ok();
-    assert!(cfg.as_array().unwrap().iter().any(|p| p["key"] == "scsi1" && p.get("pending").is_some()), "{cfg}");
-    let nodes = qmp(&bad, "query-named-block-nodes", json!({})).await.unwrap();
+    assert!(
+        cfg.as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["key"] == "scsi1" && p.get("pending").is_some()),
+        "{cfg}"
+    );
+    let nodes = qmp(&bad, "query-named-block-nodes", json!({}))
+        .await
+        .unwrap();
     assert_eq!(node_size(&nodes, "drive-scsi1"), None, "{nodes}");
 }

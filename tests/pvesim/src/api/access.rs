@@ -2,12 +2,15 @@
 
 use serde_json::{Value, json};
 
-use std::collections::BTreeMap;
 use crate::reply::ApiError;
 use crate::server::Ctx;
+use std::collections::BTreeMap;
 
 pub fn ticket(ctx: &Ctx, params: &BTreeMap<String, String>) -> Result<Value, ApiError> {
-    let (Some(user), Some(password)) = (params.get("username").map(String::as_str), params.get("password").map(String::as_str)) else {
+    let (Some(user), Some(password)) = (
+        params.get("username").map(String::as_str),
+        params.get("password").map(String::as_str),
+    ) else {
         return Err(ApiError::param(
             "username",
             "property is missing and it is not optional",

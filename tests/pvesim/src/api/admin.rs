@@ -43,7 +43,10 @@ pub async fn dispatch(
         }
     }
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let vmid = |s: &str| s.parse::<u32>().map_err(|_| ApiError::new(400, format!("{s:?} is not a VM id")));
+    let vmid = |s: &str| {
+        s.parse::<u32>()
+            .map_err(|_| ApiError::new(400, format!("{s:?} is not a VM id")))
+    };
     match (method, segs.as_slice()) {
         (&Method::GET, ["counters"]) => Ok(json!(ctx.cluster().counters)),
         (&Method::DELETE, ["counters"]) => {
@@ -52,9 +55,11 @@ pub async fn dispatch(
         }
         (&Method::GET, ["knobs"]) => Ok(json!(ctx.cluster().knobs)),
         (&Method::POST, ["knobs"]) => {
-            let patch: Value = serde_json::from_slice(body).map_err(|e| ApiError::new(400, format!("knobs: {e}")))?;
+            let patch: Value = serde_json::from_slice(body)
+                .map_err(|e| ApiError::new(400, format!("knobs: {e}")))?;
             let mut c = ctx.cluster();
-            let mut current = serde_json::to_value(&c.knobs).map_err(|e| ApiError::die(e.to_string()))?;
+            let mut current =
+                serde_json::to_value(&c.knobs).map_err(|e| ApiError::die(e.to_string()))?;
             if let (Some(cur), Some(p)) = (current.as_object_mut(), patch.as_object()) {
                 for (k, v) in p {
                     if !cur.contains_key(k) {
@@ -63,19 +68,26 @@ pub async fn dispatch(
                     cur.insert(k.clone(), v.clone());
                 }
             }
-            c.knobs = serde_json::from_value(current).map_err(|e| ApiError::new(400, format!("knobs: {e}")))?;
+            c.knobs = serde_json::from_value(current)
+                .map_err(|e| ApiError::new(400, format!("knobs: {e}")))?;
             Ok(json!(c.knobs))
         }
         (&Method::POST, ["vms", id, "hold-lock"]) => {
             let id = vmid(id)?;
-            let secs: f64 = q.get("seconds").and_then(|s| s.parse().ok()).unwrap_or(12.0);
+            let secs: f64 = q
+                .get("seconds")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(12.0);
             ctx.locks.hold_vm(id, Duration::from_secs_f64(secs));
             // Let the holder take the lock before answering.
             tokio::time::sleep(Duration::from_millis(10)).await;
             Ok(Value::Null)
         }
         (&Method::POST, ["storages", id, "hold-lock"]) => {
-            let secs: f64 = q.get("seconds").and_then(|s| s.parse().ok()).unwrap_or(12.0);
+            let secs: f64 = q
+                .get("seconds")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(12.0);
             ctx.locks.hold_storage(id, Duration::from_secs_f64(secs));
             tokio::time::sleep(Duration::from_millis(10)).await;
             Ok(Value::Null)
@@ -84,21 +96,30 @@ pub async fn dispatch(
             let id = vmid(id)?;
             let value = q.get("value").cloned().unwrap_or_else(|| "backup".into());
             let mut c = ctx.cluster();
-            let vm = c.vms.get_mut(&id).ok_or_else(|| ApiError::new(404, "no such VM"))?;
+            let vm = c
+                .vms
+                .get_mut(&id)
+                .ok_or_else(|| ApiError::new(404, "no such VM"))?;
             vm.config.insert("lock".into(), value);
             Ok(Value::Null)
         }
         (&Method::DELETE, ["vms", id, "lock"]) => {
             let id = vmid(id)?;
             let mut c = ctx.cluster();
-            let vm = c.vms.get_mut(&id).ok_or_else(|| ApiError::new(404, "no such VM"))?;
+            let vm = c
+                .vms
+                .get_mut(&id)
+                .ok_or_else(|| ApiError::new(404, "no such VM"))?;
             vm.config.remove("lock");
             Ok(Value::Null)
         }
         // A node goes down or comes back: calls proxied to it answer 595.
         (&Method::PUT, ["nodes", name, "online"]) => {
             let mut c = ctx.cluster();
-            let node = c.nodes.get_mut(*name).ok_or_else(|| ApiError::new(404, "no such node"))?;
+            let node = c
+                .nodes
+                .get_mut(*name)
+                .ok_or_else(|| ApiError::new(404, "no such node"))?;
             node.online = q.get("value").map(String::as_str) != Some("0");
             Ok(Value::Null)
         }
@@ -106,19 +127,28 @@ pub async fn dispatch(
         // moves with it: nodes/<new>/qemu-server/<id>.conf).
         (&Method::POST, ["vms", id, "relocate"]) => {
             let id = vmid(id)?;
-            let target = q.get("node").cloned().ok_or_else(|| ApiError::new(400, "node is required"))?;
+            let target = q
+                .get("node")
+                .cloned()
+                .ok_or_else(|| ApiError::new(400, "node is required"))?;
             let mut c = ctx.cluster();
             if !c.nodes.contains_key(&target) {
                 return Err(ApiError::new(400, format!("no node {target}")));
             }
-            let vm = c.vms.get_mut(&id).ok_or_else(|| ApiError::new(404, "no such VM"))?;
+            let vm = c
+                .vms
+                .get_mut(&id)
+                .ok_or_else(|| ApiError::new(404, "no such VM"))?;
             vm.node = target;
             Ok(Value::Null)
         }
         (&Method::PUT, ["vms", id, "running"]) => {
             let id = vmid(id)?;
             let mut c = ctx.cluster();
-            let vm = c.vms.get_mut(&id).ok_or_else(|| ApiError::new(404, "no such VM"))?;
+            let vm = c
+                .vms
+                .get_mut(&id)
+                .ok_or_else(|| ApiError::new(404, "no such VM"))?;
             vm.running = q.get("value").map(String::as_str) != Some("0");
             Ok(Value::Null)
         }
@@ -134,7 +164,10 @@ pub async fn dispatch(
         (&Method::GET, ["vms", id]) => {
             let id = vmid(id)?;
             let c = ctx.cluster();
-            let vm = c.vms.get(&id).ok_or_else(|| ApiError::new(404, "no such VM"))?;
+            let vm = c
+                .vms
+                .get(&id)
+                .ok_or_else(|| ApiError::new(404, "no such VM"))?;
             Ok(json!({
                 "node": vm.node, "running": vm.running, "config": vm.config,
                 "pending": vm.pending, "pending_delete": vm.pending_delete, "digest": vm.digest(),
@@ -153,6 +186,8 @@ pub async fn dispatch(
             }
             Ok(Value::Array(out))
         }
-        _ => Err(ApiError::not_implemented(format!("pvesim admin: no {method} /pvesim/{path}"))),
+        _ => Err(ApiError::not_implemented(format!(
+            "pvesim admin: no {method} /pvesim/{path}"
+        ))),
     }
 }

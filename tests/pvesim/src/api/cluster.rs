@@ -91,7 +91,9 @@ pub async fn resources(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
                 continue;
             }
             for node in c.nodes.keys().filter(|n| st.enabled_on(n)) {
-                let place = c.place(id, node).map_err(|e| ApiError::die(e.to_string()))?;
+                let place = c
+                    .place(id, node)
+                    .map_err(|e| ApiError::die(e.to_string()))?;
                 out.push(json!({
                     "id": format!("storage/{node}/{id}"), "type": "storage", "storage": id, "node": node,
                     "plugintype": st.kind.name(), "status": "available", "shared": i32::from(st.is_shared()),
@@ -114,7 +116,9 @@ pub async fn resources(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
 pub async fn nextid(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let c = ctx.cluster();
     if let Some(v) = call.get("vmid") {
-        let id: u32 = v.parse().map_err(|_| ApiError::param("vmid", format!("type check ('integer') failed - got '{v}'")))?;
+        let id: u32 = v.parse().map_err(|_| {
+            ApiError::param("vmid", format!("type check ('integer') failed - got '{v}'"))
+        })?;
         if c.vms.contains_key(&id) {
             return Err(ApiError::param("vmid", format!("VM {id} already exists")));
         }
@@ -126,7 +130,11 @@ pub async fn nextid(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let (lower, upper) = c.next_id.map_or((100, 1_000_000), |n| (n.lower, n.upper));
     let free = (lower..upper)
         .find(|id| !c.vms.contains_key(id))
-        .ok_or_else(|| ApiError::die(format!("unable to get any free VMID in range [{lower}, {upper}]")))?;
+        .ok_or_else(|| {
+            ApiError::die(format!(
+                "unable to get any free VMID in range [{lower}, {upper}]"
+            ))
+        })?;
     Ok(json!(free.to_string()))
 }
 
@@ -151,7 +159,10 @@ pub async fn node_status(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
 pub async fn permissions(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let c = ctx.cluster();
     let who = call.get("userid").unwrap_or(&call.caller).to_string();
-    if who != call.caller && !who.starts_with(&format!("{}!", call.caller)) && !c.has_priv(&call.caller, "/access", "Sys.Audit") {
+    if who != call.caller
+        && !who.starts_with(&format!("{}!", call.caller))
+        && !c.has_priv(&call.caller, "/access", "Sys.Audit")
+    {
         return Err(ApiError::forbidden("/access", "Sys.Audit"));
     }
     let mut paths: Vec<String> = vec!["/".into()];

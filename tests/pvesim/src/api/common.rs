@@ -55,7 +55,9 @@ pub fn storage<'a>(c: &'a Cluster, node: &str, id: &str) -> Result<&'a StorageSp
         return Err(ApiError::die(format!("storage '{id}' is disabled")));
     }
     if !st.enabled_on(node) {
-        return Err(ApiError::die(format!("storage '{id}' is not available on node '{node}'")));
+        return Err(ApiError::die(format!(
+            "storage '{id}' is not available on node '{node}'"
+        )));
     }
     Ok(st)
 }

@@ -70,44 +70,164 @@ pub fn routes() -> Vec<(Method, &'static str, Handler)> {
         (Method::GET, "/cluster/resources", h!(cluster::resources)),
         (Method::GET, "/cluster/nextid", h!(cluster::nextid)),
         (Method::GET, "/nodes", h!(cluster::nodes)),
-        (Method::GET, "/nodes/{node}/status", h!(cluster::node_status)),
+        (
+            Method::GET,
+            "/nodes/{node}/status",
+            h!(cluster::node_status),
+        ),
         (Method::GET, "/access/permissions", h!(cluster::permissions)),
-        (Method::GET, "/cluster/ha/resources", h!(cluster::ha_resources)),
+        (
+            Method::GET,
+            "/cluster/ha/resources",
+            h!(cluster::ha_resources),
+        ),
         (Method::GET, "/cluster/replication", h!(replication::list)),
-        (Method::POST, "/cluster/replication", h!(replication::create)),
-        (Method::GET, "/cluster/replication/{id}", h!(replication::get)),
-        (Method::PUT, "/cluster/replication/{id}", h!(replication::update)),
-        (Method::DELETE, "/cluster/replication/{id}", h!(replication::delete)),
-        (Method::GET, "/nodes/{node}/replication", h!(replication::node_list)),
+        (
+            Method::POST,
+            "/cluster/replication",
+            h!(replication::create),
+        ),
+        (
+            Method::GET,
+            "/cluster/replication/{id}",
+            h!(replication::get),
+        ),
+        (
+            Method::PUT,
+            "/cluster/replication/{id}",
+            h!(replication::update),
+        ),
+        (
+            Method::DELETE,
+            "/cluster/replication/{id}",
+            h!(replication::delete),
+        ),
+        (
+            Method::GET,
+            "/nodes/{node}/replication",
+            h!(replication::node_list),
+        ),
         (Method::GET, "/storage", h!(storage::config_list)),
         (Method::GET, "/storage/{storage}", h!(storage::config_get)),
         (Method::GET, "/nodes/{node}/storage", h!(storage::node_list)),
-        (Method::GET, "/nodes/{node}/storage/{storage}/status", h!(storage::status)),
-        (Method::GET, "/nodes/{node}/storage/{storage}/content", h!(storage::content_list)),
-        (Method::POST, "/nodes/{node}/storage/{storage}/content", h!(storage::allocate)),
-        (Method::GET, "/nodes/{node}/storage/{storage}/content/{volume}", h!(storage::volume_get)),
-        (Method::PUT, "/nodes/{node}/storage/{storage}/content/{volume}", h!(storage::volume_put)),
-        (Method::POST, "/nodes/{node}/storage/{storage}/content/{volume}", h!(storage::volume_copy)),
-        (Method::DELETE, "/nodes/{node}/storage/{storage}/content/{volume}", h!(storage::volume_delete)),
+        (
+            Method::GET,
+            "/nodes/{node}/storage/{storage}/status",
+            h!(storage::status),
+        ),
+        (
+            Method::GET,
+            "/nodes/{node}/storage/{storage}/content",
+            h!(storage::content_list),
+        ),
+        (
+            Method::POST,
+            "/nodes/{node}/storage/{storage}/content",
+            h!(storage::allocate),
+        ),
+        (
+            Method::GET,
+            "/nodes/{node}/storage/{storage}/content/{volume}",
+            h!(storage::volume_get),
+        ),
+        (
+            Method::PUT,
+            "/nodes/{node}/storage/{storage}/content/{volume}",
+            h!(storage::volume_put),
+        ),
+        (
+            Method::POST,
+            "/nodes/{node}/storage/{storage}/content/{volume}",
+            h!(storage::volume_copy),
+        ),
+        (
+            Method::DELETE,
+            "/nodes/{node}/storage/{storage}/content/{volume}",
+            h!(storage::volume_delete),
+        ),
         (Method::GET, "/nodes/{node}/qemu", h!(qemu::list)),
         (Method::POST, "/nodes/{node}/qemu", h!(vm_ops::create)),
         (Method::GET, "/nodes/{node}/qemu/{vmid}", h!(vm_ops::index)),
-        (Method::DELETE, "/nodes/{node}/qemu/{vmid}", h!(vm_ops::destroy)),
-        (Method::GET, "/nodes/{node}/qemu/{vmid}/migrate", h!(vm_ops::migrate_check)),
-        (Method::POST, "/nodes/{node}/qemu/{vmid}/migrate", h!(vm_ops::migrate)),
-        (Method::POST, "/nodes/{node}/qemu/{vmid}/move_disk", h!(vm_ops::move_disk)),
-        (Method::GET, "/nodes/{node}/qemu/{vmid}/snapshot", h!(snapshot::list)),
-        (Method::POST, "/nodes/{node}/qemu/{vmid}/snapshot", h!(snapshot::create)),
-        (Method::DELETE, "/nodes/{node}/qemu/{vmid}/snapshot/{snapname}", h!(snapshot::delete)),
-        (Method::GET, "/nodes/{node}/qemu/{vmid}/config", h!(qemu::config_get)),
-        (Method::POST, "/nodes/{node}/qemu/{vmid}/config", h!(qemu::config_post)),
-        (Method::PUT, "/nodes/{node}/qemu/{vmid}/config", h!(qemu::config_put)),
-        (Method::GET, "/nodes/{node}/qemu/{vmid}/pending", h!(qemu::pending)),
-        (Method::PUT, "/nodes/{node}/qemu/{vmid}/unlink", h!(qemu::unlink)),
-        (Method::PUT, "/nodes/{node}/qemu/{vmid}/resize", h!(qemu::resize)),
-        (Method::GET, "/nodes/{node}/qemu/{vmid}/status/current", h!(qemu::status_current)),
-        (Method::GET, "/nodes/{node}/tasks/{upid}/status", h!(tasks::status)),
-        (Method::GET, "/nodes/{node}/tasks/{upid}/log", h!(tasks::log)),
+        (
+            Method::DELETE,
+            "/nodes/{node}/qemu/{vmid}",
+            h!(vm_ops::destroy),
+        ),
+        (
+            Method::GET,
+            "/nodes/{node}/qemu/{vmid}/migrate",
+            h!(vm_ops::migrate_check),
+        ),
+        (
+            Method::POST,
+            "/nodes/{node}/qemu/{vmid}/migrate",
+            h!(vm_ops::migrate),
+        ),
+        (
+            Method::POST,
+            "/nodes/{node}/qemu/{vmid}/move_disk",
+            h!(vm_ops::move_disk),
+        ),
+        (
+            Method::GET,
+            "/nodes/{node}/qemu/{vmid}/snapshot",
+            h!(snapshot::list),
+        ),
+        (
+            Method::POST,
+            "/nodes/{node}/qemu/{vmid}/snapshot",
+            h!(snapshot::create),
+        ),
+        (
+            Method::DELETE,
+            "/nodes/{node}/qemu/{vmid}/snapshot/{snapname}",
+            h!(snapshot::delete),
+        ),
+        (
+            Method::GET,
+            "/nodes/{node}/qemu/{vmid}/config",
+            h!(qemu::config_get),
+        ),
+        (
+            Method::POST,
+            "/nodes/{node}/qemu/{vmid}/config",
+            h!(qemu::config_post),
+        ),
+        (
+            Method::PUT,
+            "/nodes/{node}/qemu/{vmid}/config",
+            h!(qemu::config_put),
+        ),
+        (
+            Method::GET,
+            "/nodes/{node}/qemu/{vmid}/pending",
+            h!(qemu::pending),
+        ),
+        (
+            Method::PUT,
+            "/nodes/{node}/qemu/{vmid}/unlink",
+            h!(qemu::unlink),
+        ),
+        (
+            Method::PUT,
+            "/nodes/{node}/qemu/{vmid}/resize",
+            h!(qemu::resize),
+        ),
+        (
+            Method::GET,
+            "/nodes/{node}/qemu/{vmid}/status/current",
+            h!(qemu::status_current),
+        ),
+        (
+            Method::GET,
+            "/nodes/{node}/tasks/{upid}/status",
+            h!(tasks::status),
+        ),
+        (
+            Method::GET,
+            "/nodes/{node}/tasks/{upid}/log",
+            h!(tasks::log),
+        ),
     ]
 }
 
@@ -148,7 +268,9 @@ fn parameters(
     let mut map = BTreeMap::new();
     if !body.is_empty() {
         if matches!(*method, Method::GET | Method::DELETE) {
-            return Err(ApiError::not_implemented(format!("Unexpected content for method '{method}'")));
+            return Err(ApiError::not_implemented(format!(
+                "Unexpected content for method '{method}'"
+            )));
         }
         if body.len() > 512 * 1024 {
             return Err(ApiError::new(413, "Request Entity Too Large"));
@@ -213,7 +335,9 @@ pub async fn dispatch(
         if api_path.is_empty() {
             return Err(ApiError::not_implemented("no such uri"));
         }
-        return Err(ApiError::not_implemented(format!("no formatter for uri /{api_path}, {format}")));
+        return Err(ApiError::not_implemented(format!(
+            "no formatter for uri /{api_path}, {format}"
+        )));
     }
     let api_path = format!("/{api_path}");
     let mut params = parameters(method, uri.query(), headers, body)?;
@@ -230,7 +354,9 @@ pub async fn dispatch(
     let all = routes();
     let mut known_path = false;
     for (m, template, handler) in all {
-        let Some(captures) = matches(template, &api_path) else { continue };
+        let Some(captures) = matches(template, &api_path) else {
+            continue;
+        };
         known_path = true;
         if m != method {
             continue;
@@ -261,9 +387,13 @@ pub async fn dispatch(
         return handler(ctx.clone(), Call { caller, params }).await;
     }
     if known_path {
-        return Err(ApiError::not_implemented(format!("Method '{method} {api_path}' not implemented")));
+        return Err(ApiError::not_implemented(format!(
+            "Method '{method} {api_path}' not implemented"
+        )));
     }
-    Err(ApiError::not_implemented(format!("Method '{method} {api_path}' not implemented")))
+    Err(ApiError::not_implemented(format!(
+        "Method '{method} {api_path}' not implemented"
+    )))
 }
 
 /// Applies a schema `["perm", "/vms/{vmid}", [privs], "any", 1]` check.
@@ -273,11 +403,17 @@ fn check_permission(
     check: &Value,
     params: &BTreeMap<String, String>,
 ) -> Result<(), ApiError> {
-    let Some(arr) = check.as_array() else { return Ok(()) };
+    let Some(arr) = check.as_array() else {
+        return Ok(());
+    };
     if arr.first().and_then(Value::as_str) != Some("perm") {
         return Ok(());
     }
-    let mut path = arr.get(1).and_then(Value::as_str).unwrap_or("/").to_string();
+    let mut path = arr
+        .get(1)
+        .and_then(Value::as_str)
+        .unwrap_or("/")
+        .to_string();
     for (k, v) in params {
         path = path.replace(&format!("{{{k}}}"), v);
     }

@@ -12,20 +12,42 @@ use super::common;
 use crate::drive::{self, Drive};
 use crate::reply::ApiError;
 use crate::server::Ctx;
-use crate::state::{Cluster, StorageType, Volume, Vm, owner_of};
+use crate::state::{Cluster, StorageType, Vm, Volume, owner_of};
 use crate::tasks::Task;
 
 /// Parameters of a config call that are not VM options.
-const CONTROL: &[&str] = &["node", "vmid", "delete", "revert", "force", "digest", "skiplock", "background_delay"];
+const CONTROL: &[&str] = &[
+    "node",
+    "vmid",
+    "delete",
+    "revert",
+    "force",
+    "digest",
+    "skiplock",
+    "background_delay",
+];
 
 fn json_config(config: &BTreeMap<String, String>) -> serde_json::Map<String, Value> {
     config
         .iter()
         .map(|(k, v)| {
             // Integer and boolean options come out as JSON numbers.
-            let numeric = matches!(k.as_str(), "cores" | "sockets" | "onboot" | "agent" | "template" | "acpi" | "numa" | "vmgenid_dummy")
-                && v.parse::<i64>().is_ok();
-            let value = if numeric { json!(v.parse::<i64>().unwrap_or(0)) } else { json!(v) };
+            let numeric = matches!(
+                k.as_str(),
+                "cores"
+                    | "sockets"
+                    | "onboot"
+                    | "agent"
+                    | "template"
+                    | "acpi"
+                    | "numa"
+                    | "vmgenid_dummy"
+            ) && v.parse::<i64>().is_ok();
+            let value = if numeric {
+                json!(v.parse::<i64>().unwrap_or(0))
+            } else {
+                json!(v)
+            };
             (k.clone(), value)
         })
         .collect()
@@ -38,7 +60,9 @@ pub async fn list(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let rows: Vec<Value> = c
         .vms
         .values()
-        .filter(|v| v.node == node && c.has_priv(&call.caller, &format!("/vms/{}", v.vmid), "VM.Audit"))
+        .filter(|v| {
+            v.node == node && c.has_priv(&call.caller, &format!("/vms/{}", v.vmid), "VM.Audit")
+        })
         .map(|v| {
             let mut row = json!({
                 "vmid": v.vmid,
@@ -130,10 +154,15 @@ fn prechecks(vm: &Vm, call: &Call) -> Result<(), ApiError> {
     if let Some(d) = call.get("digest")
         && d != vm.digest()
     {
-        return Err(ApiError::die("checksum mismatch (file change by other user?)"));
+        return Err(ApiError::die(
+            "checksum mismatch (file change by other user?)",
+        ));
     }
     if call.flag("skiplock") && call.caller != "root@pam" {
-        return Err(ApiError::param("skiplock", "Only root may use this option."));
+        return Err(ApiError::param(
+            "skiplock",
+            "Only root may use this option.",
+        ));
     }
     if let Some(lock) = vm.lock()
         && !call.flag("skiplock")
@@ -148,7 +177,13 @@ fn delete_list(call: &Call) -> Vec<String> {
         .unwrap_or_default()
         .split([',', ';', ' ', '\t', '\n'])
         .filter(|k| !k.is_empty())
-        .map(|k| if k == "cdrom" { "ide2".to_string() } else { k.to_string() })
+        .map(|k| {
+            if k == "cdrom" {
+                "ide2".to_string()
+            } else {
+                k.to_string()
+            }
+        })
         .collect()
 }
 
@@ -162,19 +197,30 @@ fn setting_keys(call: &Call) -> Vec<(String, String)> {
 
 /// Validation that needs the cluster: parameter conflicts, drive values,
 /// volume access, non-root options.
-fn validate(c: &Cluster, schema: Option<&crate::schema::Schema>, vm: &Vm, call: &Call) -> Result<(), ApiError> {
+fn validate(
+    c: &Cluster,
+    schema: Option<&crate::schema::Schema>,
+    vm: &Vm,
+    call: &Call,
+) -> Result<(), ApiError> {
     let deletes = delete_list(call);
     let sets = setting_keys(call);
     if deletes.is_empty() && sets.is_empty() && call.get("revert").is_none() {
         return Err(ApiError::die("no options specified"));
     }
     if call.get("force").is_some() && call.get("delete").is_none() {
-        return Err(ApiError::param("delete", "missing property required by 'force'"));
+        return Err(ApiError::param(
+            "delete",
+            "missing property required by 'force'",
+        ));
     }
     let mut errors = BTreeMap::new();
     for k in &deletes {
         if sets.iter().any(|(s, _)| s == k) {
-            errors.insert("delete".to_string(), format!("you can't use '-{k}' and -delete {k}' at the same time"));
+            errors.insert(
+                "delete".to_string(),
+                format!("you can't use '-{k}' and -delete {k}' at the same time"),
+            );
         } else if !(drive::is_drive_key(k)
             || drive::is_unused_key(k)
             || schema.is_none_or(|s| s.has_param("/nodes/{node}/qemu/{vmid}/config", "POST", k)))
@@ -200,9 +246,17 @@ fn validate(c: &Cluster, schema: Option<&crate::schema::Schema>, vm: &Vm, call: 
             if let Some((storage, _)) = d.allocation() {
                 let st = common::storage(c, &vm.node, &storage)?;
                 if !st.content.iter().any(|x| x == "images") {
-                    errors.insert("storage".into(), format!("storage '{storage}' does not support vm images"));
+                    errors.insert(
+                        "storage".into(),
+                        format!("storage '{storage}' does not support vm images"),
+                    );
                 }
-                c.check(&call.caller, &format!("/storage/{storage}"), &["Datastore.AllocateSpace"], false)?;
+                c.check(
+                    &call.caller,
+                    &format!("/storage/{storage}"),
+                    &["Datastore.AllocateSpace"],
+                    false,
+                )?;
                 if let Some(src) = d.opts.get("import-from") {
                     check_import_source(c, &call.caller, vm, src)?;
                 }
@@ -210,15 +264,28 @@ fn validate(c: &Cluster, schema: Option<&crate::schema::Schema>, vm: &Vm, call: 
                 common::storage(c, &vm.node, storage)?;
                 check_volume_access(c, &call.caller, storage, volname, vm.vmid)?;
             } else if d.volume.starts_with('/') && call.caller != "root@pam" {
-                errors.insert(k.clone(), "Only root can pass arbitrary filesystem paths.".into());
+                errors.insert(
+                    k.clone(),
+                    "Only root can pass arbitrary filesystem paths.".into(),
+                );
             }
         }
     }
-    if errors.is_empty() { Ok(()) } else { Err(ApiError::params(errors)) }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::params(errors))
+    }
 }
 
 /// pve-storage's `check_volume_access` for attaching an existing volume.
-fn check_volume_access(c: &Cluster, caller: &str, storage: &str, volname: &str, vmid: u32) -> Result<(), ApiError> {
+fn check_volume_access(
+    c: &Cluster,
+    caller: &str,
+    storage: &str,
+    volname: &str,
+    vmid: u32,
+) -> Result<(), ApiError> {
     let sp = format!("/storage/{storage}");
     if c.has_priv(caller, &sp, "Datastore.Allocate") {
         return Ok(());
@@ -233,7 +300,10 @@ fn check_volume_access(c: &Cluster, caller: &str, storage: &str, volname: &str, 
     {
         return Ok(());
     }
-    Err(ApiError::forbidden(&sp, &format!("missing privileges to access {storage}:{volname}")))
+    Err(ApiError::forbidden(
+        &sp,
+        &format!("missing privileges to access {storage}:{volname}"),
+    ))
 }
 
 /// `import-from=<volid>`: a volume owned by a VM is cloned from it, which
@@ -277,11 +347,23 @@ struct Update {
 }
 
 /// Allocates `vm-<vmid>-disk-<N>` for a `<storage>:<GiB>` drive value.
-fn allocate_for(c: &mut Cluster, vm_node: &str, vmid: u32, storage: &str, gib: f64) -> Result<(String, u64), ApiError> {
+fn allocate_for(
+    c: &mut Cluster,
+    vm_node: &str,
+    vmid: u32,
+    storage: &str,
+    gib: f64,
+) -> Result<(String, u64), ApiError> {
     let st = common::storage(c, vm_node, storage)?.clone();
-    let place = c.place(storage, vm_node).map_err(|e| ApiError::die(e.to_string()))?;
+    let place = c
+        .place(storage, vm_node)
+        .map_err(|e| ApiError::die(e.to_string()))?;
     let existing = c.volumes.get(&place).cloned().unwrap_or_default();
-    let format = if st.kind.file_based() { st.format.clone().unwrap_or_else(|| "raw".into()) } else { "raw".into() };
+    let format = if st.kind.file_based() {
+        st.format.clone().unwrap_or_else(|| "raw".into())
+    } else {
+        "raw".into()
+    };
     let name = (0..)
         .map(|n| {
             if st.kind.file_based() {
@@ -295,7 +377,12 @@ fn allocate_for(c: &mut Cluster, vm_node: &str, vmid: u32, storage: &str, gib: f
     let size = st.kind.round((gib * (1u64 << 30) as f64) as u64);
     c.volumes.entry(place).or_default().insert(
         name.clone(),
-        Volume { size, format, owner: vmid, ctime: crate::state::now() },
+        Volume {
+            size,
+            format,
+            owner: vmid,
+            ctime: crate::state::now(),
+        },
     );
     Ok((format!("{storage}:{name}"), size))
 }
@@ -304,7 +391,9 @@ fn allocate_for(c: &mut Cluster, vm_node: &str, vmid: u32, storage: &str, gib: f
 /// disk becomes `unusedN` (or is freed with `force`), a foreign one is dropped.
 fn release_drive(c: &mut Cluster, vmid: u32, value: &str, force: bool, log: &mut Vec<String>) {
     let Ok(d) = Drive::parse(value) else { return };
-    let Some((storage, volname)) = d.volid() else { return };
+    let Some((storage, volname)) = d.volid() else {
+        return;
+    };
     if owner_of(volname) != Some(vmid) {
         return;
     }
@@ -321,7 +410,8 @@ fn release_drive(c: &mut Cluster, vmid: u32, value: &str, force: bool, log: &mut
     if let Some(vm) = c.vms.get_mut(&vmid) {
         let slot = (0..=255).find(|n| !vm.config.contains_key(&format!("unused{n}")));
         if let Some(n) = slot {
-            vm.config.insert(format!("unused{n}"), format!("{storage}:{volname}"));
+            vm.config
+                .insert(format!("unused{n}"), format!("{storage}:{volname}"));
         }
     }
 }
@@ -331,7 +421,14 @@ fn release_drive(c: &mut Cluster, vmid: u32, value: &str, force: bool, log: &mut
 /// Disks to (un)plug on a running VM are returned for the caller to plug.
 /// `in_worker`: the write runs in a task (POST), which changes some waits.
 /// `volume_dir`: where backing files live (an import copies its source's).
-fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call, in_worker: bool, volume_dir: Option<&std::path::Path>) -> Result<Update, ApiError> {
+fn stage_update(
+    c: &mut Cluster,
+    node: &str,
+    vmid: u32,
+    call: &Call,
+    in_worker: bool,
+    volume_dir: Option<&std::path::Path>,
+) -> Result<Update, ApiError> {
     let mut up = Update::default();
     let force = call.flag("force");
     let vm_node = common::vm(c, node, vmid)?.node.clone();
@@ -350,12 +447,16 @@ fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call, in_worker: 
                     up.log.push(format!("Removed volume '{v}'"));
                 }
             } else {
-                up.log.push(format!("cannot delete '{key}' - not set in current configuration!"));
+                up.log.push(format!(
+                    "cannot delete '{key}' - not set in current configuration!"
+                ));
             }
             continue;
         }
         if !vm.config.contains_key(&key) && !vm.pending.contains_key(&key) {
-            up.log.push(format!("cannot delete '{key}' - not set in current configuration!"));
+            up.log.push(format!(
+                "cannot delete '{key}' - not set in current configuration!"
+            ));
             continue;
         }
         vm.pending.remove(&key);
@@ -372,7 +473,10 @@ fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call, in_worker: 
             if c.knobs.refuse_volumes.contains(&d.volume)
                 && let Some((storage, volname)) = d.volid()
             {
-                let kind = c.storages.get(storage).map_or(StorageType::Lvmthin, |s| s.kind);
+                let kind = c
+                    .storages
+                    .get(storage)
+                    .map_or(StorageType::Lvmthin, |s| s.kind);
                 let why = super::storage::activation_error(kind, storage, volname, in_worker)
                     .unwrap_or_else(|| super::storage::size_probe_error(kind, storage, volname));
                 return Err(ApiError::die(why));
@@ -401,7 +505,8 @@ fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call, in_worker: 
                             .volume(&place, n)
                             .map(|v| v.size)
                             .ok_or_else(|| ApiError::die(format!("volume {src} does not exist")))?;
-                        up.log.push(format!("importing disk '{src}' to VM {vmid} ..."));
+                        up.log
+                            .push(format!("importing disk '{src}' to VM {vmid} ..."));
                         size as f64 / (1u64 << 30) as f64
                     }
                     None => gib,
@@ -413,21 +518,33 @@ fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call, in_worker: 
                 if let (Some(src), Some(dir)) = (&import, volume_dir) {
                     copy_backing_file(dir, src, &volid)?;
                 }
-                up.log.push(format!("{key}: successfully created disk '{volid},size={}'", drive::format_size(size)));
+                up.log.push(format!(
+                    "{key}: successfully created disk '{volid},size={}'",
+                    drive::format_size(size)
+                ));
                 d.volume = volid;
                 d.opts.insert("size".into(), drive::format_size(size));
             } else if let Some((storage, volname)) = d.volid() {
-                let place = c.place(storage, &vm_node).map_err(|e| ApiError::die(e.to_string()))?;
+                let place = c
+                    .place(storage, &vm_node)
+                    .map_err(|e| ApiError::die(e.to_string()))?;
                 // qemu-server Qemu.pm create_disks: activate_volumes, then
                 // volume_size_info, then "volume $volid does not exist" for 0.
-                let kind = c.storages.get(storage).map_or(StorageType::Lvmthin, |s| s.kind);
+                let kind = c
+                    .storages
+                    .get(storage)
+                    .map_or(StorageType::Lvmthin, |s| s.kind);
                 let size = match c.volume(&place, volname).map(|v| v.size) {
                     Some(size) if size > 0 => size,
-                    Some(_) => return Err(ApiError::die(format!("volume {} does not exist", d.volume))),
+                    Some(_) => {
+                        return Err(ApiError::die(format!("volume {} does not exist", d.volume)));
+                    }
                     None => {
                         return Err(ApiError::die(
                             super::storage::activation_error(kind, storage, volname, in_worker)
-                                .unwrap_or_else(|| super::storage::size_probe_error(kind, storage, volname)),
+                                .unwrap_or_else(|| {
+                                    super::storage::size_probe_error(kind, storage, volname)
+                                }),
                         ));
                     }
                 };
@@ -443,7 +560,12 @@ fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call, in_worker: 
         }
     }
 
-    for key in call.get("revert").unwrap_or_default().split([',', ';', ' ']).filter(|k| !k.is_empty()) {
+    for key in call
+        .get("revert")
+        .unwrap_or_default()
+        .split([',', ';', ' '])
+        .filter(|k| !k.is_empty())
+    {
         let vm = common::vm_mut(c, node, vmid)?;
         vm.pending.remove(key);
         vm.pending_delete.remove(key);
@@ -455,7 +577,9 @@ fn stage_update(c: &mut Cluster, node: &str, vmid: u32, call: &Call, in_worker: 
 
 /// Applies pending changes that need no hot-plug; collects the plugs.
 fn apply_pending(c: &mut Cluster, vmid: u32, up: &mut Update) {
-    let Some(vm) = c.vms.get(&vmid).cloned() else { return };
+    let Some(vm) = c.vms.get(&vmid).cloned() else {
+        return;
+    };
     let mut released: Vec<(String, bool)> = Vec::new();
     let mut vm2 = vm.clone();
     for (key, value) in &vm.pending {
@@ -478,7 +602,10 @@ fn apply_pending(c: &mut Cluster, vmid: u32, up: &mut Update) {
             continue;
         }
         // Running VM.
-        let (Ok(new), old_drive) = (Drive::parse(value), old.and_then(|o| Drive::parse(o).ok())) else { continue };
+        let (Ok(new), old_drive) = (Drive::parse(value), old.and_then(|o| Drive::parse(o).ok()))
+        else {
+            continue;
+        };
         match old_drive {
             Some(o) if o.volume == new.volume => {
                 if o.only_hot_changes(&new) {
@@ -490,9 +617,15 @@ fn apply_pending(c: &mut Cluster, vmid: u32, up: &mut Update) {
             old_drive => {
                 if drive::hotpluggable(key) && vm.hotplug_disk() {
                     if let Some(o) = old_drive {
-                        up.plugs.push(Plug::Remove { key: key.clone(), drive: o });
+                        up.plugs.push(Plug::Remove {
+                            key: key.clone(),
+                            drive: o,
+                        });
                     }
-                    up.plugs.push(Plug::Add { key: key.clone(), drive: new });
+                    up.plugs.push(Plug::Add {
+                        key: key.clone(),
+                        drive: new,
+                    });
                 }
                 // ide/sata or disk hotplug off: it stays pending until a restart.
             }
@@ -527,7 +660,12 @@ fn apply_pending(c: &mut Cluster, vmid: u32, up: &mut Update) {
 
 /// Plugs disks in and out of a running VM. Failures leave the key pending
 /// and come back as `hotplug problem - …` per key.
-async fn hotplug(ctx: &Arc<Ctx>, vmid: u32, plugs: Vec<Plug>, force: bool) -> BTreeMap<String, String> {
+async fn hotplug(
+    ctx: &Arc<Ctx>,
+    vmid: u32,
+    plugs: Vec<Plug>,
+    force: bool,
+) -> BTreeMap<String, String> {
     let mut errors = BTreeMap::new();
     if plugs.is_empty() {
         return errors;
@@ -538,8 +676,17 @@ async fn hotplug(ctx: &Arc<Ctx>, vmid: u32, plugs: Vec<Plug>, force: bool) -> BT
     }
     let (per_disk, eject, single, v8) = {
         let c = ctx.cluster();
-        let single = c.vms.get(&vmid).and_then(|v| v.config.get("scsihw")).is_some_and(|h| h == "virtio-scsi-single");
-        (c.knobs.hotplug_ms_per_disk, c.knobs.guest_eject_ms, single, c.version.starts_with('8'))
+        let single = c
+            .vms
+            .get(&vmid)
+            .and_then(|v| v.config.get("scsihw"))
+            .is_some_and(|h| h == "virtio-scsi-single");
+        (
+            c.knobs.hotplug_ms_per_disk,
+            c.knobs.guest_eject_ms,
+            single,
+            c.version.starts_with('8'),
+        )
     };
     for plug in plugs {
         let key = match &plug {
@@ -560,7 +707,12 @@ async fn hotplug(ctx: &Arc<Ctx>, vmid: u32, plugs: Vec<Plug>, force: bool) -> BT
                 tokio::time::sleep(Duration::from_secs(timeout_s + 1)).await;
                 let n = key.trim_start_matches("scsi");
                 let suffix = if v8 { "" } else { " - still busy in guest?" };
-                errors.insert(key.clone(), format!("hotplug problem - error on hot-unplugging device 'virtioscsi{n}'{suffix}"));
+                errors.insert(
+                    key.clone(),
+                    format!(
+                        "hotplug problem - error on hot-unplugging device 'virtioscsi{n}'{suffix}"
+                    ),
+                );
                 continue;
             }
             tokio::time::sleep(Duration::from_secs(polls)).await;
@@ -569,7 +721,9 @@ async fn hotplug(ctx: &Arc<Ctx>, vmid: u32, plugs: Vec<Plug>, force: bool) -> BT
         let result = if failed {
             Err(match &plug {
                 Plug::Add { .. } => format!("error on hotplug device '{key}'"),
-                Plug::Remove { .. } => format!("error on hot-unplugging device '{key}' - still busy in guest?"),
+                Plug::Remove { .. } => {
+                    format!("error on hot-unplugging device '{key}' - still busy in guest?")
+                }
             })
         } else {
             crate::qmp::plug(ctx, vmid, &plug_action(&plug)).await
@@ -608,14 +762,25 @@ async fn hotplug(ctx: &Arc<Ctx>, vmid: u32, plugs: Vec<Plug>, force: bool) -> BT
 
 fn plug_action(p: &Plug) -> crate::qmp::Action {
     match p {
-        Plug::Add { key, drive } => crate::qmp::Action::Add { key: key.clone(), drive: drive.clone() },
-        Plug::Remove { key, drive } => crate::qmp::Action::Remove { key: key.clone(), drive: drive.clone() },
+        Plug::Add { key, drive } => crate::qmp::Action::Add {
+            key: key.clone(),
+            drive: drive.clone(),
+        },
+        Plug::Remove { key, drive } => crate::qmp::Action::Remove {
+            key: key.clone(),
+            drive: drive.clone(),
+        },
     }
 }
 
-
 /// The locked phase of a config write: re-check, stage, plug.
-async fn locked_update(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call, upid: Option<&str>) -> Result<Vec<String>, ApiError> {
+async fn locked_update(
+    ctx: &Arc<Ctx>,
+    node: &str,
+    vmid: u32,
+    call: &Call,
+    upid: Option<&str>,
+) -> Result<Vec<String>, ApiError> {
     let _guard = ctx
         .locks
         .vm(vmid, ctx.lock_timeout())
@@ -632,7 +797,14 @@ async fn locked_update(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call, upid:
             std::process::id()
         )));
     }
-    let up = stage_update(&mut ctx.cluster(), node, vmid, call, upid.is_some(), ctx.volume_dir.as_deref())?;
+    let up = stage_update(
+        &mut ctx.cluster(),
+        node,
+        vmid,
+        call,
+        upid.is_some(),
+        ctx.volume_dir.as_deref(),
+    )?;
     // The owners' locks end with the copies (clone_disk), before the hot-plug.
     drop(owners);
     let errors = hotplug(ctx, vmid, up.plugs, call.flag("force")).await;
@@ -649,10 +821,19 @@ async fn locked_update(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call, upid:
 /// (lock_config_shared), 30 s to acquire (three times the config lock's);
 /// its `lock:` property is not checked. A timeout is wrapped by
 /// create_disks as "cannot import from '$source' - $@".
-async fn lock_import_owners(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call) -> Result<Vec<crate::locks::Guard>, ApiError> {
+async fn lock_import_owners(
+    ctx: &Arc<Ctx>,
+    node: &str,
+    vmid: u32,
+    call: &Call,
+) -> Result<Vec<crate::locks::Guard>, ApiError> {
     let owners: Vec<(String, u32, bool)> = {
         let c = ctx.cluster();
-        let vm_node = c.vms.get(&vmid).map(|v| v.node.clone()).unwrap_or_else(|| node.to_string());
+        let vm_node = c
+            .vms
+            .get(&vmid)
+            .map(|v| v.node.clone())
+            .unwrap_or_else(|| node.to_string());
         import_sizes(&c, &vm_node, call)
             .into_iter()
             .filter_map(|(src, _)| {
@@ -665,7 +846,11 @@ async fn lock_import_owners(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call) 
     let timeout = ctx.lock_timeout() * 3;
     let mut guards = Vec::new();
     for (src, owner, running) in owners {
-        let held = if running { ctx.locks.vm(owner, timeout).await } else { ctx.locks.vm_shared(owner, timeout).await };
+        let held = if running {
+            ctx.locks.vm(owner, timeout).await
+        } else {
+            ctx.locks.vm_shared(owner, timeout).await
+        };
         guards.push(held.map_err(|e| ApiError::die(format!("cannot import from '{src}' - {e}")))?);
     }
     Ok(guards)
@@ -676,14 +861,19 @@ async fn lock_import_owners(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call) 
 async fn import_delay(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call, upid: Option<&str>) {
     let (per_gib, imports) = {
         let c = ctx.cluster();
-        let vm_node = c.vms.get(&vmid).map(|v| v.node.clone()).unwrap_or_else(|| node.to_string());
+        let vm_node = c
+            .vms
+            .get(&vmid)
+            .map(|v| v.node.clone())
+            .unwrap_or_else(|| node.to_string());
         (c.knobs.copy_ms_per_gib, import_sizes(&c, &vm_node, call))
     };
     if per_gib == 0 {
         return;
     }
     for (src, size) in imports {
-        let total = Duration::from_millis((size as f64 / (1u64 << 30) as f64 * per_gib as f64) as u64);
+        let total =
+            Duration::from_millis((size as f64 / (1u64 << 30) as f64 * per_gib as f64) as u64);
         let steps = 10u32;
         for i in 1..=steps {
             tokio::time::sleep(total / steps).await;
@@ -720,7 +910,10 @@ fn copy_backing_file(dir: &std::path::Path, src: &str, dst: &str) -> Result<(), 
         .output()
         .map_err(|e| ApiError::die(format!("qemu-img: copying {src} to {dst}: {e}")))?;
     if !out.status.success() {
-        return Err(ApiError::die(format!("qemu-img: copying {src} to {dst}: {}", String::from_utf8_lossy(&out.stderr).trim())));
+        return Err(ApiError::die(format!(
+            "qemu-img: copying {src} to {dst}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
     }
     Ok(())
 }
@@ -746,24 +939,38 @@ pub async fn config_post(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let (node, vmid) = checked(&ctx, &call)?;
     let task = Task::new(&node, "qmconfig", &vmid.to_string(), &call.caller);
     let upid = task.upid.clone();
-    let delay = call.get("background_delay").and_then(|d| d.parse::<u64>().ok());
+    let delay = call
+        .get("background_delay")
+        .and_then(|d| d.parse::<u64>().ok());
     let task_upid = upid.clone();
     let done = spawn_task(ctx.clone(), task, move |ctx: Arc<Ctx>| async move {
-        locked_update(&ctx, &node, vmid, &call, Some(&task_upid)).await.map_err(|e| {
-            if e.errors.is_empty() {
-                e.message
-            } else {
-                let detail: Vec<String> = e.errors.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-                format!("{} {}", e.status.as_u16(), std::iter::once(e.message.clone()).chain(detail).collect::<Vec<_>>().join("\n"))
-            }
-        })
+        locked_update(&ctx, &node, vmid, &call, Some(&task_upid))
+            .await
+            .map_err(|e| {
+                if e.errors.is_empty() {
+                    e.message
+                } else {
+                    let detail: Vec<String> =
+                        e.errors.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+                    format!(
+                        "{} {}",
+                        e.status.as_u16(),
+                        std::iter::once(e.message.clone())
+                            .chain(detail)
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    )
+                }
+            })
     });
     if let Some(secs) = delay {
         // background_delay: wait for the worker up to `secs`.
         if let Ok(result) = tokio::time::timeout(Duration::from_secs(secs), done).await {
             return match result {
                 Ok(Ok(())) => Ok(Value::Null),
-                Ok(Err(status)) => Err(ApiError::die(format!("failed to update VM {vmid}: {status}"))),
+                Ok(Err(status)) => Err(ApiError::die(format!(
+                    "failed to update VM {vmid}: {status}"
+                ))),
                 Err(_) => Ok(json!(upid)),
             };
         }
@@ -773,7 +980,11 @@ pub async fn config_post(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
 
 /// Runs `work` as a task after the configured task latency. The returned
 /// receiver yields its outcome (for `background_delay`).
-pub fn spawn_task<F, Fut>(ctx: Arc<Ctx>, task: Task, work: F) -> tokio::sync::oneshot::Receiver<Result<(), String>>
+pub fn spawn_task<F, Fut>(
+    ctx: Arc<Ctx>,
+    task: Task,
+    work: F,
+) -> tokio::sync::oneshot::Receiver<Result<(), String>>
 where
     F: FnOnce(Arc<Ctx>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<Vec<String>, String>> + Send + 'static,
@@ -813,7 +1024,10 @@ pub async fn unlink(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     if call.flag("force") {
         params.insert("force".into(), "1".into());
     }
-    let as_delete = Call { caller: call.caller.clone(), params };
+    let as_delete = Call {
+        caller: call.caller.clone(),
+        params,
+    };
     {
         let c = ctx.cluster();
         prechecks(common::vm(&c, &node, vmid)?, &as_delete)?;
@@ -833,7 +1047,12 @@ pub async fn resize(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         if let Some(d) = vm.config.get(&disk).and_then(|v| Drive::parse(v).ok())
             && let Some((storage, _)) = d.volid()
         {
-            c.check(&call.caller, &format!("/storage/{storage}"), &["Datastore.AllocateSpace"], false)?;
+            c.check(
+                &call.caller,
+                &format!("/storage/{storage}"),
+                &["Datastore.AllocateSpace"],
+                false,
+            )?;
         }
     }
     let task = Task::new(&node, "resize", &vmid.to_string(), &call.caller);
@@ -852,7 +1071,10 @@ pub async fn resize(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
                 return Err(format!("VM is locked ({lock})"));
             }
             let running = vm.running;
-            let value = vm.config.get(&disk).ok_or(format!("disk '{disk}' does not exist"))?;
+            let value = vm
+                .config
+                .get(&disk)
+                .ok_or(format!("disk '{disk}' does not exist"))?;
             let mut d = Drive::parse(value).map_err(|e| e.to_string())?;
             if d.is_cdrom() {
                 return Err("you can't resize a cdrom".into());
@@ -862,7 +1084,11 @@ pub async fn resize(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
                 .map(|(s, n)| (s.to_string(), n.to_string()))
                 .ok_or(format!("disk '{disk}' has no associated volume"))?;
             let place = c.place(&storage, &node).map_err(|e| e.to_string())?;
-            let kind = c.storages.get(&storage).map(|s| s.kind).ok_or("no storage")?;
+            let kind = c
+                .storages
+                .get(&storage)
+                .map(|s| s.kind)
+                .ok_or("no storage")?;
             // Qemu.pm resize_vm: activate_volumes, then volume_size_info,
             // inside the worker.
             let current = match c.volume(&place, &volname).map(|v| v.size) {
@@ -901,9 +1127,21 @@ pub async fn resize(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             (d, new_size, running)
         };
         if grow {
-            crate::qmp::plug(&ctx, vmid, &crate::qmp::Action::Resize { key: disk.clone(), drive: key_drive, size: new_size }).await?;
+            crate::qmp::plug(
+                &ctx,
+                vmid,
+                &crate::qmp::Action::Resize {
+                    key: disk.clone(),
+                    drive: key_drive,
+                    size: new_size,
+                },
+            )
+            .await?;
         }
-        Ok(vec![format!("Resized disk {disk} to {}", drive::format_size(new_size))])
+        Ok(vec![format!(
+            "Resized disk {disk} to {}",
+            drive::format_size(new_size)
+        )])
     });
     Ok(json!(upid))
 }

@@ -85,7 +85,9 @@ pub async fn node_list(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         c.replication
             .iter()
             .filter(|(_, j)| guest.is_none_or(|g| g == j.guest))
-            .filter(|(_, j)| c.vms.get(&j.guest).is_some_and(|v| v.node == node) && j.target != node)
+            .filter(|(_, j)| {
+                c.vms.get(&j.guest).is_some_and(|v| v.node == node) && j.target != node
+            })
             .filter(|(_, j)| c.has_priv(&call.caller, &format!("/vms/{}", j.guest), "VM.Audit"))
             .map(|(id, j)| {
                 let mut v = job_json(id, j);
@@ -104,7 +106,10 @@ pub async fn node_list(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
 pub async fn get(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let c = ctx.cluster();
     let id = call.req("id")?;
-    let j = c.replication.get(id).ok_or_else(|| ApiError::die(format!("no such job '{id}'")))?;
+    let j = c
+        .replication
+        .get(id)
+        .ok_or_else(|| ApiError::die(format!("no such job '{id}'")))?;
     need(&c, &call.caller, j.guest, "VM.Audit")?;
     let mut v = job_json(id, j);
     v["digest"] = json!(digest(id, j));
@@ -119,13 +124,21 @@ pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         .and_then(|(g, n)| Some((g.parse::<u32>().ok()?, n.parse::<u32>().ok()?)))
         .ok_or_else(|| ApiError::param("id", "value does not match the regex pattern"))?;
     if guest < 100 {
-        return Err(ApiError::die(format!("invalid replication job id '{id}' (guest IDs < 100 are reserved)")));
+        return Err(ApiError::die(format!(
+            "invalid replication job id '{id}' (guest IDs < 100 are reserved)"
+        )));
     }
     need(&c, &call.caller, guest, "VM.Replicate")?;
     if c.replication.contains_key(&id) {
-        return Err(ApiError::die(format!("replication job '{id}' already exists")));
+        return Err(ApiError::die(format!(
+            "replication job '{id}' already exists"
+        )));
     }
-    let vm = c.vms.get(&guest).cloned().ok_or_else(|| ApiError::die(format!("Guest '{guest}' does not exist.")))?;
+    let vm = c
+        .vms
+        .get(&guest)
+        .cloned()
+        .ok_or_else(|| ApiError::die(format!("Guest '{guest}' does not exist.")))?;
     let target = call.req("target")?.to_string();
     if !c.nodes.contains_key(&target) {
         return Err(ApiError::die(format!("Target '{target}' does not exist.")));
@@ -145,16 +158,25 @@ pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let mut found = false;
     for (key, value) in vm.config.iter().filter(|(k, _)| drive::is_drive_key(k)) {
         let Ok(d) = Drive::parse(value) else { continue };
-        let Some((storage, volname)) = d.volid() else { continue };
-        if owner_of(volname) != Some(guest) || d.opts.get("replicate").map(String::as_str) == Some("0") {
+        let Some((storage, volname)) = d.volid() else {
+            continue;
+        };
+        if owner_of(volname) != Some(guest)
+            || d.opts.get("replicate").map(String::as_str) == Some("0")
+        {
             continue;
         }
-        let Some(st) = c.storages.get(storage) else { continue };
+        let Some(st) = c.storages.get(storage) else {
+            continue;
+        };
         if st.is_shared() {
             continue;
         }
         if st.kind != crate::state::StorageType::Zfspool {
-            return Err(ApiError::die(format!("missing replicate feature on volume '{}'", d.volume)));
+            return Err(ApiError::die(format!(
+                "missing replicate feature on volume '{}'",
+                d.volume
+            )));
         }
         let _ = key;
         found = true;
@@ -203,21 +225,36 @@ pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
 pub async fn update(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let mut c = ctx.cluster();
     let id = call.req("id")?.to_string();
-    let mut j = c.replication.get(&id).cloned().ok_or_else(|| ApiError::die(format!("no such job '{id}'")))?;
+    let mut j = c
+        .replication
+        .get(&id)
+        .cloned()
+        .ok_or_else(|| ApiError::die(format!("no such job '{id}'")))?;
     need(&c, &call.caller, j.guest, "VM.Replicate")?;
     if let Some(d) = call.get("digest")
         && d != digest(&id, &j)
     {
-        return Err(ApiError::die("detected modified configuration - file changed by other user? Try again."));
+        return Err(ApiError::die(
+            "detected modified configuration - file changed by other user? Try again.",
+        ));
     }
-    for key in call.get("delete").unwrap_or_default().split([',', ';', ' ']).filter(|k| !k.is_empty()) {
+    for key in call
+        .get("delete")
+        .unwrap_or_default()
+        .split([',', ';', ' '])
+        .filter(|k| !k.is_empty())
+    {
         match key {
             "schedule" => j.schedule = None,
             "rate" => j.rate = None,
             "comment" => j.comment = None,
             "disable" => j.disable = false,
             "source" => j.source = None,
-            other => return Err(ApiError::die(format!("unable to delete required option '{other}'"))),
+            other => {
+                return Err(ApiError::die(format!(
+                    "unable to delete required option '{other}'"
+                )));
+            }
         }
     }
     if let Some(s) = call.get("schedule") {
@@ -242,7 +279,11 @@ pub async fn delete(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     if call.get("keep").is_some() && call.get("force").is_some() {
         return Err(ApiError::param("keep", "conflicts with parameter 'force'"));
     }
-    let guest = c.replication.get(&id).map(|j| j.guest).ok_or_else(|| ApiError::die(format!("no such job '{id}'")))?;
+    let guest = c
+        .replication
+        .get(&id)
+        .map(|j| j.guest)
+        .ok_or_else(|| ApiError::die(format!("no such job '{id}'")))?;
     need(&c, &call.caller, guest, "VM.Replicate")?;
     if call.flag("force") {
         c.replication.remove(&id);

@@ -15,7 +15,6 @@ use crate::reply::ApiError;
 use crate::server::Ctx;
 use crate::tasks::Task;
 
-
 pub async fn list(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let c = ctx.cluster();
     let vm = common::vm(&c, call.req("node")?, call.vmid()?)?;
@@ -34,20 +33,34 @@ pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let name = call.req("snapname")?.to_string();
     {
         let c = ctx.cluster();
-        c.check(&call.caller, &format!("/vms/{vmid}"), &["VM.Snapshot"], false)?;
+        c.check(
+            &call.caller,
+            &format!("/vms/{vmid}"),
+            &["VM.Snapshot"],
+            false,
+        )?;
         let vm = common::vm(&c, &node, vmid)?;
         if let Some(l) = vm.lock() {
             return Err(ApiError::die(format!("VM is locked ({l})")));
         }
         if vm.snapshots.contains_key(&name) {
-            return Err(ApiError::die(format!("snapshot name '{name}' already used")));
+            return Err(ApiError::die(format!(
+                "snapshot name '{name}' already used"
+            )));
         }
         for (key, value) in vm.config.iter().filter(|(k, _)| drive::is_drive_key(k)) {
             let Ok(d) = Drive::parse(value) else { continue };
-            let Some((storage, volname)) = d.volid() else { continue };
-            let st = c.storages.get(storage).ok_or_else(|| ApiError::die(format!("storage '{storage}' does not exist")))?;
+            let Some((storage, volname)) = d.volid() else {
+                continue;
+            };
+            let st = c
+                .storages
+                .get(storage)
+                .ok_or_else(|| ApiError::die(format!("storage '{storage}' does not exist")))?;
             if !st.kind.snapshots(&crate::state::format_of(volname)) {
-                return Err(ApiError::die(format!("snapshot feature for '{key}' is not available")));
+                return Err(ApiError::die(format!(
+                    "snapshot feature for '{key}' is not available"
+                )));
             }
         }
     }
@@ -67,7 +80,12 @@ pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             .collect();
         vm.snapshots.insert(
             name.clone(),
-            crate::state::Snapshot { snaptime: crate::state::now(), description, parent, disks },
+            crate::state::Snapshot {
+                snaptime: crate::state::now(),
+                description,
+                parent,
+                disks,
+            },
         );
         vm.config.insert("parent".into(), name.clone());
         Ok(vec![format!("snapshotting '{name}'")])
@@ -81,7 +99,12 @@ pub async fn delete(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let name = call.req("snapname")?.to_string();
     {
         let c = ctx.cluster();
-        c.check(&call.caller, &format!("/vms/{vmid}"), &["VM.Snapshot"], false)?;
+        c.check(
+            &call.caller,
+            &format!("/vms/{vmid}"),
+            &["VM.Snapshot"],
+            false,
+        )?;
         let vm = common::vm(&c, &node, vmid)?;
         if !vm.snapshots.contains_key(&name) {
             return Err(ApiError::die(format!("snapshot '{name}' does not exist")));
@@ -93,7 +116,10 @@ pub async fn delete(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         let _g = ctx.locks.vm(vmid, ctx.lock_timeout()).await?;
         let mut c = ctx.cluster();
         let vm = c.vms.get_mut(&vmid).ok_or("VM vanished")?;
-        let removed = vm.snapshots.remove(&name).ok_or(format!("snapshot '{name}' does not exist"))?;
+        let removed = vm
+            .snapshots
+            .remove(&name)
+            .ok_or(format!("snapshot '{name}' does not exist"))?;
         if vm.config.get("parent") == Some(&name) {
             match removed.parent {
                 Some(p) => vm.config.insert("parent".into(), p),

@@ -79,7 +79,12 @@ pub async fn config_get(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         .ok_or_else(|| ApiError::die(format!("storage '{id}' does not exist")))
 }
 
-fn status_json(c: &Cluster, node: &str, st: &StorageSpec, with_fraction: bool) -> Result<Value, ApiError> {
+fn status_json(
+    c: &Cluster,
+    node: &str,
+    st: &StorageSpec,
+    with_fraction: bool,
+) -> Result<Value, ApiError> {
     let enabled = st.enabled_on(node);
     let mut v = json!({
         "storage": st.id, "type": st.kind.name(), "content": st.content.join(","),
@@ -87,7 +92,9 @@ fn status_json(c: &Cluster, node: &str, st: &StorageSpec, with_fraction: bool) -
         "total": 0, "used": 0, "avail": 0,
     });
     if enabled {
-        let place = c.place(&st.id, node).map_err(|e| ApiError::die(e.to_string()))?;
+        let place = c
+            .place(&st.id, node)
+            .map_err(|e| ApiError::die(e.to_string()))?;
         let used = c.used(&place);
         v["total"] = json!(st.total);
         v["used"] = json!(used);
@@ -162,7 +169,9 @@ pub async fn content_list(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> 
     if call.get("content").is_some_and(|t| t != "images") {
         return Ok(json!([]));
     }
-    let place = c.place(id, node).map_err(|e| ApiError::die(e.to_string()))?;
+    let place = c
+        .place(id, node)
+        .map_err(|e| ApiError::die(e.to_string()))?;
     let vmid: Option<u32> = call.get("vmid").and_then(|v| v.parse().ok());
     let mut rows: Vec<(String, Value)> = c
         .volumes
@@ -191,36 +200,56 @@ fn alloc_size(s: &str) -> Option<u64> {
 }
 
 /// pve-storage's per-plugin naming rules; `Ok(format)` when the name is legal.
-fn check_name(kind: StorageType, chain: bool, name: &str, vmid: u32, format: Option<&str>) -> Result<String, ApiError> {
+fn check_name(
+    kind: StorageType,
+    chain: bool,
+    name: &str,
+    vmid: u32,
+    format: Option<&str>,
+) -> Result<String, ApiError> {
     let prefix = format!("vm-{vmid}-");
     if kind == StorageType::Lvm {
         return check_lvm_name(chain, name, format);
     }
     if kind.file_based() {
-        let re = regex::Regex::new(r"^[^/\s]+\.(raw|qcow2|vmdk)$").map_err(|e| ApiError::die(e.to_string()))?;
+        let re = regex::Regex::new(r"^[^/\s]+\.(raw|qcow2|vmdk)$")
+            .map_err(|e| ApiError::die(e.to_string()))?;
         let Some(c) = re.captures(name) else {
-            return Err(ApiError::die(format!("unable to parse volume filename '{name}'")));
+            return Err(ApiError::die(format!(
+                "unable to parse volume filename '{name}'"
+            )));
         };
         let ext = c[1].to_string();
         if let Some(f) = format
             && f != ext
         {
-            return Err(ApiError::param("format", format!("different storage formats ({ext} != {f})")));
+            return Err(ApiError::param(
+                "format",
+                format!("different storage formats ({ext} != {f})"),
+            ));
         }
         return Ok(ext);
     }
     if !name.starts_with(&prefix) {
-        return Err(ApiError::die(format!("illegal name '{name}' - should be 'vm-{vmid}-*'")));
+        return Err(ApiError::die(format!(
+            "illegal name '{name}' - should be 'vm-{vmid}-*'"
+        )));
     }
     if let Some(f) = format
         && f != "raw"
     {
-        return Err(ApiError::die(format!("unsupported format '{f}' at /usr/share/perl5/PVE/Storage/LvmThinPlugin.pm line 143.")));
+        return Err(ApiError::die(format!(
+            "unsupported format '{f}' at /usr/share/perl5/PVE/Storage/LvmThinPlugin.pm line 143."
+        )));
     }
     if matches!(kind, StorageType::Lvmthin | StorageType::Lvm) {
-        let ok = regex::Regex::new(r"(?i)^[a-z0-9][a-z0-9\-_.]*[a-z0-9]$").map(|r| r.is_match(name)).unwrap_or(false);
+        let ok = regex::Regex::new(r"(?i)^[a-z0-9][a-z0-9\-_.]*[a-z0-9]$")
+            .map(|r| r.is_match(name))
+            .unwrap_or(false);
         if !ok {
-            return Err(ApiError::die(format!("lvm name '{name}' contains illegal characters")));
+            return Err(ApiError::die(format!(
+                "lvm name '{name}' contains illegal characters"
+            )));
         }
     }
     Ok("raw".into())
@@ -232,9 +261,13 @@ fn check_name(kind: StorageType, chain: bool, name: &str, vmid: u32, format: Opt
 /// libpve-storage-perl 9.0.7), and a name must carry the format's
 /// extension (LVMPlugin.pm verify_volname_format, since 9.1.7).
 fn check_lvm_name(chain: bool, name: &str, format: Option<&str>) -> Result<String, ApiError> {
-    let ok = regex::Regex::new(r"^vm-\d+-\S+$").map(|r| r.is_match(name)).unwrap_or(false);
+    let ok = regex::Regex::new(r"^vm-\d+-\S+$")
+        .map(|r| r.is_match(name))
+        .unwrap_or(false);
     if !ok {
-        return Err(ApiError::die(format!("unable to parse lvm volume name '{name}'")));
+        return Err(ApiError::die(format!(
+            "unable to parse lvm volume name '{name}'"
+        )));
     }
     let format = format.unwrap_or(if chain { "qcow2" } else { "raw" });
     match (format, chain) {
@@ -260,8 +293,12 @@ fn duplicate(kind: StorageType, storage: &str, name: &str, vmid: u32) -> ApiErro
             "lvcreate '{vg}/{name}' error:   Logical Volume \"{name}\" already exists in volume group \"{vg}\"",
             vg = vgname(kind)
         ),
-        StorageType::Zfspool => format!("zfs error: cannot create 'rpool/data/{name}': dataset already exists"),
-        StorageType::Rbd => format!("rbd create '{name}' error: rbd: create error: (17) File exists"),
+        StorageType::Zfspool => {
+            format!("zfs error: cannot create 'rpool/data/{name}': dataset already exists")
+        }
+        StorageType::Rbd => {
+            format!("rbd create '{name}' error: rbd: create error: (17) File exists")
+        }
         StorageType::Dir | StorageType::Nfs => {
             format!("disk image '/var/lib/vz-{storage}/images/{vmid}/{name}' already exists")
         }
@@ -279,27 +316,50 @@ pub async fn allocate(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     };
     let vmid: u32 = call.vmid()?;
     let filename = call.req("filename")?.to_string();
-    let size = alloc_size(call.req("size")?).ok_or_else(|| ApiError::param("size", "value does not match the regex pattern"))?;
+    let size = alloc_size(call.req("size")?)
+        .ok_or_else(|| ApiError::param("size", "value does not match the regex pattern"))?;
     let format = check_name(kind, chain, &filename, vmid, call.get("format"))?;
     // A shared storage is locked cluster-wide (PVE::Storage::cluster_lock_storage → cfs_lock_storage).
     if shared && ctx.cluster().knobs.no_quorum {
-        return Err(ApiError::die(format!("cfs-lock 'storage-{id}' error: no quorum!")));
+        return Err(ApiError::die(format!(
+            "cfs-lock 'storage-{id}' error: no quorum!"
+        )));
     }
-    let _guard = ctx.locks.storage(&id, shared, ctx.lock_timeout()).await.map_err(ApiError::die)?;
+    let _guard = ctx
+        .locks
+        .storage(&id, shared, ctx.lock_timeout())
+        .await
+        .map_err(ApiError::die)?;
     let mut c = ctx.cluster();
-    let place = c.place(&id, &node).map_err(|e| ApiError::die(e.to_string()))?;
-    let volname = if kind.file_based() { format!("{vmid}/{filename}") } else { filename.clone() };
+    let place = c
+        .place(&id, &node)
+        .map_err(|e| ApiError::die(e.to_string()))?;
+    let volname = if kind.file_based() {
+        format!("{vmid}/{filename}")
+    } else {
+        filename.clone()
+    };
     if c.volume(&place, &volname).is_some() {
         return Err(duplicate(kind, &id, &filename, vmid));
     }
     let size = kind.round(size);
     let total = c.storages.get(&id).map(|s| s.total).unwrap_or(0);
-    if matches!(kind, StorageType::Lvm | StorageType::Dir | StorageType::Nfs) && c.used(&place) + size > total {
-        return Err(ApiError::die(format!("not enough free space ({} < {size})", total.saturating_sub(c.used(&place)))));
+    if matches!(kind, StorageType::Lvm | StorageType::Dir | StorageType::Nfs)
+        && c.used(&place) + size > total
+    {
+        return Err(ApiError::die(format!(
+            "not enough free space ({} < {size})",
+            total.saturating_sub(c.used(&place))
+        )));
     }
     c.volumes.entry(place).or_default().insert(
         volname.clone(),
-        Volume { size, format, owner: vmid, ctime: crate::state::now() },
+        Volume {
+            size,
+            format,
+            owner: vmid,
+            ctime: crate::state::now(),
+        },
     );
     Ok(json!(format!("{id}:{volname}")))
 }
@@ -309,7 +369,10 @@ fn resolve(call: &Call) -> Result<(String, String), ApiError> {
     let storage = call.req("storage")?;
     let volume = call.req("volume")?;
     match volume.split_once(':') {
-        Some((s, _)) if s != storage => Err(ApiError::param("volume", format!("storage ID mismatch ({s} != {storage})\n"))),
+        Some((s, _)) if s != storage => Err(ApiError::param(
+            "volume",
+            format!("storage ID mismatch ({s} != {storage})\n"),
+        )),
         Some((_, n)) => Ok((storage.to_string(), n.to_string())),
         None => Ok((storage.to_string(), volume.to_string())),
     }
@@ -317,7 +380,11 @@ fn resolve(call: &Call) -> Result<(String, String), ApiError> {
 
 /// The volume group of pvesim's LVM storages.
 fn vgname(kind: StorageType) -> &'static str {
-    if kind == StorageType::Lvm { "san" } else { "pve" }
+    if kind == StorageType::Lvm {
+        "san"
+    } else {
+        "pve"
+    }
 }
 
 /// What `GET …/content/{volume}` answers for a volume that is not there:
@@ -331,14 +398,24 @@ fn vgname(kind: StorageType) -> &'static str {
 /// with volume chains probes a `.qcow2` volume as a file, as files are.
 fn missing(kind: StorageType, storage: &str, volname: &str) -> ApiError {
     ApiError::die(match kind {
-        StorageType::Dir | StorageType::Nfs => format!("volume_size_info on '{storage}:{volname}' failed - no format"),
-        StorageType::Lvm if volname.ends_with(".qcow2") => format!("volume_size_info on '{storage}:{volname}' failed - no format"),
+        StorageType::Dir | StorageType::Nfs => {
+            format!("volume_size_info on '{storage}:{volname}' failed - no format")
+        }
+        StorageType::Lvm if volname.ends_with(".qcow2") => {
+            format!("volume_size_info on '{storage}:{volname}' failed - no format")
+        }
         StorageType::Lvmthin | StorageType::Lvm => {
             let vg = vgname(kind);
-            format!("can't get size of '/dev/{vg}/{volname}':   Failed to find logical volume \"{vg}/{volname}\"")
+            format!(
+                "can't get size of '/dev/{vg}/{volname}':   Failed to find logical volume \"{vg}/{volname}\""
+            )
         }
-        StorageType::Zfspool => format!("zfs error: cannot open 'rpool/data/{volname}': dataset does not exist"),
-        StorageType::Rbd => format!("rbd error: rbd: error opening image {volname}: (2) No such file or directory"),
+        StorageType::Zfspool => {
+            format!("zfs error: cannot open 'rpool/data/{volname}': dataset does not exist")
+        }
+        StorageType::Rbd => {
+            format!("rbd error: rbd: error opening image {volname}: (2) No such file or directory")
+        }
     })
 }
 
@@ -355,20 +432,29 @@ fn missing(kind: StorageType, storage: &str, volname: &str) -> ApiError {
 ///   "timeout: no zvol device link for '$volname' found after $timeout sec.";
 /// - rbd without krbd: activate_volume does nothing;
 /// - dir/nfs: Plugin.pm activate_volume, "volume '$storeid:$volname' does not exist".
-pub fn activation_error(kind: StorageType, storage: &str, volname: &str, in_worker: bool) -> Option<String> {
+pub fn activation_error(
+    kind: StorageType,
+    storage: &str,
+    volname: &str,
+    in_worker: bool,
+) -> Option<String> {
     match kind {
         StorageType::Lvmthin => Some(format!("no such logical volume {}/{volname}", vgname(kind))),
         StorageType::Lvm if volname.ends_with(".qcow2") => None,
         StorageType::Lvm => {
             let vg = vgname(kind);
-            Some(format!("can't activate LV '/dev/{vg}/{volname}':   Failed to find logical volume \"{vg}/{volname}\""))
+            Some(format!(
+                "can't activate LV '/dev/{vg}/{volname}':   Failed to find logical volume \"{vg}/{volname}\""
+            ))
         }
         StorageType::Zfspool => Some(format!(
             "timeout: no zvol device link for '{volname}' found after {} sec.",
             if in_worker { 300 } else { 10 }
         )),
         StorageType::Rbd => None,
-        StorageType::Dir | StorageType::Nfs => Some(format!("volume '{storage}:{volname}' does not exist")),
+        StorageType::Dir | StorageType::Nfs => {
+            Some(format!("volume '{storage}:{volname}' does not exist"))
+        }
     }
 }
 
@@ -378,7 +464,9 @@ pub fn activation_error(kind: StorageType, storage: &str, volname: &str, in_work
 /// create_disks turns into "volume $volid does not exist" (Qemu.pm).
 pub fn size_probe_error(kind: StorageType, storage: &str, volname: &str) -> String {
     match kind {
-        StorageType::Rbd => format!("rbd error: rbd: error opening image {volname}: (2) No such file or directory"),
+        StorageType::Rbd => {
+            format!("rbd error: rbd: error opening image {volname}: (2) No such file or directory")
+        }
         _ => format!("volume {storage}:{volname} does not exist"),
     }
 }
@@ -392,15 +480,25 @@ pub async fn volume_get(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let sp = format!("/storage/{storage}");
     let readable = c.has_priv(&call.caller, &sp, "Datastore.Allocate")
         || (c.has_priv(&call.caller, &sp, "Datastore.Audit")
-            && owner_of(&volname).is_some_and(|o| c.has_priv(&call.caller, &format!("/vms/{o}"), "VM.Config.Disk")));
+            && owner_of(&volname)
+                .is_some_and(|o| c.has_priv(&call.caller, &format!("/vms/{o}"), "VM.Config.Disk")));
     if !readable {
-        return Err(ApiError::forbidden(&sp, &format!("missing privileges to access {storage}:{volname}")));
+        return Err(ApiError::forbidden(
+            &sp,
+            &format!("missing privileges to access {storage}:{volname}"),
+        ));
     }
-    let place = c.place(&storage, node).map_err(|e| ApiError::die(e.to_string()))?;
+    let place = c
+        .place(&storage, node)
+        .map_err(|e| ApiError::die(e.to_string()))?;
     let unknown = &c.knobs.missing_volume_text;
-    let v = c
-        .volume(&place, &volname)
-        .ok_or_else(|| if unknown.is_empty() { missing(st.kind, &storage, &volname) } else { ApiError::die(unknown.clone()) })?;
+    let v = c.volume(&place, &volname).ok_or_else(|| {
+        if unknown.is_empty() {
+            missing(st.kind, &storage, &volname)
+        } else {
+            ApiError::die(unknown.clone())
+        }
+    })?;
     let path = match st.kind {
         StorageType::Dir | StorageType::Nfs => format!("/var/lib/vz-{storage}/images/{volname}"),
         StorageType::Zfspool => format!("/dev/zvol/rpool/data/{volname}"),
@@ -425,7 +523,10 @@ pub async fn volume_put(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
 
 pub async fn volume_copy(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     if call.caller != "root@pam" {
-        return Err(ApiError::new(403, "Permission check failed (user != root@pam)"));
+        return Err(ApiError::new(
+            403,
+            "Permission check failed (user != root@pam)",
+        ));
     }
     let node = call.req("node")?.to_string();
     let (storage, volname) = resolve(&call)?;
@@ -436,7 +537,10 @@ pub async fn volume_copy(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
         let mut c = ctx.cluster();
         let src = c.place(&storage, &node).map_err(|e| e.to_string())?;
-        let vol = c.volume(&src, &volname).cloned().ok_or(format!("volume '{storage}:{volname}' does not exist"))?;
+        let vol = c
+            .volume(&src, &volname)
+            .cloned()
+            .ok_or(format!("volume '{storage}:{volname}' does not exist"))?;
         let (tstore, tname) = match target.split_once(':') {
             Some((s, n)) => (s.to_string(), n.to_string()),
             None => (storage.clone(), target.clone()),
@@ -448,9 +552,16 @@ pub async fn volume_copy(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         let owner = owner_of(&tname).unwrap_or(vol.owner);
         c.volumes.entry(dst).or_default().insert(
             tname.clone(),
-            Volume { owner, format: format_of(&tname), ctime: crate::state::now(), ..vol },
+            Volume {
+                owner,
+                format: format_of(&tname),
+                ctime: crate::state::now(),
+                ..vol
+            },
         );
-        Ok(vec![format!("copied '{storage}:{volname}' to '{tstore}:{tname}'")])
+        Ok(vec![format!(
+            "copied '{storage}:{volname}' to '{tstore}:{tname}'"
+        )])
     });
     Ok(json!(upid))
 }
@@ -462,31 +573,48 @@ pub async fn volume_delete(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError>
         let c = ctx.cluster();
         common::node(&c, &node)?;
         let st = common::storage(&c, &node, &storage)?;
-        c.check(&call.caller, &format!("/storage/{storage}"), &["Datastore.Allocate"], false)?;
+        c.check(
+            &call.caller,
+            &format!("/storage/{storage}"),
+            &["Datastore.Allocate"],
+            false,
+        )?;
         st.kind
     };
-    let owner = owner_of(&volname).map(|o| o.to_string()).unwrap_or_default();
+    let owner = owner_of(&volname)
+        .map(|o| o.to_string())
+        .unwrap_or_default();
     let task = Task::new(&node, "imgdel", &format!("{owner}@{storage}"), &call.caller);
     let upid = task.upid.clone();
     let delay = call.get("delay").and_then(|d| d.parse::<u64>().ok());
     let done = spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
-        let shared = ctx.cluster().storages.get(&storage).is_some_and(|s| s.is_shared());
-        let _g = ctx.locks.storage(&storage, shared, ctx.lock_timeout()).await?;
+        let shared = ctx
+            .cluster()
+            .storages
+            .get(&storage)
+            .is_some_and(|s| s.is_shared());
+        let _g = ctx
+            .locks
+            .storage(&storage, shared, ctx.lock_timeout())
+            .await?;
         let mut c = ctx.cluster();
         let place = c.place(&storage, &node).map_err(|e| e.to_string())?;
         let removed = c.volumes.get_mut(&place).and_then(|m| m.remove(&volname));
         if removed.is_some()
             && let Some(dir) = &ctx.volume_dir
         {
-            let _ = std::fs::remove_file(crate::qmp::backing_path(dir, &format!("{storage}:{volname}")));
+            let _ = std::fs::remove_file(crate::qmp::backing_path(
+                dir,
+                &format!("{storage}:{volname}"),
+            ));
         }
         match (removed, kind) {
             (Some(_), _) => Ok(vec![format!("Removed volume '{storage}:{volname}'")]),
             // Missing volumes: lvmthin and dir finish OK, others fail in their tool.
             (None, StorageType::Lvmthin) => Ok(vec![]),
-            (None, StorageType::Dir | StorageType::Nfs) => {
-                Ok(vec![format!("disk image '/var/lib/vz-{storage}/images/{volname}' does not exist")])
-            }
+            (None, StorageType::Dir | StorageType::Nfs) => Ok(vec![format!(
+                "disk image '/var/lib/vz-{storage}/images/{volname}' does not exist"
+            )]),
             (None, k) => Err(missing(k, &storage, &volname).message),
         }
     });

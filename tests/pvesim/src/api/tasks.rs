@@ -22,7 +22,8 @@ fn find<'a>(c: &'a Cluster, call: &Call) -> Result<&'a Task, ApiError> {
         .filter(|t| t.node == node)
         .ok_or_else(|| ApiError::param("upid", "no such task"))?;
     // A token sees its own tasks; its user sees the user's and the token's.
-    let owner = task.user == call.caller || task.user.split('!').next() == Some(call.caller.as_str());
+    let owner =
+        task.user == call.caller || task.user.split('!').next() == Some(call.caller.as_str());
     if !owner && !c.has_priv(&call.caller, &format!("/nodes/{node}"), "Sys.Audit") {
         return Err(ApiError::forbidden(&format!("/nodes/{node}"), "Sys.Audit"));
     }

@@ -15,14 +15,23 @@ use crate::server::Ctx;
 use crate::state::{Cluster, StorageType, Vm, Volume, owner_of};
 use crate::tasks::Task;
 
-
 pub async fn index(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let c = ctx.cluster();
     common::vm(&c, call.req("node")?, call.vmid()?)?;
-    Ok(json!(["config", "pending", "status", "unlink", "resize", "move_disk", "migrate"]
+    Ok(json!(
+        [
+            "config",
+            "pending",
+            "status",
+            "unlink",
+            "resize",
+            "move_disk",
+            "migrate"
+        ]
         .iter()
         .map(|s| json!({ "subdir": s }))
-        .collect::<Vec<_>>()))
+        .collect::<Vec<_>>()
+    ))
 }
 
 pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
@@ -31,7 +40,12 @@ pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     {
         let c = ctx.cluster();
         common::node(&c, &node)?;
-        c.check(&call.caller, &format!("/vms/{vmid}"), &["VM.Allocate"], false)?;
+        c.check(
+            &call.caller,
+            &format!("/vms/{vmid}"),
+            &["VM.Allocate"],
+            false,
+        )?;
         common::quorum(&c)?;
         // Each option set needs its own privilege (qemu-server
         // src/PVE/API2/Qemu.pm create_vm → $check_vm_modify_config_perm).
@@ -42,7 +56,10 @@ pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         }
         // pve-cluster src/PVE/Cluster.pm check_vmid_unused, wrapped by create_vm.
         if let Some(vm) = c.vms.get(&vmid) {
-            return Err(ApiError::die(format!("unable to create VM {vmid} - VM {vmid} already exists on node '{}'", vm.node)));
+            return Err(ApiError::die(format!(
+                "unable to create VM {vmid} - VM {vmid} already exists on node '{}'",
+                vm.node
+            )));
         }
     }
     let config: BTreeMap<String, String> = call
@@ -52,21 +69,38 @@ pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     if config.keys().any(|k| drive::is_drive_key(k)) {
-        return Err(ApiError::die("pvesim creates VMs without disks; attach them with a config update"));
+        return Err(ApiError::die(
+            "pvesim creates VMs without disks; attach them with a config update",
+        ));
     }
     let task = Task::new(&node, "qmcreate", &vmid.to_string(), &call.caller);
     let upid = task.upid.clone();
     spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
         let mut c = ctx.cluster();
         if c.vms.contains_key(&vmid) {
-            return Err(format!("unable to create VM {vmid} - VM {vmid} already exists on node '{node}'"));
+            return Err(format!(
+                "unable to create VM {vmid} - VM {vmid} already exists on node '{node}'"
+            ));
         }
         // Tags are checked in the worker (pve-guest-common
         // src/PVE/GuestHelpers.pm assert_tag_permissions, from create_vm).
-        if config.contains_key("tags") && !c.has_priv(&call.caller, &format!("/vms/{vmid}"), "VM.Config.Options") {
-            return Err(format!("unable to create VM {vmid} - 403 Permission check failed (/vms/{vmid}, VM.Config.Options)"));
+        if config.contains_key("tags")
+            && !c.has_priv(&call.caller, &format!("/vms/{vmid}"), "VM.Config.Options")
+        {
+            return Err(format!(
+                "unable to create VM {vmid} - 403 Permission check failed (/vms/{vmid}, VM.Config.Options)"
+            ));
         }
-        c.vms.insert(vmid, Vm { vmid, node, running: call.flag("start"), config, ..Default::default() });
+        c.vms.insert(
+            vmid,
+            Vm {
+                vmid,
+                node,
+                running: call.flag("start"),
+                config,
+                ..Default::default()
+            },
+        );
         c.created.insert(vmid, std::time::Instant::now());
         Ok(vec![])
     });
@@ -79,8 +113,12 @@ fn option_privilege(key: &str) -> Option<&'static str> {
     Some(match key {
         "cores" | "sockets" | "vcpus" | "cpu" | "cpulimit" | "cpuunits" | "numa" => "VM.Config.CPU",
         "memory" | "balloon" | "shares" => "VM.Config.Memory",
-        "scsihw" | "machine" | "acpi" | "kvm" | "hotplug" | "vga" | "tablet" | "smbios1" => "VM.Config.HWType",
-        "name" | "description" | "ostype" | "agent" | "onboot" | "protection" | "bios" => "VM.Config.Options",
+        "scsihw" | "machine" | "acpi" | "kvm" | "hotplug" | "vga" | "tablet" | "smbios1" => {
+            "VM.Config.HWType"
+        }
+        "name" | "description" | "ostype" | "agent" | "onboot" | "protection" | "bios" => {
+            "VM.Config.Options"
+        }
         _ => return None,
     })
 }
@@ -92,9 +130,15 @@ pub async fn destroy(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         let c = ctx.cluster();
         let vm = common::vm(&c, &node, vmid)?;
         if vm.running {
-            return Err(ApiError::die(format!("VM {vmid} is running - destroy failed")));
+            return Err(ApiError::die(format!(
+                "VM {vmid} is running - destroy failed"
+            )));
         }
-        if let Some(id) = c.replication.iter().find(|(_, j)| j.guest == vmid).map(|(id, _)| id)
+        if let Some(id) = c
+            .replication
+            .iter()
+            .find(|(_, j)| j.guest == vmid)
+            .map(|(id, _)| id)
             && !call.flag("purge")
         {
             return Err(ApiError::die(format!(
@@ -112,21 +156,39 @@ pub async fn destroy(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
         let _g = ctx.locks.vm(vmid, ctx.lock_timeout()).await?;
         let mut c = ctx.cluster();
-        let vm = c.vms.remove(&vmid).ok_or(format!("VM {vmid} does not exist"))?;
+        let vm = c
+            .vms
+            .remove(&vmid)
+            .ok_or(format!("VM {vmid} does not exist"))?;
         let mut log = Vec::new();
         // Every owned volume referenced anywhere in the config is freed.
-        let values = vm.config.values().chain(vm.pending.values()).cloned().collect::<Vec<_>>();
+        let values = vm
+            .config
+            .values()
+            .chain(vm.pending.values())
+            .cloned()
+            .collect::<Vec<_>>();
         for value in values {
-            let Ok(d) = Drive::parse(&value) else { continue };
-            let Some((storage, volname)) = d.volid() else { continue };
+            let Ok(d) = Drive::parse(&value) else {
+                continue;
+            };
+            let Some((storage, volname)) = d.volid() else {
+                continue;
+            };
             if owner_of(volname) != Some(vmid) {
                 continue;
             }
             if let Ok(place) = c.place(storage, &vm.node)
-                && c.volumes.get_mut(&place).and_then(|m| m.remove(volname)).is_some()
+                && c.volumes
+                    .get_mut(&place)
+                    .and_then(|m| m.remove(volname))
+                    .is_some()
             {
                 if let Some(dir) = &ctx.volume_dir {
-                    let _ = std::fs::remove_file(crate::qmp::backing_path(dir, &format!("{storage}:{volname}")));
+                    let _ = std::fs::remove_file(crate::qmp::backing_path(
+                        dir,
+                        &format!("{storage}:{volname}"),
+                    ));
                 }
                 log.push(format!("Removed volume '{storage}:{volname}'"));
             }
@@ -215,8 +277,14 @@ pub async fn migrate(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             .map(|(id, _)| id.clone());
         for (_, volid) in &locals {
             let (storage, volname) = volid.split_once(':').ok_or("bad volid")?;
-            if !c.storages.get(storage).is_some_and(|s| s.enabled_on(&target)) {
-                return Err(format!("storage '{storage}' is not available on node '{target}'"));
+            if !c
+                .storages
+                .get(storage)
+                .is_some_and(|s| s.enabled_on(&target))
+            {
+                return Err(format!(
+                    "storage '{storage}' is not available on node '{target}'"
+                ));
             }
             let from = (storage.to_string(), node.clone());
             let to = (storage.to_string(), target.clone());
@@ -243,7 +311,9 @@ pub async fn migrate(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         if let Some(v) = c.vms.get_mut(&vmid) {
             v.node = target.clone();
         }
-        Ok(vec![format!("migration finished successfully (duration 00:00:01)")])
+        Ok(vec![format!(
+            "migration finished successfully (duration 00:00:01)"
+        )])
     });
     Ok(json!(upid))
 }
@@ -332,7 +402,10 @@ pub async fn move_disk(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             ])));
         }
         (None, Some(t)) if t == vmid => {
-            return Err(ApiError::param("target-vmid", "must be different than source VMID to reassign disk"));
+            return Err(ApiError::param(
+                "target-vmid",
+                "must be different than source VMID to reassign disk",
+            ));
         }
         _ => {}
     }
@@ -346,9 +419,14 @@ pub async fn move_disk(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         if let Some(d) = call.get("digest")
             && d != vm.digest()
         {
-            return Err(ApiError::die("detected modified configuration - file changed by other user? Try again."));
+            return Err(ApiError::die(
+                "detected modified configuration - file changed by other user? Try again.",
+            ));
         }
-        let value = vm.config.get(&disk).ok_or_else(|| ApiError::die(format!("disk '{disk}' does not exist")))?;
+        let value = vm
+            .config
+            .get(&disk)
+            .ok_or_else(|| ApiError::die(format!("disk '{disk}' does not exist")))?;
         let d = Drive::parse(value).map_err(|e| ApiError::param("disk", e))?;
         if d.is_cdrom() {
             return Err(ApiError::die("you can't move a cdrom"));
@@ -356,30 +434,55 @@ pub async fn move_disk(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         if let Some(s) = &storage {
             let st = common::storage(&c, &node, s)?;
             if !st.content.iter().any(|x| x == "images") {
-                return Err(ApiError::param("storage", format!("storage '{s}' does not support vm images")));
+                return Err(ApiError::param(
+                    "storage",
+                    format!("storage '{s}' does not support vm images"),
+                ));
             }
             if d.volid().map(|(src, _)| src) == Some(s.as_str()) {
-                return Err(ApiError::die("you can't move to the same storage with same format"));
+                return Err(ApiError::die(
+                    "you can't move to the same storage with same format",
+                ));
             }
-            c.check(&call.caller, &format!("/storage/{s}"), &["Datastore.AllocateSpace"], false)?;
+            c.check(
+                &call.caller,
+                &format!("/storage/{s}"),
+                &["Datastore.AllocateSpace"],
+                false,
+            )?;
         }
         if let Some(t) = target_vmid {
             let tvm = c.vms.get(&t).ok_or_else(|| common::no_config(&node, t))?;
             if tvm.node != node {
-                return Err(ApiError::die(format!("Both VMs need to be on the same node ({node} != {})", tvm.node)));
+                return Err(ApiError::die(format!(
+                    "Both VMs need to be on the same node ({node} != {})",
+                    tvm.node
+                )));
             }
             if vm.running && !drive::is_unused_key(&disk) {
-                return Err(ApiError::die("Cannot move disk to another VM while the source VM is running - detach first"));
+                return Err(ApiError::die(
+                    "Cannot move disk to another VM while the source VM is running - detach first",
+                ));
             }
             let tkey = call.get("target-disk").unwrap_or(&disk);
             if tvm.config.contains_key(tkey) {
-                return Err(ApiError::die(format!("Target disk key '{tkey}' is already in use for VM '{t}'")));
+                return Err(ApiError::die(format!(
+                    "Target disk key '{tkey}' is already in use for VM '{t}'"
+                )));
             }
-            c.check(&call.caller, &format!("/vms/{t}"), &["VM.Config.Disk"], false)?;
+            c.check(
+                &call.caller,
+                &format!("/vms/{t}"),
+                &["VM.Config.Disk"],
+                false,
+            )?;
         }
     }
     let task_id = match target_vmid {
-        Some(t) => format!("{vmid}-{disk}>{t}-{}", call.get("target-disk").unwrap_or(&disk)),
+        Some(t) => format!(
+            "{vmid}-{disk}>{t}-{}",
+            call.get("target-disk").unwrap_or(&disk)
+        ),
         None => vmid.to_string(),
     };
     let task = Task::new(&node, "qmmove", &task_id, &call.caller);
@@ -387,16 +490,41 @@ pub async fn move_disk(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
         let _g = ctx.locks.vm(vmid, ctx.lock_timeout()).await?;
         let mut c = ctx.cluster();
-        let value = c.vms.get(&vmid).and_then(|v| v.config.get(&disk).cloned()).ok_or(format!("disk '{disk}' does not exist"))?;
+        let value = c
+            .vms
+            .get(&vmid)
+            .and_then(|v| v.config.get(&disk).cloned())
+            .ok_or(format!("disk '{disk}' does not exist"))?;
         let mut d = Drive::parse(&value).map_err(|e| e.to_string())?;
-        let (src_storage, src_name) = d.volid().map(|(s, n)| (s.to_string(), n.to_string())).ok_or("no volume")?;
+        let (src_storage, src_name) = d
+            .volid()
+            .map(|(s, n)| (s.to_string(), n.to_string()))
+            .ok_or("no volume")?;
         let src_place = c.place(&src_storage, &node).map_err(|e| e.to_string())?;
-        let kind = c.storages.get(&src_storage).map(|s| s.kind).ok_or("no storage")?;
+        let kind = c
+            .storages
+            .get(&src_storage)
+            .map(|s| s.kind)
+            .ok_or("no storage")?;
         let vol = match c.volume(&src_place, &src_name).cloned() {
             Some(v) => v,
             // A reassign renames: the plugin's rename_volume meets the gap.
-            None if target_vmid.is_some() => return Err(rename_missing(kind, &src_storage, &src_name, target_vmid.unwrap_or_default())),
-            None => return Err(super::storage::activation_error(kind, &src_storage, &src_name, true).unwrap_or_else(|| super::storage::size_probe_error(kind, &src_storage, &src_name))),
+            None if target_vmid.is_some() => {
+                return Err(rename_missing(
+                    kind,
+                    &src_storage,
+                    &src_name,
+                    target_vmid.unwrap_or_default(),
+                ));
+            }
+            None => {
+                return Err(
+                    super::storage::activation_error(kind, &src_storage, &src_name, true)
+                        .unwrap_or_else(|| {
+                            super::storage::size_probe_error(kind, &src_storage, &src_name)
+                        }),
+                );
+            }
         };
         match (storage, target_vmid) {
             (Some(dst), _) => {
@@ -410,8 +538,11 @@ pub async fn move_disk(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
                         m.remove(&src_name);
                     }
                 } else if let Some(vm) = c.vms.get_mut(&vmid) {
-                    let n = (0..=255).find(|n| !vm.config.contains_key(&format!("unused{n}"))).unwrap_or(0);
-                    vm.config.insert(format!("unused{n}"), format!("{src_storage}:{src_name}"));
+                    let n = (0..=255)
+                        .find(|n| !vm.config.contains_key(&format!("unused{n}")))
+                        .unwrap_or(0);
+                    vm.config
+                        .insert(format!("unused{n}"), format!("{src_storage}:{src_name}"));
                 }
                 Ok(vec![format!("moved disk {disk} to {new}")])
             }
@@ -424,7 +555,9 @@ pub async fn move_disk(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
                 let new_name = (0..)
                     .map(|n| match st.kind {
                         k if k.file_based() => format!("{t}/vm-{t}-disk-{n}.{}", vol.format),
-                        StorageType::Lvm if vol.format == "qcow2" => format!("vm-{t}-disk-{n}.qcow2"),
+                        StorageType::Lvm if vol.format == "qcow2" => {
+                            format!("vm-{t}-disk-{n}.qcow2")
+                        }
                         _ => format!("vm-{t}-disk-{n}"),
                     })
                     .find(|n| !existing.contains_key(n))
@@ -461,34 +594,74 @@ fn rename_missing(kind: StorageType, storage: &str, volname: &str, target: u32) 
     let new = format!("vm-{target}-disk-0");
     match kind {
         StorageType::Lvmthin | StorageType::Lvm => {
-            let vg = if kind == StorageType::Lvm { "san" } else { "pve" };
-            format!("lvrename '{vg}/{volname}' to '{new}' error:   Existing logical volume \"{volname}\" not found in volume group \"{vg}\"")
+            let vg = if kind == StorageType::Lvm {
+                "san"
+            } else {
+                "pve"
+            };
+            format!(
+                "lvrename '{vg}/{volname}' to '{new}' error:   Existing logical volume \"{volname}\" not found in volume group \"{vg}\""
+            )
         }
-        StorageType::Zfspool => format!("zfs error: cannot open 'rpool/data/{volname}': dataset does not exist"),
-        StorageType::Rbd => format!("could not rename image '{volname}' to '{new}': rbd: rename error: (2) No such file or directory"),
+        StorageType::Zfspool => {
+            format!("zfs error: cannot open 'rpool/data/{volname}': dataset does not exist")
+        }
+        StorageType::Rbd => format!(
+            "could not rename image '{volname}' to '{new}': rbd: rename error: (2) No such file or directory"
+        ),
         StorageType::Dir | StorageType::Nfs => {
             let file = volname.rsplit('/').next().unwrap_or(volname);
             let ext = file.rsplit('.').next().unwrap_or("raw");
-            format!("rename '/var/lib/vz-{storage}/images/{volname}' to '/var/lib/vz-{storage}/images/{target}/{new}.{ext}' failed - No such file or directory")
+            format!(
+                "rename '/var/lib/vz-{storage}/images/{volname}' to '/var/lib/vz-{storage}/images/{target}/{new}.{ext}' failed - No such file or directory"
+            )
         }
     }
 }
 
 /// Copies a volume to another storage, keeping its name when it is free there.
-fn copy_to(c: &mut Cluster, node: &str, dst: &str, vmid: u32, name: &str, vol: &Volume) -> Result<String, String> {
-    let st = c.storages.get(dst).cloned().ok_or(format!("storage '{dst}' does not exist"))?;
+fn copy_to(
+    c: &mut Cluster,
+    node: &str,
+    dst: &str,
+    vmid: u32,
+    name: &str,
+    vol: &Volume,
+) -> Result<String, String> {
+    let st = c
+        .storages
+        .get(dst)
+        .cloned()
+        .ok_or(format!("storage '{dst}' does not exist"))?;
     let place = c.place(dst, node).map_err(|e| e.to_string())?;
     let existing = c.volumes.get(&place).cloned().unwrap_or_default();
-    let base = name.rsplit('/').next().unwrap_or(name).trim_end_matches(".raw").trim_end_matches(".qcow2");
-    let candidate = if st.kind.file_based() { format!("{vmid}/{base}.raw") } else { base.to_string() };
+    let base = name
+        .rsplit('/')
+        .next()
+        .unwrap_or(name)
+        .trim_end_matches(".raw")
+        .trim_end_matches(".qcow2");
+    let candidate = if st.kind.file_based() {
+        format!("{vmid}/{base}.raw")
+    } else {
+        base.to_string()
+    };
     let new_name = if existing.contains_key(&candidate) {
-        (0..).map(|n| format!("vm-{vmid}-disk-{n}")).find(|n| !existing.contains_key(n)).unwrap_or_default()
+        (0..)
+            .map(|n| format!("vm-{vmid}-disk-{n}"))
+            .find(|n| !existing.contains_key(n))
+            .unwrap_or_default()
     } else {
         candidate
     };
     c.volumes.entry(place).or_default().insert(
         new_name.clone(),
-        Volume { size: st.kind.round(vol.size), format: "raw".into(), owner: owner_of(&new_name).unwrap_or(vmid), ctime: crate::state::now() },
+        Volume {
+            size: st.kind.round(vol.size),
+            format: "raw".into(),
+            owner: owner_of(&new_name).unwrap_or(vmid),
+            ctime: crate::state::now(),
+        },
     );
     Ok(format!("{dst}:{new_name}"))
 }
@@ -507,6 +680,9 @@ mod tests {
             rename_missing(StorageType::Rbd, "ceph", "vm-100-disk-9", 101),
             "could not rename image 'vm-100-disk-9' to 'vm-101-disk-0': rbd: rename error: (2) No such file or directory"
         );
-        assert!(rename_missing(StorageType::Nfs, "nfs", "100/vm-100-disk-9.qcow2", 101).ends_with("/images/101/vm-101-disk-0.qcow2' failed - No such file or directory"));
+        assert!(
+            rename_missing(StorageType::Nfs, "nfs", "100/vm-100-disk-9.qcow2", 101)
+                .ends_with("/images/101/vm-101-disk-0.qcow2' failed - No such file or directory")
+        );
     }
 }

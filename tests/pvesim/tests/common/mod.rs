@@ -63,7 +63,11 @@ acl:
 pub fn schema() -> Option<Schema> {
     let path = pvesim::schema::default_path();
     if !path.is_file() {
-        assert!(std::env::var_os("CI").is_none(), "{} is missing and CI is set", path.display());
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{} is missing and CI is set",
+            path.display()
+        );
         eprintln!("SKIPPED parts: Proxmox schema {} not found", path.display());
         return None;
     }
@@ -146,10 +150,19 @@ impl Client {
             .extensions()
             .get::<hyper::ext::ReasonPhrase>()
             .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned())
-            .unwrap_or_else(|| resp.status().canonical_reason().unwrap_or_default().to_string());
+            .unwrap_or_else(|| {
+                resp.status()
+                    .canonical_reason()
+                    .unwrap_or_default()
+                    .to_string()
+            });
         let text = resp.text().await.unwrap_or_default();
         let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        Answer { status, reason, body }
+        Answer {
+            status,
+            reason,
+            body,
+        }
     }
 
     pub async fn get(&self, path: &str, params: &[(&str, &str)]) -> Answer {
@@ -161,7 +174,10 @@ impl Client {
         let node = upid.split(':').nth(1).unwrap().to_string();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let st = self.get(&format!("/nodes/{node}/tasks/{upid}/status"), &[]).await.ok();
+            let st = self
+                .get(&format!("/nodes/{node}/tasks/{upid}/status"), &[])
+                .await
+                .ok();
             if st["status"] == "stopped" {
                 return st;
             }
@@ -183,6 +199,11 @@ impl Client {
 
     pub async fn config(&self, node: &str, vmid: u32, current: bool) -> Value {
         let c = if current { "1" } else { "0" };
-        self.get(&format!("/nodes/{node}/qemu/{vmid}/config"), &[("current", c)]).await.ok()
+        self.get(
+            &format!("/nodes/{node}/qemu/{vmid}/config"),
+            &[("current", c)],
+        )
+        .await
+        .ok()
     }
 }
