@@ -1,5 +1,5 @@
 # The two entry points. Each installs the Debian packages it needs.
-.PHONY: demo test build bench
+.PHONY: demo test check build bench
 
 demo:
 	scripts/deps.sh test
@@ -10,6 +10,10 @@ demo:
 
 test:
 	scripts/test.sh
+
+# Minutes, not twenty: no root, no QEMU (see README, "Tests").
+check:
+	scripts/check.sh
 
 bench:
 	scripts/bench.sh

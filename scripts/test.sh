@@ -6,6 +6,10 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh test
 scripts/pytools.sh
 
+echo "==> rustfmt and clippy (warnings are errors)"
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
 echo "==> building (warnings are errors)"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -1,6 +1,8 @@
 //! The whole node lifecycle through the CSI API: kubelet → the agent running
 //! as uid 65534 with no capabilities → hostd (root) → loop devices.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};

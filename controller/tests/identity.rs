@@ -1,6 +1,8 @@
 //! The controller binary, started with a cloud config and a unix socket,
 //! answers Identity over gRPC; Probe reflects whether Proxmox answers.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

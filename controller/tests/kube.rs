@@ -3,6 +3,8 @@
 //! and annotation, `lifecycle: keep`, and classes applied at attach and by
 //! ControllerModifyVolume.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 mod common;
 
 use std::sync::Arc;

@@ -2,6 +2,8 @@
 //! there): the texts of missing volumes, names that lag behind new VMs,
 //! VMs that move between nodes, the datacenter's next-id range.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 mod common;
 
 use common::*;

@@ -2,6 +2,8 @@
 //! the holder following the pod's node, growth offline, and nothing left
 //! after a delete.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 mod common;
 
 use common::*;

@@ -2,6 +2,8 @@
 //! token, `ready_to_use=false` while the copy runs, idempotent retries,
 //! failures reported and recovered, nothing left behind on delete.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 mod common;
 
 use common::*;

@@ -3,6 +3,8 @@
 //! refused with nothing touched. Real loop devices, mkfs and mounts (needs
 //! root; CI is root).
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 mod support;
 
 use std::io::{Seek, SeekFrom, Write};

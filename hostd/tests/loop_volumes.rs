@@ -1,5 +1,7 @@
 //! hostd against real loop devices, mkfs and mount (needs root; CI is root).
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 mod support;
 
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -4,6 +4,8 @@
 //! `../shared/proto/csi.proto` beside the repository (override with
 //! `CSI_REFERENCE_PROTO`).
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 

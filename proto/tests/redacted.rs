@@ -1,5 +1,7 @@
 //! No message that carries a secret prints it through Debug.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::hostd::v1 as hostd;
 

@@ -2,6 +2,8 @@
 //! serves only what the CLI reads (lists of PersistentVolumes and Nodes); it
 //! does not model watches, resourceVersion, writes or authentication.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,6 +3,8 @@
 //! with its new handle and zone, and the controller publishes and deletes
 //! the moved volume like any other.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::sync::Arc;
 use std::time::Duration;
 

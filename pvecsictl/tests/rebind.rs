@@ -2,6 +2,8 @@
 //! restored, nodes uncordoned, RBAC checked first, dry runs, and an
 //! interrupted run resumed or rolled back.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use kubesim::Running;
 use pvecsictl::rebind::{self, Kube, OPERATION, Options};
 use serde_json::{Value, json};

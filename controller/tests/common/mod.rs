@@ -1,5 +1,7 @@
 //! pvesim with worker VMs, a controller on it, and request builders.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(dead_code)]
 
 use std::sync::Arc;
@@ -69,7 +71,6 @@ pub async fn env_from(cluster: &str) -> Env {
 }
 
 /// A controller built by `build` from the default one (to add a Kubernetes client).
-
 pub async fn env_with(f: impl FnOnce(Controller) -> Controller) -> Env {
     build(CLUSTER, f).await
 }

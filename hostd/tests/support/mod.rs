@@ -2,6 +2,9 @@
 //! devices, mkfs and mount (needs root; CI is root). hostd runs with
 //! `--loop-dir`, so a volume's "WWN" names the loop device backed by
 //! `<dir>/<wwn>.raw`.
+
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(dead_code)]
 
 use std::io::{Read, Write};

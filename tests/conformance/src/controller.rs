@@ -106,6 +106,8 @@ async fn provision(c: &ControllerService, name: &str) -> Result<PersistentVolume
     Ok(provisioner::persistent_volume(&class(), &claim, &volume))
 }
 
+// Without its pvesim and controller the suite cannot run at all: stop there.
+#[allow(clippy::expect_used)]
 async fn start() -> Target {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut sim =

@@ -8,6 +8,8 @@
 //! kubelet's order. The controller runs on pvesim; the node plugin and hostd
 //! on this host, the disk reaching them as a loop device.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::collections::HashMap;
 use std::path::Path;
 

@@ -252,7 +252,7 @@ impl Guest {
             let text = String::from_utf8_lossy(&self.pending).into_owned();
             if let Some(pos) = text.find(marker) {
                 let before = text[..pos].to_string();
-                self.pending = text[pos + marker.len()..].as_bytes().to_vec();
+                self.pending = text.as_bytes()[pos + marker.len()..].to_vec();
                 return Ok(before);
             }
             let left = deadline.saturating_duration_since(Instant::now());

@@ -5,6 +5,8 @@
 //! in the guest, through its path commands (`--csi.createmountpathcmd` and
 //! the others), which this test serves from the guest's console.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::path::Path;
 use std::sync::Arc;
 

@@ -6,6 +6,8 @@
 //! provisioner, the attacher, the resizer, the snapshotter and kubelet, on
 //! kubelet's own directory layout in the guest.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,6 +1,8 @@
 //! kubesim through kube-rs: create, conflicts on a stale replace, merge
 //! patches, the binder, and watch from a resourceVersion.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::Api;

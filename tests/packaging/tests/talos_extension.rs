@@ -2,6 +2,8 @@
 //! Talos's rules, and self-contained (hostd and mkfs run chrooted into the
 //! service's rootfs, with nothing of the host).
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -1,5 +1,7 @@
 //! One test per Proxmox semantic pvesim promises (see proxmox-api.md §12).
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 mod common;
 
 use std::time::{Duration, Instant};

@@ -5,6 +5,9 @@ mod common;
 
 use common::{ADMIN, Client, start};
 
+/// One call of the walk: method, path template, concrete path, parameters.
+type Call<'a> = (&'a str, &'a str, String, Vec<(&'a str, &'a str)>);
+
 #[tokio::test]
 async fn every_served_endpoint_answers_in_the_documented_shape() {
     let sim = start().await;
@@ -56,8 +59,7 @@ async fn every_served_endpoint_answers_in_the_documented_shape() {
         .ok();
     c.wait_task(resize.as_str().unwrap()).await;
 
-    // (method, template, concrete path, params)
-    let calls: Vec<(&str, &str, String, Vec<(&str, &str)>)> = vec![
+    let calls: Vec<Call> = vec![
         ("GET", "/version", "/version".into(), vec![]),
         ("GET", "/cluster/status", "/cluster/status".into(), vec![]),
         (

@@ -1,6 +1,8 @@
 //! A cluster for the tests, and a small client that shows what a Proxmox
 //! client sees: status, reason phrase, body.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(dead_code)]
 
 use std::time::{Duration, Instant};
