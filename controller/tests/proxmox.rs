@@ -196,7 +196,7 @@ async fn a_new_vm_never_takes_the_placeholder_vmid() {
         s.snapshot_id
     );
     assert!(
-        e.admin("GET", "vms/9999", "").await.is_null(),
+        e.admin_answer("GET", "vms/9999", "").await.0 == reqwest::StatusCode::NOT_FOUND,
         "no VM under the placeholder VMID"
     );
     tokio::time::sleep(Duration::from_millis(10)).await;

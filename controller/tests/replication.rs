@@ -195,7 +195,10 @@ async fn replicated_volume_lives_in_a_holder_that_follows_the_pod() {
             .await
             .unwrap();
     }
-    assert!(e.admin("GET", &format!("vms/{h}"), "").await.is_null());
+    assert_eq!(
+        e.admin_answer("GET", &format!("vms/{h}"), "").await.0,
+        reqwest::StatusCode::NOT_FOUND
+    );
     assert!(jobs(&e).await.is_empty());
     let vols = e.admin("GET", "volumes", "").await;
     assert!(

@@ -311,6 +311,7 @@ async fn a_failed_hotplug_is_reverted_and_retryable() {
         "{}",
         err.message()
     );
+    assert_eq!(e.faults().failed_hotplugs, 1);
     let vm = e.vm(112).await;
     assert!(vm["config"].get("scsi1").is_none(), "{vm}");
     assert!(
@@ -370,12 +371,22 @@ async fn locks_5xx_and_dropped_connections_are_retried_within_the_deadline() {
         .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112")))
         .await
         .unwrap();
-    e.knobs(r#"{"error_5xx_rate": 0.3}"#).await;
+    assert_eq!(e.faults().dropped_connections, 2);
+    // Every call answered 595 until the controller has retried four times.
+    e.knobs(r#"{"error_5xx_rate": 1.0}"#).await;
+    let sim = e.sim.ctx.clone();
+    let healer = tokio::spawn(async move {
+        while sim.cluster().faults.errors_5xx < 4 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        sim.cluster().knobs.error_5xx_rate = 0.0;
+    });
     e.svc
         .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
         .await
         .unwrap();
-    e.knobs(r#"{"error_5xx_rate": 0.0}"#).await;
+    healer.await.unwrap();
+    assert!(e.faults().errors_5xx >= 4, "{:?}", e.faults());
     // A task that fails after its UPID: the exit status is read.
     e.knobs(r#"{"fail_tasks": 1}"#).await;
     let err = e
@@ -389,6 +400,7 @@ async fn locks_5xx_and_dropped_connections_are_retried_within_the_deadline() {
     );
     // Retryable, as the sidecars must try again (the soak found it final).
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert_eq!(e.faults().failed_tasks, 1);
     e.svc
         .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2/112")))
         .await
@@ -401,6 +413,7 @@ async fn locks_5xx_and_dropped_connections_are_retried_within_the_deadline() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert_eq!(e.faults().failed_tasks, 2);
     assert_eq!(
         e.vm(112).await["pending"],
         serde_json::json!({}),

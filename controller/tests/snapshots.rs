@@ -303,7 +303,10 @@ async fn snapshot_restore_and_clone_with_a_token() {
             .await
             .unwrap();
     }
-    assert!(e.admin("GET", &format!("vms/{vmid}"), "").await.is_null());
+    assert_eq!(
+        e.admin_answer("GET", &format!("vms/{vmid}"), "").await.0,
+        reqwest::StatusCode::NOT_FOUND
+    );
     assert!(
         !volumes(&e)
             .await
@@ -545,6 +548,7 @@ async fn a_failed_copy_is_reported_and_started_again() {
         "{}",
         err.message()
     );
+    assert_eq!(e.faults().failed_tasks, 1);
     let ready = until_ready(&e, "snapshot-f", &v.volume_id)
         .await
         .pop()

@@ -92,11 +92,7 @@ async fn lab() -> Lab {
         .unwrap();
     // A change Proxmox left pending on 113: a hot-plug that failed.
     let http = reqwest::Client::new();
-    http.post(format!("http://{}/pvesim/knobs", sim.addr))
-        .body(r#"{"fail_hotplugs": 1}"#)
-        .send()
-        .await
-        .unwrap();
+    sim.set_knobs(r#"{"fail_hotplugs": 1}"#).unwrap();
     http.post(format!("{}/nodes/pve2/qemu/113/config", sim.api_url()))
         .header(
             "Authorization",
@@ -107,6 +103,11 @@ async fn lab() -> Lab {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        sim.faults().failed_hotplugs,
+        1,
+        "the stray change is pending"
+    );
     let app = axum::Router::new()
         .route("/api/v1/persistentvolumes", get(pvs))
         .route("/api/v1/nodes", get(nodes));

@@ -3,7 +3,7 @@
 use super::Controller;
 use crate::error::CtlError;
 use crate::pve::api::VolumeInfo;
-use crate::pve::{Client, Deadline};
+use crate::pve::{Client, Deadline, PveError};
 use crate::volume::VolumeId;
 
 impl Controller {
@@ -162,9 +162,22 @@ impl Controller {
             }
             return self.destroy_copy(&client, &vm, d).await;
         }
-        client
-            .delete_volume(&node, &id.storage, &id.disk, d)
-            .await?;
-        Ok(())
+        match client.delete_volume(&node, &id.storage, &id.disk, d).await {
+            Ok(()) => Ok(()),
+            // A failed task may still have freed the disk (a worker that
+            // died after its work): the storage says whether it is gone.
+            Err(e @ PveError::Task { .. }) => {
+                match client.volume_info(&node, &id.storage, &id.disk, d).await {
+                    Ok(None) => {
+                        tracing::info!(volume_id, error = %e, "the delete task failed, but the disk is gone");
+                        Ok(())
+                    }
+                    _ => Err(CtlError::Unavailable(format!(
+                        "{e}; the next call tries again"
+                    ))),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 }

@@ -49,6 +49,18 @@ pub enum PveError {
         upid: String,
         exitstatus: String,
     },
+    /// A write was sent and no answer came back: Proxmox may have done it.
+    /// Not repeated blindly (a second allocation, a second VM); the next
+    /// call of the operation finds out what happened and goes on from there.
+    #[error(
+        "Proxmox cluster {region}: {method} {path}: the answer was lost ({source}); whether Proxmox did it is not known, the next call finds out"
+    )]
+    AnswerLost {
+        region: String,
+        method: Method,
+        path: String,
+        source: reqwest::Error,
+    },
     /// Something could not be learnt because part of the cluster did not
     /// answer (a node down): worth asking again later.
     #[error("Proxmox cluster {region}: {what}")]
@@ -82,9 +94,10 @@ impl PveError {
     /// the text against the cited corpus.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::Transport { .. } | Self::Deadline { .. } | Self::Unknown { .. } => {
-                ErrorKind::Transient
-            }
+            Self::Transport { .. }
+            | Self::AnswerLost { .. }
+            | Self::Deadline { .. }
+            | Self::Unknown { .. } => ErrorKind::Transient,
             Self::Api {
                 status, message, ..
             } => classify(Some(status.as_u16()), message),
@@ -209,9 +222,55 @@ impl Client {
         deadline: Deadline,
     ) -> Result<T, PveError> {
         let mut attempt = 0;
+        // Proxmox refuses a write whose digest is stale, so such a write is
+        // safe to send again; reads always are.
+        let repeatable = method == Method::GET || form.iter().any(|(k, _)| *k == "digest");
+        // A repeated write whose first answer was lost and whose digest is
+        // now stale may have been applied by that first attempt.
+        let mut lost: Option<reqwest::Error> = None;
         loop {
             match self.once(method.clone(), path, form).await {
                 Ok(v) => return Ok(v),
+                Err(e) if e.kind() == ErrorKind::DigestMismatch && lost.is_some() => {
+                    if let Some(source) = lost {
+                        return Err(PveError::AnswerLost {
+                            region: self.cluster.region.clone(),
+                            method,
+                            path: path.to_string(),
+                            source,
+                        });
+                    }
+                    return Err(e);
+                }
+                Err(PveError::Transport {
+                    region,
+                    method,
+                    path,
+                    source,
+                }) if !repeatable && !source.is_connect() => {
+                    return Err(PveError::AnswerLost {
+                        region,
+                        method,
+                        path,
+                        source,
+                    });
+                }
+                Err(PveError::Transport { source, .. }) if method != Method::GET => {
+                    let wait = backoff(attempt);
+                    if deadline.remaining() <= wait {
+                        return Err(PveError::AnswerLost {
+                            region: self.cluster.region.clone(),
+                            method,
+                            path: path.to_string(),
+                            source,
+                        });
+                    }
+                    if !source.is_connect() {
+                        lost = Some(source);
+                    }
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
                 Err(e) if e.is_transient() => {
                     let wait = backoff(attempt);
                     if deadline.remaining() <= wait {

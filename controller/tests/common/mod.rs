@@ -77,12 +77,11 @@ pub async fn env_with(f: impl FnOnce(Controller) -> Controller) -> Env {
 
 async fn build(cluster: &str, f: impl FnOnce(Controller) -> Controller) -> Env {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut sim = Sim::new(State::from_yaml(cluster).unwrap()).plain_http();
-    let schema = pvesim::schema::default_path();
-    if schema.is_file() {
-        sim = sim.with_schema(pvesim::Schema::load(&schema).unwrap());
-    }
-    let sim = sim.start("127.0.0.1:0").await.unwrap();
+    let sim = Sim::new(State::from_yaml(cluster).unwrap())
+        .plain_http()
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
     let cfg = CloudConfig::parse(&format!(
         "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
         sim.api_url()
@@ -125,6 +124,18 @@ pub fn controller_on(e: &Env) -> Controller {
 
 impl Env {
     pub async fn admin(&self, method: &str, path: &str, body: &str) -> Value {
+        let (status, body) = self.admin_answer(method, path, body).await;
+        assert!(status.is_success(), "pvesim admin {path}: {status} {body}");
+        body["data"].clone()
+    }
+
+    /// An admin call's status and body, whatever the status.
+    pub async fn admin_answer(
+        &self,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> (reqwest::StatusCode, Value) {
         let url = format!("http://{}/pvesim/{path}", self.sim.addr);
         let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
         let r = self
@@ -134,15 +145,22 @@ impl Env {
             .send()
             .await
             .unwrap();
-        r.json::<Value>().await.unwrap()["data"].clone()
+        let status = r.status();
+        (status, r.json::<Value>().await.unwrap())
     }
 
     pub async fn vm(&self, vmid: u32) -> Value {
         self.admin("GET", &format!("vms/{vmid}"), "").await
     }
 
+    /// Sets fault and latency knobs; an unknown knob fails the test.
     pub async fn knobs(&self, json: &str) {
         self.admin("POST", "knobs", json).await;
+    }
+
+    /// The faults pvesim has taken: a fault test proves its fault fired.
+    pub fn faults(&self) -> pvesim::knobs::Faults {
+        self.sim.faults()
     }
 
     /// A GET of the Proxmox API with the CSI token.

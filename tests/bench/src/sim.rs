@@ -92,7 +92,10 @@ impl Sim {
             .body(body.to_string())
             .send()
             .await?;
-        Ok(r.json::<Value>().await?["data"].clone())
+        let status = r.status();
+        let body = r.json::<Value>().await?;
+        anyhow::ensure!(status.is_success(), "pvesim admin {path}: {status} {body}");
+        Ok(body["data"].clone())
     }
 
     pub async fn knobs(&self, json: &str) -> Result<()> {

@@ -110,13 +110,11 @@ async fn provision(c: &ControllerService, name: &str) -> Result<PersistentVolume
 #[allow(clippy::expect_used)]
 async fn start() -> Target {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut sim =
-        pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).expect("cluster")).plain_http();
-    let schema = pvesim::schema::default_path();
-    if schema.is_file() {
-        sim = sim.with_schema(pvesim::Schema::load(&schema).expect("schema"));
-    }
-    let sim = sim.start("127.0.0.1:0").await.expect("pvesim");
+    let sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).expect("cluster"))
+        .plain_http()
+        .start("127.0.0.1:0")
+        .await
+        .expect("pvesim");
     let cfg = CloudConfig::parse(&format!(
         "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
         sim.api_url()

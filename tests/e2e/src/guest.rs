@@ -183,7 +183,7 @@ impl Guest {
             .arg(image.join("initramfs.cpio.gz"))
             .args([
                 "-append",
-                "console=ttyS0 quiet panic=-1 nokaslr mitigations=off",
+                "console=ttyS0 loglevel=4 panic=-1 nokaslr mitigations=off",
             ])
             .arg("-serial")
             .arg(format!("unix:{},server=on,wait=off", console.display()))

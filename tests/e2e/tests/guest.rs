@@ -1212,10 +1212,9 @@ async fn soak_in_the_guest_keeps_every_byte() {
     else {
         return;
     };
-    let http = reqwest::Client::new();
     let knobs = |body: &'static str| {
-        let (http, url) = (http.clone(), format!("http://{}/pvesim/knobs", sim.addr));
-        async move { http.post(url).body(body).send().await.unwrap() }
+        sim.set_knobs(body).unwrap();
+        std::future::ready(())
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let k = kubelet();
@@ -1235,6 +1234,8 @@ async fn soak_in_the_guest_keeps_every_byte() {
         vols.push((pv, secrets, None::<String>, 1u64 << 30));
     }
     let (mut faults, mut retries) = (0u32, 0u32);
+    // What every injected fault must add to pvesim's tally: each one fires.
+    let mut expected = pvesim::knobs::Faults::default();
     for round in 0..14 {
         let i = rng.random_range(0..vols.len());
         let (pv, secrets, sum, bytes) = vols[i].clone();
@@ -1243,8 +1244,14 @@ async fn soak_in_the_guest_keeps_every_byte() {
             "",
             r#"{"fail_hotplugs": 1}"#,
             r#"{"fail_tasks": 1}"#,
-            r#"{"error_5xx_rate": 0.2}"#,
+            r#"{"drop_connections": 2}"#,
         ][rng.random_range(0..4)];
+        match fault {
+            "" => {}
+            r#"{"fail_hotplugs": 1}"# => expected.failed_hotplugs += 1,
+            r#"{"fail_tasks": 1}"# => expected.failed_tasks += 1,
+            _ => expected.dropped_connections += 2,
+        }
         if !fault.is_empty() {
             knobs(fault).await;
             faults += 1;
@@ -1254,7 +1261,11 @@ async fn soak_in_the_guest_keeps_every_byte() {
         })
         .await;
         retries += n;
-        knobs(r#"{"error_5xx_rate": 0.0, "fail_hotplugs": 0, "fail_tasks": 0}"#).await;
+        assert_eq!(
+            sim.faults(),
+            expected,
+            "round {round}: the fault {fault} did not fire"
+        );
         let (_, n) = until_ok("stage", || {
             let (mut n, req) = (
                 node.clone(),
@@ -1298,6 +1309,7 @@ async fn soak_in_the_guest_keeps_every_byte() {
         node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
         if rng.random_bool(0.5) {
             knobs(r#"{"fail_hotplugs": 1}"#).await;
+            expected.failed_hotplugs += 1;
             faults += 1;
         }
         let (_, n) = until_ok("unpublish", || {
@@ -1307,7 +1319,11 @@ async fn soak_in_the_guest_keeps_every_byte() {
         })
         .await;
         retries += n;
-        knobs(r#"{"fail_hotplugs": 0}"#).await;
+        assert_eq!(
+            sim.faults(),
+            expected,
+            "round {round}: the unplug fault did not fire"
+        );
         vols[i].2 = Some(new_sum);
         vols[i].3 = bytes;
     }
@@ -1327,7 +1343,7 @@ async fn soak_in_the_guest_keeps_every_byte() {
         node.node_unstage_volume(k.node_unstage(pv)).await.unwrap();
         detach(&ctl, pv, WORKER_2).await;
     }
-    let vm: serde_json::Value = http
+    let vm: serde_json::Value = reqwest::Client::new()
         .get(format!("http://{}/pvesim/vms/112", sim.addr))
         .send()
         .await

@@ -30,8 +30,20 @@ pub struct Knobs {
     pub lock_timeout_ms: u64,
     /// The next N disk hot-plugs fail with `hotplug problem - …`.
     pub fail_hotplugs: u32,
-    /// The next N tasks fail after their UPID was returned.
+    /// The next N tasks fail after their UPID was returned, having done nothing.
     pub fail_tasks: u32,
+    /// The next N tasks do their work and then end in error anyway (a worker
+    /// that died after writing): the caller sees a failure for work that
+    /// took effect, and its retry must find that work.
+    pub fail_tasks_after_work: u32,
+    /// The next N successful writes (POST, PUT, DELETE) take effect and
+    /// their connection is dropped before the answer (a proxy or network
+    /// failure after the write): an async write's task runs, its UPID is
+    /// lost. The caller's retry must find its own work.
+    pub lose_answers: u32,
+    /// Successful writes let through before `lose_answers` applies, so a
+    /// test can lose the answer of each write of an operation in turn.
+    pub lose_answers_skip: u32,
     /// The next N requests have their connection dropped without an answer.
     pub drop_connections: u32,
     /// Share of requests (0.0–1.0) answered 595 before any work.
@@ -69,6 +81,9 @@ impl Default for Knobs {
             lock_timeout_ms: 10_000,
             fail_hotplugs: 0,
             fail_tasks: 0,
+            fail_tasks_after_work: 0,
+            lose_answers: 0,
+            lose_answers_skip: 0,
             drop_connections: 0,
             error_5xx_rate: 0.0,
             rrd_lag_ms: 0,
@@ -77,6 +92,43 @@ impl Default for Knobs {
             no_quorum: false,
         }
     }
+}
+
+impl Knobs {
+    /// Merges a JSON object of knob values; an unknown knob or a value of
+    /// the wrong type is refused and nothing changes (a typo'd knob must
+    /// not run a "fault" test without its fault).
+    pub fn merge(&mut self, patch: &serde_json::Value) -> Result<(), String> {
+        let p = patch
+            .as_object()
+            .ok_or_else(|| format!("expected a JSON object, got {patch}"))?;
+        let mut current = serde_json::to_value(&*self).map_err(|e| e.to_string())?;
+        if let Some(cur) = current.as_object_mut() {
+            for (k, v) in p {
+                if !cur.contains_key(k) {
+                    return Err(format!("unknown knob {k:?}"));
+                }
+                cur.insert(k.clone(), v.clone());
+            }
+        }
+        *self = serde_json::from_value(current).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}
+
+/// How often each fault was taken (`GET /pvesim/faults`), so a fault test
+/// can prove its fault fired rather than trust that it did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Faults {
+    pub dropped_connections: u64,
+    pub errors_5xx: u64,
+    pub failed_hotplugs: u64,
+    pub failed_tasks: u64,
+    pub failed_tasks_after_work: u64,
+    pub lost_answers: u64,
+    /// Config-lock holds asked through the admin API.
+    pub held_locks: u64,
 }
 
 /// Takes one from a "next N" counter; true if it was positive.

@@ -18,7 +18,8 @@ struct Args {
     #[arg(long)]
     http: bool,
     /// Proxmox API schema to validate requests against (default: the copy
-    /// beside the repository, `../shared/pve-api/schema-subset.json`).
+    /// beside the repository, `../shared/pve-api/schema-subset.json`; pvesim
+    /// does not start without one).
     #[arg(long)]
     schema: Option<PathBuf>,
     /// Directory for the sparse files backing disks of QMP-bound VMs.
@@ -46,16 +47,8 @@ async fn main() -> anyhow::Result<()> {
         None => State::default(),
     };
     let mut sim = Sim::new(state);
-    let schema_path = args
-        .schema
-        .clone()
-        .unwrap_or_else(pvesim::schema::default_path);
-    match pvesim::Schema::load(&schema_path) {
-        Ok(schema) => sim = sim.with_schema(schema),
-        Err(e) if args.schema.is_some() => return Err(e),
-        Err(e) => {
-            tracing::warn!(error = %e, "requests are not validated against the Proxmox schema")
-        }
+    if let Some(path) = &args.schema {
+        sim = sim.with_schema(pvesim::Schema::load(path)?);
     }
     if let Some(dir) = &args.volume_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

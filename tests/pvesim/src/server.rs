@@ -25,7 +25,7 @@ use crate::state::{Cluster, State};
 pub struct Ctx {
     pub cluster: Mutex<Cluster>,
     pub tickets: Mutex<Tickets>,
-    pub schema: Option<Schema>,
+    pub schema: Schema,
     pub locks: Arc<Locks>,
     /// Where the QMP backend keeps one sparse file per attached volume.
     pub volume_dir: Option<std::path::PathBuf>,
@@ -45,7 +45,9 @@ impl Ctx {
     }
 }
 
-/// A simulator, configured and not yet listening.
+/// A simulator, configured and not yet listening. It always validates
+/// requests against Proxmox's schema (`schema::default_path` unless another
+/// is given): the privilege checks and texts the driver relies on come from it.
 #[derive(Debug)]
 pub struct Sim {
     state: State,
@@ -74,6 +76,23 @@ impl Running {
             "http"
         };
         format!("{scheme}://{}/api2/json", self.addr)
+    }
+}
+
+impl Running {
+    /// The faults taken so far.
+    pub fn faults(&self) -> crate::knobs::Faults {
+        self.ctx.cluster().faults.clone()
+    }
+
+    /// Sets knobs from a JSON object, as `POST /pvesim/knobs` does.
+    pub fn set_knobs(&self, json: &str) -> anyhow::Result<()> {
+        let patch: serde_json::Value = serde_json::from_str(json)?;
+        self.ctx
+            .cluster()
+            .knobs
+            .merge(&patch)
+            .map_err(|e| anyhow::anyhow!("pvesim knobs {json}: {e}"))
     }
 }
 
@@ -133,10 +152,14 @@ impl Sim {
         } else {
             None
         };
+        let schema = match self.schema {
+            Some(s) => s,
+            None => Schema::load(&crate::schema::default_path())?,
+        };
         let ctx = Arc::new(Ctx {
             cluster: Mutex::new(Cluster::from_state(self.state)?),
             tickets: Mutex::new(Tickets::default()),
-            schema: self.schema,
+            schema,
             locks: Arc::new(Locks::default()),
             volume_dir: self.volume_dir,
             loop_host: self.loop_host,
@@ -242,9 +265,11 @@ async fn handle(
             tokio::time::sleep(Duration::from_millis(latency)).await;
         }
         if drop {
+            ctx.cluster().faults.dropped_connections += 1;
             return Err(Dropped);
         }
         if fail {
+            ctx.cluster().faults.errors_5xx += 1;
             // What a client sees when pveproxy cannot reach the daemon behind
             // it (pvedaemon restarting, a node going away): AnyEvent::HTTP's
             // pseudo status 595 with the errno text as the reason and an
@@ -255,6 +280,17 @@ async fn handle(
         }
     }
     let result = api::dispatch(&ctx, &parts.method, &parts.uri, &parts.headers, &body).await;
+    if result.is_ok()
+        && parts.method != axum::http::Method::GET
+        && !parts.uri.path().starts_with("/pvesim/")
+    {
+        let mut c = ctx.cluster();
+        if c.knobs.lose_answers > 0 && !crate::knobs::take(&mut c.knobs.lose_answers_skip) {
+            c.knobs.lose_answers -= 1;
+            c.faults.lost_answers += 1;
+            return Err(Dropped);
+        }
+    }
     Ok(match result {
         Ok(data) => reply::ok(data),
         Err(e) => {

@@ -324,6 +324,8 @@ pub struct Cluster {
     pub knobs: Knobs,
     /// Calls served, by `METHOD template`.
     pub counters: BTreeMap<String, u64>,
+    /// Faults taken since the start (or the last reset).
+    pub faults: crate::knobs::Faults,
     pub replication: BTreeMap<String, ReplicationJob>,
     /// When each VM created through the API was created (its RRD lag).
     pub created: BTreeMap<u32, std::time::Instant>,

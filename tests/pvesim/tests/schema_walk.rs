@@ -11,9 +11,7 @@ type Call<'a> = (&'a str, &'a str, String, Vec<(&'a str, &'a str)>);
 #[tokio::test]
 async fn every_served_endpoint_answers_in_the_documented_shape() {
     let sim = start().await;
-    let Some(schema) = sim.ctx.schema.as_ref() else {
-        return;
-    };
+    let schema = &sim.ctx.schema;
     for (method, template, _) in pvesim::api::routes() {
         // VM snapshots are served beyond the schema subset (see the README).
         if template.contains("/snapshot") {

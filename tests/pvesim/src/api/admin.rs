@@ -4,7 +4,8 @@
 //! | method | path | effect |
 //! |---|---|---|
 //! | GET / DELETE | `counters` | calls per `METHOD /template`; DELETE resets |
-//! | GET / POST | `knobs` | read; merge a JSON object of knob values |
+//! | GET / POST | `knobs` | read; merge a JSON object of knob values (an unknown knob is a 400) |
+//! | GET / DELETE | `faults` | how often each fault was taken; DELETE resets |
 //! | POST | `vms/<vmid>/hold-lock?seconds=N` | hold the VM's config lock |
 //! | POST | `storages/<id>/hold-lock?seconds=N` | hold the storage's allocation lock |
 //! | PUT / DELETE | `vms/<vmid>/lock?value=backup` | set or clear the VM's `lock` |
@@ -53,22 +54,18 @@ pub async fn dispatch(
             ctx.cluster().counters.clear();
             Ok(Value::Null)
         }
+        (&Method::GET, ["faults"]) => Ok(json!(ctx.cluster().faults)),
+        (&Method::DELETE, ["faults"]) => {
+            ctx.cluster().faults = Default::default();
+            Ok(Value::Null)
+        }
         (&Method::GET, ["knobs"]) => Ok(json!(ctx.cluster().knobs)),
         (&Method::POST, ["knobs"]) => {
             let patch: Value = serde_json::from_slice(body)
                 .map_err(|e| ApiError::new(400, format!("knobs: {e}")))?;
             let mut c = ctx.cluster();
-            let mut current =
-                serde_json::to_value(&c.knobs).map_err(|e| ApiError::die(e.to_string()))?;
-            if let (Some(cur), Some(p)) = (current.as_object_mut(), patch.as_object()) {
-                for (k, v) in p {
-                    if !cur.contains_key(k) {
-                        return Err(ApiError::new(400, format!("unknown knob {k:?}")));
-                    }
-                    cur.insert(k.clone(), v.clone());
-                }
-            }
-            c.knobs = serde_json::from_value(current)
+            c.knobs
+                .merge(&patch)
                 .map_err(|e| ApiError::new(400, format!("knobs: {e}")))?;
             Ok(json!(c.knobs))
         }
@@ -79,6 +76,7 @@ pub async fn dispatch(
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(12.0);
             ctx.locks.hold_vm(id, Duration::from_secs_f64(secs));
+            ctx.cluster().faults.held_locks += 1;
             // Let the holder take the lock before answering.
             tokio::time::sleep(Duration::from_millis(10)).await;
             Ok(Value::Null)
@@ -89,6 +87,7 @@ pub async fn dispatch(
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(12.0);
             ctx.locks.hold_storage(id, Duration::from_secs_f64(secs));
+            ctx.cluster().faults.held_locks += 1;
             tokio::time::sleep(Duration::from_millis(10)).await;
             Ok(Value::Null)
         }

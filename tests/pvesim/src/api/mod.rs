@@ -375,14 +375,13 @@ pub async fn dispatch(
             }
         }
         ctx.cluster().count(format!("{method} {template}"));
-        if let Some(schema) = &ctx.schema {
-            schema.validate(template, method.as_str(), &params)?;
-            if let Some(check) = schema
-                .info(template, method.as_str())
-                .and_then(|i| i.pointer("/permissions/check"))
-            {
-                check_permission(ctx, &caller, check, &params)?;
-            }
+        ctx.schema.validate(template, method.as_str(), &params)?;
+        if let Some(check) = ctx
+            .schema
+            .info(template, method.as_str())
+            .and_then(|i| i.pointer("/permissions/check"))
+        {
+            check_permission(ctx, &caller, check, &params)?;
         }
         return handler(ctx.clone(), Call { caller, params }).await;
     }

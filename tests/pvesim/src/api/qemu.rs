@@ -199,7 +199,7 @@ fn setting_keys(call: &Call) -> Vec<(String, String)> {
 /// volume access, non-root options.
 fn validate(
     c: &Cluster,
-    schema: Option<&crate::schema::Schema>,
+    schema: &crate::schema::Schema,
     vm: &Vm,
     call: &Call,
 ) -> Result<(), ApiError> {
@@ -223,7 +223,7 @@ fn validate(
             );
         } else if !(drive::is_drive_key(k)
             || drive::is_unused_key(k)
-            || schema.is_none_or(|s| s.has_param("/nodes/{node}/qemu/{vmid}/config", "POST", k)))
+            || schema.has_param("/nodes/{node}/qemu/{vmid}/config", "POST", k))
         {
             errors.insert("delete".to_string(), format!("unknown option '{k}'"));
         }
@@ -717,7 +717,12 @@ async fn hotplug(
             }
             tokio::time::sleep(Duration::from_secs(polls)).await;
         }
-        let failed = crate::knobs::take(&mut ctx.cluster().knobs.fail_hotplugs);
+        let failed = {
+            let mut c = ctx.cluster();
+            let failed = crate::knobs::take(&mut c.knobs.fail_hotplugs);
+            c.faults.failed_hotplugs += u64::from(failed);
+            failed
+        };
         let result = if failed {
             Err(match &plug {
                 Plug::Add { .. } => format!("error on hotplug device '{key}'"),
@@ -924,7 +929,7 @@ fn checked(ctx: &Ctx, call: &Call) -> Result<(String, u32), ApiError> {
     let vmid = call.vmid()?;
     let c = ctx.cluster();
     let vm = common::vm(&c, &node, vmid)?;
-    validate(&c, ctx.schema.as_ref(), vm, call)?;
+    validate(&c, &ctx.schema, vm, call)?;
     prechecks(vm, call)?;
     Ok((node, vmid))
 }
@@ -997,11 +1002,23 @@ where
         if latency > 0 {
             tokio::time::sleep(Duration::from_millis(latency)).await;
         }
-        let injected = crate::knobs::take(&mut ctx.cluster().knobs.fail_tasks);
+        let injected = {
+            let mut c = ctx.cluster();
+            let injected = crate::knobs::take(&mut c.knobs.fail_tasks);
+            c.faults.failed_tasks += u64::from(injected);
+            injected
+        };
         let result = if injected {
             Err("task failed (injected by pvesim)".to_string())
         } else {
-            work(ctx.clone()).await
+            let result = work(ctx.clone()).await;
+            let mut c = ctx.cluster();
+            if result.is_ok() && crate::knobs::take(&mut c.knobs.fail_tasks_after_work) {
+                c.faults.failed_tasks_after_work += 1;
+                Err("task failed after its work (injected by pvesim)".to_string())
+            } else {
+                result
+            }
         };
         let mut c = ctx.cluster();
         if let Some(t) = c.tasks.get_mut(&upid) {

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use pvesim::{Running, Schema, Sim, State};
+use pvesim::{Running, Sim, State};
 use serde_json::Value;
 
 pub const TOKEN: &str = "kubernetes-csi@pve!csi";
@@ -62,30 +62,13 @@ acl:
   - { path: /, roles: [Administrator], users: [admin@pve] }
 "#;
 
-pub fn schema() -> Option<Schema> {
-    let path = pvesim::schema::default_path();
-    if !path.is_file() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{} is missing and CI is set",
-            path.display()
-        );
-        eprintln!("SKIPPED parts: Proxmox schema {} not found", path.display());
-        return None;
-    }
-    Some(Schema::load(&path).expect("schema loads"))
-}
-
 pub async fn start() -> Running {
     start_with(CLUSTER).await
 }
 
 pub async fn start_with(yaml: &str) -> Running {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut sim = Sim::new(State::from_yaml(yaml).expect("state parses")).plain_http();
-    if let Some(s) = schema() {
-        sim = sim.with_schema(s);
-    }
+    let sim = Sim::new(State::from_yaml(yaml).expect("state parses")).plain_http();
     sim.start("127.0.0.1:0").await.expect("pvesim starts")
 }
 

@@ -1,0 +1,324 @@
+//! The dangerous faults: a write that took effect in Proxmox and whose
+//! answer was lost (pvesim's `lose_answers`), and a task that did its work
+//! and still ended in error (`fail_tasks_after_work`). For each write of
+//! each operation in turn, the operation is retried as its sidecar retries
+//! it and must end in the same single result: one disk, one slot, one copy
+//! VM, the size asked for, the volume gone. Every case proves its fault
+//! fired.
+
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+mod common;
+use common::*;
+
+use std::future::Future;
+use std::time::Duration;
+
+use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
+use serde_json::Value;
+use tonic::{Code, Request, Response, Status};
+
+/// Calls `rpc` until it succeeds, as the sidecars do (external-provisioner,
+/// -attacher, -resizer and -snapshotter requeue every failed call with
+/// backoff). A code no retry can fix fails the test: after a lost answer
+/// every failure must be one to try again.
+async fn retried<T, F, Fut>(what: &str, mut rpc: F) -> (T, u32)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Response<T>, Status>>,
+{
+    let mut failures = 0;
+    loop {
+        match rpc().await {
+            Ok(r) => return (r.into_inner(), failures),
+            Err(s) => {
+                assert!(
+                    matches!(
+                        s.code(),
+                        Code::Unavailable | Code::Aborted | Code::DeadlineExceeded
+                    ),
+                    "{what}: a lost answer must leave a retryable error, got {s:?}"
+                );
+                failures += 1;
+                assert!(failures < 30, "{what}: still failing: {s:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn volumes(e: &Env) -> Vec<Value> {
+    e.admin("GET", "volumes", "")
+        .await
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn named<'a>(vols: &'a [Value], name: &str) -> Vec<&'a Value> {
+    vols.iter()
+        .filter(|v| v["volid"].as_str().unwrap().contains(name))
+        .collect()
+}
+
+/// The keys of VM `vmid`'s config that name `volume`, and its pending
+/// changes.
+async fn slots_of(e: &Env, vmid: u32, volume: &str) -> (Vec<String>, Value) {
+    let vm = e.vm(vmid).await;
+    let keys = vm["config"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, v)| v.as_str().is_some_and(|s| s.contains(volume)))
+        .map(|(k, _)| k.clone())
+        .collect();
+    (keys, vm["pending"].clone())
+}
+
+/// Loses the answer of the `skip`-th write from now on; whether it was lost
+/// is read from pvesim's fault tally afterwards.
+async fn lose_write(e: &Env, skip: u32) {
+    e.knobs(&format!(
+        r#"{{"lose_answers": 1, "lose_answers_skip": {skip}}}"#
+    ))
+    .await;
+}
+
+/// Whether the armed fault fired; when it did not, the operation has fewer
+/// writes than `skip` + 1 and the fault is disarmed.
+async fn fired(e: &Env) -> bool {
+    let fired = e.faults().lost_answers == 1;
+    if !fired {
+        e.knobs(r#"{"lose_answers": 0, "lose_answers_skip": 0}"#)
+            .await;
+    }
+    fired
+}
+
+#[tokio::test]
+async fn create_with_a_lost_answer_makes_one_disk() {
+    let mut writes = 0;
+    for skip in 0.. {
+        let e = env().await;
+        lose_write(&e, skip).await;
+        let req = create_req("pvc-lc", 1 << 30, &[("storage", "local-lvm")], Some("pve2"));
+        let (v, _) = retried("create", || e.svc.create_volume(Request::new(req.clone()))).await;
+        if !fired(&e).await {
+            break;
+        }
+        writes += 1;
+        let v = v.volume.unwrap();
+        let vols = volumes(&e).await;
+        let mine = named(&vols, "pvc-lc");
+        assert_eq!(mine.len(), 1, "write {skip}: {vols:?}");
+        assert!(
+            v.volume_id.ends_with(
+                mine[0]["volid"]
+                    .as_str()
+                    .unwrap()
+                    .split(':')
+                    .nth(1)
+                    .unwrap()
+            )
+        );
+        // The retried call answers the same volume again.
+        let again = e.svc.create_volume(Request::new(req)).await.unwrap();
+        assert_eq!(again.into_inner().volume.unwrap().volume_id, v.volume_id);
+    }
+    assert!(writes >= 1, "no write of CreateVolume lost its answer");
+    eprintln!(
+        "CreateVolume: the answer of each of its {writes} writes lost in turn, one result each time"
+    );
+}
+
+#[tokio::test]
+async fn publish_and_unpublish_with_a_lost_answer_use_one_slot() {
+    let mut writes = (0, 0);
+    for skip in 0.. {
+        let e = env().await;
+        let v = create(&e, "pvc-lp", Some("pve2")).await;
+        let name = "vm-9999-pvc-lp";
+        lose_write(&e, skip).await;
+        let req = publish_req(&v, "worker-2/112");
+        let (pc, _) = retried("publish", || {
+            e.svc.controller_publish_volume(Request::new(req.clone()))
+        })
+        .await;
+        if !fired(&e).await {
+            break;
+        }
+        writes.0 += 1;
+        let (keys, pending) = slots_of(&e, 112, name).await;
+        assert_eq!(keys.len(), 1, "write {skip}: one slot, got {keys:?}");
+        assert_eq!(pending, serde_json::json!({}), "write {skip}");
+        let lun = keys[0].trim_start_matches("scsi");
+        assert_eq!(pc.publish_context["lun"], lun, "{pc:?}");
+    }
+    for skip in 0.. {
+        let e = env().await;
+        let v = create(&e, "pvc-lu", Some("pve2")).await;
+        let name = "vm-9999-pvc-lu";
+        e.svc
+            .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+            .await
+            .unwrap();
+        lose_write(&e, skip).await;
+        let req = unpublish_req(&v, "worker-2/112");
+        retried("unpublish", || {
+            e.svc.controller_unpublish_volume(Request::new(req.clone()))
+        })
+        .await;
+        if !fired(&e).await {
+            break;
+        }
+        writes.1 += 1;
+        let (keys, pending) = slots_of(&e, 112, name).await;
+        assert!(keys.is_empty(), "write {skip}: left on the VM: {keys:?}");
+        assert_eq!(pending, serde_json::json!({}), "write {skip}");
+        assert_eq!(named(&volumes(&e).await, name).len(), 1, "the disk stays");
+    }
+    assert!(writes.0 >= 1 && writes.1 >= 1, "{writes:?}");
+    eprintln!(
+        "ControllerPublish/Unpublish: {} and {} writes lost in turn",
+        writes.0, writes.1
+    );
+}
+
+#[tokio::test]
+async fn expand_with_a_lost_answer_grows_once() {
+    let mut writes = 0;
+    for skip in 0.. {
+        // Offline growth goes through the controller's holder VM.
+        let e = env_with_role(COPY_ROLE).await;
+        let v = create(&e, "pvc-le", Some("pve2")).await;
+        lose_write(&e, skip).await;
+        let req = expand_req(&v, 3 << 30);
+        let (r, _) = retried("expand", || {
+            e.svc.controller_expand_volume(Request::new(req.clone()))
+        })
+        .await;
+        if !fired(&e).await {
+            break;
+        }
+        writes += 1;
+        assert_eq!(r.capacity_bytes, 3 << 30);
+        let vols = volumes(&e).await;
+        let mine = named(&vols, "pvc-le");
+        assert_eq!(
+            mine[0]["size"],
+            3u64 << 30,
+            "write {skip}: grown once: {mine:?}"
+        );
+    }
+    assert!(
+        writes >= 1,
+        "no write of ControllerExpandVolume lost its answer"
+    );
+    eprintln!(
+        "ControllerExpandVolume: the answer of each of its {writes} writes lost in turn, one result each time"
+    );
+}
+
+#[tokio::test]
+async fn snapshot_with_a_lost_answer_makes_one_copy() {
+    let mut writes = 0;
+    for skip in 0.. {
+        let e = env_with_role(COPY_ROLE).await;
+        let v = create(&e, "pvc-ls", Some("pve2")).await;
+        lose_write(&e, skip).await;
+        let req = snap_req("snapshot-ls", &v.volume_id);
+        let snap = loop {
+            let (r, _) = retried("snapshot", || {
+                e.svc.create_snapshot(Request::new(req.clone()))
+            })
+            .await;
+            let s = r.snapshot.unwrap();
+            if s.ready_to_use {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        if !fired(&e).await {
+            break;
+        }
+        writes += 1;
+        let vms = e.admin("GET", "vms", "").await;
+        let copies: Vec<&Value> = vms
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|vm| vm["config"]["name"] == "snapshot-ls")
+            .collect();
+        assert_eq!(copies.len(), 1, "write {skip}: one copy VM: {copies:?}");
+        let vols = volumes(&e).await;
+        let owned = vols
+            .iter()
+            .filter(|x| x["owner"] == copies[0]["vmid"])
+            .count();
+        assert_eq!(owned, 1, "write {skip}: one copied disk: {vols:?}");
+        assert!(!snap.snapshot_id.is_empty());
+    }
+    assert!(writes >= 1, "no write of CreateSnapshot lost its answer");
+    eprintln!(
+        "CreateSnapshot: the answer of each of its {writes} writes lost in turn, one result each time"
+    );
+}
+
+#[tokio::test]
+async fn delete_with_a_lost_answer_is_done_once() {
+    let mut writes = 0;
+    for skip in 0.. {
+        let e = env().await;
+        let v = create(&e, "pvc-ld", Some("pve2")).await;
+        lose_write(&e, skip).await;
+        let req = delete_req(&v);
+        retried("delete", || e.svc.delete_volume(Request::new(req.clone()))).await;
+        if !fired(&e).await {
+            break;
+        }
+        writes += 1;
+        assert!(
+            named(&volumes(&e).await, "pvc-ld").is_empty(),
+            "write {skip}"
+        );
+    }
+    assert!(writes >= 1, "no write of DeleteVolume lost its answer");
+    eprintln!(
+        "DeleteVolume: the answer of each of its {writes} writes lost in turn, one result each time"
+    );
+}
+
+/// A task that did its work and still ended in error: the retry finds the
+/// work and ends with the single result.
+#[tokio::test]
+async fn tasks_failing_after_their_work_are_found_by_the_retry() {
+    let e = env().await;
+    let v = create(&e, "pvc-lt", Some("pve2")).await;
+    let name = "vm-9999-pvc-lt";
+    e.knobs(r#"{"fail_tasks_after_work": 1}"#).await;
+    let req = publish_req(&v, "worker-2/112");
+    retried("publish", || {
+        e.svc.controller_publish_volume(Request::new(req.clone()))
+    })
+    .await;
+    assert_eq!(e.faults().failed_tasks_after_work, 1);
+    let (keys, pending) = slots_of(&e, 112, name).await;
+    assert_eq!(keys.len(), 1, "one slot: {keys:?}");
+    assert_eq!(pending, serde_json::json!({}));
+
+    e.knobs(r#"{"fail_tasks_after_work": 1}"#).await;
+    let req = unpublish_req(&v, "worker-2/112");
+    retried("unpublish", || {
+        e.svc.controller_unpublish_volume(Request::new(req.clone()))
+    })
+    .await;
+    assert_eq!(e.faults().failed_tasks_after_work, 2);
+    let (keys, _) = slots_of(&e, 112, name).await;
+    assert!(keys.is_empty(), "{keys:?}");
+
+    e.knobs(r#"{"fail_tasks_after_work": 1}"#).await;
+    let req = delete_req(&v);
+    retried("delete", || e.svc.delete_volume(Request::new(req.clone()))).await;
+    assert_eq!(e.faults().failed_tasks_after_work, 3);
+    assert!(named(&volumes(&e).await, "pvc-lt").is_empty());
+}
