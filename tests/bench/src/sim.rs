@@ -16,13 +16,14 @@ pub const TOKEN: &str = "kubernetes-csi@pve!csi";
 pub const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
 
 /// A cluster of `nodes` Proxmox nodes with `vms_per_node` running workers
-/// each (VM ids from 200), local-lvm everywhere, and the CSI token.
+/// each (VM ids from 200), local-lvm everywhere, a shared NFS storage, and
+/// the CSI token.
 pub fn cluster(nodes: usize, vms_per_node: usize, extra_privileges: &str) -> String {
     let mut s = String::from("cluster: bench\nnodes:\n");
     for n in 1..=nodes {
         s.push_str(&format!("  - {{ name: pve{n} }}\n"));
     }
-    s.push_str("storages:\n  - { id: local-lvm, type: lvmthin, total: 109951162777600 }\nvms:\n");
+    s.push_str("storages:\n  - { id: local-lvm, type: lvmthin, total: 109951162777600 }\n  - { id: nfs, type: nfs, total: 109951162777600 }\nvms:\n");
     for n in 1..=nodes {
         for i in 0..vms_per_node {
             let vmid = 200 + (n - 1) * vms_per_node + i;
@@ -95,6 +96,35 @@ impl Sim {
         let status = r.status();
         let body = r.json::<Value>().await?;
         anyhow::ensure!(status.is_success(), "pvesim admin {path}: {status} {body}");
+        Ok(body["data"].clone())
+    }
+
+    /// A Proxmox API call with the CSI token, as the UI or a script makes
+    /// it; fails with Proxmox's message on an error status.
+    pub async fn api(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        form: &[(&str, &str)],
+    ) -> Result<Value> {
+        let url = format!("{}{path}", self.api_url());
+        let mut req = self
+            .http
+            .request(method.clone(), url)
+            .header("Authorization", format!("PVEAPIToken={TOKEN}={SECRET}"));
+        req = if method == reqwest::Method::GET || method == reqwest::Method::DELETE {
+            req.query(form)
+        } else {
+            req.form(form)
+        };
+        let r = req.send().await?;
+        let status = r.status();
+        let body = r.json::<Value>().await.unwrap_or(Value::Null);
+        anyhow::ensure!(
+            status.is_success(),
+            "{method} {path}: {status} {}",
+            body["message"].as_str().unwrap_or_default().trim()
+        );
         Ok(body["data"].clone())
     }
 

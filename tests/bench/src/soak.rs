@@ -1,10 +1,14 @@
 //! The fault campaign: random create, publish, unpublish, expand, modify,
 //! snapshot and delete against pvesim while faults are injected (5xx,
 //! dropped connections, held config locks, `lock: backup`, failed
-//! hot-plugs, tasks failing after their UPID) and the controller binary is
-//! SIGKILLed at random moments and restarted. A driver loop retries each
-//! CSI call as the sidecars do, until it succeeds. At the end Proxmox's
-//! state is checked against what the driver was told.
+//! hot-plugs, tasks failing after their UPID), operators and Proxmox act
+//! behind the driver's back (see `operator`: disks detached and attached in
+//! the UI, VMs stopped, started and moved, a backup lock held for up to a
+//! minute, the NFS server or a node gone for a while), and the controller
+//! binary is SIGKILLed at random moments, in the middle of those too, and
+//! restarted. A driver loop retries each CSI call as the sidecars do, until
+//! it succeeds. At the end Proxmox's state is checked against what the
+//! driver was told, and every injected fault is checked to have fired.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -19,10 +23,13 @@ use reqwest::Method;
 use serde_json::Value;
 use tonic::Code;
 
+use crate::operator::{self, Pending, Undo};
 use crate::sim::{Sim, cluster};
+use proxmox_csi_controller::volume::VolumeId;
 
-/// Worker VMs: 200, 201 on pve1; 202, 203 on pve2.
+/// Worker VMs and their home nodes: 200, 201 on pve1; 202, 203 on pve2.
 const VMS: [(u32, &str); 4] = [(200, "pve1"), (201, "pve1"), (202, "pve2"), (203, "pve2")];
+const NODES: [&str; 2] = ["pve1", "pve2"];
 /// An operation that has not succeeded after this long is a violation.
 const CONVERGE: Duration = Duration::from_secs(90);
 
@@ -33,9 +40,14 @@ struct Vol {
     /// The PersistentVolume the provisioner wrote: what the attacher,
     /// resizer and snapshotter build their requests from.
     pv: Option<callers::PersistentVolume>,
-    zone: &'static str,
+    /// `storage:name`, as VM configs name it.
+    volid: String,
+    /// The node of a local volume; `None` on the shared NFS storage.
+    zone: Option<&'static str>,
     bytes: u64,
     on: Option<u32>,
+    /// Detached in the UI while the driver still has it published.
+    detached_oob: bool,
     snapshots: Vec<(String, String)>,
 }
 
@@ -45,7 +57,13 @@ pub struct Outcome {
     pub seed: u64,
     pub operations: BTreeMap<&'static str, u64>,
     pub faults: BTreeMap<&'static str, u64>,
+    /// What pvesim counted of its injected faults: each kind injected
+    /// must show here.
+    pub fired: pvesim::knobs::Faults,
     pub retries: u64,
+    /// Publishes and deletes refused (FailedPrecondition) while an
+    /// operator had the disk attached elsewhere: the truth, retried.
+    pub refused_while_attached_elsewhere: u64,
     pub violations: Vec<String>,
 }
 
@@ -64,9 +82,16 @@ impl Outcome {
         for (k, n) in &self.faults {
             s.push_str(&format!(" {k} {n},"));
         }
+        let f = &self.fired;
         s.push_str(&format!(
-            " ({} in all)\nviolations: {}\n",
+            " ({} in all)\nfired in pvesim: 5xx {}, dropped connections {}, failed hot-plugs {}, failed tasks {}, held locks {}\nrefused while attached elsewhere (retried): {}\nviolations: {}\n",
             self.faults.values().sum::<u64>(),
+            f.errors_5xx,
+            f.dropped_connections,
+            f.failed_hotplugs,
+            f.failed_tasks,
+            f.held_locks,
+            self.refused_while_attached_elsewhere,
             self.violations.len()
         ));
         for v in &self.violations {
@@ -85,7 +110,26 @@ struct Campaign {
     vols: Vec<Vol>,
     next: u32,
     out: Outcome,
+    /// Where each worker VM is now.
+    nodes: BTreeMap<u32, &'static str>,
+    /// What operators will put back, and when.
+    undos: Vec<Pending>,
+    /// Volumes an operator attached in the UI, not through the driver.
+    oob: BTreeSet<String>,
+    /// How long a backup holds `lock: backup` (a minute in long runs).
+    long_lock: Duration,
+    /// Counted faults armed, and taken back unfired, per knob.
+    armed: BTreeMap<&'static str, u64>,
+    left: BTreeMap<&'static str, u64>,
 }
+
+/// The faults pvesim counts one by one: knob, name, how many per injection.
+const COUNTED: [(&str, &str, u64); 4] = [
+    ("fail_5xx", "595 for the next calls", 3),
+    ("drop_connections", "dropped connections", 3),
+    ("fail_hotplugs", "failed hot-plug", 1),
+    ("fail_tasks", "task failing after its UPID", 1),
+];
 
 fn final_code(c: Code) -> bool {
     matches!(
@@ -112,7 +156,7 @@ impl Campaign {
     /// Calls `f` as a sidecar would: again after every error but a final
     /// one, with backoff, until it succeeds. A final error or no success
     /// within CONVERGE is a violation (and `None`).
-    async fn retry<T, F, Fut>(&mut self, what: String, mut f: F) -> Option<T>
+    async fn retry<T, F, Fut>(&mut self, what: String, volid: Option<String>, mut f: F) -> Option<T>
     where
         F: FnMut(ControllerClient<tonic::transport::Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<T, tonic::Status>>,
@@ -126,6 +170,17 @@ impl Campaign {
             };
             match attempt {
                 Ok(v) => return Some(v),
+                // The truth while an operator has the disk attached to
+                // another VM: refused, and asked again once it is back.
+                Err(s)
+                    if s.code() == Code::FailedPrecondition
+                        && volid.as_ref().is_some_and(|v| self.oob.contains(v))
+                        && started.elapsed() < CONVERGE =>
+                {
+                    self.out.refused_while_attached_elsewhere += 1;
+                    self.undo_due(false).await;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
                 Err(s) if final_code(s.code()) => {
                     self.out.violations.push(format!(
                         "{what}: final error {:?}: {}",
@@ -144,6 +199,7 @@ impl Campaign {
                         return None;
                     }
                     self.out.retries += 1;
+                    self.undo_due(false).await;
                     // The controller may have been killed meanwhile.
                     if self.controller.is_none() {
                         let _ = self.start_controller();
@@ -157,21 +213,9 @@ impl Campaign {
 
     async fn fault(&mut self) -> Result<()> {
         let vm = VMS[self.rng.random_range(0..VMS.len())].0;
-        let pick = self.rng.random_range(0..8);
-        let (name, knobs): (&'static str, Option<String>) = match pick {
-            0 => (
-                "5xx for the next calls",
-                Some(r#"{"error_5xx_rate": 0.15}"#.into()),
-            ),
-            1 => (
-                "dropped connections",
-                Some(r#"{"drop_connections": 3}"#.into()),
-            ),
-            2 => ("failed hot-plug", Some(r#"{"fail_hotplugs": 1}"#.into())),
-            3 => (
-                "task failing after its UPID",
-                Some(r#"{"fail_tasks": 1}"#.into()),
-            ),
+        let pick = self.rng.random_range(0..14);
+        let (name, knobs): (&'static str, Option<usize>) = match pick {
+            0..4 => (COUNTED[pick as usize].1, Some(pick as usize)),
             4 => {
                 self.sim
                     .admin(Method::POST, &format!("vms/{vm}/hold-lock?seconds=12"), "")
@@ -179,44 +223,294 @@ impl Campaign {
                 ("config lock held 12 s", None)
             }
             5 => {
-                self.sim
-                    .admin(Method::PUT, &format!("vms/{vm}/lock?value=backup"), "")
-                    .await?;
-                let sim_addr = self.sim.running.addr;
+                operator::set_backup_lock(&self.sim, vm, true).await?;
                 let wait = Duration::from_millis(self.rng.random_range(500..4000));
-                tokio::spawn(async move {
-                    tokio::time::sleep(wait).await;
-                    let _ = reqwest::Client::new()
-                        .delete(format!("http://{sim_addr}/pvesim/vms/{vm}/lock"))
-                        .send()
-                        .await;
-                });
+                self.undos
+                    .push(Pending::after(wait, Undo::Unlock { vmid: vm }));
                 ("lock: backup for a while", None)
             }
-            _ => {
-                if let Some(p) = self.controller.take() {
-                    p.kill9();
-                }
-                // Restarted on the next retry, or now.
-                if self.rng.random_bool(0.5) {
-                    self.start_controller()?;
-                }
+            6 => {
+                self.kill_controller()?;
                 ("controller SIGKILLed", None)
             }
+            _ => match self.out_of_band(pick, vm).await? {
+                Some(name) => {
+                    // In the middle of it, half the time, the controller dies.
+                    if self.rng.random_bool(0.5) {
+                        self.kill_controller()?;
+                        *self
+                            .out
+                            .faults
+                            .entry("controller SIGKILLed during an out-of-band change")
+                            .or_default() += 1;
+                    }
+                    (name, None)
+                }
+                None => return Ok(()),
+            },
         };
         if let Some(k) = knobs {
-            self.sim.knobs(&k).await?;
+            // Added to what is still armed, so that every one is accounted for.
+            let (knob, _, n) = COUNTED[k];
+            let armed = self.sim.admin(Method::GET, "knobs", "").await?[knob]
+                .as_u64()
+                .unwrap_or(0);
+            self.sim
+                .knobs(&format!(r#"{{"{knob}": {}}}"#, armed + n))
+                .await?;
+            *self.armed.entry(knob).or_default() += n;
         }
         *self.out.faults.entry(name).or_default() += 1;
         Ok(())
     }
 
+    /// Takes back the counted faults not taken yet, and remembers how many:
+    /// an injected fault either fired (pvesim counted it) or is still armed.
+    async fn disarm(&mut self) -> Result<()> {
+        let knobs = self.sim.admin(Method::GET, "knobs", "").await?;
+        for (knob, _, _) in COUNTED {
+            *self.left.entry(knob).or_default() += knobs[knob].as_u64().unwrap_or(0);
+        }
+        self.sim
+            .knobs(r#"{"fail_5xx": 0, "drop_connections": 0, "fail_hotplugs": 0, "fail_tasks": 0}"#)
+            .await
+    }
+
+    /// Every counted fault armed fired or was taken back unfired.
+    fn account(&mut self, fired: &pvesim::knobs::Faults) {
+        for (knob, name, _) in COUNTED {
+            let took = match knob {
+                "fail_5xx" => fired.errors_5xx,
+                "drop_connections" => fired.dropped_connections,
+                "fail_hotplugs" => fired.failed_hotplugs,
+                _ => fired.failed_tasks,
+            };
+            let armed = self.armed.get(knob).copied().unwrap_or(0);
+            let left = self.left.get(knob).copied().unwrap_or(0);
+            if armed != took + left {
+                self.out.violations.push(format!(
+                    "{name}: {armed} armed, {took} fired, {left} taken back unfired"
+                ));
+            }
+        }
+    }
+
+    fn kill_controller(&mut self) -> Result<()> {
+        if let Some(p) = self.controller.take() {
+            p.kill9();
+        }
+        // Restarted on the next retry, or now.
+        if self.rng.random_bool(0.5) {
+            self.start_controller()?;
+        }
+        Ok(())
+    }
+
+    /// One change behind the driver's back; its name, or `None` when
+    /// nothing fit (no disk to detach, say) or Proxmox refused it.
+    async fn out_of_band(&mut self, pick: u32, vm: u32) -> Result<Option<&'static str>> {
+        // An operator's change is not a fault test of its own: no injected
+        // hot-plug or task failure is left to catch it.
+        self.disarm().await?;
+        let wait = Duration::from_millis(self.rng.random_range(2000..8000));
+        Ok(match pick {
+            7 => {
+                let busy: Vec<usize> = (0..self.vols.len())
+                    .filter(|i| {
+                        let v = &self.vols[*i];
+                        v.on.is_some() && !v.detached_oob && !v.id.is_empty()
+                    })
+                    .collect();
+                let Some(&i) = busy.get(self.rng.random_range(0..busy.len().max(1))) else {
+                    return Ok(None);
+                };
+                let (vmid, volid) = (
+                    self.vols[i].on.unwrap_or_default(),
+                    self.vols[i].volid.clone(),
+                );
+                let Some(key) = operator::slot_of(&self.sim, vmid, &volid).await? else {
+                    return Ok(None);
+                };
+                if operator::detach(&self.sim, vmid, &key).await.is_err() {
+                    return Ok(None);
+                }
+                self.vols[i].detached_oob = true;
+                Some(operator::KINDS[0])
+            }
+            8 => {
+                let idle: Vec<usize> = (0..self.vols.len())
+                    .filter(|i| {
+                        let v = &self.vols[*i];
+                        v.on.is_none() && !v.id.is_empty() && !self.oob.contains(&v.volid)
+                    })
+                    .collect();
+                let Some(&i) = idle.get(self.rng.random_range(0..idle.len().max(1))) else {
+                    return Ok(None);
+                };
+                let vms = self.vms_for(self.vols[i].zone);
+                let Some(&vmid) = vms.get(self.rng.random_range(0..vms.len().max(1))) else {
+                    return Ok(None);
+                };
+                let volid = self.vols[i].volid.clone();
+                let Ok(key) = operator::attach(&self.sim, vmid, &volid).await else {
+                    return Ok(None);
+                };
+                self.oob.insert(volid.clone());
+                self.undos
+                    .push(Pending::after(wait, Undo::Detach { vmid, key, volid }));
+                Some(operator::KINDS[1])
+            }
+            9 => {
+                operator::set_running(&self.sim, vm, false).await?;
+                self.undos
+                    .push(Pending::after(wait, Undo::Start { vmid: vm }));
+                Some(operator::KINDS[2])
+            }
+            10 => {
+                let home = self.nodes[&vm];
+                let other = if home == "pve1" { "pve2" } else { "pve1" };
+                // Proxmox moves a VM with local disks only with them: a
+                // worker holding none of the driver's local disks moves.
+                let (_, config) = operator::vm(&self.sim, vm).await?;
+                if config.values().any(|v| {
+                    v.as_str()
+                        .is_some_and(|s| s.starts_with("local-lvm:vm-9999-"))
+                }) {
+                    return Ok(None);
+                }
+                operator::relocate(&self.sim, vm, other).await?;
+                self.nodes.insert(vm, other);
+                self.undos.push(Pending::after(
+                    wait,
+                    Undo::MoveBack {
+                        vmid: vm,
+                        node: home,
+                    },
+                ));
+                Some(operator::KINDS[3])
+            }
+            11 => {
+                operator::set_backup_lock(&self.sim, vm, true).await?;
+                self.undos
+                    .push(Pending::after(self.long_lock, Undo::Unlock { vmid: vm }));
+                Some(operator::KINDS[4])
+            }
+            12 => {
+                operator::set_storage_online(&self.sim, "nfs", false).await?;
+                self.undos
+                    .push(Pending::after(wait, Undo::StorageOnline { storage: "nfs" }));
+                Some(operator::KINDS[5])
+            }
+            _ => {
+                let node = NODES[self.rng.random_range(0..NODES.len())];
+                operator::set_node_online(&self.sim, node, false).await?;
+                self.undos
+                    .push(Pending::after(wait, Undo::NodeOnline { node }));
+                Some(operator::KINDS[6])
+            }
+        })
+    }
+
+    /// Worker VMs a volume of `zone` can be published to, where they are now.
+    fn vms_for(&self, zone: Option<&'static str>) -> Vec<u32> {
+        self.nodes
+            .iter()
+            .filter(|(_, n)| zone.is_none_or(|z| **n == z))
+            .map(|(v, _)| *v)
+            .collect()
+    }
+
+    /// Puts back what is due (everything, with `all`). An undo Proxmox
+    /// refuses for now (a lock) stays for the next round.
+    async fn undo_due(&mut self, all: bool) {
+        let now = Instant::now();
+        let (due, later): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut self.undos)
+            .into_iter()
+            .partition(|p| all || p.due <= now);
+        self.undos = later;
+        for p in due {
+            let done = match &p.undo {
+                Undo::Detach { vmid, key, volid } => {
+                    let adopted = self
+                        .vols
+                        .iter()
+                        .any(|v| &v.volid == volid && v.on == Some(*vmid));
+                    if adopted {
+                        // The driver published it to that very VM meanwhile:
+                        // the operator's attachment became the driver's.
+                        self.oob.remove(volid);
+                        true
+                    } else {
+                        // The operator's own unplug is not a fault test.
+                        let _ = self.disarm().await;
+                        let ok = operator::detach(&self.sim, *vmid, key).await.is_ok();
+                        if ok {
+                            self.oob.remove(volid);
+                        }
+                        ok
+                    }
+                }
+                Undo::Start { vmid } => operator::set_running(&self.sim, *vmid, true).await.is_ok(),
+                Undo::Unlock { vmid } => operator::set_backup_lock(&self.sim, *vmid, false)
+                    .await
+                    .is_ok(),
+                Undo::MoveBack { vmid, node } => {
+                    let holds_local = match operator::vm(&self.sim, *vmid).await {
+                        Ok((_, config)) => config.values().any(|v| {
+                            v.as_str()
+                                .is_some_and(|s| s.starts_with("local-lvm:vm-9999-"))
+                        }),
+                        Err(_) => true,
+                    };
+                    if holds_local {
+                        // It stays where it is until its local disks go;
+                        // at the end it simply stays.
+                        all
+                    } else {
+                        let ok = operator::relocate(&self.sim, *vmid, node).await.is_ok();
+                        if ok {
+                            self.nodes.insert(*vmid, node);
+                        }
+                        ok
+                    }
+                }
+                Undo::NodeOnline { node } => operator::set_node_online(&self.sim, node, true)
+                    .await
+                    .is_ok(),
+                Undo::StorageOnline { storage } => {
+                    operator::set_storage_online(&self.sim, storage, true)
+                        .await
+                        .is_ok()
+                }
+            };
+            if !done {
+                self.undos
+                    .push(Pending::after(Duration::from_millis(500), p.undo));
+            }
+        }
+    }
+
     async fn calm(&mut self) -> Result<()> {
-        self.sim.knobs(r#"{"error_5xx_rate": 0.0, "drop_connections": 0, "fail_hotplugs": 0, "fail_tasks": 0}"#).await?;
+        self.disarm().await?;
         for (vm, _) in VMS {
             self.sim
                 .admin(Method::DELETE, &format!("vms/{vm}/lock"), "")
                 .await?;
+        }
+        // Everything operators changed is put back (a detach may wait for
+        // a lock held a few seconds more).
+        let started = Instant::now();
+        while !self.undos.is_empty() && started.elapsed() < CONVERGE {
+            self.undo_due(true).await;
+            if !self.undos.is_empty() {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        if !self.undos.is_empty() {
+            self.out.violations.push(format!(
+                "operators' changes could not be put back: {:?}",
+                self.undos
+            ));
         }
         if self.controller.is_none() {
             self.start_controller()?;
@@ -263,8 +557,14 @@ impl Campaign {
                     "pve2"
                 };
                 let bytes: u64 = self.rng.random_range(1..=3) << 30;
+                // A quarter on the shared NFS storage, the rest local.
+                let storage = if self.rng.random_bool(0.25) {
+                    "nfs"
+                } else {
+                    "local-lvm"
+                };
                 let sc = provisioner::StorageClass::new(&[
-                    ("storage", "local-lvm"),
+                    ("storage", storage),
                     ("csi.storage.k8s.io/fstype", "ext4"),
                 ]);
                 let claim =
@@ -278,38 +578,46 @@ impl Campaign {
                     &claim,
                     Some(provisioner::requirement(&[&term], 0)),
                 );
-                let r = self.retry(format!("CreateVolume {name}"), |mut c| {
+                let r = self.retry(format!("CreateVolume {name}"), None, |mut c| {
                     let req = req.clone();
                     async move { c.create_volume(req).await }
                 });
                 if let Some(v) = r.await.and_then(|r| r.into_inner().volume) {
                     let pv = provisioner::persistent_volume(&sc, &claim, &v);
+                    let Ok(id) = VolumeId::parse(&v.volume_id) else {
+                        self.out.violations.push(format!(
+                            "CreateVolume {name}: a handle of no known shape: {}",
+                            v.volume_id
+                        ));
+                        return;
+                    };
                     self.vols.push(Vol {
                         name,
+                        volid: id.volid(),
                         id: v.volume_id,
                         pv: Some(pv),
-                        zone,
+                        zone: (storage == "local-lvm").then_some(zone),
                         bytes,
                         on: None,
+                        detached_oob: false,
                         snapshots: Vec::new(),
                     });
                 }
             }
             "publish" => {
                 let i = idle[self.rng.random_range(0..idle.len())];
-                let zone = self.vols[i].zone;
-                let vms: Vec<u32> = VMS
-                    .iter()
-                    .filter(|(_, n)| *n == zone)
-                    .map(|(v, _)| *v)
-                    .collect();
-                let vmid = vms[self.rng.random_range(0..vms.len())];
+                let vms = self.vms_for(self.vols[i].zone);
+                let Some(&vmid) = vms.get(self.rng.random_range(0..vms.len().max(1))) else {
+                    return;
+                };
+                let volid = Some(self.vols[i].volid.clone());
                 let Some(pv) = self.vols[i].pv.clone() else {
                     return;
                 };
                 let req = attacher::controller_publish(&pv, &format!("worker-{vmid}/{vmid}"));
                 let ok = self.retry(
                     format!("ControllerPublishVolume {} to {vmid}", self.vols[i].name),
+                    volid,
                     |mut c| {
                         let req = req.clone();
                         async move { c.controller_publish_volume(req).await }
@@ -331,6 +639,7 @@ impl Campaign {
                         "ControllerUnpublishVolume {} from {vmid}",
                         self.vols[i].name
                     ),
+                    None,
                     |mut c| {
                         let req = req.clone();
                         async move { c.controller_unpublish_volume(req).await }
@@ -338,6 +647,7 @@ impl Campaign {
                 );
                 if ok.await.is_some() {
                     self.vols[i].on = None;
+                    self.vols[i].detached_oob = false;
                 }
             }
             "expand" => {
@@ -349,6 +659,7 @@ impl Campaign {
                 let req = resizer::controller_expand(&pv, bytes as i64);
                 let ok = self.retry(
                     format!("ControllerExpandVolume {} to {bytes}", self.vols[i].name),
+                    None,
                     |mut c| {
                         let req = req.clone();
                         async move { c.controller_expand_volume(req).await }
@@ -372,6 +683,7 @@ impl Campaign {
                             "ControllerModifyVolume {} diskIOPS={iops}",
                             self.vols[i].name
                         ),
+                        None,
                         |mut c| {
                             let req = req.clone();
                             async move { c.controller_modify_volume(req).await }
@@ -392,7 +704,7 @@ impl Campaign {
                 let started = Instant::now();
                 loop {
                     let r = self
-                        .retry(format!("CreateSnapshot {name}"), |mut c| {
+                        .retry(format!("CreateSnapshot {name}"), None, |mut c| {
                             let req = req.clone();
                             async move { c.create_snapshot(req).await }
                         })
@@ -420,7 +732,7 @@ impl Campaign {
                 let (name, id) = self.vols[i].snapshots.remove(0);
                 let req = snapshotter::delete_snapshot(&id);
                 let _ = self
-                    .retry(format!("DeleteSnapshot {name}"), |mut c| {
+                    .retry(format!("DeleteSnapshot {name}"), None, |mut c| {
                         let req = req.clone();
                         async move { c.delete_snapshot(req).await }
                     })
@@ -431,10 +743,14 @@ impl Campaign {
                 let v = self.vols[i].clone();
                 let Some(pv) = v.pv.clone() else { return };
                 let req = provisioner::delete_volume(&pv);
-                let ok = self.retry(format!("DeleteVolume {}", v.name), |mut c| {
-                    let req = req.clone();
-                    async move { c.delete_volume(req).await }
-                });
+                let ok = self.retry(
+                    format!("DeleteVolume {}", v.name),
+                    Some(v.volid.clone()),
+                    |mut c| {
+                        let req = req.clone();
+                        async move { c.delete_volume(req).await }
+                    },
+                );
                 if ok.await.is_some() {
                     // Its snapshots live on; keep them under a tombstone.
                     self.vols[i].on = None;
@@ -455,7 +771,7 @@ impl Campaign {
             .vols
             .iter()
             .filter(|v| !v.id.is_empty())
-            .map(|v| format!("vm-9999-{}", v.name))
+            .map(|v| v.volid.clone())
             .collect();
         let snap_vms: BTreeSet<u64> = self
             .vols
@@ -511,10 +827,11 @@ impl Campaign {
             }
         }
         for v in self.vols.iter().filter(|v| !v.id.is_empty()) {
-            let volid = format!("local-lvm:vm-9999-{}", v.name);
-            let on: Vec<u64> = attached.get(&volid).cloned().unwrap_or_default();
+            let on: Vec<u64> = attached.get(&v.volid).cloned().unwrap_or_default();
             let want: Vec<u64> = v.on.map(u64::from).into_iter().collect();
-            if on != want {
+            // Detached in the UI: gone from the VM until the attacher's
+            // unpublish, which was not due yet.
+            if on != want && !(v.detached_oob && on.is_empty()) {
                 self.out.violations.push(format!(
                     "{} is attached to {on:?}, the driver was told {want:?}",
                     v.name
@@ -523,21 +840,20 @@ impl Campaign {
         }
         for vol in volumes.as_array().cloned().unwrap_or_default() {
             let volid = vol["volid"].as_str().unwrap_or_default();
-            let name = volid.split(':').nth(1).unwrap_or_default();
             let owner = vol["owner"].as_u64().unwrap_or(0);
             let size = vol["size"].as_u64().unwrap_or(0);
             if owner == 9999 {
                 match self
                     .vols
                     .iter()
-                    .find(|v| !v.id.is_empty() && format!("vm-9999-{}", v.name) == name)
+                    .find(|v| !v.id.is_empty() && v.volid == volid)
                 {
                     Some(v) if size < v.bytes => self
                         .out
                         .violations
                         .push(format!("{volid} has {size} bytes, {} were asked", v.bytes)),
                     Some(_) => {}
-                    None if !live.contains(name) => self
+                    None if !live.contains(volid) => self
                         .out
                         .violations
                         .push(format!("{volid} belongs to no live volume")),
@@ -573,22 +889,30 @@ pub async fn run(seed: u64, duration: Duration, fault_rate: f64) -> Result<Outco
             seed,
             ..Default::default()
         },
+        nodes: VMS.iter().map(|(v, n)| (*v, *n)).collect(),
+        undos: Vec::new(),
+        oob: BTreeSet::new(),
+        // A backup holds its lock for a minute in a long run.
+        armed: BTreeMap::new(),
+        left: BTreeMap::new(),
+        long_lock: (duration / 10).clamp(Duration::from_secs(5), Duration::from_secs(60)),
     };
     c.start_controller()?;
     let started = Instant::now();
     while started.elapsed() < duration {
+        c.undo_due(false).await;
         if c.rng.random_bool(fault_rate) {
             c.fault().await?;
         }
         c.step().await;
-        if c.rng.random_bool(0.2) {
-            c.sim.knobs(r#"{"error_5xx_rate": 0.0}"#).await?;
-        }
     }
     c.calm().await?;
     // Let held locks and lock: backup run out before the last look.
     tokio::time::sleep(Duration::from_secs(1)).await;
     c.check().await?;
+    c.out.fired = c.sim.running.faults();
+    let fired = c.out.fired.clone();
+    c.account(&fired);
     if let Some(p) = c.controller.take() {
         let _ = p.stop();
     }

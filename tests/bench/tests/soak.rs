@@ -13,9 +13,30 @@ async fn fault_campaign_leaves_nothing_behind() {
         ops >= 30 && faults >= 8,
         "too little happened: {ops} operations, {faults} faults"
     );
+    let kills = out.faults.get("controller SIGKILLed").unwrap_or(&0)
+        + out
+            .faults
+            .get("controller SIGKILLed during an out-of-band change")
+            .unwrap_or(&0);
+    assert!(kills > 0, "the controller was never killed");
+    let kinds = bench::operator::KINDS
+        .iter()
+        .filter(|k| out.faults.contains_key(*k))
+        .count();
     assert!(
-        out.faults.contains_key("controller SIGKILLed"),
-        "the controller was never killed"
+        kinds >= 3,
+        "only {kinds} kinds of out-of-band change happened"
+    );
+    // Every counted fault fired or was taken back unfired (a violation
+    // otherwise); some fired.
+    assert!(
+        out.fired.errors_5xx
+            + out.fired.dropped_connections
+            + out.fired.failed_hotplugs
+            + out.fired.failed_tasks
+            > 0,
+        "no injected fault fired: {:?}",
+        out.fired
     );
     assert!(
         out.violations.is_empty(),

@@ -48,6 +48,9 @@ pub struct Knobs {
     pub drop_connections: u32,
     /// Share of requests (0.0–1.0) answered 595 before any work.
     pub error_5xx_rate: f64,
+    /// The next N requests are answered 595 before any work (a count, so a
+    /// test can account for every one).
+    pub fail_5xx: u32,
     /// How long a new VM has no RRD data: `/cluster/resources` shows it
     /// without `name`, `template` and usage, `status: unknown`, until
     /// pvestatd's next round (Proxmox: every 10 s).
@@ -86,6 +89,7 @@ impl Default for Knobs {
             lose_answers_skip: 0,
             drop_connections: 0,
             error_5xx_rate: 0.0,
+            fail_5xx: 0,
             rrd_lag_ms: 0,
             missing_volume_text: String::new(),
             refuse_volumes: Vec::new(),

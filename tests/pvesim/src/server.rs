@@ -255,11 +255,10 @@ async fn handle(
             let mut c = ctx.cluster();
             let drop = crate::knobs::take(&mut c.knobs.drop_connections);
             let rate = c.knobs.error_5xx_rate;
-            (
-                c.knobs.api_latency_ms,
-                drop,
-                rate > 0.0 && rand::random::<f64>() < rate,
-            )
+            let fail = !drop
+                && (crate::knobs::take(&mut c.knobs.fail_5xx)
+                    || (rate > 0.0 && rand::random::<f64>() < rate));
+            (c.knobs.api_latency_ms, drop, fail)
         };
         if latency > 0 {
             tokio::time::sleep(Duration::from_millis(latency)).await;

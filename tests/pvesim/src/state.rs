@@ -149,11 +149,24 @@ pub struct StorageSpec {
     /// on LVs, qcow2 the default format.
     #[serde(default, rename = "snapshot-as-volume-chain")]
     pub snapshot_as_volume_chain: bool,
+    /// The storage's server does not answer (an NFS server down): see
+    /// `StorageSpec::online`.
+    #[serde(default)]
+    pub offline: bool,
 }
 
 impl StorageSpec {
     pub fn is_shared(&self) -> bool {
         self.shared || self.kind.always_shared()
+    }
+
+    /// Whether the storage can be activated. Only storages with a
+    /// connection check can be "offline": NFS (pve-storage
+    /// src/PVE/Storage/NFSPlugin.pm check_connection, `showmount` or
+    /// `rpcinfo` against the server); the others' check always passes
+    /// (Plugin.pm check_connection).
+    pub fn online(&self) -> bool {
+        !(self.offline && self.kind == StorageType::Nfs)
     }
 
     pub fn enabled_on(&self, node: &str) -> bool {

@@ -1488,3 +1488,52 @@ async fn hotplug_costs_per_disk_and_the_guests_eject() {
     );
     assert!(c.config("pve2", 112, true).await.get("scsi2").is_some());
 }
+
+/// An NFS storage whose server stops answering: inactive in the listing,
+/// and every activation fails as pve-storage's activate_storage does.
+#[tokio::test]
+async fn an_nfs_storage_can_go_offline() {
+    let sim = start().await;
+    let c = Client::new(&sim, TOKEN);
+    const ALLOC: &[(&str, &str)] = &[
+        ("filename", "vm-9999-pvc-n.raw"),
+        ("vmid", "9999"),
+        ("size", "1G"),
+    ];
+    let alloc = || c.call("POST", "/nodes/pve2/storage/nfs/content", ALLOC);
+    c.call("PUT", "/pvesim/storages/nfs/online?value=0", &[])
+        .await;
+    let list = c.get("/nodes/pve2/storage", &[]).await.ok();
+    let nfs = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["storage"] == "nfs")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (nfs["active"].clone(), nfs["total"].clone()),
+        (json!(0), json!(0))
+    );
+    let r = alloc().await;
+    assert_eq!(r.status, 500);
+    assert_eq!(r.reason, "storage 'nfs' is not online");
+    // A storage without a connection check cannot be offline.
+    c.call("PUT", "/pvesim/storages/local-lvm/online?value=0", &[])
+        .await;
+    let r = c
+        .call(
+            "POST",
+            "/nodes/pve2/storage/local-lvm/content",
+            &[
+                ("filename", "vm-9999-pvc-l"),
+                ("vmid", "9999"),
+                ("size", "1G"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    c.call("PUT", "/pvesim/storages/nfs/online?value=1", &[])
+        .await;
+    assert_eq!(alloc().await.status, 200);
+}

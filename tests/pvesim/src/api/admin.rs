@@ -10,6 +10,9 @@
 //! | POST | `storages/<id>/hold-lock?seconds=N` | hold the storage's allocation lock |
 //! | PUT / DELETE | `vms/<vmid>/lock?value=backup` | set or clear the VM's `lock` |
 //! | PUT | `vms/<vmid>/running?value=0\|1` | stop or start the VM |
+//! | PUT | `storages/<id>/online?value=0\|1` | an NFS storage's server stops or starts answering |
+//! | PUT | `nodes/<name>/online?value=0\|1` | a node goes down (calls to it answer 595) or comes back |
+//! | POST | `vms/<vmid>/relocate?node=N` | the VM moves to node N (HA, an operator) |
 //! | GET | `vms/<vmid>` | config, pending and pending deletes |
 //! | GET | `volumes` | every volume with its place, size and owner |
 
@@ -110,6 +113,16 @@ pub async fn dispatch(
                 .get_mut(&id)
                 .ok_or_else(|| ApiError::new(404, "no such VM"))?;
             vm.config.remove("lock");
+            Ok(Value::Null)
+        }
+        // An NFS server stops or starts answering (see StorageSpec::online).
+        (&Method::PUT, ["storages", id, "online"]) => {
+            let mut c = ctx.cluster();
+            let st = c
+                .storages
+                .get_mut(*id)
+                .ok_or_else(|| ApiError::new(404, "no such storage"))?;
+            st.offline = q.get("value").map(String::as_str) == Some("0");
             Ok(Value::Null)
         }
         // A node goes down or comes back: calls proxied to it answer 595.

@@ -59,6 +59,11 @@ pub fn storage<'a>(c: &'a Cluster, node: &str, id: &str) -> Result<&'a StorageSp
             "storage '{id}' is not available on node '{node}'"
         )));
     }
+    // pve-storage src/PVE/Storage.pm activate_storage: a failed
+    // check_connection without an error of its own.
+    if !st.online() {
+        return Err(ApiError::die(format!("storage '{id}' is not online")));
+    }
     Ok(st)
 }
 

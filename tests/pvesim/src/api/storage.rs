@@ -86,12 +86,16 @@ fn status_json(
     with_fraction: bool,
 ) -> Result<Value, ApiError> {
     let enabled = st.enabled_on(node);
+    // An unmounted NFS storage reports no status, and storage_info leaves
+    // it inactive with zero sizes (NFSPlugin.pm status returns undef when
+    // nfs_is_mounted fails; Storage.pm storage_info `next if !$active`).
+    let active = enabled && st.online();
     let mut v = json!({
         "storage": st.id, "type": st.kind.name(), "content": st.content.join(","),
-        "shared": i32::from(st.is_shared()), "enabled": i32::from(enabled), "active": i32::from(enabled),
+        "shared": i32::from(st.is_shared()), "enabled": i32::from(enabled), "active": i32::from(active),
         "total": 0, "used": 0, "avail": 0,
     });
-    if enabled {
+    if active {
         let place = c
             .place(&st.id, node)
             .map_err(|e| ApiError::die(e.to_string()))?;
