@@ -92,6 +92,46 @@ async fn detach(ctl: &ControllerService, pv: &PersistentVolume, node_id: &str) {
         .unwrap();
 }
 
+/// The publish context names the disk as Proxmox and the guest know it:
+/// the `wwn=` and `serial=` of the drive line in VM 112's config (what
+/// qemu-server passes to QEMU's scsi-hd), and the WWN and serial udev reads
+/// from the disk in the guest. Never the driver's own computation.
+async fn identity_is_true(g: &mut Guest, sim: &pvesim::Running, pc: &HashMap<String, String>) {
+    let (wwn, serial) = (&pc["wwn"], &pc["serial"]);
+    let line = sim
+        .ctx
+        .cluster()
+        .vms
+        .get(&112)
+        .and_then(|vm| {
+            vm.config
+                .values()
+                .find(|v| v.split(',').any(|o| o == format!("wwn={wwn}")))
+                .cloned()
+        })
+        .unwrap_or_else(|| panic!("no drive of VM 112 has wwn={wwn}"));
+    assert!(
+        line.split(',').any(|o| o == format!("serial={serial}")),
+        "{line}"
+    );
+    let props = g
+        .sh(&format!(
+            "udevadm settle; udevadm info --query=property --name=/dev/disk/by-id/wwn-{wwn} | cat"
+        ))
+        .await
+        .unwrap();
+    assert!(
+        props.lines().any(|l| l == format!("ID_WWN={wwn}")),
+        "{props}"
+    );
+    assert!(
+        props
+            .lines()
+            .any(|l| l == format!("ID_SCSI_SERIAL={serial}")),
+        "{props}"
+    );
+}
+
 /// The directories kubelet makes before a call, made in the guest.
 async fn mkdirs(g: &mut Guest, dirs: Vec<String>) {
     let quoted: Vec<String> = dirs.iter().map(|d| format!("'{d}'")).collect();
@@ -453,7 +493,7 @@ async fn ext4_growth_surprise_unplug_and_24_disks() {
         mut g,
         ctl,
         mut node,
-        sim: _sim,
+        sim,
         images: _images,
     }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
     else {
@@ -485,8 +525,9 @@ async fn ext4_growth_surprise_unplug_and_24_disks() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let published = Instant::now();
     let pc = attach(&ctl, &pv, WORKER_2).await;
-    assert_eq!(pc["wwn"], wwn);
     let publish_took = published.elapsed();
+    identity_is_true(&mut g, &sim, &pc).await;
+    assert_eq!(pc["wwn"], wwn, "the WWN hostd waited for");
     staged.await.unwrap().unwrap();
     eprintln!(
         "MEASURE NodeStage (wait, mkfs.ext4, mount): {:?}",
