@@ -333,13 +333,55 @@ pub async fn run(report: &mut Report) {
     };
     let mut node = t.node.clone();
     run_with(&mut t, &mut node, report).await;
-    let log = std::fs::read_to_string(t.dir.path().join("node.log")).unwrap_or_default();
     report.clause(
-        "Node: the node plugin runs unprivileged (uid 65534) and logs no failure to reach hostd",
-        ensure(!log.contains("hostd is not reachable"), || {
-            log.lines().last().unwrap_or_default().to_string()
-        }),
+        "Node: the node plugin runs unprivileged (uid and gid 65534, no capability, no new privileges) and every call hostd served came from it",
+        unprivileged(&t),
     );
+}
+
+/// What the kernel says of the node plugin's process, and whose calls
+/// hostd's audit lines record: not what the plugin says of itself.
+fn unprivileged(t: &Target) -> Result<(), String> {
+    let pid = t.procs.get(1).ok_or("no node plugin process")?.id();
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(|e| e.to_string())?;
+    if exe.file_name() != Some(std::ffi::OsStr::new("proxmox-csi-node")) {
+        return Err(format!("process {pid} is {}", exe.display()));
+    }
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string())?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let want: [(&str, &[&str]); 7] = [
+        ("Uid", &["65534"; 4]),
+        ("Gid", &["65534"; 4]),
+        ("Groups", &[]),
+        ("CapEff", &["0000000000000000"]),
+        ("CapPrm", &["0000000000000000"]),
+        ("CapBnd", &["0000000000000000"]),
+        ("NoNewPrivs", &["1"]),
+    ];
+    for (name, value) in want {
+        if field(name) != value {
+            return Err(format!("{name}: {:?}, want {value:?}", field(name)));
+        }
+    }
+    let hostd = std::fs::read_to_string(t.dir.path().join("hostd.log")).unwrap_or_default();
+    let audited: Vec<&str> = hostd.lines().filter(|l| l.contains("peer_uid=")).collect();
+    if audited.is_empty() {
+        return Err("hostd audited no call".into());
+    }
+    if let Some(other) = audited.iter().find(|l| !l.contains("peer_uid=65534")) {
+        return Err(format!("a call from another uid: {other}"));
+    }
+    let log = std::fs::read_to_string(t.dir.path().join("node.log")).unwrap_or_default();
+    ensure(!log.contains("hostd is not reachable"), || {
+        log.lines().last().unwrap_or_default().to_string()
+    })
 }
 
 /// Runs every Node clause against `node`, running on `host`.
