@@ -118,10 +118,15 @@ struct Campaign {
     oob: BTreeSet<String>,
     /// How long a backup holds `lock: backup` (a minute in long runs).
     long_lock: Duration,
+    /// Kill the controller this long into the next call.
+    kill_in: Option<Duration>,
     /// Counted faults armed, and taken back unfired, per knob.
     armed: BTreeMap<&'static str, u64>,
     left: BTreeMap<&'static str, u64>,
 }
+
+/// A controller killed while a call was in flight.
+pub const KILLED_MID_CALL: &str = "controller SIGKILLed during a call";
 
 /// The faults pvesim counts one by one: knob, name, how many per injection.
 const COUNTED: [(&str, &str, u64); 4] = [
@@ -165,7 +170,25 @@ impl Campaign {
         let mut wait = Duration::from_millis(100);
         loop {
             let attempt = match demo::common::channel(&self.socket).await {
-                Ok(ch) => f(ControllerClient::new(ch)).await,
+                Ok(ch) => match self.kill_in.take() {
+                    // The controller dies while it works on this call.
+                    Some(after) => {
+                        tokio::select! {
+                            r = f(ControllerClient::new(ch)) => {
+                                *self.out.faults.entry("controller SIGKILL armed, the call ended first").or_default() += 1;
+                                r
+                            }
+                            _ = tokio::time::sleep(after) => {
+                                if let Some(p) = self.controller.take() {
+                                    p.kill9();
+                                }
+                                *self.out.faults.entry(KILLED_MID_CALL).or_default() += 1;
+                                Err(tonic::Status::unavailable("the controller was killed during the call"))
+                            }
+                        }
+                    }
+                    None => f(ControllerClient::new(ch)).await,
+                },
                 Err(e) => Err(tonic::Status::unavailable(e.to_string())),
             };
             match attempt {
@@ -229,9 +252,15 @@ impl Campaign {
                     .push(Pending::after(wait, Undo::Unlock { vmid: vm }));
                 ("lock: backup for a while", None)
             }
-            6 => {
+            6 if self.rng.random_bool(0.5) => {
                 self.kill_controller()?;
                 ("controller SIGKILLed", None)
+            }
+            6 => {
+                // Killed 0-300 ms into the next call; whether it landed
+                // mid-call is counted when it happens.
+                self.kill_in = Some(Duration::from_millis(self.rng.random_range(0..300)));
+                ("controller SIGKILL armed for the next call", None)
             }
             _ => match self.out_of_band(pick, vm).await? {
                 Some(name) => {
@@ -895,6 +924,7 @@ pub async fn run(seed: u64, duration: Duration, fault_rate: f64) -> Result<Outco
         // A backup holds its lock for a minute in a long run.
         armed: BTreeMap::new(),
         left: BTreeMap::new(),
+        kill_in: None,
         long_lock: (duration / 10).clamp(Duration::from_secs(5), Duration::from_secs(60)),
     };
     c.start_controller()?;

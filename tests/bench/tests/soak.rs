@@ -17,7 +17,8 @@ async fn fault_campaign_leaves_nothing_behind() {
         + out
             .faults
             .get("controller SIGKILLed during an out-of-band change")
-            .unwrap_or(&0);
+            .unwrap_or(&0)
+        + out.faults.get(bench::soak::KILLED_MID_CALL).unwrap_or(&0);
     assert!(kills > 0, "the controller was never killed");
     let kinds = bench::operator::KINDS
         .iter()
