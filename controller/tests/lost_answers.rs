@@ -322,3 +322,34 @@ async fn tasks_failing_after_their_work_are_found_by_the_retry() {
     assert_eq!(e.faults().failed_tasks_after_work, 3);
     assert!(named(&volumes(&e).await, "pvc-lt").is_empty());
 }
+
+/// Another writer holds VM 112's config lock (a backup, a migration) while
+/// the controller dies in the middle of a publish; the new controller (no
+/// memory of the old one's work) waits the lock out and ends with one slot
+/// and nothing pending.
+#[tokio::test]
+async fn a_lock_held_across_a_controller_restart() {
+    let e = env().await;
+    let v = create(&e, "pvc-lr", Some("pve2")).await;
+    e.admin("POST", "vms/112/hold-lock?seconds=3", "").await;
+    assert_eq!(e.faults().held_locks, 1);
+    let req = publish_req(&v, "worker-2/112");
+    // The first controller is waiting for the lock when it dies.
+    let first = tokio::time::timeout(
+        Duration::from_millis(500),
+        e.svc.controller_publish_volume(Request::new(req.clone())),
+    )
+    .await;
+    assert!(first.is_err(), "the publish was still waiting: {first:?}");
+    drop(first);
+    let restarted = proxmox_csi_controller::csi::controller::ControllerService(
+        std::sync::Arc::new(controller_on(&e)),
+    );
+    retried("publish after the restart", || {
+        restarted.controller_publish_volume(Request::new(req.clone()))
+    })
+    .await;
+    let (keys, pending) = slots_of(&e, 112, "vm-9999-pvc-lr").await;
+    assert_eq!(keys.len(), 1, "one slot: {keys:?}");
+    assert_eq!(pending, serde_json::json!({}));
+}

@@ -102,7 +102,7 @@ impl Outcome {
 }
 
 struct Campaign {
-    sim: Sim,
+    sim: std::sync::Arc<Sim>,
     dir: tempfile::TempDir,
     socket: PathBuf,
     controller: Option<demo::common::Proc>,
@@ -118,11 +118,21 @@ struct Campaign {
     oob: BTreeSet<String>,
     /// How long a backup holds `lock: backup` (a minute in long runs).
     long_lock: Duration,
+    /// Operators' changes being put back on their own time.
+    background: Vec<tokio::task::JoinHandle<()>>,
     /// Kill the controller this long into the next call.
     kill_in: Option<Duration>,
     /// Counted faults armed, and taken back unfired, per knob.
     armed: BTreeMap<&'static str, u64>,
     left: BTreeMap<&'static str, u64>,
+}
+
+/// A call as the deployed sidecars make it: with their `--timeout=3m`
+/// (deploy/kustomize/controller.yaml) as the gRPC deadline.
+fn sidecar<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(Duration::from_secs(180));
+    r
 }
 
 /// A controller killed while a call was in flight.
@@ -248,8 +258,7 @@ impl Campaign {
             5 => {
                 operator::set_backup_lock(&self.sim, vm, true).await?;
                 let wait = Duration::from_millis(self.rng.random_range(500..4000));
-                self.undos
-                    .push(Pending::after(wait, Undo::Unlock { vmid: vm }));
+                self.later(wait, Undo::Unlock { vmid: vm });
                 ("lock: backup for a while", None)
             }
             6 if self.rng.random_bool(0.5) => {
@@ -391,8 +400,7 @@ impl Campaign {
             }
             9 => {
                 operator::set_running(&self.sim, vm, false).await?;
-                self.undos
-                    .push(Pending::after(wait, Undo::Start { vmid: vm }));
+                self.later(wait, Undo::Start { vmid: vm });
                 Some(operator::KINDS[2])
             }
             10 => {
@@ -420,24 +428,47 @@ impl Campaign {
             }
             11 => {
                 operator::set_backup_lock(&self.sim, vm, true).await?;
-                self.undos
-                    .push(Pending::after(self.long_lock, Undo::Unlock { vmid: vm }));
+                self.later(self.long_lock, Undo::Unlock { vmid: vm });
                 Some(operator::KINDS[4])
             }
             12 => {
                 operator::set_storage_online(&self.sim, "nfs", false).await?;
-                self.undos
-                    .push(Pending::after(wait, Undo::StorageOnline { storage: "nfs" }));
+                self.later(wait, Undo::StorageOnline { storage: "nfs" });
                 Some(operator::KINDS[5])
             }
             _ => {
                 let node = NODES[self.rng.random_range(0..NODES.len())];
                 operator::set_node_online(&self.sim, node, false).await?;
-                self.undos
-                    .push(Pending::after(wait, Undo::NodeOnline { node }));
+                self.later(wait, Undo::NodeOnline { node });
                 Some(operator::KINDS[6])
             }
         })
+    }
+
+    /// Puts back, on its own time, what the campaign's model does not
+    /// depend on (a node, the NFS server, a VM's run state, a backup's
+    /// lock): the outside world does not wait for the driver's calls.
+    fn later(&mut self, wait: Duration, undo: Undo) {
+        let sim = self.sim.clone();
+        self.background.push(tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            // Refused only while the admin API is down: the end checks say so.
+            for _ in 0..100 {
+                let done = match &undo {
+                    Undo::Start { vmid } => operator::set_running(&sim, *vmid, true).await,
+                    Undo::Unlock { vmid } => operator::set_backup_lock(&sim, *vmid, false).await,
+                    Undo::NodeOnline { node } => operator::set_node_online(&sim, node, true).await,
+                    Undo::StorageOnline { storage } => {
+                        operator::set_storage_online(&sim, storage, true).await
+                    }
+                    Undo::Detach { .. } | Undo::MoveBack { .. } => Ok(()),
+                };
+                if done.is_ok() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }));
     }
 
     /// Worker VMs a volume of `zone` can be published to, where they are now.
@@ -526,6 +557,9 @@ impl Campaign {
                 .admin(Method::DELETE, &format!("vms/{vm}/lock"), "")
                 .await?;
         }
+        for h in std::mem::take(&mut self.background) {
+            let _ = h.await;
+        }
         // Everything operators changed is put back (a detach may wait for
         // a lock held a few seconds more).
         let started = Instant::now();
@@ -609,7 +643,7 @@ impl Campaign {
                 );
                 let r = self.retry(format!("CreateVolume {name}"), None, |mut c| {
                     let req = req.clone();
-                    async move { c.create_volume(req).await }
+                    async move { c.create_volume(sidecar(req)).await }
                 });
                 if let Some(v) = r.await.and_then(|r| r.into_inner().volume) {
                     let pv = provisioner::persistent_volume(&sc, &claim, &v);
@@ -649,7 +683,7 @@ impl Campaign {
                     volid,
                     |mut c| {
                         let req = req.clone();
-                        async move { c.controller_publish_volume(req).await }
+                        async move { c.controller_publish_volume(sidecar(req)).await }
                     },
                 );
                 if ok.await.is_some() {
@@ -671,7 +705,7 @@ impl Campaign {
                     None,
                     |mut c| {
                         let req = req.clone();
-                        async move { c.controller_unpublish_volume(req).await }
+                        async move { c.controller_unpublish_volume(sidecar(req)).await }
                     },
                 );
                 if ok.await.is_some() {
@@ -691,7 +725,7 @@ impl Campaign {
                     None,
                     |mut c| {
                         let req = req.clone();
-                        async move { c.controller_expand_volume(req).await }
+                        async move { c.controller_expand_volume(sidecar(req)).await }
                     },
                 );
                 if ok.await.is_some() {
@@ -715,7 +749,7 @@ impl Campaign {
                         None,
                         |mut c| {
                             let req = req.clone();
-                            async move { c.controller_modify_volume(req).await }
+                            async move { c.controller_modify_volume(sidecar(req)).await }
                         },
                     )
                     .await;
@@ -735,7 +769,7 @@ impl Campaign {
                     let r = self
                         .retry(format!("CreateSnapshot {name}"), None, |mut c| {
                             let req = req.clone();
-                            async move { c.create_snapshot(req).await }
+                            async move { c.create_snapshot(sidecar(req)).await }
                         })
                         .await;
                     let Some(s) = r.and_then(|r| r.into_inner().snapshot) else {
@@ -763,7 +797,7 @@ impl Campaign {
                 let _ = self
                     .retry(format!("DeleteSnapshot {name}"), None, |mut c| {
                         let req = req.clone();
-                        async move { c.delete_snapshot(req).await }
+                        async move { c.delete_snapshot(sidecar(req)).await }
                     })
                     .await;
             }
@@ -777,7 +811,7 @@ impl Campaign {
                     Some(v.volid.clone()),
                     |mut c| {
                         let req = req.clone();
-                        async move { c.delete_volume(req).await }
+                        async move { c.delete_volume(sidecar(req)).await }
                     },
                 );
                 if ok.await.is_some() {
@@ -907,7 +941,7 @@ pub async fn run(seed: u64, duration: Duration, fault_rate: f64) -> Result<Outco
         .await?;
     let dir = tempfile::tempdir()?;
     let mut c = Campaign {
-        sim,
+        sim: std::sync::Arc::new(sim),
         socket: dir.path().join("controller.sock"),
         dir,
         controller: None,
@@ -925,6 +959,7 @@ pub async fn run(seed: u64, duration: Duration, fault_rate: f64) -> Result<Outco
         armed: BTreeMap::new(),
         left: BTreeMap::new(),
         kill_in: None,
+        background: Vec::new(),
         long_lock: (duration / 10).clamp(Duration::from_secs(5), Duration::from_secs(60)),
     };
     c.start_controller()?;
