@@ -32,7 +32,7 @@ use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::rebind::{Kube, OPERATION, Options};
+use crate::rebind::{Kube, OPERATION, Options, held_by};
 
 /// What is recorded on the volume before anything changes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -277,9 +277,15 @@ async fn forward(
         k.pvcs()
             .delete(&plan.claim_name, &DeleteParams::foreground())
             .await?;
-        k.wait_gone("the claim", async || {
-            Ok(k.pvcs().get_opt(&plan.claim_name).await?.is_some())
-        })
+        k.wait_gone(
+            &format!("the claim {}/{}", plan.namespace, plan.claim_name),
+            async || {
+                Ok(k.pvcs()
+                    .get_opt(&plan.claim_name)
+                    .await?
+                    .map(|c| held_by(&c.metadata)))
+            },
+        )
         .await?;
         steps.push(format!(
             "deleted claim {}/{}",
@@ -292,8 +298,15 @@ async fn forward(
             .is_some_and(|c| c.volume_handle != new_handle.to_string())
     }) {
         k.pvs().delete(pv_name, &DeleteParams::default()).await?;
-        k.wait_gone("the volume", async || {
-            Ok(k.pvs().get_opt(pv_name).await?.is_some())
+        // pv-protection holds it until it is not Bound (the claim is gone, so
+        // the PersistentVolume controller makes it Released), the attacher's
+        // finalizer until no VolumeAttachment names it; its name is reused
+        // only once it is really gone.
+        k.wait_gone(&format!("the volume {pv_name}"), async || {
+            Ok(k.pvs()
+                .get_opt(pv_name)
+                .await?
+                .map(|p| held_by(&p.metadata)))
         })
         .await?;
         steps.push(format!("deleted volume {pv_name} (Retain: the disk stays)"));

@@ -6,8 +6,16 @@
 //! policy, the nodes cordoned) is recorded in an annotation on every volume
 //! involved. Every step checks the state before acting, so a run that
 //! stopped half-way continues with `--resume` or is undone with
-//! `--rollback`; reclaim policies are always restored and the nodes this
-//! run cordoned are uncordoned on every exit path.
+//! `--rollback`; the nodes this run cordoned are uncordoned on every exit
+//! path.
+//!
+//! A volume's reclaim policy is put back only once the volume reads `Bound`
+//! to its new claim (by uid). The PersistentVolume controller writes that
+//! phase after pvecsictl re-points claimRef; until then the volume is still
+//! `Released`, and `Released` with `Delete` is all the external-provisioner
+//! needs to delete the disk (sig-storage-lib-external-provisioner
+//! `shouldDelete`). If it is not Bound in time, the policy stays `Retain`
+//! and the plan stays recorded for `--resume`.
 
 use std::time::{Duration, Instant};
 
@@ -16,6 +24,7 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde::{Deserialize, Serialize};
@@ -23,6 +32,57 @@ use serde_json::json;
 
 /// The annotation that records an operation in progress.
 pub const OPERATION: &str = "pvecsictl.proxmox.sinextra.dev/operation";
+
+/// How long a run waits for a volume to be Bound to its new claim before it
+/// stops, leaving the policy `Retain` and the plan recorded. The
+/// PersistentVolume controller binds within seconds, and resyncs every 15 s.
+pub const BIND_WAIT: Duration = Duration::from_secs(300);
+
+tokio::task_local! {
+    static BIND_WAIT_HERE: Duration;
+}
+
+/// Runs `f` with `wait` in place of [`BIND_WAIT`] (for tests: the bound on
+/// waiting for a volume to be Bound, in this task only).
+pub async fn with_bind_wait<F: std::future::Future>(wait: Duration, f: F) -> F::Output {
+    BIND_WAIT_HERE.scope(wait, f).await
+}
+
+fn bind_wait() -> Duration {
+    BIND_WAIT_HERE.try_with(|d| *d).unwrap_or(BIND_WAIT)
+}
+
+fn human(d: Duration) -> String {
+    match d.as_secs() {
+        s if s >= 60 && s % 60 == 0 => format!("{} minutes", s / 60),
+        s => format!("{s} s"),
+    }
+}
+
+/// What holds an object that is being deleted: its finalizers, with what
+/// each waits for.
+pub(crate) fn held_by(meta: &ObjectMeta) -> String {
+    let Some(f) = meta.finalizers.as_ref().filter(|f| !f.is_empty()) else {
+        return String::new();
+    };
+    let why: Vec<String> = f
+        .iter()
+        .map(|f| match f.as_str() {
+            // pvc-protection: a scheduled pod names the claim (podUsesPVC).
+            "kubernetes.io/pvc-protection" => {
+                format!("{f} (a pod on a node still names the claim)")
+            }
+            // pv-protection: the volume is still Bound.
+            "kubernetes.io/pv-protection" => format!("{f} (the volume is still Bound)"),
+            // external-attacher: a VolumeAttachment still names the volume.
+            a if a.starts_with("external-attacher/") => {
+                format!("{f} (a VolumeAttachment still names the volume)")
+            }
+            _ => f.clone(),
+        })
+        .collect();
+    format!(", held by the finalizers {}", why.join(", "))
+}
 
 /// One claim replaced: `from` goes, `to` is bound to `volume`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,19 +172,16 @@ impl Kube {
         Ok(())
     }
 
-    /// Pods (not finished) that mount one of `claims`.
+    /// Pods that mount one of `claims`: those not finished, and finished
+    /// ones still on a node, which hold the claim as much (pvc-protection's
+    /// `podUsesPVC` counts any pod with `spec.nodeName` that names it).
     async fn users(&self, claims: &[String]) -> Result<Vec<Pod>> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
         Ok(pods
             .list(&ListParams::default())
             .await?
             .into_iter()
-            .filter(|p| {
-                !matches!(
-                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                    Some("Succeeded" | "Failed")
-                )
-            })
+            .filter(|p| !finished(p) || node_of(p).is_some())
             .filter(|p| {
                 p.spec.as_ref().is_some_and(|s| {
                     s.volumes.iter().flatten().any(|v| {
@@ -152,7 +209,14 @@ impl Kube {
         }
         let names: Vec<String> = users
             .iter()
-            .filter_map(|p| p.metadata.name.clone())
+            .filter_map(|p| {
+                let name = p.metadata.name.clone()?;
+                Some(if finished(p) {
+                    format!("{name} (finished, but it holds the claim until deleted)")
+                } else {
+                    name
+                })
+            })
             .collect();
         if !force {
             bail!(
@@ -162,9 +226,11 @@ impl Kube {
             );
         }
         let nodes: Api<Node> = Api::all(self.client.clone());
+        // A finished pod is not started again: its node stays as it is.
         for node in users
             .iter()
-            .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+            .filter(|p| !finished(p))
+            .filter_map(|p| node_of(p).map(String::from))
         {
             let already = nodes
                 .get(&node)
@@ -195,7 +261,13 @@ impl Kube {
             steps.push(format!("deleted pod {name}"));
         }
         self.wait_gone("pods using the claims", async || {
-            Ok(!self.users(claims).await?.is_empty())
+            let left: Vec<String> = self
+                .users(claims)
+                .await?
+                .into_iter()
+                .filter_map(|p| p.metadata.name)
+                .collect();
+            Ok((!left.is_empty()).then(|| format!(" ({})", left.join(", "))))
         })
         .await
     }
@@ -212,20 +284,100 @@ impl Kube {
         Ok(())
     }
 
+    /// Waits until `exists` answers None; it answers Some(why) while the
+    /// thing is still there (`why` completes the error after 10 minutes).
     pub(crate) async fn wait_gone(
         &self,
         what: &str,
-        mut exists: impl AsyncFnMut() -> Result<bool>,
+        mut exists: impl AsyncFnMut() -> Result<Option<String>>,
     ) -> Result<()> {
         let started = Instant::now();
-        while exists().await? {
+        while let Some(why) = exists().await? {
             if started.elapsed() > Duration::from_secs(600) {
-                bail!("{what} is still there after 10 minutes");
+                bail!("{what} is still there after 10 minutes{why}");
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         Ok(())
     }
+
+    /// Waits until volume `volume` reads `Bound` with claimRef naming claim
+    /// `claim` by `uid`, and the claim reads `Bound` to it: only then is a
+    /// `Delete` policy safe (a `Released` volume with `Delete` is deleted by
+    /// the external-provisioner, whatever its claimRef says).
+    pub(crate) async fn wait_bound(&self, volume: &str, claim: &str, uid: &str) -> Result<()> {
+        let ns = &self.namespace;
+        let keep = "its reclaimPolicy stays Retain and the plan stays recorded";
+        let limit = bind_wait();
+        let started = Instant::now();
+        loop {
+            let Some(pv) = self.pvs().get_opt(volume).await? else {
+                bail!(
+                    "PersistentVolume {volume} is gone while waiting for it to be Bound to claim {ns}/{claim}"
+                );
+            };
+            let r = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+            if !r.is_some_and(|r| {
+                r.name.as_deref() == Some(claim)
+                    && r.namespace.as_deref() == Some(ns.as_str())
+                    && r.uid.as_deref() == Some(uid)
+            }) {
+                bail!(
+                    "PersistentVolume {volume} no longer names claim {ns}/{claim} (uid {uid}) in its claimRef: something else changed it; {keep}: check it, then run again with --resume or --rollback"
+                );
+            }
+            let Some(c) = self
+                .pvcs()
+                .get_opt(claim)
+                .await?
+                .filter(|c| c.metadata.uid.as_deref() == Some(uid))
+            else {
+                bail!(
+                    "claim {ns}/{claim} (uid {uid}) is gone while PersistentVolume {volume} waits to be Bound to it; {keep}: check it, then run again with --resume or --rollback"
+                );
+            };
+            let pv_phase = pv.status.and_then(|s| s.phase).unwrap_or_default();
+            let claim_phase = c
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_default();
+            if pv_phase == "Bound" && claim_phase == "Bound" && bound_to(&c, volume) {
+                return Ok(());
+            }
+            if started.elapsed() >= limit {
+                bail!(
+                    "PersistentVolume {volume} is not Bound to claim {ns}/{claim} (uid {uid}) after {}: the volume is {}, the claim {}; {keep} (restoring the policy before the PersistentVolume controller binds it could let the provisioner delete a Released volume's disk): run again with --resume once it is Bound",
+                    human(limit),
+                    if pv_phase.is_empty() {
+                        "without a phase"
+                    } else {
+                        &pv_phase
+                    },
+                    if claim_phase.is_empty() {
+                        "without a phase"
+                    } else {
+                        &claim_phase
+                    },
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+fn finished(p: &Pod) -> bool {
+    matches!(
+        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+fn node_of(p: &Pod) -> Option<&str> {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .filter(|n| !n.is_empty())
 }
 
 fn bound_to(c: &PersistentVolumeClaim, volume: &str) -> bool {
@@ -292,6 +444,12 @@ pub fn describe(plan: &Plan) -> Vec<String> {
         ));
         steps.push(format!(
             "point {} claimRef at {}/{}",
+            m.volume, plan.namespace, m.to
+        ));
+    }
+    for m in &plan.moves {
+        steps.push(format!(
+            "wait until {} is Bound to {}/{}",
             m.volume, plan.namespace, m.to
         ));
     }
@@ -480,15 +638,20 @@ async fn forward(k: &Kube, plan: &mut Plan, force: bool) -> Result<Vec<String>> 
                 .delete(&m.from, &DeleteParams::foreground())
                 .await?;
             steps.push(format!("deleted claim {}/{}", k.namespace, m.from));
-            k.wait_gone("the old claim", async || {
-                Ok(k.pvcs()
-                    .get_opt(&m.from)
-                    .await?
-                    .is_some_and(|c| bound_to(&c, &m.volume)))
-            })
+            k.wait_gone(
+                &format!("the old claim {}/{}", k.namespace, m.from),
+                async || {
+                    Ok(k.pvcs()
+                        .get_opt(&m.from)
+                        .await?
+                        .filter(|c| bound_to(c, &m.volume))
+                        .map(|c| held_by(&c.metadata)))
+                },
+            )
             .await?;
         }
     }
+    let mut bindings = Vec::new();
     for m in &plan.moves {
         let created = match k.pvcs().get_opt(&m.to).await? {
             Some(c) if bound_to(&c, &m.volume) => c,
@@ -509,7 +672,12 @@ async fn forward(k: &Kube, plan: &mut Plan, force: bool) -> Result<Vec<String>> 
                 c
             }
         };
-        let claim_ref = json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": k.namespace, "name": m.to, "uid": created.metadata.uid});
+        let uid = created
+            .metadata
+            .uid
+            .clone()
+            .with_context(|| format!("claim {}/{} has no uid", k.namespace, m.to))?;
+        let claim_ref = json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": k.namespace, "name": m.to, "uid": uid});
         k.pvs()
             .patch(
                 &m.volume,
@@ -517,13 +685,26 @@ async fn forward(k: &Kube, plan: &mut Plan, force: bool) -> Result<Vec<String>> 
                 &Patch::Merge(json!({"spec": {"claimRef": claim_ref}})),
             )
             .await?;
+        bindings.push((m.clone(), m.to.clone(), uid));
     }
-    finish(k, plan, &mut steps).await?;
+    finish(k, plan, &bindings, &mut steps).await?;
     Ok(steps)
 }
 
-/// Reclaim policies back, the record removed.
-async fn finish(k: &Kube, plan: &Plan, steps: &mut Vec<String>) -> Result<()> {
+/// Once every volume is Bound to its claim (`bindings`: the move, the claim
+/// and its uid), the reclaim policies back and the record removed. If one
+/// is not Bound in time, nothing is restored: the policies stay `Retain` and
+/// the plan stays recorded on every volume.
+async fn finish(
+    k: &Kube,
+    plan: &Plan,
+    bindings: &[(Move, String, String)],
+    steps: &mut Vec<String>,
+) -> Result<()> {
+    for (m, claim, uid) in bindings {
+        k.wait_bound(&m.volume, claim, uid).await?;
+        steps.push(format!("{} is Bound to {}/{claim}", m.volume, k.namespace));
+    }
     for m in &plan.moves {
         k.pvs()
             .patch(
@@ -541,6 +722,7 @@ async fn finish(k: &Kube, plan: &Plan, steps: &mut Vec<String>) -> Result<()> {
 /// bound to their volumes.
 async fn roll_back(k: &Kube, plan: &Plan) -> Result<Vec<String>> {
     let mut steps = Vec::new();
+    let mut bindings = Vec::new();
     for m in &plan.moves {
         k.pvs()
             .patch(
@@ -556,12 +738,16 @@ async fn roll_back(k: &Kube, plan: &Plan) -> Result<Vec<String>> {
         {
             k.pvcs().delete(&m.to, &DeleteParams::foreground()).await?;
             steps.push(format!("deleted claim {}/{}", k.namespace, m.to));
-            k.wait_gone("the new claim", async || {
-                Ok(k.pvcs()
-                    .get_opt(&m.to)
-                    .await?
-                    .is_some_and(|c| bound_to(&c, &m.volume)))
-            })
+            k.wait_gone(
+                &format!("the new claim {}/{}", k.namespace, m.to),
+                async || {
+                    Ok(k.pvcs()
+                        .get_opt(&m.to)
+                        .await?
+                        .filter(|c| bound_to(c, &m.volume))
+                        .map(|c| held_by(&c.metadata)))
+                },
+            )
             .await?;
         }
     }
@@ -588,7 +774,12 @@ async fn roll_back(k: &Kube, plan: &Plan) -> Result<Vec<String>> {
                 c
             }
         };
-        let claim_ref = json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": k.namespace, "name": m.from, "uid": claim.metadata.uid});
+        let uid = claim
+            .metadata
+            .uid
+            .clone()
+            .with_context(|| format!("claim {}/{} has no uid", k.namespace, m.from))?;
+        let claim_ref = json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": k.namespace, "name": m.from, "uid": uid});
         k.pvs()
             .patch(
                 &m.volume,
@@ -596,7 +787,8 @@ async fn roll_back(k: &Kube, plan: &Plan) -> Result<Vec<String>> {
                 &Patch::Merge(json!({"spec": {"claimRef": claim_ref}})),
             )
             .await?;
+        bindings.push((m.clone(), m.from.clone(), uid));
     }
-    finish(k, plan, &mut steps).await?;
+    finish(k, plan, &bindings, &mut steps).await?;
     Ok(steps)
 }

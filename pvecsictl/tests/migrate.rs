@@ -323,3 +323,165 @@ async fn an_interrupted_migration_is_resumed_or_rolled_back() {
         }
     }
 }
+
+/// Polls `f` for up to 10 s.
+async fn until(mut f: impl FnMut() -> bool) -> bool {
+    let started = std::time::Instant::now();
+    while !f() {
+        if started.elapsed() > Duration::from_secs(10) {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
+/// Research §5 points 3 and 5: the volume made again is pre-bound (claimRef
+/// without uid), so it is never Released and restoring `Delete` at once is
+/// safe even while the binder lags; the old volume's DELETE waits for
+/// pv-protection and for the attacher's finalizer until its
+/// VolumeAttachment is gone, and only then is its name reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_keeps_the_disk_with_finalizers_an_attachment_and_a_lagging_binder() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap())
+        .plain_http()
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
+    let cfg = CloudConfig::parse(&format!("clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n", sim.api_url())).unwrap();
+    let clients: Vec<Arc<Client>> = cfg
+        .clusters
+        .into_iter()
+        .map(|c| Arc::new(Client::new(c, Duration::from_secs(10), Default::default()).unwrap()))
+        .collect();
+    let ks = kubesim::start().await.unwrap();
+    let old_handle = "region-1/pve2/local-lvm/vm-9999-pvc-m";
+    ks.put("persistentvolumes", json!({"metadata": {"name": "pvc-m"}, "spec": {
+        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "persistentVolumeReclaimPolicy": "Delete",
+        "csi": {"driver": kubesim::DRIVER, "volumeHandle": old_handle},
+        "claimRef": {"kind": "PersistentVolumeClaim", "namespace": "apps", "name": "data"}}}));
+    ks.put("persistentvolumeclaims", json!({"metadata": {"name": "data", "namespace": "apps"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": "pvc-m"}}));
+    // The volume was attached to worker-2: the attacher added its finalizer.
+    let va = kubesim::attachment_name(old_handle, kubesim::DRIVER, "worker-2");
+    ks.put(
+        "volumeattachments",
+        json!({"metadata": {"name": va}, "spec": {"attacher": kubesim::DRIVER,
+        "nodeName": "worker-2", "source": {"persistentVolumeName": "pvc-m"}}}),
+    );
+    assert!(
+        until(
+            || ks.get("persistentvolumes", "", "pvc-m").unwrap()["metadata"]["finalizers"]
+                == json!([kubesim::PV_PROTECTION, kubesim::ATTACHER_FINALIZER])
+        )
+        .await
+    );
+    assert_eq!(
+        ks.get("persistentvolumes", "", "pvc-m").unwrap()["status"]["phase"],
+        "Bound"
+    );
+    ks.set_binder_delay(Duration::from_millis(300));
+
+    // The attach/detach controller: the attachment goes a second after the
+    // volume is marked for deletion.
+    let (ks2, url) = (ks.clone(), ks.url.clone());
+    let detach = tokio::spawn(async move {
+        let deleting = until(|| {
+            ks2.get("persistentvolumes", "", "pvc-m")
+                .is_some_and(|p| p["metadata"]["deletionTimestamp"].is_string())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let held = ks2
+            .get("persistentvolumes", "", "pvc-m")
+            .is_some_and(|p| p["spec"]["csi"]["volumeHandle"] == old_handle);
+        reqwest::Client::new()
+            .delete(format!(
+                "{url}/apis/storage.k8s.io/v1/volumeattachments/{va}"
+            ))
+            .send()
+            .await
+            .unwrap();
+        (deleting, held)
+    });
+    let k = Kube {
+        client: kube::Client::try_from(kube::Config::new(ks.url.parse().unwrap())).unwrap(),
+        namespace: "apps".into(),
+    };
+    let steps = migrate::run(
+        &k,
+        &clients,
+        9999,
+        "data",
+        "pve1",
+        Options::default(),
+        HOURS,
+    )
+    .await
+    .unwrap();
+    let (deleting, held) = detach.await.unwrap();
+    assert!(deleting, "the old volume was deleted: {steps:?}");
+    assert!(held, "the attacher's finalizer held the old volume");
+    assert!(
+        steps.contains(&"deleted volume pvc-m (Retain: the disk stays)".to_string()),
+        "{steps:?}"
+    );
+
+    let bound = until(|| {
+        ks.get("persistentvolumeclaims", "apps", "data").unwrap()["status"]["phase"] == "Bound"
+            || ks.get("persistentvolumes", "", "pvc-m").is_none()
+    })
+    .await;
+    // Ticks enough for the provisioner to act on anything it would.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        ks.deleted_volumes(),
+        Vec::<String>::new(),
+        "no disk deleted"
+    );
+    assert!(bound, "the claim is not Bound after 10 s");
+    let pv = ks.get("persistentvolumes", "", "pvc-m").unwrap();
+    let claim = ks.get("persistentvolumeclaims", "apps", "data").unwrap();
+    assert!(
+        pv["spec"]["csi"]["volumeHandle"]
+            .as_str()
+            .unwrap()
+            .starts_with("region-1/pve1/local-lvm/vm-"),
+        "{pv}"
+    );
+    assert_eq!(pv["status"]["phase"], "Bound");
+    assert_eq!(pv["spec"]["claimRef"]["uid"], claim["metadata"]["uid"]);
+    assert_eq!(pv["spec"]["persistentVolumeReclaimPolicy"], "Delete");
+    assert_eq!(
+        pv["metadata"]["finalizers"],
+        json!([kubesim::PV_PROTECTION])
+    );
+    assert_eq!(claim["spec"]["volumeName"], "pvc-m");
+    // The old volume went only after its attachment.
+    let rv_deleted = |plural: &str| {
+        ks.events(plural)
+            .into_iter()
+            .find(|(t, _)| t == "DELETED")
+            .map(|(_, o)| {
+                o["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap()
+            })
+            .unwrap()
+    };
+    assert!(rv_deleted("volumeattachments") < rv_deleted("persistentvolumes"));
+    // The disk is on pve1, in the carrier.
+    let vols = admin(&sim, "volumes").await;
+    let handle = pv["spec"]["csi"]["volumeHandle"].as_str().unwrap();
+    let disk = handle.rsplit('/').next().unwrap();
+    assert!(
+        vols.as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["volid"] == format!("local-lvm:{disk}") && v["node"] == "pve1"),
+        "{vols}"
+    );
+}

@@ -1,65 +1,144 @@
 //! kubesim: an in-memory Kubernetes API server for tests, serving the
-//! resources and verbs the driver's tools use.
+//! resources and verbs the driver's tools use, with the deletion,
+//! finalizer and binding rules that decide whether those tools lose data.
+//! Each rule is cited beside its code (from `research/k8s-deletion-model.md`).
 //!
-//! Modelled: core/v1 Nodes, PersistentVolumes, PersistentVolumeClaims and
-//! Pods (get, list, create, replace, JSON merge patch, delete, and watch
-//! with `resourceVersion`), `SelfSubjectAccessReview` (allowed unless the
-//! verb and resource were denied with [`Running::deny`]); one global
-//! `resourceVersion` that grows with every write, `409 Conflict` when a
-//! replace carries a stale one, `409 AlreadyExists`, `404 NotFound` as
-//! Kubernetes `Status` objects; a binder that binds a claim and a volume
-//! that name each other (claimRef and volumeName) and marks a volume whose
-//! claim is gone `Released`.
+//! Modelled:
+//! - core/v1 Nodes, PersistentVolumes, PersistentVolumeClaims and Pods, and
+//!   storage.k8s.io/v1 VolumeAttachments (cluster-scoped): get, list,
+//!   create, replace, JSON merge patch, `/status`, delete, and watch with
+//!   `resourceVersion`; `SelfSubjectAccessReview` (allowed unless the verb
+//!   and resource were denied with [`Running::deny`]);
+//! - one global `resourceVersion` that grows with every write, and a write
+//!   that changes nothing is skipped (no new version, no event); `409
+//!   Conflict` when a replace carries a stale one, `409 AlreadyExists`, `404
+//!   NotFound` as Kubernetes `Status` objects;
+//! - `metadata.finalizers`; the StorageObjectInUseProtection admission adds
+//!   `kubernetes.io/pvc-protection` / `kubernetes.io/pv-protection` at create
+//!   ([`Running::set_admission`] turns it off);
+//! - DELETE: without finalizers the object goes (200 + the object, one
+//!   DELETED); with finalizers it gets `deletionTimestamp` and
+//!   `deletionGracePeriodSeconds: 0` (200 + the object, MODIFIED), and a
+//!   repeated DELETE is 200 with no event; `propagationPolicy` Foreground /
+//!   Orphan add `foregroundDeletion` / `orphan`; `preconditions` uid and
+//!   resourceVersion answer 409 with the API server's texts;
+//! - updates: the old `deletionTimestamp` wins; a new finalizer on a
+//!   deleting object is 422; emptying the finalizers of a deleting object
+//!   removes it (200 + the request's object, one DELETED); a claim's status
+//!   changes only through `/status`;
+//! - controllers on a tick ([`TICK`], each one leaving an object alone for
+//!   [`Running::set_controller_delay`] after its last write): the garbage
+//!   collector's `foregroundDeletion`/`orphan`, pvc-protection,
+//!   pv-protection, the external-attacher of [`DRIVER`] (its finalizer
+//!   [`ATTACHER_FINALIZER`] on volumes and attachments) and the
+//!   external-provisioner's deleter, which records `DeleteVolume(<handle>)`
+//!   ([`Running::deleted_volumes`]) and deletes a `Released` volume with
+//!   policy `Delete`;
+//! - the PersistentVolume binder with `claimRef.uid`: pre-bound volumes get
+//!   the uid filled in, a uid that isn't the live claim's releases the
+//!   volume, a Released volume whose claimRef names a live claim becomes
+//!   Bound, a claim asking for a volume claimed by another stays Pending, a
+//!   claim that was bound (`bind-completed`) goes Lost; a volume's phase is
+//!   written apart from its claimRef, [`Running::set_binder_delay`] late;
+//! - [`attachment_name`], the name Kubernetes gives a VolumeAttachment.
 //!
-//! Not modelled: authentication, admission, finalizers and graceful
-//! deletion (objects go at once), label and field selectors, strategic
-//! merge patch (treated as a merge patch), server-side apply, dynamic
-//! provisioning, pods being scheduled or run, and any other resource.
+//! Not modelled: authentication, label and field selectors, strategic merge
+//! and JSON patch (treated as a merge patch), server-side apply, owner
+//! references and dependents (the garbage collector finds none), graceful
+//! deletion of pods (pods go at once), pods being scheduled or run,
+//! dynamic provisioning and matching claims to unreserved volumes by size
+//! and class, the external-provisioner's own finalizer, pvc-protection
+//! adding its finalizer to old claims and exempting ephemeral volumes of
+//! shut-down pods, status defaults at create (the binder writes the first
+//! phase), validation (immutable fields such as a claim's spec; a
+//! `deletionTimestamp` set by an update on an object that is not being
+//! deleted is dropped, not refused with 422), `generation` beyond the bump
+//! at deletion, the deprecated `orphanDependents` (and its 202), and any
+//! other resource.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod binder;
+mod controllers;
+mod store;
+
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt as _;
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 use tokio::sync::broadcast;
 
-/// (plural, namespace or "", name)
-type Key = (String, String, String);
+use store::{ApiError, Event, Store, api_version, resource, text};
 
-#[derive(Debug, Default)]
-struct Store {
-    objects: BTreeMap<Key, Value>,
-    rv: u64,
-    uid: u64,
-    /// (resourceVersion, plural, event type, object)
-    events: Vec<(u64, String, &'static str, Value)>,
-    denied: BTreeSet<(String, String)>,
+/// The CSI driver whose attacher and provisioner kubesim plays.
+pub const DRIVER: &str = "csi.proxmox.sinextra.dev";
+/// kubernetes pkg/volume/util/finalizer.go `PVCProtectionFinalizer`.
+pub const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
+/// kubernetes pkg/volume/util/finalizer.go `PVProtectionFinalizer`.
+pub const PV_PROTECTION: &str = "kubernetes.io/pv-protection";
+/// apimachinery types.go:126 `metav1.FinalizerDeleteDependents`.
+pub const FOREGROUND_DELETION: &str = "foregroundDeletion";
+/// apimachinery `metav1.FinalizerOrphanDependents`.
+pub const ORPHAN: &str = "orphan";
+/// The external-attacher's finalizer for [`DRIVER`]: `attacher_finalizer(DRIVER)`.
+pub const ATTACHER_FINALIZER: &str = "external-attacher/csi-proxmox-sinextra-dev";
+/// How often the controllers run.
+pub const TICK: Duration = Duration::from_millis(20);
+
+/// external-attacher util.go:139 `GetFinalizerName`: `external-attacher/` +
+/// `SanitizeDriverName` (util.go:128: every char outside `[a-zA-Z0-9-]`
+/// becomes `-`, and an `X` is appended if it then ends in `-`).
+pub fn attacher_finalizer(driver: &str) -> String {
+    let mut s: String = driver
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if s.ends_with('-') {
+        s.push('X');
+    }
+    format!("external-attacher/{s}")
+}
+
+/// The name of the VolumeAttachment of a volume on a node (kubernetes
+/// pkg/volume/csi/csi_attacher.go `getAttachmentName`):
+/// `csi-` + hex sha256 of handle, driver and node name, concatenated.
+pub fn attachment_name(volume_handle: &str, driver: &str, node: &str) -> String {
+    let digest = Sha256::digest(format!("{volume_handle}{driver}{node}").as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("csi-{hex}")
 }
 
 #[derive(Debug, Clone)]
 struct Shared {
     store: Arc<Mutex<Store>>,
-    tx: broadcast::Sender<(u64, String, &'static str, Value)>,
+    tx: broadcast::Sender<Event>,
 }
 
-fn kind_of(plural: &str) -> &'static str {
-    match plural {
-        "nodes" => "Node",
-        "persistentvolumes" => "PersistentVolume",
-        "persistentvolumeclaims" => "PersistentVolumeClaim",
-        "pods" => "Pod",
-        _ => "Unknown",
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 fn status(code: StatusCode, reason: &str, message: String) -> Response {
     let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code.as_u16()});
     (code, axum::Json(body)).into_response()
+}
+
+fn failure(e: &ApiError) -> Response {
+    (e.code, axum::Json(e.body())).into_response()
 }
 
 /// RFC 7386 JSON merge patch.
@@ -83,78 +162,6 @@ fn merge(target: &mut Value, patch: &Value) {
     }
 }
 
-impl Store {
-    fn write(
-        &mut self,
-        tx: &broadcast::Sender<(u64, String, &'static str, Value)>,
-        key: Key,
-        mut obj: Option<Value>,
-        kind: &'static str,
-    ) -> u64 {
-        self.rv += 1;
-        let rv = self.rv;
-        if let Some(o) = obj.as_mut() {
-            o["metadata"]["resourceVersion"] = json!(rv.to_string());
-        }
-        let event_obj = match &obj {
-            Some(o) => {
-                self.objects.insert(key.clone(), o.clone());
-                o.clone()
-            }
-            None => self.objects.remove(&key).unwrap_or(Value::Null),
-        };
-        let ev = (rv, key.0.clone(), kind, event_obj);
-        self.events.push(ev.clone());
-        let _ = tx.send(ev);
-        rv
-    }
-
-    /// Binds claims and volumes that name each other; releases volumes
-    /// whose claim is gone.
-    fn bind(&mut self, tx: &broadcast::Sender<(u64, String, &'static str, Value)>) {
-        let pvs: Vec<(Key, Value)> = self
-            .objects
-            .iter()
-            .filter(|(k, _)| k.0 == "persistentvolumes")
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        for (pv_key, pv) in pvs {
-            let claim = &pv["spec"]["claimRef"];
-            let phase = pv["status"]["phase"].as_str().unwrap_or("").to_string();
-            let want = if claim.is_null() {
-                "Available".to_string()
-            } else {
-                let ck = (
-                    "persistentvolumeclaims".to_string(),
-                    claim["namespace"].as_str().unwrap_or("").to_string(),
-                    claim["name"].as_str().unwrap_or("").to_string(),
-                );
-                match self.objects.get(&ck).cloned() {
-                    Some(pvc)
-                        if pvc["spec"]["volumeName"] == pv["metadata"]["name"]
-                            && (claim["uid"].is_null()
-                                || claim["uid"] == pvc["metadata"]["uid"]) =>
-                    {
-                        if pvc["status"]["phase"] != "Bound" {
-                            let mut pvc = pvc.clone();
-                            pvc["status"] = json!({"phase": "Bound", "capacity": pv["spec"]["capacity"].clone(), "accessModes": pv["spec"]["accessModes"].clone()});
-                            self.write(tx, ck, Some(pvc), "MODIFIED");
-                        }
-                        "Bound".to_string()
-                    }
-                    Some(_) => "Available".to_string(),
-                    None => "Released".to_string(),
-                }
-            };
-            if phase != want {
-                let mut pv = self.objects.get(&pv_key).cloned().unwrap_or(pv);
-                pv["status"] = json!({"phase": want});
-                self.write(tx, pv_key, Some(pv), "MODIFIED");
-            }
-        }
-    }
-}
-
 /// A running kubesim.
 #[derive(Debug, Clone)]
 pub struct Running {
@@ -163,47 +170,85 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stores `obj` (its `kind` and metadata name, and namespace when namespaced).
+    /// Stores `obj` (its `kind` and metadata name, and namespace when
+    /// namespaced) as it is, replacing what is there; a new object passes the
+    /// admission first, as a create would.
     pub fn put(&self, plural: &str, obj: Value) {
-        let ns = obj["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
-        let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
-        let mut s = self.shared.store.lock().unwrap_or_else(|e| e.into_inner());
+        let ns = text(&obj["metadata"]["namespace"]).to_string();
+        let name = text(&obj["metadata"]["name"]).to_string();
+        let key = (plural.to_string(), ns, name);
+        let mut s = self.shared.lock();
         let mut obj = obj;
         s.uid += 1;
         if obj["metadata"]["uid"].is_null() {
             obj["metadata"]["uid"] = json!(format!("uid-{}", s.uid));
         }
-        obj["kind"] = json!(kind_of(plural));
-        obj["apiVersion"] = json!("v1");
-        s.write(
-            &self.shared.tx,
-            (plural.to_string(), ns, name),
-            Some(obj),
-            "ADDED",
-        );
-        s.bind(&self.shared.tx);
+        obj["kind"] = json!(resource(plural).0);
+        obj["apiVersion"] = json!(api_version(plural));
+        let event = if s.objects.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            s.admit(plural, &mut obj);
+            "ADDED"
+        };
+        s.write(&self.shared.tx, key, Some(obj), event);
+        s.bind_all(&self.shared.tx, Instant::now());
     }
 
     pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
-        let s = self.shared.store.lock().unwrap_or_else(|e| e.into_inner());
-        s.objects
+        self.shared
+            .lock()
+            .objects
             .get(&(plural.to_string(), namespace.to_string(), name.to_string()))
             .cloned()
     }
 
     /// Makes SelfSubjectAccessReviews for `verb` on `resource` answer no.
     pub fn deny(&self, verb: &str, resource: &str) {
-        let mut s = self.shared.store.lock().unwrap_or_else(|e| e.into_inner());
-        s.denied.insert((verb.to_string(), resource.to_string()));
+        self.shared
+            .lock()
+            .denied
+            .insert((verb.to_string(), resource.to_string()));
+    }
+
+    /// Turns the StorageObjectInUseProtection admission on (the default) or off.
+    pub fn set_admission(&self, on: bool) {
+        self.shared.lock().admission = on;
+    }
+
+    /// Makes the binder write a volume's phase `delay` after it decides to
+    /// (zero, the default: at once). ClaimRef writes are not delayed.
+    pub fn set_binder_delay(&self, delay: Duration) {
+        self.shared.lock().binder_delay = delay;
+    }
+
+    /// Makes the tick controllers (garbage collector, protection, attacher,
+    /// provisioner) leave an object alone until `delay` after its last write.
+    pub fn set_controller_delay(&self, delay: Duration) {
+        self.shared.lock().controller_delay = delay;
+    }
+
+    /// What the provisioner actor deleted in the storage backend, in order:
+    /// `DeleteVolume(<csi.volumeHandle>)`.
+    pub fn deleted_volumes(&self) -> Vec<String> {
+        self.shared.lock().deleted_volumes.clone()
+    }
+
+    /// The watch events of `plural` so far: (type, object), oldest first.
+    pub fn events(&self, plural: &str) -> Vec<(String, Value)> {
+        self.shared
+            .lock()
+            .events
+            .iter()
+            .filter(|e| e.1 == plural)
+            .map(|e| (e.2.to_string(), e.3.clone()))
+            .collect()
     }
 }
 
-/// Starts kubesim on 127.0.0.1 (a free port).
+/// Starts kubesim on 127.0.0.1 (a free port), with its controllers ticking.
 pub async fn start() -> std::io::Result<Running> {
-    let (tx, _) = broadcast::channel(1024);
+    let (tx, _) = broadcast::channel(4096);
     let shared = Shared {
         store: Arc::new(Mutex::new(Store::default())),
         tx,
@@ -212,26 +257,65 @@ pub async fn start() -> std::io::Result<Running> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     tokio::spawn(async move { axum::serve(listener, app).await });
+    let ticking = shared.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(TICK);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            ticking.lock().tick(&ticking.tx, Instant::now());
+        }
+    });
     Ok(Running { url, shared })
 }
 
-/// `(plural, namespace, name)` from a request path, for the paths served.
-fn route(path: &str) -> Option<(String, String, Option<String>)> {
+/// A request path: plural, namespace, name and subresource.
+#[derive(Debug)]
+struct Route {
+    plural: String,
+    ns: String,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+/// The route of a request path, for the paths served.
+fn route(path: &str) -> Option<Route> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let rest = match segs.as_slice() {
         ["api", "v1", rest @ ..] => rest,
         ["apis", _, _, rest @ ..] => rest,
         _ => return None,
     };
+    let r = |plural: &str, ns: &str, name: Option<&str>, sub: Option<&str>| Route {
+        plural: plural.to_string(),
+        ns: ns.to_string(),
+        name: name.map(String::from),
+        sub: sub.map(String::from),
+    };
     match rest {
-        ["namespaces", ns, plural] => Some((plural.to_string(), ns.to_string(), None)),
-        ["namespaces", ns, plural, name] => {
-            Some((plural.to_string(), ns.to_string(), Some(name.to_string())))
-        }
-        [plural] => Some((plural.to_string(), String::new(), None)),
-        [plural, name] => Some((plural.to_string(), String::new(), Some(name.to_string()))),
+        ["namespaces", ns, plural] => Some(r(plural, ns, None, None)),
+        ["namespaces", ns, plural, name] => Some(r(plural, ns, Some(name), None)),
+        ["namespaces", ns, plural, name, sub] => Some(r(plural, ns, Some(name), Some(sub))),
+        [plural] => Some(r(plural, "", None, None)),
+        [plural, name] => Some(r(plural, "", Some(name), None)),
+        [plural, name, sub] => Some(r(plural, "", Some(name), Some(sub))),
         _ => None,
     }
+}
+
+/// DeleteOptions from the body, with `propagationPolicy` also read from the query.
+fn delete_options(body: &Value, q: &BTreeMap<String, String>) -> Value {
+    let mut opts = if body.is_object() {
+        body.clone()
+    } else {
+        json!({})
+    };
+    if opts["propagationPolicy"].is_null()
+        && let Some(p) = q.get("propagationPolicy")
+    {
+        opts["propagationPolicy"] = json!(p);
+    }
+    opts
 }
 
 async fn handle(
@@ -241,7 +325,13 @@ async fn handle(
     Query(q): Query<BTreeMap<String, String>>,
     body: axum::body::Bytes,
 ) -> Response {
-    let Some((plural, ns, name)) = route(uri.path()) else {
+    let Some(Route {
+        plural,
+        ns,
+        name,
+        sub,
+    }) = route(uri.path())
+    else {
         return status(
             StatusCode::NOT_FOUND,
             "NotFound",
@@ -255,21 +345,27 @@ async fn handle(
     if plural == "selfsubjectaccessreviews" {
         let attrs = &body["spec"]["resourceAttributes"];
         let key = (
-            attrs["verb"].as_str().unwrap_or("").to_string(),
-            attrs["resource"].as_str().unwrap_or("").to_string(),
+            text(&attrs["verb"]).to_string(),
+            text(&attrs["resource"]).to_string(),
         );
-        let allowed = !sh
-            .store
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .denied
-            .contains(&key);
+        let allowed = !sh.lock().denied.contains(&key);
         let mut out = body.clone();
         out["status"] = json!({"allowed": allowed});
         return (StatusCode::CREATED, axum::Json(out)).into_response();
     }
-    let kind = kind_of(&plural);
-    let mut s = sh.store.lock().unwrap_or_else(|e| e.into_inner());
+    if sub.as_deref().is_some_and(|s| s != "status") {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!(
+                "the server could not find the requested resource ({})",
+                uri.path()
+            ),
+        );
+    }
+    let (kind, _) = resource(&plural);
+    let mut s = sh.lock();
+    let now = Instant::now();
     match (method, name) {
         (Method::GET, None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
             let since: u64 = q
@@ -320,50 +416,23 @@ async fn handle(
                 .filter(|(k, _)| k.0 == plural && (ns.is_empty() || k.1 == ns))
                 .map(|(_, v)| v.clone())
                 .collect();
-            axum::Json(json!({"kind": format!("{kind}List"), "apiVersion": "v1", "metadata": {"resourceVersion": s.rv.to_string()}, "items": items})).into_response()
+            axum::Json(json!({"kind": format!("{kind}List"), "apiVersion": api_version(&plural), "metadata": {"resourceVersion": s.rv.to_string()}, "items": items})).into_response()
         }
         (Method::GET, Some(n)) => match s.objects.get(&(plural.clone(), ns.clone(), n.clone())) {
             Some(o) => axum::Json(o.clone()).into_response(),
-            None => status(
-                StatusCode::NOT_FOUND,
-                "NotFound",
-                format!("{plural} \"{n}\" not found"),
-            ),
+            None => failure(&ApiError::not_found(&plural, &n)),
         },
-        (Method::POST, None) => {
-            let mut obj = body;
-            let n = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
-            let key = (plural.clone(), ns.clone(), n.clone());
-            if s.objects.contains_key(&key) {
-                return status(
-                    StatusCode::CONFLICT,
-                    "AlreadyExists",
-                    format!("{plural} \"{n}\" already exists"),
-                );
+        (Method::POST, None) => match s.create(&sh.tx, &plural, &ns, body) {
+            Ok(created) => {
+                s.bind_all(&sh.tx, now);
+                (StatusCode::CREATED, axum::Json(created)).into_response()
             }
-            s.uid += 1;
-            obj["metadata"]["uid"] = json!(format!("uid-{}", s.uid));
-            if !ns.is_empty() {
-                obj["metadata"]["namespace"] = json!(ns);
-            }
-            obj["kind"] = json!(kind);
-            obj["apiVersion"] = json!("v1");
-            s.write(&sh.tx, key.clone(), Some(obj), "ADDED");
-            s.bind(&sh.tx);
-            (
-                StatusCode::CREATED,
-                axum::Json(s.objects.get(&key).cloned().unwrap_or_default()),
-            )
-                .into_response()
-        }
+            Err(e) => failure(&e),
+        },
         (m @ (Method::PUT | Method::PATCH), Some(n)) => {
             let key = (plural.clone(), ns.clone(), n.clone());
             let Some(current) = s.objects.get(&key).cloned() else {
-                return status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    format!("{plural} \"{n}\" not found"),
-                );
+                return failure(&ApiError::not_found(&plural, &n));
             };
             let next = if m == Method::PUT {
                 // A replace: the stored version must be the one read.
@@ -378,30 +447,29 @@ async fn handle(
                         ),
                     );
                 }
-                let mut b = body;
-                b["metadata"]["uid"] = current["metadata"]["uid"].clone();
-                b
+                body
             } else {
                 let mut t = current;
                 merge(&mut t, &body);
                 t
             };
-            s.write(&sh.tx, key.clone(), Some(next), "MODIFIED");
-            s.bind(&sh.tx);
-            axum::Json(s.objects.get(&key).cloned().unwrap_or_default()).into_response()
+            match s.update(&sh.tx, &key, next, sub.is_some()) {
+                Ok(out) => {
+                    s.bind_all(&sh.tx, now);
+                    axum::Json(out).into_response()
+                }
+                Err(e) => failure(&e),
+            }
         }
-        (Method::DELETE, Some(n)) => {
+        (Method::DELETE, Some(n)) if sub.is_none() => {
             let key = (plural.clone(), ns.clone(), n.clone());
-            let Some(current) = s.objects.get(&key).cloned() else {
-                return status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    format!("{plural} \"{n}\" not found"),
-                );
-            };
-            s.write(&sh.tx, key, None, "DELETED");
-            s.bind(&sh.tx);
-            axum::Json(current).into_response()
+            match s.delete(&sh.tx, &key, &delete_options(&body, &q)) {
+                Ok(out) => {
+                    s.bind_all(&sh.tx, now);
+                    axum::Json(out).into_response()
+                }
+                Err(e) => failure(&e),
+            }
         }
         _ => status(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -410,5 +478,3 @@ async fn handle(
         ),
     }
 }
-
-use futures::StreamExt as _;

@@ -3,6 +3,8 @@
 
 // Test code: a failed unwrap is the test failing, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+mod common;
+
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::Api;
@@ -17,7 +19,14 @@ async fn resource_versions_conflicts_binding_and_watch() {
     let pv: PersistentVolume = serde_json::from_value(json!({"metadata": {"name": "pv-1"}, "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
         "claimRef": {"namespace": "ns", "name": "c1"}}})).unwrap();
     let created = pvs.create(&PostParams::default(), &pv).await.unwrap();
-    let rv0 = created.metadata.resource_version.clone().unwrap();
+    // The binder writes the phase (Available) after the create.
+    let rv0 = pvs
+        .get("pv-1")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
     let dup = pvs.create(&PostParams::default(), &pv).await.unwrap_err();
     assert!(
         matches!(dup, kube::Error::Api(ref e) if e.code == 409 && e.reason == "AlreadyExists"),
@@ -81,15 +90,14 @@ async fn resource_versions_conflicts_binding_and_watch() {
             .as_deref(),
         Some("Bound")
     );
+    // pvc-protection holds the claim until the next tick; then it goes and
+    // the volume is Released.
     pvcs.delete("c1", &Default::default()).await.unwrap();
-    assert_eq!(
-        pvs.get("pv-1")
-            .await
-            .unwrap()
-            .status
-            .and_then(|s| s.phase)
-            .as_deref(),
-        Some("Released")
+    assert!(
+        common::until(common::SOON, || sim
+            .get("persistentvolumes", "", "pv-1")
+            .is_some_and(|pv| pv["status"]["phase"] == "Released"))
+        .await
     );
     assert!(pvcs.get_opt("c1").await.unwrap().is_none());
 }
