@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every benchmark from one release build, side by side, in one run; the
 # figures go to docs/BENCHMARKS.md with this command. Needs root (loop
-# devices) and QEMU (the guest); SOAK_SECONDS sets the fault campaign's length.
+# devices) and QEMU (the guest); SOAK_SECONDS sets the fault campaign's length (10 minutes by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,4 +20,4 @@ run scale
 run stage
 run guest-stage
 echo "==> soak"
-target/release/soak --seconds "${SOAK_SECONDS:-240}" --fault-rate 0.3
+target/release/soak --seconds "${SOAK_SECONDS:-600}" --fault-rate 0.3

@@ -45,7 +45,16 @@ impl CtlError {
 
 impl From<PveError> for CtlError {
     fn from(e: PveError) -> Self {
-        if e.is_transient() {
+        // A task that failed for a reason the error corpus does not know may
+        // have done part or all of its work (a worker dying after it): the
+        // sidecars must treat the operation as possibly in progress and
+        // call again, and the next call finds out what was done
+        // (external-provisioner pkg/controller/controller.go checkError:
+        // only Unavailable, Aborted, DeadlineExceeded and Canceled mean
+        // "in progress").
+        let unknown_task_failure =
+            matches!(e, PveError::Task { .. }) && e.kind() == crate::pve::errors::ErrorKind::Other;
+        if e.is_transient() || unknown_task_failure {
             Self::Unavailable(e.to_string())
         } else {
             Self::Proxmox(e)

@@ -43,6 +43,7 @@ pub struct Controller {
     pub vms: Arc<VmIndex>,
     pub attacher: Arc<Attacher>,
     imports: copy::Imports,
+    /// Per region: the storage rows, and until when they are trusted.
     storages: Mutex<HashMap<String, (std::time::Instant, Vec<StorageResource>)>>,
     /// Deadline of a call when the caller set none.
     pub default_timeout: Duration,
@@ -60,6 +61,9 @@ pub struct Controller {
 pub const CHUNK: u64 = 512 << 20;
 pub const DEFAULT_SIZE: u64 = 10 << 30;
 const STORAGE_CACHE: Duration = Duration::from_secs(30);
+/// A view with a node offline or a storage not available is read again
+/// soon: the node's return must not wait for the whole cache period.
+const DEGRADED_STORAGE_CACHE: Duration = Duration::from_secs(2);
 
 impl Controller {
     pub fn new(clients: Vec<Arc<Client>>, controller_vmid: u32, default_timeout: Duration) -> Self {
@@ -124,16 +128,21 @@ impl Controller {
         let mut cache = self.storages.lock().await;
         let fresh = cache
             .get(client.region())
-            .is_some_and(|(at, _)| at.elapsed() < STORAGE_CACHE);
+            .is_some_and(|(until, _)| std::time::Instant::now() < *until);
         if !fresh {
             let mut rows = client.storages(d).await?;
             let offline = client.offline_nodes(d).await?;
             for r in rows.iter_mut().filter(|r| offline.contains(&r.node)) {
                 r.status = "unknown".into();
             }
+            let trust = if rows.iter().all(|r| r.status == "available") {
+                STORAGE_CACHE
+            } else {
+                DEGRADED_STORAGE_CACHE
+            };
             cache.insert(
                 client.region().to_string(),
-                (std::time::Instant::now(), rows),
+                (std::time::Instant::now() + trust, rows),
             );
         }
         Ok(cache

@@ -232,6 +232,14 @@ impl Campaign {
                         return None;
                     }
                     self.out.retries += 1;
+                    if std::env::var_os("SOAK_VERBOSE").is_some() {
+                        eprintln!(
+                            "{:>6.1}s {what}: retried after {:?}: {}",
+                            started.elapsed().as_secs_f64(),
+                            s.code(),
+                            s.message()
+                        );
+                    }
                     self.undo_due(false).await;
                     // The controller may have been killed meanwhile.
                     if self.controller.is_none() {
