@@ -50,8 +50,9 @@ async fn admin(sim: &pvesim::Running, path: &str) -> Value {
     v["data"].clone()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn migrate_moves_a_local_volume_with_the_token() {
+/// pvesim with the migration cluster, and the clients of a cloud config
+/// pointing at it.
+async fn proxmox() -> (pvesim::Running, Vec<Arc<Client>>) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap())
         .plain_http()
@@ -64,6 +65,12 @@ async fn migrate_moves_a_local_volume_with_the_token() {
         .into_iter()
         .map(|c| Arc::new(Client::new(c, Duration::from_secs(10), Default::default()).unwrap()))
         .collect();
+    (sim, clients)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_moves_a_local_volume_with_the_token() {
+    let (sim, clients) = proxmox().await;
     let ks = kubesim::start().await.unwrap();
     ks.put("persistentvolumes", json!({"metadata": {"name": "pvc-m"}, "spec": {
         "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "persistentVolumeReclaimPolicy": "Delete",
@@ -343,18 +350,7 @@ async fn until(mut f: impl FnMut() -> bool) -> bool {
 /// VolumeAttachment is gone, and only then is its name reused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_keeps_the_disk_with_finalizers_an_attachment_and_a_lagging_binder() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap())
-        .plain_http()
-        .start("127.0.0.1:0")
-        .await
-        .unwrap();
-    let cfg = CloudConfig::parse(&format!("clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n", sim.api_url())).unwrap();
-    let clients: Vec<Arc<Client>> = cfg
-        .clusters
-        .into_iter()
-        .map(|c| Arc::new(Client::new(c, Duration::from_secs(10), Default::default()).unwrap()))
-        .collect();
+    let (sim, clients) = proxmox().await;
     let ks = kubesim::start().await.unwrap();
     let old_handle = "region-1/pve2/local-lvm/vm-9999-pvc-m";
     ks.put("persistentvolumes", json!({"metadata": {"name": "pvc-m"}, "spec": {
