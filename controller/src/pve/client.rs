@@ -231,16 +231,16 @@ impl Client {
         loop {
             match self.once(method.clone(), path, form).await {
                 Ok(v) => return Ok(v),
-                Err(e) if e.kind() == ErrorKind::DigestMismatch && lost.is_some() => {
-                    if let Some(source) = lost {
-                        return Err(PveError::AnswerLost {
+                Err(e) if e.kind() == ErrorKind::DigestMismatch => {
+                    return Err(match lost {
+                        Some(source) => PveError::AnswerLost {
                             region: self.cluster.region.clone(),
                             method,
                             path: path.to_string(),
                             source,
-                        });
-                    }
-                    return Err(e);
+                        },
+                        None => e,
+                    });
                 }
                 Err(PveError::Transport {
                     region,
