@@ -173,7 +173,7 @@ impl Store {
         }
     }
 
-    /// `syncVolume` (pv_controller.go; research §3 steps 1-7).
+    /// `syncVolume` (kubernetes pkg/controller/volume/persistentvolume/pv_controller.go).
     fn sync_volume(&mut self, tx: &Tx, name: &str, now: Instant) {
         let Some(pv) = self.objects.get(&pv_key(name)).cloned() else {
             return;

@@ -1,7 +1,7 @@
 //! kubesim: an in-memory Kubernetes API server for tests, serving the
 //! resources and verbs the driver's tools use, with the deletion,
 //! finalizer and binding rules that decide whether those tools lose data.
-//! Each rule is cited beside its code (from `research/k8s-deletion-model.md`).
+//! Each rule is cited beside its code (repository, file, function).
 //!
 //! Modelled:
 //! - core/v1 Nodes, PersistentVolumes, PersistentVolumeClaims and Pods, and

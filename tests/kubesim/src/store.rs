@@ -3,7 +3,8 @@
 //! admission), update (finalizers, deletionTimestamp) and delete
 //! (finalizers, propagationPolicy, preconditions).
 //!
-//! Sources are cited as in `/work/research/k8s-deletion-model.md`.
+//! Sources: kubernetes/apiserver (pkg/registry/generic/registry/store.go,
+//! pkg/registry/rest), kubernetes/apimachinery (pkg/api/validation).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -190,7 +190,8 @@ async fn the_attacher_finalizer_holds_a_volume_while_an_attachment_names_it() {
 
 #[tokio::test]
 async fn volume_attachments_are_served_like_the_others() {
-    // csi_attacher.go getAttachmentName, the research's test vector.
+    // kubernetes pkg/volume/csi/csi_attacher.go getAttachmentName; the value
+    // is `printf '%s' '<handle><driver><node>' | sha256sum`.
     assert_eq!(
         kubesim::attachment_name(
             "cluster-1/pve-1/local-lvm/vm-9999-pvc-abc",
