@@ -274,9 +274,10 @@ impl Campaign {
                 ("controller SIGKILLed", None)
             }
             6 => {
-                // Killed 0-300 ms into the next call; whether it landed
+                // Killed 0-40 ms into the next call (most calls take tens of
+                // milliseconds against pvesim); whether it landed
                 // mid-call is counted when it happens.
-                self.kill_in = Some(Duration::from_millis(self.rng.random_range(0..300)));
+                self.kill_in = Some(Duration::from_millis(self.rng.random_range(0..40)));
                 ("controller SIGKILL armed for the next call", None)
             }
             _ => match self.out_of_band(pick, vm).await? {
