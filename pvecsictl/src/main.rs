@@ -99,6 +99,7 @@ impl RebindFlags {
             dry_run: self.dry_run,
             resume: self.resume,
             rollback: self.rollback,
+            bind_wait: None,
         }
     }
 }

@@ -38,20 +38,6 @@ pub const OPERATION: &str = "pvecsictl.proxmox.sinextra.dev/operation";
 /// PersistentVolume controller binds within seconds, and resyncs every 15 s.
 pub const BIND_WAIT: Duration = Duration::from_secs(300);
 
-tokio::task_local! {
-    static BIND_WAIT_HERE: Duration;
-}
-
-/// Runs `f` with `wait` in place of [`BIND_WAIT`] (for tests: the bound on
-/// waiting for a volume to be Bound, in this task only).
-pub async fn with_bind_wait<F: std::future::Future>(wait: Duration, f: F) -> F::Output {
-    BIND_WAIT_HERE.scope(wait, f).await
-}
-
-fn bind_wait() -> Duration {
-    BIND_WAIT_HERE.try_with(|d| *d).unwrap_or(BIND_WAIT)
-}
-
 fn human(d: Duration) -> String {
     match d.as_secs() {
         s if s >= 60 && s % 60 == 0 => format!("{} minutes", s / 60),
@@ -113,6 +99,9 @@ pub struct Options {
     pub dry_run: bool,
     pub resume: bool,
     pub rollback: bool,
+    /// How long to wait for a volume to be Bound to its new claim
+    /// ([`BIND_WAIT`] when `None`).
+    pub bind_wait: Option<Duration>,
 }
 
 #[derive(Clone)]
@@ -305,10 +294,15 @@ impl Kube {
     /// `claim` by `uid`, and the claim reads `Bound` to it: only then is a
     /// `Delete` policy safe (a `Released` volume with `Delete` is deleted by
     /// the external-provisioner, whatever its claimRef says).
-    pub(crate) async fn wait_bound(&self, volume: &str, claim: &str, uid: &str) -> Result<()> {
+    pub(crate) async fn wait_bound(
+        &self,
+        volume: &str,
+        claim: &str,
+        uid: &str,
+        limit: Duration,
+    ) -> Result<()> {
         let ns = &self.namespace;
         let keep = "its reclaimPolicy stays Retain and the plan stays recorded";
-        let limit = bind_wait();
         let started = Instant::now();
         loop {
             let Some(pv) = self.pvs().get_opt(volume).await? else {
@@ -570,10 +564,11 @@ pub async fn run(
         return Ok(describe(&plan));
     }
     let mut plan = plan;
+    let wait = opts.bind_wait.unwrap_or(BIND_WAIT);
     let result = if opts.rollback {
-        roll_back(k, &plan).await
+        roll_back(k, &plan, wait).await
     } else {
-        forward(k, &mut plan, opts.force).await
+        forward(k, &mut plan, opts.force, wait).await
     };
     // Whatever happened, the nodes this run cordoned are uncordoned.
     let mut uncordon_errors = Vec::new();
@@ -609,7 +604,7 @@ async fn record(k: &Kube, plan: &Plan) -> Result<()> {
     Ok(())
 }
 
-async fn forward(k: &Kube, plan: &mut Plan, force: bool) -> Result<Vec<String>> {
+async fn forward(k: &Kube, plan: &mut Plan, force: bool, wait: Duration) -> Result<Vec<String>> {
     let mut steps = Vec::new();
     let olds: Vec<String> = plan.moves.iter().map(|m| m.from.clone()).collect();
     let users = k
@@ -687,7 +682,7 @@ async fn forward(k: &Kube, plan: &mut Plan, force: bool) -> Result<Vec<String>> 
             .await?;
         bindings.push((m.clone(), m.to.clone(), uid));
     }
-    finish(k, plan, &bindings, &mut steps).await?;
+    finish(k, plan, &bindings, wait, &mut steps).await?;
     Ok(steps)
 }
 
@@ -699,10 +694,11 @@ async fn finish(
     k: &Kube,
     plan: &Plan,
     bindings: &[(Move, String, String)],
+    wait: Duration,
     steps: &mut Vec<String>,
 ) -> Result<()> {
     for (m, claim, uid) in bindings {
-        k.wait_bound(&m.volume, claim, uid).await?;
+        k.wait_bound(&m.volume, claim, uid, wait).await?;
         steps.push(format!("{} is Bound to {}/{claim}", m.volume, k.namespace));
     }
     for m in &plan.moves {
@@ -720,7 +716,7 @@ async fn finish(
 
 /// Undoes an interrupted run: the new claims go, the old ones come back
 /// bound to their volumes.
-async fn roll_back(k: &Kube, plan: &Plan) -> Result<Vec<String>> {
+async fn roll_back(k: &Kube, plan: &Plan, wait: Duration) -> Result<Vec<String>> {
     let mut steps = Vec::new();
     let mut bindings = Vec::new();
     for m in &plan.moves {
@@ -789,6 +785,6 @@ async fn roll_back(k: &Kube, plan: &Plan) -> Result<Vec<String>> {
             .await?;
         bindings.push((m.clone(), m.from.clone(), uid));
     }
-    finish(k, plan, &bindings, &mut steps).await?;
+    finish(k, plan, &bindings, wait, &mut steps).await?;
     Ok(steps)
 }

@@ -400,16 +400,14 @@ async fn a_volume_not_bound_in_time_keeps_retain_and_the_plan() {
     let pairs = [("a".to_string(), "data".to_string())];
     let resume = Options {
         resume: true,
+        bind_wait: Some(Duration::from_secs(2)),
         ..Default::default()
     };
     let started = Instant::now();
-    let err = rebind::with_bind_wait(
-        Duration::from_secs(2),
-        rebind::run(&k, "rename", &pairs, resume),
-    )
-    .await
-    .unwrap_err()
-    .to_string();
+    let err = rebind::run(&k, "rename", &pairs, resume)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(started.elapsed() >= Duration::from_secs(2));
     let uid = sim.get("persistentvolumeclaims", NS, "data").unwrap()["metadata"]["uid"]
         .as_str()

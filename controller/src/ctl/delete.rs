@@ -162,22 +162,21 @@ impl Controller {
             }
             return self.destroy_copy(&client, &vm, d).await;
         }
-        match client.delete_volume(&node, &id.storage, &id.disk, d).await {
-            Ok(()) => Ok(()),
-            // A failed task may still have freed the disk (a worker that
-            // died after its work): the storage says whether it is gone.
-            Err(e @ PveError::Task { .. }) => {
-                match client.volume_info(&node, &id.storage, &id.disk, d).await {
-                    Ok(None) => {
-                        tracing::info!(volume_id, error = %e, "the delete task failed, but the disk is gone");
-                        Ok(())
-                    }
-                    _ => Err(CtlError::Unavailable(format!(
-                        "{e}; the next call tries again"
-                    ))),
-                }
-            }
-            Err(e) => Err(e.into()),
+        let Err(e) = client.delete_volume(&node, &id.storage, &id.disk, d).await else {
+            return Ok(());
+        };
+        // A failed task may still have freed the disk (a worker that died
+        // after its work): the storage says whether it is gone. Otherwise
+        // the error maps as any other (an unknown task failure: Unavailable).
+        if matches!(e, PveError::Task { .. })
+            && matches!(
+                client.volume_info(&node, &id.storage, &id.disk, d).await,
+                Ok(None)
+            )
+        {
+            tracing::info!(volume_id, error = %e, "the delete task failed, but the disk is gone");
+            return Ok(());
         }
+        Err(e.into())
     }
 }

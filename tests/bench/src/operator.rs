@@ -25,7 +25,8 @@ pub const KINDS: [&str; 7] = [
     "node offline (595) for a while",
 ];
 
-/// Something to put back once its time has come.
+/// What an operator puts back, depending on what the driver did meanwhile
+/// (so the campaign's loop does it, with its model at hand).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Undo {
     /// The operator detaches again the disk they attached in the UI.
@@ -34,16 +35,32 @@ pub enum Undo {
         key: String,
         volid: String,
     },
+    /// The VM is moved back to its node, once it holds no local disk.
+    MoveBack { vmid: u32, node: &'static str },
+}
+
+/// What comes back on its own time, whatever the driver does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restore {
     /// The VM is started again.
     Start { vmid: u32 },
     /// The backup ends: `lock: backup` is cleared.
     Unlock { vmid: u32 },
-    /// The VM is moved back to its node, once it holds no local disk.
-    MoveBack { vmid: u32, node: &'static str },
     /// The node answers again.
     NodeOnline { node: &'static str },
     /// The NFS server answers again.
     StorageOnline { storage: &'static str },
+}
+
+impl Restore {
+    pub async fn apply(&self, sim: &Sim) -> Result<()> {
+        match self {
+            Restore::Start { vmid } => set_running(sim, *vmid, true).await,
+            Restore::Unlock { vmid } => set_backup_lock(sim, *vmid, false).await,
+            Restore::NodeOnline { node } => set_node_online(sim, node, true).await,
+            Restore::StorageOnline { storage } => set_storage_online(sim, storage, true).await,
+        }
+    }
 }
 
 /// An undo and when it is due.
@@ -68,6 +85,16 @@ pub async fn vm(sim: &Sim, vmid: u32) -> Result<(String, serde_json::Map<String,
     let node = v["node"].as_str().context("VM without a node")?.to_string();
     let config = v["config"].as_object().cloned().unwrap_or_default();
     Ok((node, config))
+}
+
+/// Whether VM `vmid` holds one of the driver's local disks: Proxmox moves
+/// such a VM only with its disks.
+pub async fn holds_local_disk(sim: &Sim, vmid: u32) -> Result<bool> {
+    let (_, config) = vm(sim, vmid).await?;
+    Ok(config.values().any(|v| {
+        v.as_str()
+            .is_some_and(|s| s.starts_with("local-lvm:vm-9999-"))
+    }))
 }
 
 /// The config key that holds `volid` on VM `vmid`, if any.

@@ -23,7 +23,7 @@ use reqwest::Method;
 use serde_json::Value;
 use tonic::Code;
 
-use crate::operator::{self, Pending, Undo};
+use crate::operator::{self, Pending, Restore, Undo};
 use crate::sim::{Sim, cluster};
 use proxmox_csi_controller::volume::VolumeId;
 
@@ -266,7 +266,7 @@ impl Campaign {
             5 => {
                 operator::set_backup_lock(&self.sim, vm, true).await?;
                 let wait = Duration::from_millis(self.rng.random_range(500..4000));
-                self.later(wait, Undo::Unlock { vmid: vm });
+                self.later(wait, Restore::Unlock { vmid: vm });
                 ("lock: backup for a while", None)
             }
             6 if self.rng.random_bool(0.5) => {
@@ -409,19 +409,14 @@ impl Campaign {
             }
             9 => {
                 operator::set_running(&self.sim, vm, false).await?;
-                self.later(wait, Undo::Start { vmid: vm });
+                self.later(wait, Restore::Start { vmid: vm });
                 Some(operator::KINDS[2])
             }
             10 => {
                 let home = self.nodes[&vm];
                 let other = if home == "pve1" { "pve2" } else { "pve1" };
-                // Proxmox moves a VM with local disks only with them: a
-                // worker holding none of the driver's local disks moves.
-                let (_, config) = operator::vm(&self.sim, vm).await?;
-                if config.values().any(|v| {
-                    v.as_str()
-                        .is_some_and(|s| s.starts_with("local-lvm:vm-9999-"))
-                }) {
+                // A worker holding none of the driver's local disks moves.
+                if operator::holds_local_disk(&self.sim, vm).await? {
                     return Ok(None);
                 }
                 operator::relocate(&self.sim, vm, other).await?;
@@ -437,18 +432,18 @@ impl Campaign {
             }
             11 => {
                 operator::set_backup_lock(&self.sim, vm, true).await?;
-                self.later(self.long_lock, Undo::Unlock { vmid: vm });
+                self.later(self.long_lock, Restore::Unlock { vmid: vm });
                 Some(operator::KINDS[4])
             }
             12 => {
                 operator::set_storage_online(&self.sim, "nfs", false).await?;
-                self.later(wait, Undo::StorageOnline { storage: "nfs" });
+                self.later(wait, Restore::StorageOnline { storage: "nfs" });
                 Some(operator::KINDS[5])
             }
             _ => {
                 let node = NODES[self.rng.random_range(0..NODES.len())];
                 operator::set_node_online(&self.sim, node, false).await?;
-                self.later(wait, Undo::NodeOnline { node });
+                self.later(wait, Restore::NodeOnline { node });
                 Some(operator::KINDS[6])
             }
         })
@@ -457,22 +452,13 @@ impl Campaign {
     /// Puts back, on its own time, what the campaign's model does not
     /// depend on (a node, the NFS server, a VM's run state, a backup's
     /// lock): the outside world does not wait for the driver's calls.
-    fn later(&mut self, wait: Duration, undo: Undo) {
+    fn later(&mut self, wait: Duration, restore: Restore) {
         let sim = self.sim.clone();
         self.background.push(tokio::spawn(async move {
             tokio::time::sleep(wait).await;
             // Refused only while the admin API is down: the end checks say so.
             for _ in 0..100 {
-                let done = match &undo {
-                    Undo::Start { vmid } => operator::set_running(&sim, *vmid, true).await,
-                    Undo::Unlock { vmid } => operator::set_backup_lock(&sim, *vmid, false).await,
-                    Undo::NodeOnline { node } => operator::set_node_online(&sim, node, true).await,
-                    Undo::StorageOnline { storage } => {
-                        operator::set_storage_online(&sim, storage, true).await
-                    }
-                    Undo::Detach { .. } | Undo::MoveBack { .. } => Ok(()),
-                };
-                if done.is_ok() {
+                if restore.apply(&sim).await.is_ok() {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -519,18 +505,10 @@ impl Campaign {
                         ok
                     }
                 }
-                Undo::Start { vmid } => operator::set_running(&self.sim, *vmid, true).await.is_ok(),
-                Undo::Unlock { vmid } => operator::set_backup_lock(&self.sim, *vmid, false)
-                    .await
-                    .is_ok(),
                 Undo::MoveBack { vmid, node } => {
-                    let holds_local = match operator::vm(&self.sim, *vmid).await {
-                        Ok((_, config)) => config.values().any(|v| {
-                            v.as_str()
-                                .is_some_and(|s| s.starts_with("local-lvm:vm-9999-"))
-                        }),
-                        Err(_) => true,
-                    };
+                    let holds_local = operator::holds_local_disk(&self.sim, *vmid)
+                        .await
+                        .unwrap_or(true);
                     if holds_local {
                         // It stays where it is until its local disks go;
                         // at the end it simply stays.
@@ -542,14 +520,6 @@ impl Campaign {
                         }
                         ok
                     }
-                }
-                Undo::NodeOnline { node } => operator::set_node_online(&self.sim, node, true)
-                    .await
-                    .is_ok(),
-                Undo::StorageOnline { storage } => {
-                    operator::set_storage_online(&self.sim, storage, true)
-                        .await
-                        .is_ok()
                 }
             };
             if !done {

@@ -1253,10 +1253,6 @@ async fn soak_in_the_guest_keeps_every_byte() {
     else {
         return;
     };
-    let knobs = |body: &'static str| {
-        sim.set_knobs(body).unwrap();
-        std::future::ready(())
-    };
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let k = kubelet();
     let pod = Pod::new("6a8c0e2f-4b6d-4f8a-9c1e-3d5f7a9b1c3e");
@@ -1294,7 +1290,7 @@ async fn soak_in_the_guest_keeps_every_byte() {
             _ => expected.dropped_connections += 2,
         }
         if !fault.is_empty() {
-            knobs(fault).await;
+            sim.set_knobs(fault).unwrap();
             faults += 1;
         }
         let (pc, n) = until_ok("publish", || {
@@ -1349,7 +1345,7 @@ async fn soak_in_the_guest_keeps_every_byte() {
             .unwrap();
         node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
         if rng.random_bool(0.5) {
-            knobs(r#"{"fail_hotplugs": 1}"#).await;
+            sim.set_knobs(r#"{"fail_hotplugs": 1}"#).unwrap();
             expected.failed_hotplugs += 1;
             faults += 1;
         }
