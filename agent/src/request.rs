@@ -125,36 +125,64 @@ fn capability<'a>(
     }
 }
 
+/// ext4 (the default), xfs, and ext3 and ext2, which the Go driver formats
+/// too (it hands any type to mkfs.<type>; its image has e2fsprogs and
+/// xfsprogs only).
 fn fs_type(field: &str, v: &str) -> Result<String, AgentError> {
     match v {
         "" | "ext4" => Ok("ext4".into()),
-        "xfs" => Ok("xfs".into()),
+        "xfs" | "ext3" | "ext2" => Ok(v.into()),
         other => Err(AgentError::invalid(
             field,
-            format!("{other:?} is not supported; allowed: ext4, xfs"),
+            format!("{other:?} is not supported; allowed: ext4, xfs, ext3, ext2"),
         )),
     }
 }
 
+/// The capability's mount flags, one option per entry. An entry may hold
+/// several, comma-separated, as a StorageClass's `mountOptions` often do
+/// (`"noatime,discard"`): mount(8) and the Go driver take them so. A comma
+/// inside double quotes (an SELinux `context="…:c1,c2"`) separates nothing.
 fn mount_flags(field: &str, flags: &[String]) -> Result<Vec<String>, AgentError> {
-    for f in flags {
-        let name = f.split('=').next().unwrap_or_default();
-        if f.is_empty() || f.contains([',', ' ', '\n', '\t']) || f.chars().any(char::is_control) {
-            return Err(AgentError::invalid(
-                field,
-                format!(
-                    "{f:?} is not a single mount option (one option per entry, no commas or spaces)"
-                ),
-            ));
-        }
-        if FORBIDDEN_FLAGS.contains(&name) {
-            return Err(AgentError::invalid(
-                field,
-                format!("{f:?} is not allowed: it changes what is mounted, not how"),
-            ));
+    let mut out = Vec::new();
+    for entry in flags {
+        for f in split_options(entry) {
+            let name = f.split('=').next().unwrap_or_default();
+            if f.contains([' ', '\n', '\t']) || f.chars().any(char::is_control) {
+                return Err(AgentError::invalid(
+                    field,
+                    format!("{f:?} is not a mount option: it holds a space or a control character"),
+                ));
+            }
+            if FORBIDDEN_FLAGS.contains(&name) {
+                return Err(AgentError::invalid(
+                    field,
+                    format!("{f:?} is not allowed: it changes what is mounted, not how"),
+                ));
+            }
+            out.push(f);
         }
     }
-    Ok(flags.to_vec())
+    Ok(out)
+}
+
+/// An entry's options split on commas outside double quotes; empty ones dropped.
+fn split_options(entry: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let (mut cur, mut quoted) = (String::new(), false);
+    for c in entry.chars() {
+        match c {
+            '"' => {
+                quoted = !quoted;
+                cur.push(c);
+            }
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out.retain(|o| !o.is_empty());
+    out
 }
 
 /// Go's strconv.ParseBool, which StorageClass values follow.
@@ -282,6 +310,13 @@ impl Rules {
             ));
         }
         let staging_path = self.path("staging_target_path", &r.staging_target_path)?;
+        // Only for raw block, and only when the context names the disk.
+        let block_device = match access {
+            AccessType::Block(_) if !r.publish_context.is_empty() => {
+                Some(device(&r.publish_context)?)
+            }
+            _ => None,
+        };
         let (block, mount_flags) = match access {
             AccessType::Block(_) => (true, Vec::new()),
             AccessType::Mount(m) => {
@@ -300,6 +335,7 @@ impl Rules {
             block,
             mount_flags,
             single_writer: mode == Mode::SingleNodeSingleWriter,
+            device: block_device,
         })
     }
 

@@ -10,9 +10,7 @@ pub const REGION: &str = "topology.kubernetes.io/region";
 pub const ZONE: &str = "topology.kubernetes.io/zone";
 const REGION_FALLBACK: &str = "topology.proxmox.sinextra.dev/region";
 const ZONE_FALLBACK: &str = "topology.proxmox.sinextra.dev/node";
-pub use proxmox_csi_common::MAX_VOLUMES_LABEL;
-/// scsi1–scsi30: the slots a CSI disk can take (scsi0 is the boot disk).
-pub const SCSI_SLOTS: i64 = 30;
+pub use proxmox_csi_common::{MAX_VOLUMES_LABEL, SCSI_SLOTS};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topology {
@@ -58,8 +56,7 @@ pub fn from_labels(
     let zone = get(ZONE, ZONE_FALLBACK, "node", "<Proxmox node the VM runs on>")?;
     let max_volumes = labels
         .get(MAX_VOLUMES_LABEL)
-        .and_then(|v| v.parse::<i64>().ok())
-        .filter(|v| (1..=SCSI_SLOTS).contains(v));
+        .and_then(|v| proxmox_csi_common::max_volumes_label(v));
     Ok(Topology {
         region,
         zone,
@@ -138,5 +135,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(t.max_volumes, None);
+        // The Go driver's 0: no limit of the label's own, so every free slot.
+        let t = from_labels(
+            "w",
+            labels(&[(REGION, "r"), (ZONE, "z"), (MAX_VOLUMES_LABEL, "0")]),
+        )
+        .unwrap();
+        assert_eq!(max_volumes(t.max_volumes, 24, 1), 30);
+        assert_eq!(max_volumes(t.max_volumes, 24, 3), 28);
     }
 }

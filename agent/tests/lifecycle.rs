@@ -484,7 +484,7 @@ async fn node_info_and_bad_requests() {
     };
     cases.push((
         k.node_stage(&ntfs, &attached(&wwn), HashMap::new()),
-        "volume_capability.mount.fs_type: \"ntfs\" is not supported; allowed: ext4, xfs",
+        "volume_capability.mount.fs_type: \"ntfs\" is not supported; allowed: ext4, xfs, ext3, ext2",
     ));
     // An attachment without metadata.
     cases.push((

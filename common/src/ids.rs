@@ -9,6 +9,20 @@ use std::fmt;
 /// NodeLabelMaxVolumeAttachments, DefaultMaxVolumesPerNode).
 pub const MAX_VOLUMES_LABEL: &str = "csi.proxmox.sinextra.dev/max-volume-attachments";
 pub const DEFAULT_MAX_VOLUMES: i64 = 24;
+/// scsi1–scsi30: the slots a CSI disk can take (scsi0 is the boot disk).
+pub const SCSI_SLOTS: i64 = 30;
+
+/// The label's value as the Go driver reads it (pkg/csi/node.go maxVolumes):
+/// 0 to 30, anything else is no label. 0 sets no limit of the label's own
+/// (Go reports 0, which Kubernetes takes as unlimited); the VM's SCSI slots
+/// still are one, so 0 is read as all of them.
+pub fn max_volumes_label(value: &str) -> Option<i64> {
+    match value.trim().parse::<i64>().ok()? {
+        0 => Some(SCSI_SLOTS),
+        n if (1..=SCSI_SLOTS).contains(&n) => Some(n),
+        _ => None,
+    }
+}
 
 /// A CSI node id: `<node>` or `<node>/<vmid>`, as the Go driver writes it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -13,5 +13,5 @@ pub mod secret;
 pub mod shutdown;
 
 pub use endpoint::{Endpoint, EndpointError, Listener};
-pub use ids::{DEFAULT_MAX_VOLUMES, MAX_VOLUMES_LABEL, NodeId};
+pub use ids::{DEFAULT_MAX_VOLUMES, MAX_VOLUMES_LABEL, NodeId, SCSI_SLOTS, max_volumes_label};
 pub use secret::Secret;

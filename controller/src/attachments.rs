@@ -112,9 +112,20 @@ impl Region {
                 self.read_once.insert(vm.vmid);
                 self.found.retain(|_, v| *v != vm.vmid);
                 for (k, v) in &cfg.values {
-                    if drive::is_disk_key(k) {
-                        self.found.insert(DriveLine::parse(v).volume, vm.vmid);
+                    if !drive::is_disk_key(k) {
+                        continue;
                     }
+                    let volume = DriveLine::parse(v).volume;
+                    // A VM holding a disk it owns is its holder, not an
+                    // attachment: a replicated volume's holder (ours, or the
+                    // Go driver's untagged one), a VM's own disks. The Go
+                    // driver's rule too (pkg/csi/utils.go
+                    // getVMByAttachedVolume: "Skip the storage owner VM").
+                    let volname = volume.split_once(':').map_or(volume.as_str(), |(_, n)| n);
+                    if crate::volume::owner_of(volname) == Some(vm.vmid) {
+                        continue;
+                    }
+                    self.found.insert(volume, vm.vmid);
                 }
                 Ok(())
             }

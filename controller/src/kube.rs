@@ -90,8 +90,7 @@ impl Kube {
             .labels
             .as_ref()
             .and_then(|l| l.get(proxmox_csi_common::MAX_VOLUMES_LABEL))
-            .and_then(|v| v.parse::<i64>().ok())
-            .filter(|v| (1..=30).contains(v));
+            .and_then(|v| proxmox_csi_common::max_volumes_label(v));
         let from_provider = node
             .spec
             .as_ref()

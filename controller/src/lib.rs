@@ -13,3 +13,4 @@ pub mod pve;
 pub mod server;
 pub mod vms;
 pub mod volume;
+pub mod warnings;

@@ -1,11 +1,16 @@
 //! StorageClass (and VolumeAttributesClass) parameters, with the Go
-//! driver's keys and meanings. A StorageClass is immutable, so what the Go
-//! driver accepted keeps working: an unknown key is logged and ignored (Go
-//! ignores it), the legacy `fstype` the external-provisioner passes through
-//! is the provisioner's business. What Go fails on (a bad boolean or
-//! number) is an error that names the key and what is allowed.
+//! driver's keys and meanings (proxmox-csi-plugin pkg/csi/parameters.go).
+//! A class is immutable, so what the Go driver accepted keeps working with
+//! Go's meaning, and is a warning (see `warnings`): an unknown key is
+//! ignored, a boolean that is not one of `strconv.ParseBool`'s spellings is
+//! false, a VolumeAttributesClass limit of 0 keeps the old limit. The legacy
+//! `fstype` the external-provisioner passes through is the provisioner's
+//! business. What Go fails on (a number that does not parse) is an error
+//! that names the key; so is a value Proxmox would refuse at every attach.
 
 use std::collections::{BTreeMap, HashMap};
+
+use crate::warnings::{ParamWarning, Reason};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("parameter {key}: {reason}")]
@@ -33,16 +38,6 @@ const KEYS: &[&str] = &[
     "replicateZones",
 ];
 
-/// Keys a VolumeAttributesClass may set.
-const MUTABLE_KEYS: &[&str] = &[
-    "diskIOPS",
-    "diskMBps",
-    "backup",
-    "cache",
-    "replicateSchedule",
-    "replicateZones",
-];
-
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StorageParams {
     pub storage: String,
@@ -60,19 +55,25 @@ pub struct StorageParams {
     pub replicate: bool,
     pub replicate_schedule: Option<String>,
     pub replicate_zones: Vec<String>,
-    /// Keys this driver does not know, ignored (a warning each).
-    pub ignored: Vec<String>,
+    /// What was taken with the Go driver's meaning rather than refused.
+    pub warnings: Vec<ParamWarning>,
 }
 
-/// Go's strconv.ParseBool.
-fn parse_bool(key: &str, v: &str) -> Result<bool, ParamError> {
+/// Go's strconv.ParseBool, whose error the Go driver ignores
+/// (pkg/csi/parameters.go unmarshalTag): any other spelling is false.
+pub fn parse_bool(key: &str, v: &str, warnings: &mut Vec<ParamWarning>) -> bool {
     match v {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        _ => Err(ParamError {
-            key: key.into(),
-            reason: format!("{v:?} is not a boolean; allowed: true, false, 1, 0"),
-        }),
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => true,
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => false,
+        _ => {
+            warnings.push(ParamWarning::new(
+                key,
+                Reason::NotABoolean {
+                    value: v.to_string(),
+                },
+            ));
+            false
+        }
     }
 }
 
@@ -123,16 +124,16 @@ impl StorageParams {
                         &["none", "writethrough", "writeback", "unsafe", "directsync"],
                     )?)
                 }
-                "ssd" => p.ssd = Some(parse_bool(key, v)?),
+                "ssd" => p.ssd = Some(parse_bool(key, v, &mut p.warnings)),
                 "discard" => p.discard = Some(one_of(key, v, &["on", "ignore"])?),
                 "aio" => p.aio = Some(one_of(key, v, &["native", "threads", "io_uring"])?),
-                "iothread" => p.iothread = parse_bool(key, v)?,
-                "backup" => p.backup = parse_bool(key, v)?,
+                "iothread" => p.iothread = parse_bool(key, v, &mut p.warnings),
+                "backup" => p.backup = parse_bool(key, v, &mut p.warnings),
                 "diskIOPS" => p.iops = Some(number(key, v)?).filter(|n| *n > 0),
                 "diskMBps" => p.mbps = Some(number(key, v)?).filter(|n| *n > 0),
                 "blockSize" => p.block_size = Some(number(key, v)?),
                 "inodeSize" => p.inode_size = Some(number(key, v)?),
-                "replicate" => p.replicate = parse_bool(key, v)?,
+                "replicate" => p.replicate = parse_bool(key, v, &mut p.warnings),
                 "replicateSchedule" => p.replicate_schedule = Some(v.to_string()),
                 "replicateZones" => {
                     p.replicate_zones = v
@@ -142,17 +143,12 @@ impl StorageParams {
                         .map(String::from)
                         .collect()
                 }
-                other => {
-                    tracing::warn!(
-                        parameter = other,
-                        "unknown StorageClass parameter, ignored; known: {}",
-                        KEYS.join(", ")
-                    );
-                    p.ignored.push(other.to_string());
-                }
+                other => p
+                    .warnings
+                    .push(ParamWarning::new(other, Reason::UnknownKey)),
             }
         }
-        p.ignored.sort();
+        p.warnings.sort_by(|a, b| a.key.cmp(&b.key));
         if p.storage.is_empty() {
             return Err(ParamError {
                 key: "storage".into(),
@@ -162,13 +158,31 @@ impl StorageParams {
         Ok(p)
     }
 
-    /// Applies VolumeAttributesClass values on top.
-    pub fn apply_mutable(&mut self, params: &HashMap<String, String>) -> Result<(), ParamError> {
+    /// Applies VolumeAttributesClass values on top; returns the class's
+    /// warnings. As in the Go driver (ExtractModifyVolumeParameters,
+    /// MergeMap), an empty value or a limit of 0 leaves what is there, and
+    /// a key it does not read is ignored.
+    pub fn apply_mutable(
+        &mut self,
+        params: &HashMap<String, String>,
+    ) -> Result<Vec<ParamWarning>, ParamError> {
+        let mut warnings = Vec::new();
         for (key, v) in params {
+            if v.is_empty() {
+                continue;
+            }
             match key.as_str() {
-                "diskIOPS" => self.iops = Some(number::<u64>(key, v)?).filter(|n| *n > 0),
-                "diskMBps" => self.mbps = Some(number::<u64>(key, v)?).filter(|n| *n > 0),
-                "backup" => self.backup = parse_bool(key, v)?,
+                "diskIOPS" | "diskMBps" => {
+                    let n = number::<u64>(key, v)?;
+                    if n == 0 {
+                        warnings.push(ParamWarning::new(key, Reason::ZeroKeepsLimit));
+                    } else if key == "diskIOPS" {
+                        self.iops = Some(n);
+                    } else {
+                        self.mbps = Some(n);
+                    }
+                }
+                "backup" => self.backup = parse_bool(key, v, &mut warnings),
                 "cache" => {
                     self.cache = Some(one_of(
                         key,
@@ -179,19 +193,14 @@ impl StorageParams {
                 // The Go driver's VolumeAttributesClass keys for replication,
                 // parsed and not acted on there (pkg/csi/parameters.go
                 // ModifyVolumeParameters): accepted and ignored alike.
-                "replicateSchedule" | "replicateZones" => {}
-                other => {
-                    return Err(ParamError {
-                        key: other.into(),
-                        reason: format!(
-                            "not a mutable parameter; allowed: {}",
-                            MUTABLE_KEYS.join(", ")
-                        ),
-                    });
+                "replicateSchedule" | "replicateZones" => {
+                    warnings.push(ParamWarning::new(key, Reason::NotActedOn))
                 }
+                other => warnings.push(ParamWarning::new(other, Reason::UnknownKey)),
             }
         }
-        Ok(())
+        warnings.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(warnings)
     }
 
     /// The volume context: the Go driver's rendering, which the node reads
@@ -336,7 +345,7 @@ mod tests {
         let p = StorageParams::from_context(&ctx).unwrap();
         assert_eq!((p.storage.as_str(), p.ssd), ("local-lvm", Some(true)));
         // Read as a StorageClass, the foreign keys would be ignored with a warning each.
-        assert_eq!(StorageParams::parse(&ctx).unwrap().ignored.len(), 5);
+        assert_eq!(StorageParams::parse(&ctx).unwrap().warnings.len(), 5);
     }
 
     #[test]
@@ -357,10 +366,6 @@ mod tests {
     #[test]
     fn errors_name_the_key_and_what_is_allowed() {
         let e = |pairs: &[(&str, &str)]| StorageParams::parse(&map(pairs)).unwrap_err().to_string();
-        assert_eq!(
-            e(&[("storage", "s"), ("ssd", "yes")]),
-            "parameter ssd: \"yes\" is not a boolean; allowed: true, false, 1, 0"
-        );
         assert!(
             e(&[("storage", "s"), ("cache", "fast")]).starts_with(
                 "parameter cache: \"fast\" is not allowed; allowed: none, writethrough"
@@ -375,7 +380,10 @@ mod tests {
             ("storageFormat", "vmdk"),
         ]))
         .unwrap();
-        assert_eq!(p.ignored, ["stroage"]);
+        assert_eq!(
+            p.warnings,
+            [ParamWarning::new("stroage", Reason::UnknownKey)]
+        );
         assert_eq!(p.format.as_deref(), Some("raw"));
         assert_eq!(
             e(&[("ssd", "1")]),
@@ -384,6 +392,66 @@ mod tests {
         assert_eq!(
             e(&[("storage", "s"), ("diskIOPS", "lots")]),
             "parameter diskIOPS: \"lots\" is not a number"
+        );
+    }
+
+    #[test]
+    fn booleans_are_gos_parse_bool_and_anything_else_is_false() {
+        for (v, want) in [
+            ("True", true),
+            ("1", true),
+            ("t", true),
+            ("TRUE", true),
+            ("F", false),
+        ] {
+            let p = StorageParams::parse(&map(&[("storage", "s"), ("backup", v)])).unwrap();
+            assert_eq!((p.backup, p.warnings.len()), (want, 0), "{v}");
+        }
+        let p = StorageParams::parse(&map(&[
+            ("storage", "s"),
+            ("ssd", "yes"),
+            ("iothread", "on"),
+        ]))
+        .unwrap();
+        assert_eq!((p.ssd, p.iothread), (Some(false), false));
+        assert_eq!(
+            p.warnings.iter().map(|w| w.to_string()).collect::<Vec<_>>(),
+            [
+                "iothread: \"on\" is not a boolean (true, false, 1, 0, t, f), taken as false as the Go driver does",
+                "ssd: \"yes\" is not a boolean (true, false, 1, 0, t, f), taken as false as the Go driver does",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_class_limit_of_zero_keeps_the_limit_and_unknown_keys_are_ignored() {
+        let mut p = StorageParams::parse(&map(&[("storage", "s"), ("diskIOPS", "300")])).unwrap();
+        let w = p
+            .apply_mutable(&map(&[
+                ("diskIOPS", "0"),
+                ("diskMBps", "20"),
+                ("replicateSchedule", "*/5"),
+                ("replicateZones", "a,b"),
+                ("tier", "gold"),
+                ("backup", ""),
+            ]))
+            .unwrap();
+        assert_eq!((p.iops, p.mbps, p.backup), (Some(300), Some(20), false));
+        assert_eq!(
+            w,
+            [
+                ParamWarning::new("diskIOPS", Reason::ZeroKeepsLimit),
+                ParamWarning::new("replicateSchedule", Reason::NotActedOn),
+                ParamWarning::new("replicateZones", Reason::NotActedOn),
+                ParamWarning::new("tier", Reason::UnknownKey),
+            ]
+        );
+        // What Go fails on fails here too.
+        assert_eq!(
+            p.apply_mutable(&map(&[("diskMBps", "fast")]))
+                .unwrap_err()
+                .to_string(),
+            "parameter diskMBps: \"fast\" is not a number"
         );
     }
 }

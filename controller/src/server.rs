@@ -70,6 +70,7 @@ pub async fn run(
 
     let mut metrics = Metrics::new("controller", env!("CARGO_PKG_VERSION"));
     api_metrics.register(metrics.registry_mut());
+    crate::warnings::register(metrics.registry_mut());
     let metrics = Arc::new(metrics);
     let clients: Vec<Arc<pve::Client>> = clients.into_iter().map(Arc::new).collect();
     let identity = Identity::new(
@@ -78,6 +79,14 @@ pub async fn run(
         Duration::from_secs(5),
     );
     let mut controller = Controller::new(clients, config.controller_vmid, Duration::from_secs(60));
+    // Read as the Go driver reads it: exactly "true".
+    controller.unsafe_mount = std::env::var("UNSAFEMOUNT").is_ok_and(|v| v == "true");
+    if controller.unsafe_mount {
+        tracing::warn!(
+            "UNSAFEMOUNT=true: disks are attached without a backup option, so Proxmox's default \
+             (backup=1) puts them in vzdump backups"
+        );
+    }
     match kube::Client::try_default().await {
         Ok(k) => controller = controller.with_kube(crate::kube::Kube::new(k), &opts.driver_name),
         Err(e) => tracing::warn!(

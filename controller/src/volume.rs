@@ -60,6 +60,14 @@ impl fmt::Display for VolumeId {
 }
 
 /// The Go driver's owner regex: `(^|-|/)vm-([1-9][0-9]{2,8})(-|$)`.
+/// The PV name in a disk name, as the Go driver reads it (pkg/utils/volume
+/// volume.go PV): what follows `vm-<id>-`, without an extension.
+pub fn pv_of(disk: &str) -> Option<&str> {
+    let mut parts = disk.splitn(3, '-');
+    let (_, _, rest) = (parts.next()?, parts.next()?, parts.next()?);
+    rest.split('.').next().filter(|pv| !pv.is_empty())
+}
+
 pub fn owner_of(disk: &str) -> Option<u32> {
     let bytes = disk.as_bytes();
     let mut i = 0;

@@ -280,3 +280,135 @@ async fn replication_parameters_are_checked() {
         err.message()
     );
 }
+
+/// A volume the Go driver replicated: its holder is untagged, named after
+/// the PV, holds the disk on `scsi1` with `replicate=1,backup=1` and Go's
+/// LUN-derived WWN (proxmox-csi-plugin pkg/csi/utils.go prepareReplication,
+/// createReplication, attachVolume), with one job per other zone
+/// (`<holder>-<index>`, "CSI Replication for Persistent Volume").
+const GO_CLUSTER_EXTRA: &str = r#"
+  - { vmid: 10000, node: pve1, name: pvc-g, running: false, config: { boot: order=scsi0, agent: "0", machine: pc, cores: 1, memory: 512, scsihw: virtio-scsi-single, scsi1: "local-zfs:vm-10000-pvc-g,backup=1,replicate=1,wwn=0x5056432d49443031,size=1G" } }
+volumes:
+  - { volid: "local-zfs:vm-10000-pvc-g", node: pve1, size: 1073741824 }
+"#;
+
+#[tokio::test]
+async fn a_go_driver_replicated_volume_is_taken_over_by_its_shape() {
+    let cluster = CLUSTER.replacen("\nusers:", &format!("{GO_CLUSTER_EXTRA}users:"), 1);
+    let e = env_from(&cluster).await;
+    e.api_write(
+        "POST",
+        "/cluster/replication",
+        &[
+            ("id", "10000-1"),
+            ("type", "local"),
+            ("target", "pve2"),
+            ("schedule", "*/15"),
+            ("comment", "CSI Replication for Persistent Volume"),
+        ],
+    )
+    .await;
+    // The handle Go's CreateVolume answered (VolumeSharedID: no zone) and
+    // the context its StorageParameters.ToMap rendered.
+    let v = csi::Volume {
+        volume_id: "region-1//local-zfs/vm-10000-pvc-g".into(),
+        capacity_bytes: 1 << 30,
+        volume_context: [
+            ("storage", "local-zfs"),
+            ("backup", "0"),
+            ("iothread", "1"),
+            ("replicate", "1"),
+            ("replicateZones", "pve1,pve2"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+        ..Default::default()
+    };
+    // The holder is not an attachment: publishing elsewhere moves it.
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2")))
+        .await
+        .unwrap();
+    assert_eq!(e.vm(10000).await["node"], "pve2");
+    assert!(
+        e.vm(112).await["config"]["scsi1"]
+            .as_str()
+            .unwrap()
+            .starts_with("local-zfs:vm-10000-pvc-g,"),
+    );
+    let err = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-1")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("attached to VM 112"),
+        "{}",
+        err.message()
+    );
+    // After a detach the holder is still known: the next publish moves it back.
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2")))
+        .await
+        .unwrap();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-1")))
+        .await
+        .unwrap();
+    assert_eq!(e.vm(10000).await["node"], "pve1");
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-1")))
+        .await
+        .unwrap();
+
+    // Offline growth goes through the holder's own slot, scsi1.
+    e.svc
+        .controller_expand_volume(Request::new(expand_req(&v, 2 << 30)))
+        .await
+        .unwrap();
+    let holder = e.vm(10000).await;
+    assert!(
+        holder["config"]["scsi1"]
+            .as_str()
+            .unwrap()
+            .contains("size=2G"),
+        "{holder}"
+    );
+    assert!(holder["config"].get("scsi0").is_none(), "{holder}");
+
+    let listed = e
+        .svc
+        .list_volumes(Request::new(callers::attacher::list_volumes("")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        listed
+            .entries
+            .iter()
+            .any(|x| x.volume.as_ref().unwrap().volume_id == v.volume_id),
+        "{listed:?}"
+    );
+
+    // Delete: the holder, its job and the disk go, as Go's deleteReplication.
+    e.svc
+        .delete_volume(Request::new(delete_req(&v)))
+        .await
+        .unwrap();
+    assert_eq!(
+        e.admin_answer("GET", "vms/10000", "").await.0,
+        reqwest::StatusCode::NOT_FOUND
+    );
+    assert!(jobs(&e).await.is_empty());
+    let vols = e.admin("GET", "volumes", "").await;
+    assert!(
+        !vols
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["volid"].as_str().unwrap().contains("pvc-g")),
+        "{vols}"
+    );
+}

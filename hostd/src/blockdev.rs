@@ -14,6 +14,13 @@ pub fn name_of(majmin: &str) -> Option<String> {
     real.file_name().map(|n| n.to_string_lossy().into_owned())
 }
 
+/// `major:minor` of the block device called `name` in sysfs.
+pub fn majmin_of(name: &str) -> Option<String> {
+    std::fs::read_to_string(Path::new("/sys/class/block").join(name).join("dev"))
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
 /// Flushes the device's buffers (`blockdev --flushbufs`). Best effort: the
 /// device may already be gone after a surprise unplug.
 pub fn flush(majmin: &str) {

@@ -68,6 +68,21 @@ pub fn mapping_name(volume_id: &str) -> String {
     format!("pvecsi-{hex}")
 }
 
+/// The name the Go driver gives a disk's mapping: `<kernel name>-encrypted`,
+/// e.g. `sdb-encrypted` (siderolabs/go-blockdevice v0.4.8
+/// blockdevice/util/util.go PartPathEncrypted, called by luks.go Open).
+pub fn go_mapping_name(disk: &str) -> String {
+    format!("{disk}-encrypted")
+}
+
+/// The Go driver's mapping of `disk`, if one is active and sits on that
+/// disk alone: its name and kernel name (`dm-N`).
+pub fn go_mapping_on(disk: &str) -> Option<(String, String)> {
+    let name = go_mapping_name(disk);
+    let dm = active(&name)?;
+    (crate::blockdev::slaves(&dm) == [disk.to_string()]).then_some((name, dm))
+}
+
 pub fn mapper_path(name: &str) -> PathBuf {
     Path::new("/dev/mapper").join(name)
 }

@@ -1,5 +1,8 @@
-//! Making a filesystem, with the Go driver's defaults: ext4 without reserved
-//! blocks (`-m0`); xfs as mkfs.xfs makes it (mounted later with `nouuid`).
+//! Making a filesystem, with the Go driver's defaults: ext2, ext3 and ext4
+//! without reserved blocks (`-m0`, k8s.io/mount-utils formatAndMountSensitive,
+//! which the Go driver formats with); xfs as mkfs.xfs makes it (mounted later
+//! with `nouuid`). ext2 and ext3 are made by the same mke2fs as ext4, told
+//! the type (`-t`), so no other tool needs to be on the node.
 //!
 //! Neither tool is forced (no `mkfs.ext4 -F`, no `mkfs.xfs -f` but over an
 //! unfinished xfs): each keeps its own refusal of a device that holds a
@@ -14,6 +17,8 @@ use crate::error::HostdError;
 /// Filesystems hostd formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FsType {
+    Ext2,
+    Ext3,
     Ext4,
     Xfs,
 }
@@ -22,16 +27,20 @@ impl FsType {
     pub fn parse(s: &str) -> Result<Self, HostdError> {
         match s {
             "" | "ext4" => Ok(Self::Ext4),
+            "ext3" => Ok(Self::Ext3),
+            "ext2" => Ok(Self::Ext2),
             "xfs" => Ok(Self::Xfs),
             other => Err(HostdError::invalid(
                 "filesystem.fs_type",
-                format!("{other:?} is not supported; allowed: ext4, xfs"),
+                format!("{other:?} is not supported; allowed: ext4, xfs, ext3, ext2"),
             )),
         }
     }
 
     pub fn name(self) -> &'static str {
         match self {
+            Self::Ext2 => "ext2",
+            Self::Ext3 => "ext3",
             Self::Ext4 => "ext4",
             Self::Xfs => "xfs",
         }
@@ -51,10 +60,10 @@ pub struct MkfsOptions {
 pub fn command(fs: FsType, device: &Path, opts: MkfsOptions) -> Command {
     let mut c;
     match fs {
-        FsType::Ext4 => {
+        FsType::Ext2 | FsType::Ext3 | FsType::Ext4 => {
             c = Command::new("mkfs.ext4");
             // stdin is /dev/null: a question mke2fs asks is answered no.
-            c.args(["-q", "-m0", "-E", "nodiscard"]);
+            c.args(["-q", "-t", fs.name(), "-m0", "-E", "nodiscard"]);
             if opts.block_size > 0 {
                 c.arg("-b").arg(opts.block_size.to_string());
             }
@@ -141,7 +150,29 @@ mod tests {
         let d = Path::new("/dev/sdb");
         assert_eq!(
             args(&command(FsType::Ext4, d, MkfsOptions::default())),
-            ["mkfs.ext4", "-q", "-m0", "-E", "nodiscard", "/dev/sdb"]
+            [
+                "mkfs.ext4",
+                "-q",
+                "-t",
+                "ext4",
+                "-m0",
+                "-E",
+                "nodiscard",
+                "/dev/sdb"
+            ]
+        );
+        assert_eq!(
+            args(&command(FsType::Ext3, d, MkfsOptions::default())),
+            [
+                "mkfs.ext4",
+                "-q",
+                "-t",
+                "ext3",
+                "-m0",
+                "-E",
+                "nodiscard",
+                "/dev/sdb"
+            ]
         );
         assert_eq!(
             args(&command(
@@ -156,6 +187,8 @@ mod tests {
             [
                 "mkfs.ext4",
                 "-q",
+                "-t",
+                "ext4",
                 "-m0",
                 "-E",
                 "nodiscard",
@@ -218,7 +251,7 @@ mod tests {
         let e = FsType::parse("btrfs").unwrap_err().to_string();
         assert_eq!(
             e,
-            "filesystem.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs"
+            "filesystem.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs, ext3, ext2"
         );
     }
 }

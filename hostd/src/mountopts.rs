@@ -188,7 +188,8 @@ impl Default for Checked {
     }
 }
 
-/// Checks mount flags for a filesystem (`ext4`, `xfs`), or for a bind
+/// Checks mount flags for a filesystem (`ext2`, `ext3`, `ext4`: the kernel's
+/// ext4 driver mounts all three with its options; `xfs`), or for a bind
 /// mount (`None`: only generic flags take effect there; a filesystem's own
 /// options, still checked, were given to the staging mount).
 pub fn check(
@@ -198,6 +199,8 @@ pub fn check(
 ) -> Result<Checked, HostdError> {
     let mut out = Checked::default();
     let mut data = Vec::new();
+    let ext = fs.is_none_or(|f| matches!(f, "ext2" | "ext3" | "ext4"));
+    let xfs = fs.is_none_or(|f| f == "xfs");
     for o in split(flags) {
         if o.contains(['\n', '\0']) {
             return Err(HostdError::invalid(
@@ -209,10 +212,7 @@ pub fn check(
             out.flags |= f;
         } else if userspace_only(&o) {
             continue;
-        } else if selinux(&o)
-            || (fs != Some("xfs") && ext4_data(&o))
-            || (fs != Some("ext4") && xfs_data(&o))
-        {
+        } else if selinux(&o) || (ext && ext4_data(&o)) || (xfs && xfs_data(&o)) {
             data.push(o);
         } else {
             return Err(HostdError::invalid(

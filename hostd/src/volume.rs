@@ -280,6 +280,19 @@ impl Volumes {
             if mm.as_deref() == Some(m.majmin.as_str()) && m.fs_type == fs_type.name() {
                 return Ok((vec!["already staged".into()], m.majmin.clone()));
             }
+            // Staged by the Go driver, on its mapping of this very disk.
+            let go = blockdev::kernel_name(device)
+                .and_then(|disk| luks::go_mapping_on(&disk))
+                .and_then(|(_, dm)| blockdev::majmin_of(&dm));
+            if crypt.is_some()
+                && go.as_deref() == Some(m.majmin.as_str())
+                && m.fs_type == fs_type.name()
+            {
+                return Ok((
+                    vec!["already staged (by the Go driver, on its mapping)".into()],
+                    m.majmin.clone(),
+                ));
+            }
             return Err(HostdError::StagedDifferently {
                 path: staging.path.clone(),
                 what: "a mount point",
@@ -292,8 +305,11 @@ impl Volumes {
                 ),
             });
         }
-        device::verify_unused(device, &table, crypt.as_ref().map(|(n, _)| n.as_str()))?;
         let mut actions = Vec::new();
+        if let Some(closed) = close_idle_go_mapping(device, &table)? {
+            actions.push(closed);
+        }
+        device::verify_unused(device, &table, crypt.as_ref().map(|(n, _)| n.as_str()))?;
         if let Some((name, pass)) = &crypt {
             // A mapping left by a hostd that died between activation and
             // its node (or before the mount) is torn down and made again;
@@ -520,6 +536,7 @@ impl Volumes {
         }
         let table = mounts::table()?;
         let mut flushed = None;
+        let mut go_mapping = None;
         if staging.layout == Layout::BlockStaging && staging.kind() == Kind::Dir {
             let file = staging.child(BLOCK_FILE)?;
             if let Some(mm) = self.mounted_at(&file, &table)? {
@@ -544,11 +561,23 @@ impl Volumes {
                     &mm,
                 ));
             }
+            // A volume the Go driver staged sits on its mapping
+            // `<disk>-encrypted`, which is closed below with the mount gone.
+            go_mapping = staged_at(&staging)?
+                .and_then(|s| s.mapping)
+                .filter(|(dm, disk)| *dm == luks::go_mapping_name(disk));
             unmount_all(&staging)?;
             flushed = Some(mm);
         }
         if let Some(mm) = flushed {
             blockdev::flush(&mm);
+        }
+        if let Some((name, disk)) = go_mapping {
+            let table = mounts::table()?;
+            if luks::active(&name).is_some_and(|dm| !device_has_mount(&table, &dm)) {
+                tracing::info!(mapping = %name, disk, "closing the Go driver's mapping of the volume");
+                luks::close(&name, !blockdev::backing_present(&name))?;
+            }
         }
         // Close the volume's mapping even if nothing was mounted (a crash
         // between unmount and close, or a surprise unplug).
@@ -576,6 +605,9 @@ impl Volumes {
             .paths
             .place("target_path", &req.target_path, &[target_layout])?;
         let opts = mountopts::check("mount_flags", None, &req.mount_flags)?;
+        if req.block {
+            self.adopt_go_block(req, &staging)?;
+        }
         let record = self.bindings.get(&req.volume_id)?;
         let table = mounts::table()?;
         // What is bound: the device file in a block staging directory, or
@@ -664,6 +696,43 @@ impl Volumes {
         )
     }
 
+    /// A raw block volume the Go driver staged: it stages nothing (its
+    /// NodeStageVolume returns at once for block, pkg/csi/node.go), so
+    /// kubelet's staging directory is empty. The disk the publish context
+    /// names, verified as Stage verifies it, is bound there as Stage would.
+    fn adopt_go_block(&self, req: &pb::PublishRequest, staging: &Place) -> Result<(), HostdError> {
+        let Some(dev) = req.device.as_ref() else {
+            return Ok(());
+        };
+        if staging.kind() != Kind::Dir || self.bindings.get(&req.volume_id)?.is_some() {
+            return Ok(());
+        }
+        let file = staging.child(BLOCK_FILE)?;
+        if self.mounted_at(&file, &mounts::table()?)?.is_some() {
+            return Ok(());
+        }
+        let wwn = Wwn::parse(&dev.wwn)?;
+        let key = self.resolver.key(&wwn);
+        let device = self
+            .index
+            .get(&key)
+            .ok_or_else(|| HostdError::DeviceNotFound {
+                wwn: wwn.to_string(),
+                reason: format!("no block device with {key}"),
+            })?;
+        self.resolver
+            .verify_identity(&device, &wwn, &dev.serial, &req.volume_id)?;
+        let (_, majmin) = self.stage_block(&device, staging)?;
+        tracing::info!(volume_id = %req.volume_id, device = %device.display(), "raw block volume staged by the Go driver: disk bound into its staging directory");
+        self.bindings.put(&Binding {
+            volume_id: req.volume_id.clone(),
+            staging_path: staging.path.clone(),
+            block: true,
+            majmin,
+            targets: Vec::new(),
+        })
+    }
+
     fn record_target(
         &self,
         volume_id: &str,
@@ -735,6 +804,31 @@ fn read_only_blank(device: &Path) -> HostdError {
         reason: "it holds no filesystem and the stage is read-only: there is nothing to mount, and formatting is a write"
             .into(),
     }
+}
+
+/// A mapping the Go driver left on `device` (`<disk>-encrypted`) that
+/// nothing mounts or holds: what a switch of drivers leaves when the Go
+/// driver's unstage never ran to its close. It is only a view of this very
+/// disk, just verified as the volume's, so it is closed for the stage.
+fn close_idle_go_mapping(
+    device: &Path,
+    table: &[mounts::MountEntry],
+) -> Result<Option<String>, HostdError> {
+    let Some(disk) = blockdev::kernel_name(device) else {
+        return Ok(None);
+    };
+    let Some((name, dm)) = luks::go_mapping_on(&disk) else {
+        return Ok(None);
+    };
+    let held = std::fs::read_dir(Path::new("/sys/block").join(&dm).join("holders"))
+        .map(|d| d.flatten().next().is_some())
+        .unwrap_or(false);
+    if device_has_mount(table, &dm) || held {
+        return Ok(None);
+    }
+    tracing::warn!(mapping = %name, dm, disk, "closing the Go driver's idle mapping of the disk");
+    luks::close(&name, false)?;
+    Ok(Some(format!("closed the Go driver's mapping {name}")))
 }
 
 /// Whether the block device `name` (e.g. `dm-0`) is mounted anywhere.

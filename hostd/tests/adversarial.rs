@@ -27,6 +27,7 @@ fn publish_req(vol: &str, staging: &Path, target: &Path) -> pb::PublishRequest {
         block: false,
         mount_flags: vec![],
         single_writer: false,
+        device: None,
     }
 }
 

@@ -53,6 +53,7 @@ async fn filesystem_volume_lifecycle_is_idempotent_and_keeps_data() {
         block: false,
         mount_flags: vec![],
         single_writer: false,
+        device: None,
     };
     env.client.publish(publish.clone()).await.unwrap();
     env.client.publish(publish.clone()).await.unwrap();
@@ -118,6 +119,7 @@ async fn filesystem_volume_lifecycle_is_idempotent_and_keeps_data() {
             block: false,
             mount_flags: vec![],
             single_writer: false,
+            device: None,
         })
         .await
         .unwrap();
@@ -265,6 +267,7 @@ async fn raw_block_volume_is_bound_through_to_the_pod() {
         block: true,
         mount_flags: vec![],
         single_writer: false,
+        device: None,
     };
     env.client.publish(publish.clone()).await.unwrap();
     env.client.publish(publish).await.unwrap();
@@ -379,7 +382,7 @@ async fn bad_requests_get_the_right_codes() {
     assert_eq!(e.code(), Code::InvalidArgument);
     assert_eq!(
         e.message(),
-        "filesystem.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs"
+        "filesystem.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs, ext3, ext2"
     );
 
     let e = env
@@ -396,6 +399,7 @@ async fn bad_requests_get_the_right_codes() {
             block: false,
             mount_flags: vec![],
             single_writer: false,
+            device: None,
         })
         .await
         .unwrap_err();

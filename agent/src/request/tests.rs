@@ -126,7 +126,7 @@ fn every_bad_stage_input_names_its_field() {
                     m.fs_type = "btrfs".into();
                 }
             },
-            "volume_capability.mount.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs",
+            "volume_capability.mount.fs_type: \"btrfs\" is not supported; allowed: ext4, xfs, ext3, ext2",
         ),
         (
             |r| r.publish_context.clear(),
@@ -158,7 +158,7 @@ fn every_bad_stage_input_names_its_field() {
                     m.mount_flags = vec!["noatime,bind".into()];
                 }
             },
-            "volume_capability.mount.mount_flags: \"noatime,bind\" is not a single mount option",
+            "volume_capability.mount.mount_flags: \"bind\" is not allowed: it changes what is mounted",
         ),
         (
             |r| {
@@ -221,4 +221,51 @@ fn reader_only_and_readonly_publish_mount_read_only() {
             .unwrap()
             .block
     );
+}
+
+#[test]
+fn a_storage_classs_mount_options_stage_as_mount8_takes_them() {
+    // As a Go driver StorageClass writes them: several in one entry, and
+    // options only mount(8) reads (hostd drops those).
+    let mut pv = pv();
+    pv.mount_options = vec![
+        "noatime,discard".into(),
+        "nofail".into(),
+        "_netdev".into(),
+        "x-systemd.device-timeout=5".into(),
+        "context=\"system_u:object_r:container_file_t:s0:c1,c2\"".into(),
+    ];
+    let attached = HashMap::from([("wwn".into(), "0x5000c500a1b2c3d4".into())]);
+    let r = kubelet().node_stage(&pv, &attached, HashMap::new());
+    let h = rules().stage(&r).unwrap();
+    let Some(hostd::stage_request::Access::Filesystem(fs)) = h.access else {
+        panic!("filesystem expected")
+    };
+    assert_eq!(
+        fs.mount_flags,
+        [
+            "noatime",
+            "discard",
+            "nofail",
+            "_netdev",
+            "x-systemd.device-timeout=5",
+            "context=\"system_u:object_r:container_file_t:s0:c1,c2\"",
+        ]
+    );
+}
+
+#[test]
+fn ext3_and_ext2_stage_as_the_go_driver_formats_them() {
+    for fs in ["ext3", "ext2"] {
+        let mut pv = pv();
+        pv.fs_type = fs.into();
+        let attached = HashMap::from([("wwn".into(), "0x5000c500a1b2c3d4".into())]);
+        let h = rules()
+            .stage(&kubelet().node_stage(&pv, &attached, HashMap::new()))
+            .unwrap();
+        let Some(hostd::stage_request::Access::Filesystem(f)) = h.access else {
+            panic!("filesystem expected")
+        };
+        assert_eq!(f.fs_type, fs);
+    }
 }

@@ -36,7 +36,6 @@ pub const CAPABILITIES: &[rpc::Type] = &[
     rpc::Type::ExpandVolume,
     rpc::Type::GetVolume,
     rpc::Type::VolumeCondition,
-    rpc::Type::PublishReadonly,
     rpc::Type::SingleNodeMultiWriter,
     rpc::Type::ModifyVolume,
     rpc::Type::CreateDeleteSnapshot,

@@ -11,6 +11,7 @@ use crate::params::StorageParams;
 use crate::pve::api::StorageResource;
 use crate::pve::{Client, Deadline};
 use crate::volume::{VolumeId, disk_filename};
+use crate::warnings::{self, ClassKind};
 
 pub const REGION: &str = "topology.kubernetes.io/region";
 pub const ZONE: &str = "topology.kubernetes.io/zone";
@@ -120,7 +121,9 @@ impl Controller {
         check_capabilities("volume_capabilities", &r.volume_capabilities)
             .map_err(|e| CtlError::invalid("volume_capabilities", e))?;
         let mut params = StorageParams::parse(&r.parameters)?;
-        params.apply_mutable(&r.mutable_parameters)?;
+        warnings::report(ClassKind::StorageClass, &params.warnings);
+        let vac = params.apply_mutable(&r.mutable_parameters)?;
+        warnings::report(ClassKind::VolumeAttributesClass, &vac);
         let size = size_for(r.capacity_range.as_ref())?;
         if let Some(source) = r
             .volume_content_source

@@ -7,6 +7,37 @@ use crate::pve::{Client, Deadline, PveError};
 use crate::volume::VolumeId;
 
 impl Controller {
+    /// Before an untagged (Go driver's) holder is destroyed: it holds no
+    /// disk but the volume's, so nothing else goes with it.
+    async fn holds_only(
+        &self,
+        client: &Client,
+        holder: &crate::pve::api::VmResource,
+        id: &VolumeId,
+        d: Deadline,
+    ) -> Result<(), CtlError> {
+        let cfg = client.vm_config(&holder.node, holder.vmid, d).await?;
+        let others: Vec<String> = cfg
+            .values
+            .iter()
+            .filter(|(k, v)| {
+                crate::drive::is_disk_key(k)
+                    && crate::drive::DriveLine::parse(v).volume != id.volid()
+            })
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect();
+        if others.is_empty() {
+            return Ok(());
+        }
+        Err(CtlError::FailedPrecondition(format!(
+            "VM {} ({}) holds replicated volume {id} and other disks ({}); it is not destroyed with the volume: \
+             detach them first",
+            holder.vmid,
+            holder.name.as_deref().unwrap_or_default(),
+            others.join("; ")
+        )))
+    }
+
     /// The node to reach a volume through: its zone, or for shared storage
     /// any node where the storage is available.
     pub async fn node_for(
@@ -149,9 +180,17 @@ impl Controller {
                 "volume {volume_id} is still attached to VM {vmid}; unpublish it first"
             )));
         }
-        // A clone, restore or replicated volume is owned by a VM of ours:
-        // destroying it frees the disk (and the replication jobs) and
-        // leaves no stale reference behind.
+        // A replicated volume is owned by its holder, ours or the Go
+        // driver's: destroying it frees the disk and the replication jobs.
+        if let Some(holder) = self.replica_holder(&client, &id, d).await? {
+            if !holder.has_tag(super::replicate::REPLICATED_TAG) {
+                self.holds_only(&client, &holder, &id, d).await?;
+            }
+            self.remove_replication(&client, &holder, d).await?;
+            return self.destroy_copy(&client, &holder, d).await;
+        }
+        // A clone or restore is owned by a VM of ours: destroying it frees
+        // the disk and leaves no stale reference behind.
         if let Some(owner) = id.owner().filter(|o| *o != self.controller_vmid)
             && let Some(vm) = self.vms.node_of(&client, owner, d).await?
             && (vm.has_tag(super::clone::VOLUME_TAG)

@@ -47,9 +47,10 @@ impl Controller {
         if attached.is_none()
             && let Some(holder) = self.replica_holder(&client, &id, d).await?
         {
-            // A replicated volume is scsi0 of its own holder.
+            // A replicated volume is a disk of its own holder.
+            let slot = self.holder_slot(&client, &holder, &id, d).await?;
             client
-                .resize(&holder.node, holder.vmid, "scsi0", size, d)
+                .resize(&holder.node, holder.vmid, &slot, size, d)
                 .await?;
             return Ok((size, fs));
         }

@@ -33,7 +33,7 @@ pub use clone::VOLUME_TAG;
 pub use copy::{drive_size, vm_name};
 pub use holder::{NewVm, TAG as CSI_TAG};
 pub use replicate::REPLICATED_TAG;
-pub use snapshot::{SNAPSHOT_TAG, SnapshotId};
+pub use snapshot::{SNAPSHOT_TAG, SnapshotId, snapshot_class_warnings};
 
 /// Shared state of the controller.
 #[derive(Debug)]
@@ -55,6 +55,10 @@ pub struct Controller {
     /// (NodeGetInfo's id): ListVolumes and ControllerGetVolume report it,
     /// so the external-attacher's reconcile finds its VolumeAttachments.
     node_ids: node_ids::Published,
+    /// `UNSAFEMOUNT=true`: attach without a `backup` option, so Proxmox's
+    /// default (backup=1) applies, as the Go driver does with that variable
+    /// (pkg/csi/controller.go ControllerPublishVolume).
+    pub unsafe_mount: bool,
 }
 
 /// 512 MiB: the Go driver's size step.
@@ -82,6 +86,7 @@ impl Controller {
             kube: None,
             driver_name: "csi.proxmox.sinextra.dev".into(),
             node_ids: node_ids::Published::default(),
+            unsafe_mount: false,
         }
     }
 

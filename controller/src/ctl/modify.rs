@@ -10,16 +10,17 @@ use crate::drive::{self, DriveLine};
 use crate::error::CtlError;
 use crate::params::StorageParams;
 use crate::pve::Deadline;
+use crate::warnings::{self, ClassKind};
 
-/// Drive options a class sets; a value of 0 removes a limit.
+/// Drive options a class sets. As in the Go driver (ModifyVolumeParameters
+/// MergeMap), an empty value or a limit of 0 keeps the disk's limit.
 fn apply(line: &mut DriveLine, p: &std::collections::HashMap<String, String>) {
     let mut set = |keys: [&str; 2], v: &str| {
+        if v.is_empty() || v.parse::<u64>().is_ok_and(|n| n == 0) {
+            return;
+        }
         for k in keys {
-            if v == "0" || v.is_empty() {
-                line.opts.remove(k);
-            } else {
-                line.opts.insert(k.to_string(), v.to_string());
-            }
+            line.opts.insert(k.to_string(), v.to_string());
         }
     };
     if let Some(v) = p.get("diskIOPS") {
@@ -44,12 +45,13 @@ impl Controller {
         if r.volume_id.is_empty() {
             return Err(CtlError::invalid("volume_id", "is required"));
         }
-        // Strict, like the StorageClass: unknown keys and bad values are refused.
+        // As the StorageClass: what Go fails on is refused, the rest warned.
         let mut check = StorageParams {
             storage: "-".into(),
             ..Default::default()
         };
-        check.apply_mutable(&r.mutable_parameters)?;
+        let warnings = check.apply_mutable(&r.mutable_parameters)?;
+        warnings::report(ClassKind::VolumeAttributesClass, &warnings);
         let id = super::volume_ref("volume_id", &r.volume_id)?;
         let client = self.client_of("volume", &r.volume_id, &id.region)?;
         self.existing(&client, &id, d).await?;
@@ -106,7 +108,7 @@ mod tests {
     use std::collections::HashMap;
 
     #[test]
-    fn limits_are_set_and_removed() {
+    fn limits_are_set_and_zero_keeps_them() {
         let mut l =
             DriveLine::parse("local-lvm:vm-9999-a,backup=0,iops_rd=100,iops_wr=100,size=1G");
         apply(
@@ -119,7 +121,7 @@ mod tests {
         );
         assert_eq!(
             l.render(),
-            "local-lvm:vm-9999-a,backup=1,mbps_rd=50,mbps_wr=50,size=1G"
+            "local-lvm:vm-9999-a,backup=1,iops_rd=100,iops_wr=100,mbps_rd=50,mbps_wr=50,size=1G"
         );
     }
 }

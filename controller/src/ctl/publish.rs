@@ -127,6 +127,7 @@ impl Controller {
             && let Some(pv) = k.pv_for_handle(&self.driver_name, &r.volume_id).await?
             && let Some(vac) = &pv.attributes_class
         {
+            // Its warnings were logged at create or modify; not again per attach.
             params.apply_mutable(&k.attributes_class(vac).await?)?;
         }
 
@@ -178,10 +179,14 @@ impl Controller {
         let limit = facts
             .and_then(|f| f.max_volumes)
             .unwrap_or(proxmox_csi_common::DEFAULT_MAX_VOLUMES);
+        let mut opts = params.drive_options(r.readonly);
+        if self.unsafe_mount {
+            opts.remove("backup");
+        }
         let op = Op::Attach {
             volid: id.volid(),
             handle: r.volume_id.clone(),
-            opts: params.drive_options(r.readonly),
+            opts,
             limit: u32::try_from(limit).ok(),
         };
         let attached = self

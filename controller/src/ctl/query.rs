@@ -192,18 +192,27 @@ impl Controller {
                     let Some((storage, disk)) = volid.split_once(':') else {
                         continue;
                     };
-                    // Ours: owned by the placeholder VMID, or by a clone's copy VM.
+                    // Ours: owned by the placeholder VMID, by a clone's copy
+                    // VM, or by a replicated volume's holder (ours, or the Go
+                    // driver's: untagged, named after the PV).
                     let owner = crate::volume::owner_of(disk);
+                    let pv = crate::volume::pv_of(disk);
+                    let holder = owner.is_some_and(|o| {
+                        replicated.contains(&o)
+                            || vms
+                                .iter()
+                                .any(|v| v.vmid == o && pv.is_some() && v.name.as_deref() == pv)
+                    });
                     if owner != Some(self.controller_vmid)
                         && !owner.is_some_and(|o| clones.contains(&o))
+                        && !holder
                     {
                         continue;
                     }
                     let id = VolumeId {
                         region: region.clone(),
                         // A replicated volume's handle has no zone: it follows its holder.
-                        zone: (row.shared != 1 && !owner.is_some_and(|o| replicated.contains(&o)))
-                            .then(|| row.node.clone()),
+                        zone: (row.shared != 1 && !holder).then(|| row.node.clone()),
                         storage: storage.into(),
                         disk: disk.into(),
                     };

@@ -62,7 +62,10 @@ fn denied(what: &str, privilege: &str) -> impl Fn(PveError) -> CtlError {
 }
 
 impl Controller {
-    /// The holder of a replicated volume, if `id` is one.
+    /// The holder of a replicated volume, if `id` is one: a VM that owns
+    /// the disk and is tagged ours, or is the Go driver's: untagged, named
+    /// after the PV (pkg/csi/utils.go prepareReplication; deleteReplication
+    /// finds it by VMID and name alike).
     pub async fn replica_holder(
         &self,
         client: &Client,
@@ -75,11 +78,34 @@ impl Controller {
         if id.zone.is_some() {
             return Ok(None);
         }
+        let pv = crate::volume::pv_of(&id.disk);
         Ok(self
             .vms
             .node_of(client, owner, d)
             .await?
-            .filter(|v| v.has_tag(REPLICATED_TAG)))
+            .filter(|v| v.has_tag(REPLICATED_TAG) || (pv.is_some() && v.name.as_deref() == pv)))
+    }
+
+    /// The slot of `holder` that holds the replicated disk: `scsi0` on ours,
+    /// `scsi1` on the Go driver's (its attach takes the first free of
+    /// scsi1–scsi29, pkg/csi/utils.go attachVolume).
+    pub async fn holder_slot(
+        &self,
+        client: &Client,
+        holder: &VmResource,
+        id: &VolumeId,
+        d: Deadline,
+    ) -> Result<String, CtlError> {
+        let cfg = client.vm_config(&holder.node, holder.vmid, d).await?;
+        crate::drive::slots_with(&cfg.values, &id.volid())
+            .into_iter()
+            .next()
+            .ok_or_else(|| {
+                CtlError::FailedPrecondition(format!(
+                    "replicated volume {id}: its holder VM {} does not hold the disk in any slot",
+                    holder.vmid
+                ))
+            })
     }
 
     /// CreateVolume with `replicate=true` on `node` (one of `replicateZones`).

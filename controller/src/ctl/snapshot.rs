@@ -21,6 +21,7 @@ use super::copy::{CopyInfo, CopySpec, CopyState, vm_name};
 use crate::error::CtlError;
 use crate::pve::Deadline;
 use crate::volume::VolumeId;
+use crate::warnings::{self, ClassKind, ParamWarning, Reason};
 
 pub const SNAPSHOT_TAG: &str = "csi-snapshot";
 const PREFIX: &str = "snapshot-vm-";
@@ -111,6 +112,14 @@ struct SnapshotClass {
     /// `attached: refuse`: no snapshot of a volume attached to a VM, whose
     /// copy would be read from a live disk.
     refuse_attached: bool,
+    warnings: Vec<ParamWarning>,
+}
+
+/// What a VolumeSnapshotClass's parameters would warn of (`pvecsictl doctor`).
+pub fn snapshot_class_warnings(
+    params: &HashMap<String, String>,
+) -> Result<Vec<ParamWarning>, CtlError> {
+    Ok(snapshot_class(params)?.warnings)
 }
 
 fn snapshot_class(params: &HashMap<String, String>) -> Result<SnapshotClass, CtlError> {
@@ -132,18 +141,17 @@ fn snapshot_class(params: &HashMap<String, String>) -> Result<SnapshotClass, Ctl
                 }
             }
             // The Go driver's class key; the copy stays on the volume's node.
-            "zone" => tracing::debug!(
-                zone = v,
-                "VolumeSnapshotClass zone is the Go driver's; snapshots stay on the volume's node"
-            ),
+            "zone" => class
+                .warnings
+                .push(ParamWarning::new(k, Reason::NotActedOn)),
             // The external-snapshotter's own keys (csi.storage.k8s.io/snapshotter-secret-*).
             k if k.starts_with("csi.storage.k8s.io/") => {}
-            other => tracing::warn!(
-                parameter = other,
-                "unknown VolumeSnapshotClass parameter, ignored; known: storage, attached"
-            ),
+            other => class
+                .warnings
+                .push(ParamWarning::new(other, Reason::UnknownKey)),
         }
     }
+    class.warnings.sort_by(|a, b| a.key.cmp(&b.key));
     Ok(class)
 }
 
@@ -162,6 +170,7 @@ impl Controller {
         let src = VolumeId::parse(&r.source_volume_id)
             .map_err(|e| CtlError::invalid("source_volume_id", e))?;
         let class = snapshot_class(&r.parameters)?;
+        warnings::report(ClassKind::VolumeSnapshotClass, &class.warnings);
         let storage = class.storage.clone().unwrap_or_else(|| src.storage.clone());
         let client = self.client(&src.region)?;
         if !client.cluster().storage_allowed(&storage) {

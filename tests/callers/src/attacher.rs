@@ -9,8 +9,11 @@ use crate::{PersistentVolume, capability, csi, csi_access_mode};
 /// ControllerPublishVolumeRequest for a VolumeAttachment of `pv` to the
 /// node whose CSINode lists `node_id` for this driver: the PV's
 /// volumeAttributes as they are (the provisioner's identity key included),
-/// `readonly` from `spec.csi.readOnly` (the driver has PUBLISH_READONLY),
-/// one capability from all the PV's access modes, fsType from the PV
+/// `readonly` false whatever `spec.csi.readOnly` says, because the driver
+/// does not advertise PUBLISH_READONLY (csiAttach: "CO MUST set this field
+/// to false if SP does not have the PUBLISH_READONLY controller
+/// capability"), as the Go driver does not; kubelet's read-only bind mount
+/// keeps such a pod from writing. One capability from all the PV's access modes, fsType from the PV
 /// (`--default-fstype` is empty).
 pub fn controller_publish(
     pv: &PersistentVolume,
@@ -25,7 +28,7 @@ pub fn controller_publish(
             &pv.fs_type,
             &pv.mount_options,
         )),
-        readonly: pv.read_only,
+        readonly: false,
         secrets: HashMap::new(),
         volume_context: pv.attributes.clone(),
     }
