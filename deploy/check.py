@@ -32,7 +32,8 @@ BASE = os.path.join(HERE, "kustomize")
 NAMESPACE = "csi-proxmox"
 RELEASE = "proxmox-csi-plugin"
 # The chart's values that give the kustomize base.
-BASE_VALUES = {"existingConfigSecret": "proxmox-csi-plugin", "createNamespace": True}
+BASE_VALUES = {"existingConfigSecret": "proxmox-csi-plugin", "createNamespace": True,
+               "controller": {"snapshotter": {"enabled": True}}}
 # Other shapes the chart must render validly.
 VARIANTS = {
     "defaults with a cloud config": {
@@ -214,6 +215,80 @@ def broken(ds):
     return bad
 
 
+def go_values(r, version):
+    """The Go chart's own values.yaml and a Go user's file setting every key
+    render this chart, validate, and land where the Go chart puts them."""
+    testdata = os.path.join(HERE, "testdata")
+    for f in ("go-chart-values.yaml", "go-values-every-key.yaml"):
+        with open(os.path.join(testdata, f)) as fh:
+            values = yaml.safe_load(fh)
+        try:
+            objs = helm(values)
+            r.check(True, f"chart renders with {f}")
+        except Exception as e:
+            r.check(False, f"chart renders with {f}", str(e))
+            continue
+        validate(r, objs, f"chart ({f})", version)
+        ctl = next(o for o in objs if o["kind"] == "Deployment")
+        node = next(o for o in objs if o["kind"] == "DaemonSet")
+        images = [c["image"] for o in (ctl, node) for c in o["spec"]["template"]["spec"]["containers"]]
+        r.check(not any("sergelogvinov" in i for i in images), f"{f}: no Go driver image", ", ".join(images))
+        if f == "go-chart-values.yaml":
+            driver = next(o for o in objs if o["kind"] == "CSIDriver")
+            r.check("fsGroupPolicy" not in driver["spec"], f"{f}: CSIDriver has no fsGroupPolicy, as Go's")
+            r.check(not any(c["name"] == "csi-snapshotter" for c in ctl["spec"]["template"]["spec"]["containers"]),
+                    f"{f}: no snapshotter by default, as Go's")
+            continue
+        pod, npod = ctl["spec"]["template"], node["spec"]["template"]
+        containers = {c["name"]: c for c in pod["spec"]["containers"]}
+        plugin = pod["spec"]["containers"][0]
+        sas = sorted(o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount")
+        sc = next(o for o in objs if o["kind"] == "StorageClass")
+        meanings = {
+            "imagePullSecrets on both pods": pod["spec"].get("imagePullSecrets") == npod["spec"].get("imagePullSecrets") == [{"name": "regcred"}],
+            "serviceAccount.name and annotations": sas == ["pvecsi-controller", "pvecsi-node"]
+            and pod["spec"]["serviceAccountName"] == "pvecsi-controller"
+            and all(o["metadata"].get("annotations", {}).get("eks.amazonaws.com/role-arn") == "arn:x"
+                    for o in objs if o["kind"] == "ServiceAccount"),
+            "configFile": "--cloud-config=/etc/pve/cloud.yaml" in plugin["args"]
+            and any(m["mountPath"] == "/etc/pve/" for m in plugin["volumeMounts"]),
+            "top-level placement is the controller's": pod["spec"].get("nodeSelector") == values["nodeSelector"]
+            and pod["spec"].get("tolerations") == values["tolerations"] and pod["spec"].get("affinity") == values["affinity"],
+            "podAnnotations and podLabels": pod["metadata"]["annotations"].get("team") == "storage"
+            and npod["metadata"]["annotations"].get("team") == "storage"
+            and pod["metadata"]["labels"].get("tier") == npod["metadata"]["labels"].get("tier") == "infra",
+            # Helm merges a user's map into the chart's default, as with the Go chart.
+            "podSecurityContext": values["podSecurityContext"].items() <= pod["spec"]["securityContext"].items(),
+            "securityContext": all(values["securityContext"].items() <= c["securityContext"].items()
+                                   for n, c in containers.items() if n != "liveness-probe"),
+            "updateStrategy": ctl["spec"]["strategy"] == values["updateStrategy"]
+            and node["spec"]["updateStrategy"]["type"] == "RollingUpdate",
+            "hostAliases and initContainers": pod["spec"].get("hostAliases") == values["hostAliases"]
+            and pod["spec"].get("initContainers") == values["initContainers"],
+            "extraVolumes and extraVolumeMounts": {"name": "ca", "configMap": {"name": "pve-ca"}} in pod["spec"]["volumes"]
+            and {"name": "ca", "mountPath": "/etc/ssl/pve"} in plugin["volumeMounts"],
+            "metrics.type annotation": pod["metadata"]["annotations"].get("prometheus.io/scrape") == "true"
+            and pod["metadata"]["annotations"].get("prometheus.io/port") == "8081",
+            "sidecar args appended": all(containers[n]["args"][-1] == a for n, a in
+                                         [("csi-attacher", "--worker-threads=20"), ("csi-provisioner", "--worker-threads=30"),
+                                          ("csi-resizer", "--workers=5"), ("csi-snapshotter", "--worker-threads=4")]),
+            "node.driverRegistrar.args": next(c for c in npod["spec"]["containers"]
+                                              if c["name"] == "csi-node-driver-registrar")["args"][-1] == "--health-port=9810",
+            "storage class: first-class keys win over extraParameters": sc["parameters"]["storage"] == "local-lvm"
+            and sc["parameters"]["ssd"] == "true" and sc["parameters"]["backup"] == "1",
+        }
+        for what, ok in meanings.items():
+            r.check(ok, f"{f}: {what}, as in the Go chart")
+    for bad, key in ((({"controller": {"plugin": {"image": {"tag": "v0.19.1"}}}}), "controller.plugin.image.tag"),
+                     (({"node": {"plugin": {"image": {"repository": "ghcr.io/sergelogvinov/proxmox-csi-node", "tag": "edge"}}}}),
+                      "node.plugin.image.repository")):
+        try:
+            helm(bad)
+            r.check(False, f"a Go driver image under {key} is refused")
+        except Exception as e:
+            r.check(key in str(e), f"a Go driver image under {key} is refused, naming the key", str(e)[:200])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kubernetes-version", default="1.34")
@@ -231,6 +306,7 @@ def main():
         r.check(not diff, f"chart = base for {k[0]} {k[2]}", "; ".join(diff[:5]))
 
     validate(r, base, "kustomize", args.kubernetes_version)
+    go_values(r, args.kubernetes_version)
     for name, values in VARIANTS.items():
         try:
             objs = helm(values)
