@@ -160,8 +160,8 @@ impl StorageParams {
 
     /// Applies VolumeAttributesClass values on top; returns the class's
     /// warnings. As in the Go driver (ExtractModifyVolumeParameters,
-    /// MergeMap), an empty value or a limit of 0 leaves what is there, and
-    /// a key it does not read is ignored.
+    /// MergeMap), an empty value or a limit of 0 leaves what is there; a key
+    /// no driver reads is refused, as the CSI spec asks.
     pub fn apply_mutable(
         &mut self,
         params: &HashMap<String, String>,
@@ -196,7 +196,17 @@ impl StorageParams {
                 "replicateSchedule" | "replicateZones" => {
                     warnings.push(ParamWarning::new(key, Reason::NotActedOn))
                 }
-                other => warnings.push(ParamWarning::new(other, Reason::UnknownKey)),
+                // The spec's INVALID_ARGUMENT for a parameter not supported
+                // (csi-sanity "should fail if specified mutable parameters are
+                // not supported"); every key the Go driver reads is above.
+                other => {
+                    return Err(ParamError {
+                        key: other.into(),
+                        reason: "is not a mutable parameter; allowed: diskIOPS, diskMBps, backup, cache, \
+                                 replicateSchedule, replicateZones"
+                            .into(),
+                    });
+                }
             }
         }
         warnings.sort_by(|a, b| a.key.cmp(&b.key));
@@ -424,7 +434,7 @@ mod tests {
     }
 
     #[test]
-    fn a_class_limit_of_zero_keeps_the_limit_and_unknown_keys_are_ignored() {
+    fn a_class_limit_of_zero_keeps_the_limit() {
         let mut p = StorageParams::parse(&map(&[("storage", "s"), ("diskIOPS", "300")])).unwrap();
         let w = p
             .apply_mutable(&map(&[
@@ -432,7 +442,6 @@ mod tests {
                 ("diskMBps", "20"),
                 ("replicateSchedule", "*/5"),
                 ("replicateZones", "a,b"),
-                ("tier", "gold"),
                 ("backup", ""),
             ]))
             .unwrap();
@@ -443,8 +452,13 @@ mod tests {
                 ParamWarning::new("diskIOPS", Reason::ZeroKeepsLimit),
                 ParamWarning::new("replicateSchedule", Reason::NotActedOn),
                 ParamWarning::new("replicateZones", Reason::NotActedOn),
-                ParamWarning::new("tier", Reason::UnknownKey),
             ]
+        );
+        assert!(
+            p.apply_mutable(&map(&[("tier", "gold")]))
+                .unwrap_err()
+                .to_string()
+                .starts_with("parameter tier: is not a mutable parameter")
         );
         // What Go fails on fails here too.
         assert_eq!(

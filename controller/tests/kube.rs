@@ -172,7 +172,8 @@ async fn nodes_pvs_and_classes_from_kubernetes() {
         "{listed:?}"
     );
 
-    // ModifyVolume on the attached disk: limits changed and removed at once.
+    // ModifyVolume on the attached disk: a limit changed at once; a limit of
+    // 0 keeps the one there, as the Go driver (ModifyVolumeParameters MergeMap).
     e.svc
         .controller_modify_volume(Request::new(callers::resizer::controller_modify(
             &pv_of(&fast),
@@ -185,7 +186,7 @@ async fn nodes_pvs_and_classes_from_kubernetes() {
         .unwrap()
         .to_string();
     assert!(
-        !line.contains("iops_rd") && line.contains("mbps_rd=20"),
+        line.contains("iops_rd=500") && line.contains("mbps_rd=20"),
         "{line}"
     );
     let err = e

@@ -63,12 +63,18 @@ async fn create_is_idempotent_and_strict() {
         .unwrap();
     assert_eq!(v.capacity_bytes, 1536 << 20);
 
-    // Strict parameters, access modes, topology.
+    // What the Go driver fails on (a number that does not parse; a boolean
+    // that does not is false there and here), access modes, topology.
     let cases: Vec<(csi::CreateVolumeRequest, Code, &str)> = vec![
         (
-            create_req("x", 1, &[("storage", "local-lvm"), ("ssd", "sure")], None),
+            create_req(
+                "x",
+                1,
+                &[("storage", "local-lvm"), ("diskIOPS", "lots")],
+                None,
+            ),
             Code::InvalidArgument,
-            "parameters.ssd: \"sure\" is not a boolean",
+            "parameters.diskIOPS: \"lots\" is not a number",
         ),
         (
             create_req("x", 1, &[], None),
