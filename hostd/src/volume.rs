@@ -435,7 +435,16 @@ impl Volumes {
         device: &Path,
         staging: &Place,
     ) -> Result<(Vec<String>, String), HostdError> {
-        let table = mounts::table()?;
+        self.stage_block_over(device, staging, mounts::table()?)
+    }
+
+    /// `stage_block` against `table`, the mounts that count.
+    fn stage_block_over(
+        &self,
+        device: &Path,
+        staging: &Place,
+        table: Vec<mounts::MountEntry>,
+    ) -> Result<(Vec<String>, String), HostdError> {
         let mm = device::majmin(device)?;
         staging.ensure_dir()?;
         let file = staging.child(BLOCK_FILE)?;
@@ -722,7 +731,25 @@ impl Volumes {
             })?;
         self.resolver
             .verify_identity(&device, &wwn, &dev.serial, &req.volume_id)?;
-        let (_, majmin) = self.stage_block(&device, staging)?;
+        // The Go driver's own publications of this volume bind the disk at
+        // pods' block targets, which kubelet's vol_data.json names as this
+        // volume's; any other use of the disk still refuses it.
+        let name = blockdev::kernel_name(&device).unwrap_or_default();
+        let table: Vec<mounts::MountEntry> = mounts::table()?
+            .into_iter()
+            .filter(|m| {
+                let go_publication = m.fs_type == "devtmpfs"
+                    && m.root.trim_start_matches('/') == name
+                    && bindings::kubelet_says(
+                        &m.mount_point,
+                        Layout::BlockTarget,
+                        &req.volume_id,
+                        self.paths.driver(),
+                    );
+                !go_publication
+            })
+            .collect();
+        let (_, majmin) = self.stage_block_over(&device, staging, table)?;
         tracing::info!(volume_id = %req.volume_id, device = %device.display(), "raw block volume staged by the Go driver: disk bound into its staging directory");
         self.bindings.put(&Binding {
             volume_id: req.volume_id.clone(),

@@ -80,6 +80,40 @@ impl Kubelet {
         }
     }
 
+    /// The `vol_data.json` kubelet saves for teardown before it publishes
+    /// (pkg/volume/csi/csi_plugin.go NewMounter, NewBlockVolumeMapper:
+    /// saveVolumeData): its path (the pod's volume directory; for block
+    /// `plugins/kubernetes.io/csi/volumeDevices/<pv>/data`) and contents.
+    /// `attachmentID` is getAttachmentName: `csi-` and the sha256 of handle,
+    /// driver and node name.
+    pub fn vol_data(&self, pod: &Pod, pv: &PersistentVolume, node: &str) -> (String, String) {
+        let dir = match pv.volume_mode {
+            VolumeMode::Filesystem => format!(
+                "{}/pods/{}/volumes/kubernetes.io~csi/{}",
+                self.root, pod.uid, pv.name
+            ),
+            VolumeMode::Block => format!(
+                "{}/plugins/kubernetes.io/csi/volumeDevices/{}/data",
+                self.root, pv.name
+            ),
+        };
+        let attachment = Sha256::digest(format!("{}{}{node}", pv.handle, pv.driver).as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>();
+        let mut data = serde_json::json!({
+            "specVolumeID": pv.name,
+            "volumeHandle": pv.handle,
+            "driverName": pv.driver,
+            "nodeName": node,
+            "attachmentID": format!("csi-{attachment}"),
+        });
+        if pv.volume_mode == VolumeMode::Filesystem {
+            data["volumeLifecycleMode"] = "Persistent".into();
+        }
+        (format!("{dir}/vol_data.json"), data.to_string())
+    }
+
     /// What kubelet makes before NodeStageVolume: the staging directory
     /// itself (MkdirAllWithPathCheck of globalmount; MkdirAll of the block
     /// staging path).

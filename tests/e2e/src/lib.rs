@@ -3,3 +3,4 @@
 //! hot-plugging disks into it over QMP exactly as Proxmox VE 9 does.
 
 pub mod guest;
+pub mod lab;

@@ -1,0 +1,119 @@
+//! The lab every guest test starts from: a booted guest with hostd and the
+//! node plugin, pvesim bound to it over QMP, a controller on that pvesim,
+//! and a client of the node plugin once it is ready.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proxmox_csi_controller::config::CloudConfig;
+use proxmox_csi_controller::csi::controller::ControllerService;
+use proxmox_csi_controller::ctl::Controller;
+use proxmox_csi_controller::pve;
+use proxmox_csi_proto::csi::v1::node_client::NodeClient;
+use pvesim::{Sim, State};
+use tonic::transport::Channel;
+
+use crate::guest::{Guest, SECRET, Share, guest_cluster, qemu_present};
+
+/// The documented minimal role of the CSI token.
+pub const MINIMAL_ROLE: &str =
+    "VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit";
+
+/// A booted guest with pvesim and a controller bound to it, and a client of
+/// the node plugin in the guest, ready (its Probe answers).
+/// Bind every field: the ones left out would be dropped (pvesim stopped)
+/// at once.
+#[allow(missing_debug_implementations)] // a guest VM and servers: nothing to print
+pub struct Lab {
+    pub g: Guest,
+    pub images: tempfile::TempDir,
+    pub sim: pvesim::Running,
+    pub ctl: ControllerService,
+    pub node: NodeClient<Channel>,
+}
+
+impl Lab {
+    /// `None` (the test is skipped) where QEMU is not installed outside CI.
+    pub async fn start(share: Share, role: &str) -> Option<Self> {
+        if !qemu_present() {
+            return None;
+        }
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut g = Guest::boot_with(share).await.expect("guest boots");
+        let images = tempfile::tempdir().unwrap();
+        let (sim, ctl) = setup_with_role(&g, images.path(), role).await;
+        let node = node_client(&mut g).await;
+        Some(Self {
+            g,
+            images,
+            sim,
+            ctl,
+            node,
+        })
+    }
+}
+
+pub async fn setup_with_role(
+    g: &Guest,
+    images: &std::path::Path,
+    role: &str,
+) -> (pvesim::Running, ControllerService) {
+    let state = guest_cluster(&g.qmp, role);
+    let sim = Sim::new(State::from_yaml(&state).unwrap())
+        .plain_http()
+        .volume_dir(images.to_path_buf())
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
+    let cfg = CloudConfig::parse(&format!(
+        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
+        sim.api_url()
+    ))
+    .unwrap();
+    let clients = cfg
+        .clusters
+        .into_iter()
+        .map(|c| {
+            Arc::new(pve::Client::new(c, Duration::from_secs(30), Default::default()).unwrap())
+        })
+        .collect();
+    (
+        sim,
+        ControllerService(Arc::new(Controller::new(
+            clients,
+            9999,
+            Duration::from_secs(60),
+        ))),
+    )
+}
+
+/// A client of the node plugin in `g`, once its Probe says it and hostd
+/// are ready. If that never happens, what the guest shows is in the panic.
+pub async fn node_client(g: &mut Guest) -> NodeClient<Channel> {
+    let port = g.csi_port;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let last = match tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .connect()
+            .await
+        {
+            Ok(ch) => {
+                // Ready when the node plugin answers and its Probe says hostd does.
+                let mut probe =
+                    proxmox_csi_proto::csi::v1::identity_client::IdentityClient::new(ch.clone());
+                match probe.probe(callers::identity::probe()).await {
+                    Ok(r) if r.get_ref().ready == Some(true) => return NodeClient::new(ch),
+                    Ok(r) => format!("Probe: {:?}", r.into_inner()),
+                    Err(e) => format!("Probe: {e}"),
+                }
+            }
+            Err(e) => format!("connect to 127.0.0.1:{port}: {e}"),
+        };
+        if Instant::now() > deadline {
+            let guest = g.sh("tail -5 /run/node.log; tail -5 /run/hostd.log; ps | grep -v ']$'; netstat -ltn 2>/dev/null").await.unwrap_or_default();
+            panic!("the node plugin in the guest never answered ({last}); the guest:\n{guest}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

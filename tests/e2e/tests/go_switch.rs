@@ -1,0 +1,492 @@
+//! A cluster switches from the Go driver (csi.proxmox.sinextra.dev v0.19)
+//! while its volumes are in use. The Go driver's part is played as its
+//! source does it: the controller's Proxmox calls (pkg/csi/controller.go
+//! CreateVolume, pkg/csi/utils.go attachVolume: the LUN-derived WWN, no
+//! serial) and the node's commands (pkg/csi/node.go NodeStageVolume and
+//! NodePublishVolume; LUKS by siderolabs/go-blockdevice v0.4.8
+//! blockdevice/encryption/luks/luks.go: `luksFormat --type luks2
+//! --key-file=- -c aes-xts-plain64 <dev> --key-size=512`, opened as
+//! `<kernel name>-encrypted`; mkfs and mount by k8s.io/mount-utils). Then
+//! this driver's controller and node plugin take the volumes over while
+//! they are staged: a new pod on each, unpublish, unstage, detach, attach,
+//! stage, the bytes checked, growth, a snapshot restored, delete. Nothing is
+//! reformatted and no mapping is left behind.
+
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use callers::kubelet::{Kubelet, Pod};
+use callers::provisioner::{self, Claim, StorageClass};
+use callers::{PersistentVolume, VolumeMode, attacher, resizer, snapshotter};
+use e2e::guest::{Guest, SECRET, Share};
+use e2e::lab::Lab;
+use proxmox_csi_controller::config::CloudConfig;
+use proxmox_csi_controller::csi::controller::ControllerService;
+use proxmox_csi_controller::pve::{self, Deadline};
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
+use reqwest::Method;
+use tonic::Request;
+
+const PASSPHRASE: &str = "correct horse battery staple";
+/// The node id this driver's node plugin reports for the guest (VM 112).
+const WORKER_2: &str = "worker-2/112";
+/// Snapshots and restores make copy VMs.
+const ROLE: &str = "VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit";
+
+fn luks() -> HashMap<String, String> {
+    HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())])
+}
+
+/// One volume the Go driver made, attached and staged.
+struct GoVolume {
+    pv: PersistentVolume,
+    lun: u32,
+    encrypted: bool,
+    /// The Go driver's publish context.
+    context: HashMap<String, String>,
+}
+
+impl GoVolume {
+    /// Go's WWN: the hex of `PVC-ID%02d` with the LUN (utils.go attachVolume).
+    fn wwn(&self) -> String {
+        let ascii = format!("PVC-ID{:02}", self.lun);
+        format!(
+            "0x{}",
+            ascii
+                .bytes()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        )
+    }
+}
+
+/// The Go controller's Proxmox calls, with the CSI token.
+struct GoController {
+    client: pve::Client,
+}
+
+impl GoController {
+    fn new(sim: &pvesim::Running) -> Self {
+        let cfg = CloudConfig::parse(&format!(
+            "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
+            sim.api_url()
+        ))
+        .unwrap();
+        let cluster = cfg.clusters.into_iter().next().unwrap();
+        Self {
+            client: pve::Client::new(cluster, Duration::from_secs(30), Default::default()).unwrap(),
+        }
+    }
+
+    fn d() -> Deadline {
+        Deadline::after(Duration::from_secs(60))
+    }
+
+    /// CreateVolume → createVolume: `POST /nodes/{zone}/storage/{storage}/content`
+    /// with vmid, filename and the size in KiB; the answer's volume, as the
+    /// provisioner writes its PV (context: StorageParameters.ToMap).
+    async fn create(&self, claim: &Claim, sc: &StorageClass) -> PersistentVolume {
+        let disk = format!("vm-9999-{}", claim.volume_name());
+        let _: serde_json::Value = self
+            .client
+            .call(
+                Method::POST,
+                "/nodes/pve2/storage/local-lvm/content",
+                &[
+                    ("vmid", "9999".into()),
+                    ("filename", disk.clone()),
+                    ("size", (claim.request_bytes / 1024).to_string()),
+                ],
+                Self::d(),
+            )
+            .await
+            .unwrap();
+        let volume = csi::Volume {
+            volume_id: format!("region-1/pve2/local-lvm/{disk}"),
+            capacity_bytes: claim.request_bytes,
+            volume_context: [
+                ("storage", "local-lvm"),
+                ("backup", "0"),
+                ("iothread", "1"),
+                ("replicate", "0"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            content_source: None,
+            accessible_topology: vec![csi::Topology {
+                segments: HashMap::from([
+                    ("topology.kubernetes.io/region".into(), "region-1".into()),
+                    ("topology.kubernetes.io/zone".into(), "pve2".into()),
+                ]),
+            }],
+        };
+        provisioner::persistent_volume(sc, claim, &volume)
+    }
+
+    /// ControllerPublishVolume → attachVolume: `scsi<lun>` with the drive
+    /// options of ToCFG and the LUN's WWN, no serial; the task awaited.
+    async fn attach(&self, v: &mut GoVolume) {
+        let volid = v.pv.handle.rsplit_once('/').unwrap().1.to_string();
+        let line = format!(
+            "local-lvm:{volid},backup=0,iothread=1,replicate=0,wwn={}",
+            v.wwn()
+        );
+        let upid: String = self
+            .client
+            .call(
+                Method::POST,
+                "/nodes/pve2/qemu/112/config",
+                &[(format!("scsi{}", v.lun).as_str(), line)],
+                Self::d(),
+            )
+            .await
+            .unwrap();
+        self.client.wait_task(&upid, Self::d()).await.unwrap();
+        v.context = HashMap::from([
+            (
+                "DevicePath".to_string(),
+                format!("/dev/disk/by-id/wwn-{}", v.wwn()),
+            ),
+            ("lun".to_string(), v.lun.to_string()),
+        ]);
+    }
+}
+
+/// What the Go node plugin does in NodeStageVolume and NodePublishVolume,
+/// as shell in the guest; kubelet's vol_data.json first. Returns the
+/// checksum of 8 MiB written through the pod's target.
+async fn go_node_stage_and_publish(g: &mut Guest, k: &Kubelet, v: &GoVolume, pod: &Pod) -> String {
+    let link = &v.context["DevicePath"];
+    let staging = k.staging_path(&v.pv);
+    let target = k.target_path(pod, &v.pv);
+    let (vol_data, json) = k.vol_data(pod, &v.pv, "worker-2");
+    let mut script = format!(
+        "set -e; udevadm settle; dev=$(readlink -f {link}); kname=$(basename $dev); \
+         mkdir -p {staging} $(dirname {vol_data}); printf '%s' '{json}' > {vol_data}; "
+    );
+    if v.pv.volume_mode == VolumeMode::Block {
+        // Stage: nothing. Publish: the by-id path bound onto a file.
+        script += &format!(
+            "mkdir -p $(dirname {target}); touch {target}; mount -o bind,rw {link} {target}; \
+             dd if=/dev/urandom of=/tmp/blk bs=1M count=8 2>/dev/null; \
+             dd if=/tmp/blk of={target} bs=1M count=8 conv=fsync 2>/dev/null; \
+             sha256sum /tmp/blk | cut -d' ' -f1"
+        );
+    } else {
+        let fs = &v.pv.fs_type;
+        let mut device = "$dev".to_string();
+        if v.encrypted {
+            script += &format!(
+                "printf '%s' '{PASSPHRASE}' | cryptsetup luksFormat --type luks2 --key-file=- -c aes-xts-plain64 $dev --key-size=512; \
+                 printf '%s' '{PASSPHRASE}' | cryptsetup luksOpen $dev $kname-encrypted --key-file=-; "
+            );
+            device = "/dev/mapper/$kname-encrypted".into();
+        }
+        let (mkfs, opts) = match fs.as_str() {
+            "xfs" => (format!("mkfs.xfs -f {device}"), "defaults,nouuid"),
+            _ => (format!("mkfs.{fs} -F -m0 {device}"), "defaults"),
+        };
+        script += &format!(
+            "{mkfs} >/dev/null; mount -t {fs} -o {opts} {device} {staging}; \
+             mkdir -p {target}; mount -t {fs} -o bind,rw {staging} {target}; \
+             dd if=/dev/urandom of={target}/data bs=1M count=8 2>/dev/null; sync; \
+             sha256sum {target}/data | cut -d' ' -f1"
+        );
+    }
+    // A subshell: `set -e` must not outlive the script in the console's shell.
+    let (rc, out) = g.sh_status(&format!("({script})")).await.unwrap();
+    assert_eq!(rc, 0, "the Go node's stage and publish failed: {out}");
+    let sum = out.lines().last().unwrap_or_default().trim().to_string();
+    assert_eq!(sum.len(), 64, "{out}");
+    sum
+}
+
+/// The checksum of the 8 MiB written, read through `pod`'s target.
+async fn sum_at(g: &mut Guest, k: &Kubelet, pv: &PersistentVolume, pod: &Pod) -> String {
+    let target = k.target_path(pod, pv);
+    let cmd = if pv.volume_mode == VolumeMode::Block {
+        format!("dd if={target} bs=1M count=8 2>/dev/null | sha256sum | cut -d' ' -f1")
+    } else {
+        format!("sha256sum {target}/data | cut -d' ' -f1")
+    };
+    g.sh(&cmd).await.unwrap().trim().to_string()
+}
+
+async fn mkdirs(g: &mut Guest, dirs: Vec<String>) {
+    g.sh(&format!("mkdir -p {}", dirs.join(" "))).await.unwrap();
+}
+
+async fn our_attach(ctl: &ControllerService, pv: &PersistentVolume) -> HashMap<String, String> {
+    ctl.controller_publish_volume(Request::new(attacher::controller_publish(pv, WORKER_2)))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context
+}
+
+async fn our_detach(ctl: &ControllerService, pv: &PersistentVolume) {
+    ctl.controller_unpublish_volume(Request::new(attacher::controller_unpublish(pv, WORKER_2)))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
+    let Some(Lab {
+        mut g,
+        ctl,
+        mut node,
+        sim,
+        images: _images,
+    }) = Lab::start(Share::Shared, ROLE).await
+    else {
+        return;
+    };
+    let k = Kubelet::new("/var/lib/kubelet");
+    let go = GoController::new(&sim);
+    let ext4 = StorageClass::new(&[
+        ("storage", "local-lvm"),
+        ("csi.storage.k8s.io/fstype", "ext4"),
+    ]);
+    let xfs = StorageClass::new(&[
+        ("storage", "local-lvm"),
+        ("csi.storage.k8s.io/fstype", "xfs"),
+    ]);
+    let block = StorageClass::new(&[("storage", "local-lvm")]);
+    let claims = [
+        (Claim::new("go-ext4", "go-ext4", 1 << 30), &ext4, false),
+        (Claim::new("go-xfs", "go-xfs", 1 << 30), &xfs, true),
+        (
+            Claim::new("go-blk", "go-blk", 1 << 30).block(),
+            &block,
+            false,
+        ),
+    ];
+
+    // The Go driver's life of each volume: created, attached, staged, in a pod.
+    let old_pod = Pod::new("0f1e2d3c-4b5a-4968-8776-655443322110");
+    let mut volumes = Vec::new();
+    let mut sums = Vec::new();
+    for (lun, (claim, sc, encrypted)) in claims.iter().enumerate() {
+        let mut v = GoVolume {
+            pv: go.create(claim, sc).await,
+            lun: lun as u32 + 1,
+            encrypted: *encrypted,
+            context: HashMap::new(),
+        };
+        go.attach(&mut v).await;
+        sums.push(go_node_stage_and_publish(&mut g, &k, &v, &old_pod).await);
+        volumes.push(v);
+    }
+    let mapped = g.sh("ls /dev/mapper").await.unwrap();
+    assert!(mapped.contains("-encrypted"), "{mapped}");
+
+    // The switch: this driver's node plugin and controller from here on.
+    // A new pod on each volume while the Go driver's staging stands: a
+    // Go-staged block volume has nothing in its staging directory.
+    let new_pod = Pod::new("9a8b7c6d-5e4f-4031-8223-344556677889");
+    for (v, sum) in volumes.iter().zip(&sums) {
+        mkdirs(&mut g, k.publish_dirs(&new_pod, &v.pv)).await;
+        node.node_publish_volume(k.node_publish(&v.pv, &new_pod, &v.context))
+            .await
+            .unwrap_or_else(|e| panic!("NodePublish of {} after the switch: {e:?}", v.pv.name));
+        assert_eq!(
+            &sum_at(&mut g, &k, &v.pv, &new_pod).await,
+            sum,
+            "{}",
+            v.pv.name
+        );
+    }
+    // Both pods go; the volumes are unstaged, the Go mapping closed.
+    for v in &volumes {
+        for pod in [&old_pod, &new_pod] {
+            node.node_unpublish_volume(k.node_unpublish(&v.pv, pod))
+                .await
+                .unwrap_or_else(|e| panic!("NodeUnpublish of {}: {e:?}", v.pv.name));
+        }
+        node.node_unstage_volume(k.node_unstage(&v.pv))
+            .await
+            .unwrap_or_else(|e| panic!("NodeUnstage of {}: {e:?}", v.pv.name));
+    }
+    let left = g
+        .sh("ls /dev/mapper; grep ' /var/lib/kubelet/' /proc/mounts; true")
+        .await
+        .unwrap();
+    assert!(
+        !left.contains("-encrypted") && !left.contains("/var/lib/kubelet/"),
+        "a mapping or a mount was left: {left}"
+    );
+    for v in &volumes {
+        our_detach(&ctl, &v.pv).await;
+    }
+    let vm = sim.ctx.cluster().vms.get(&112).cloned().unwrap();
+    assert!(
+        !vm.config.values().any(|l| l.contains("pvc-go-")),
+        "{:?}",
+        vm.config
+    );
+
+    // Attached, staged and published again by this driver: the same bytes,
+    // nothing formatted.
+    let pod = Pod::new("1b2c3d4e-5f60-4172-8394-a5b6c7d8e9f0");
+    let mut contexts = Vec::new();
+    for (v, sum) in volumes.iter().zip(&sums) {
+        let pc = our_attach(&ctl, &v.pv).await;
+        mkdirs(&mut g, k.stage_dirs(&v.pv)).await;
+        let secrets = if v.encrypted { luks() } else { HashMap::new() };
+        node.node_stage_volume(k.node_stage(&v.pv, &pc, secrets))
+            .await
+            .unwrap_or_else(|e| panic!("NodeStage of {}: {e:?}", v.pv.name));
+        mkdirs(&mut g, k.publish_dirs(&pod, &v.pv)).await;
+        node.node_publish_volume(k.node_publish(&v.pv, &pod, &pc))
+            .await
+            .unwrap();
+        assert_eq!(&sum_at(&mut g, &k, &v.pv, &pod).await, sum, "{}", v.pv.name);
+        contexts.push(pc);
+    }
+    let staged = g.sh("grep 'volume staged' /run/node.log").await.unwrap();
+    assert!(
+        !staged.contains("mkfs") && !staged.contains("luks_format"),
+        "a Go volume was formatted: {staged}"
+    );
+
+    // Growth, online, of the filesystems (LUKS too).
+    for v in volumes
+        .iter()
+        .filter(|v| v.pv.volume_mode == VolumeMode::Filesystem)
+    {
+        ctl.controller_expand_volume(Request::new(resizer::controller_expand(&v.pv, 2 << 30)))
+            .await
+            .unwrap();
+        let secrets = if v.encrypted { luks() } else { HashMap::new() };
+        node.node_expand_volume(k.node_expand(&v.pv, &pod, 2 << 30, secrets))
+            .await
+            .unwrap_or_else(|e| panic!("NodeExpand of {}: {e:?}", v.pv.name));
+        // KiB, from BusyBox's df.
+        let size: u64 = g
+            .sh(&format!(
+                "df -P -k {} | tail -1 | awk '{{print $2}}'",
+                k.target_path(&pod, &v.pv)
+            ))
+            .await
+            .unwrap()
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+            * 1024;
+        assert!(size > 3 << 29, "{}: {size} bytes after growth", v.pv.name);
+    }
+
+    // Quiesced, every volume goes; the ext4 one is snapshotted and restored first.
+    for v in &volumes {
+        node.node_unpublish_volume(k.node_unpublish(&v.pv, &pod))
+            .await
+            .unwrap();
+        node.node_unstage_volume(k.node_unstage(&v.pv))
+            .await
+            .unwrap();
+    }
+    let take = snapshotter::create_snapshot(
+        "7e6d5c4b-3a29-4817-9605-f4e3d2c1b0a9",
+        "go-ext4-snap",
+        &volumes[0].pv,
+        &[],
+    );
+    let t = Instant::now();
+    let snap = loop {
+        let s = ctl
+            .create_snapshot(Request::new(take.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+        if s.ready_to_use {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "snapshot never ready"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for v in &volumes {
+        our_detach(&ctl, &v.pv).await;
+    }
+    let restored = {
+        let claim =
+            Claim::new("go-restored", "go-restored", 2 << 30).from_snapshot(&snap.snapshot_id);
+        let req = provisioner::create_volume(
+            &ext4,
+            &claim,
+            Some(provisioner::requirement(
+                &[&[
+                    ("topology.kubernetes.io/region", "region-1"),
+                    ("topology.kubernetes.io/zone", "pve2"),
+                ]],
+                0,
+            )),
+        );
+        let volume = ctl
+            .create_volume(Request::new(req))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        provisioner::persistent_volume(&ext4, &claim, &volume)
+    };
+    let pc = our_attach(&ctl, &restored).await;
+    mkdirs(&mut g, k.stage_dirs(&restored)).await;
+    node.node_stage_volume(k.node_stage(&restored, &pc, HashMap::new()))
+        .await
+        .unwrap();
+    mkdirs(&mut g, k.publish_dirs(&pod, &restored)).await;
+    node.node_publish_volume(k.node_publish(&restored, &pod, &pc))
+        .await
+        .unwrap();
+    assert_eq!(sum_at(&mut g, &k, &restored, &pod).await, sums[0]);
+    node.node_unpublish_volume(k.node_unpublish(&restored, &pod))
+        .await
+        .unwrap();
+    node.node_unstage_volume(k.node_unstage(&restored))
+        .await
+        .unwrap();
+    our_detach(&ctl, &restored).await;
+
+    ctl.delete_snapshot(Request::new(snapshotter::delete_snapshot(
+        &snap.snapshot_id,
+    )))
+    .await
+    .unwrap();
+    for pv in volumes.iter().map(|v| &v.pv).chain([&restored]) {
+        ctl.delete_volume(Request::new(provisioner::delete_volume(pv)))
+            .await
+            .unwrap();
+    }
+    let cluster = sim.ctx.cluster();
+    let vm = cluster.vms.get(&112).unwrap();
+    assert!(
+        !vm.config
+            .iter()
+            .any(|(k, v)| k.starts_with("unused") || v.contains("pvc-go")),
+        "{:?}",
+        vm.config
+    );
+    let disks: Vec<&String> = cluster
+        .volumes
+        .values()
+        .flat_map(|m| m.keys())
+        .filter(|n| n.contains("go-"))
+        .collect();
+    assert!(disks.is_empty(), "disks left: {disks:?}");
+    let left = g.sh("ls /dev/mapper; dmsetup ls; true").await.unwrap();
+    assert!(
+        !left.contains("-encrypted") && !left.contains("pvecsi-"),
+        "{left}"
+    );
+}
