@@ -8,7 +8,9 @@
 //! --key-file=- -c aes-xts-plain64 <dev> --key-size=512`, opened as
 //! `<kernel name>-encrypted`; mkfs and mount by k8s.io/mount-utils). Then
 //! this driver's controller and node plugin take the volumes over while
-//! they are staged: a new pod on each, unpublish, unstage, detach, attach,
+//! they are staged (one volume was attached by this driver's controller
+//! and staged by the Go node plugin, as between the two switches of the
+//! procedure in docs/migrating.md): a new pod on each, unpublish, unstage, detach, attach,
 //! stage, the bytes checked, growth, a snapshot restored, delete. Nothing is
 //! reformatted and no mapping is left behind.
 
@@ -40,9 +42,10 @@ fn luks() -> HashMap<String, String> {
     HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())])
 }
 
-/// One volume the Go driver made, attached and staged.
+/// One volume the Go driver's node plugin staged.
 struct GoVolume {
     pv: PersistentVolume,
+    /// The slot the Go controller attached it to (0: this driver's controller did).
     lun: u32,
     encrypted: bool,
     /// The Go driver's publish context.
@@ -216,6 +219,17 @@ async fn sum_at(g: &mut Guest, k: &Kubelet, pv: &PersistentVolume, pod: &Pod) ->
     g.sh(&cmd).await.unwrap().trim().to_string()
 }
 
+/// The provisioner's requirement for a pod on pve2 (delayed binding).
+fn pve2() -> csi::TopologyRequirement {
+    provisioner::requirement(
+        &[&[
+            ("topology.kubernetes.io/region", "region-1"),
+            ("topology.kubernetes.io/zone", "pve2"),
+        ]],
+        0,
+    )
+}
+
 async fn mkdirs(g: &mut Guest, dirs: Vec<String>) {
     g.sh(&format!("mkdir -p {}", dirs.join(" "))).await.unwrap();
 }
@@ -282,6 +296,28 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         sums.push(go_node_stage_and_publish(&mut g, &k, &v, &old_pod).await);
         volumes.push(v);
     }
+    // Between the controller's switch and this node's: this driver's
+    // controller attaches, the Go node plugin stages by the publish
+    // context's DevicePath (getDevicePath: the wwid of /sys/bus/scsi).
+    let claim = Claim::new("go-mixed", "go-mixed", 1 << 30);
+    let req = provisioner::create_volume(&ext4, &claim, Some(pve2()));
+    let volume = ctl
+        .create_volume(Request::new(req))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let pv = provisioner::persistent_volume(&ext4, &claim, &volume);
+    let context = our_attach(&ctl, &pv).await;
+    let v = GoVolume {
+        pv,
+        lun: 0,
+        encrypted: false,
+        context,
+    };
+    sums.push(go_node_stage_and_publish(&mut g, &k, &v, &old_pod).await);
+    volumes.push(v);
     let mapped = g.sh("ls /dev/mapper").await.unwrap();
     assert!(mapped.contains("-encrypted"), "{mapped}");
 
@@ -420,17 +456,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     let restored = {
         let claim =
             Claim::new("go-restored", "go-restored", 2 << 30).from_snapshot(&snap.snapshot_id);
-        let req = provisioner::create_volume(
-            &ext4,
-            &claim,
-            Some(provisioner::requirement(
-                &[&[
-                    ("topology.kubernetes.io/region", "region-1"),
-                    ("topology.kubernetes.io/zone", "pve2"),
-                ]],
-                0,
-            )),
-        );
+        let req = provisioner::create_volume(&ext4, &claim, Some(pve2()));
         let volume = ctl
             .create_volume(Request::new(req))
             .await
