@@ -234,6 +234,11 @@ def go_values(r, version):
         images = [c["image"] for o in (ctl, node) for c in o["spec"]["template"]["spec"]["containers"]]
         r.check(not any("sergelogvinov" in i for i in images), f"{f}: no Go driver image", ", ".join(images))
         if f == "go-chart-values.yaml":
+            switching = helm({**values, "node": {**values["node"], "updateStrategy": {"type": "OnDelete"}}})
+            ds = next(o for o in switching if o["kind"] == "DaemonSet")
+            dep = next(o for o in switching if o["kind"] == "Deployment")
+            r.check(ds["spec"]["updateStrategy"] == {"type": "OnDelete"} and dep["spec"]["strategy"]["type"] == "RollingUpdate",
+                    f"{f} with node.updateStrategy OnDelete: the node plugins switch node by node, the controller at once")
             driver = next(o for o in objs if o["kind"] == "CSIDriver")
             r.check("fsGroupPolicy" not in driver["spec"], f"{f}: CSIDriver has no fsGroupPolicy, as Go's")
             r.check(not any(c["name"] == "csi-snapshotter" for c in ctl["spec"]["template"]["spec"]["containers"]),

@@ -160,12 +160,6 @@ impl Volumes {
             Some(e) => Some(Secret::new(std::mem::take(&mut e.passphrase))),
             None => None,
         };
-        if passphrase.is_some() && layout == Layout::BlockStaging {
-            return Err(HostdError::invalid(
-                "encryption",
-                "is supported for filesystem volumes only, not raw block",
-            ));
-        }
         if let Some(other) = self
             .bindings
             .staged_at(&staging.path)?
@@ -223,7 +217,14 @@ impl Volumes {
                 (a, m, false)
             }
             pb::stage_request::Access::Block(_) => {
-                let (a, m) = self.stage_block(&w.device, &w.staging)?;
+                let (a, m) = self.stage_block_volume(
+                    &w.volume_id,
+                    &w.device,
+                    &w.staging,
+                    w.read_only,
+                    w.passphrase.as_ref(),
+                    &mut w.timings,
+                )?;
                 (a, m, true)
             }
         };
@@ -311,61 +312,7 @@ impl Volumes {
         }
         device::verify_unused(device, &table, crypt.as_ref().map(|(n, _)| n.as_str()))?;
         if let Some((name, pass)) = &crypt {
-            // A mapping left by a hostd that died between activation and
-            // its node (or before the mount) is torn down and made again;
-            // nothing can be using it: the staging path is not mounted.
-            if let Some(dm) = luks::active(name)
-                && !luks::is_open(name)
-                && !device_has_mount(&table, &dm)
-            {
-                tracing::warn!(mapping = %name, dm, "closing a half-made mapping left by an earlier attempt");
-                luks::close(name, true)?;
-            }
-            if luks::is_open(name) {
-                // An open mapping is used only if it sits on the disk just verified.
-                let disk = blockdev::kernel_name(device).unwrap_or_default();
-                let under = luks::active(name)
-                    .map(|dm| blockdev::slaves(&dm))
-                    .unwrap_or_default();
-                if under != [disk.clone()] {
-                    return Err(HostdError::DeviceRefused {
-                        device: device.to_path_buf(),
-                        reason: format!(
-                            "mapping {name} is open on {under:?}, not on this disk ({disk})"
-                        ),
-                    });
-                }
-            } else {
-                match probe::probe(device)? {
-                    Contents::Blank => {
-                        if read_only {
-                            return Err(read_only_blank(device));
-                        }
-                        refuse_data(device)?;
-                        let t = Instant::now();
-                        luks::format(device, pass, self.pbkdf)?;
-                        timings.insert("luks_format".into(), ms(t));
-                        actions.push("luksFormat".to_string());
-                    }
-                    Contents::Filesystem(t) if t == "crypto_LUKS" => {
-                        if !luks::has_keyslot(device)? {
-                            tracing::warn!(device = %device.display(), "LUKS header without a key slot: an earlier luksFormat was interrupted; formatting again");
-                            luks::format(device, pass, self.pbkdf)?;
-                            actions.push("luksFormat (an earlier one was interrupted)".to_string());
-                        }
-                    }
-                    found => {
-                        return Err(HostdError::HoldsData {
-                            device: device.to_path_buf(),
-                            found: format!("{found} and encryption was asked for"),
-                        });
-                    }
-                }
-                let t = Instant::now();
-                luks::open(device, name, pass)?;
-                timings.insert("luks_open".into(), ms(t));
-                actions.push(format!("luksOpen {name}"));
-            }
+            self.open_luks(device, name, pass, read_only, &table, &mut actions, timings)?;
         }
         let started = Instant::now();
         match probe::probe(fs_device)? {
@@ -428,6 +375,142 @@ impl Volumes {
             staging.path.display()
         ));
         Ok((actions, device::majmin(fs_device)?))
+    }
+
+    /// Opens the volume's LUKS mapping `name` on `device`, formatting a
+    /// blank disk first; an open mapping is reused only on this very disk.
+    #[allow(clippy::too_many_arguments)]
+    fn open_luks(
+        &self,
+        device: &Path,
+        name: &str,
+        pass: &Secret<Vec<u8>>,
+        read_only: bool,
+        table: &[mounts::MountEntry],
+        actions: &mut Vec<String>,
+        timings: &mut HashMap<String, u64>,
+    ) -> Result<(), HostdError> {
+        // A mapping left by a hostd that died between activation and
+        // its node (or before the mount) is torn down and made again;
+        // nothing can be using it: the staging path is not mounted.
+        if let Some(dm) = luks::active(name)
+            && !luks::is_open(name)
+            && !device_has_mount(table, &dm)
+        {
+            tracing::warn!(mapping = %name, dm, "closing a half-made mapping left by an earlier attempt");
+            luks::close(name, true)?;
+        }
+        if luks::is_open(name) {
+            // An open mapping is used only if it sits on the disk just verified.
+            let disk = blockdev::kernel_name(device).unwrap_or_default();
+            let under = luks::active(name)
+                .map(|dm| blockdev::slaves(&dm))
+                .unwrap_or_default();
+            if under != [disk.clone()] {
+                return Err(HostdError::DeviceRefused {
+                    device: device.to_path_buf(),
+                    reason: format!(
+                        "mapping {name} is open on {under:?}, not on this disk ({disk})"
+                    ),
+                });
+            }
+        } else {
+            match probe::probe(device)? {
+                Contents::Blank => {
+                    if read_only {
+                        return Err(read_only_blank(device));
+                    }
+                    refuse_data(device)?;
+                    let t = Instant::now();
+                    luks::format(device, pass, self.pbkdf)?;
+                    timings.insert("luks_format".into(), ms(t));
+                    actions.push("luksFormat".to_string());
+                }
+                Contents::Filesystem(t) if t == "crypto_LUKS" => {
+                    if !luks::has_keyslot(device)? {
+                        tracing::warn!(device = %device.display(), "LUKS header without a key slot: an earlier luksFormat was interrupted; formatting again");
+                        luks::format(device, pass, self.pbkdf)?;
+                        actions.push("luksFormat (an earlier one was interrupted)".to_string());
+                    }
+                }
+                found => {
+                    return Err(HostdError::HoldsData {
+                        device: device.to_path_buf(),
+                        found: format!("{found} and encryption was asked for"),
+                    });
+                }
+            }
+            let t = Instant::now();
+            luks::open(device, name, pass)?;
+            timings.insert("luks_open".into(), ms(t));
+            actions.push(format!("luksOpen {name}"));
+        }
+        Ok(())
+    }
+
+    /// A raw block volume: the disk, or with a passphrase its LUKS mapping
+    /// (the disk formatted when blank), bound into the staging directory.
+    /// A disk of an encrypted class that holds data but no LUKS header was
+    /// written by the Go driver, which stages block volumes without their
+    /// class's encryption (pkg/csi/node.go NodeStageVolume returns for block
+    /// before it reads the secrets): it stays usable, unencrypted, as there.
+    fn stage_block_volume(
+        &self,
+        volume_id: &str,
+        device: &Path,
+        staging: &Place,
+        read_only: bool,
+        passphrase: Option<&Secret<Vec<u8>>>,
+        timings: &mut HashMap<String, u64>,
+    ) -> Result<(Vec<String>, String), HostdError> {
+        let Some(pass) = passphrase else {
+            return self.stage_block(device, staging);
+        };
+        let name = luks::mapping_name(volume_id);
+        let mut actions = Vec::new();
+        if !luks::is_open(&name) {
+            // What a raw block volume holds rarely has a signature: bytes
+            // where a blank disk has none are data too.
+            let found = match probe::probe(device)? {
+                Contents::Blank => probe::first_data(device)?
+                    .map(|at| format!("no signature, but data at byte {at}")),
+                Contents::Filesystem(t) if t == "crypto_LUKS" => None,
+                other => Some(other.to_string()),
+            };
+            if let Some(found) = found {
+                tracing::warn!(
+                    %volume_id,
+                    device = %device.display(),
+                    %found,
+                    "raw block volume of an encrypted class holds unencrypted data (written by the Go driver, \
+                     which does not encrypt block volumes): staged as it is; copy it to a new volume to encrypt it"
+                );
+                let (mut a, m) = self.stage_block(device, staging)?;
+                a.insert(
+                    0,
+                    format!("not encrypted: the disk holds {found}, no LUKS header"),
+                );
+                return Ok((a, m));
+            }
+            let table = mounts::table()?;
+            device::verify_unused(device, &table, Some(&name))?;
+            self.open_luks(
+                device,
+                &name,
+                pass,
+                read_only,
+                &table,
+                &mut actions,
+                timings,
+            )?;
+        }
+        // The node itself (dm-N), so that sysfs and the mount table name it.
+        let mapping = luks::mapper_path(&name)
+            .canonicalize()
+            .map_err(|e| HostdError::failed("resolving", luks::mapper_path(&name).display(), e))?;
+        let (a, m) = self.stage_block(&mapping, staging)?;
+        actions.extend(a);
+        Ok((actions, m))
     }
 
     fn stage_block(

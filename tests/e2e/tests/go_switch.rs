@@ -47,6 +47,8 @@ struct GoVolume {
     pv: PersistentVolume,
     /// The slot the Go controller attached it to (0: this driver's controller did).
     lun: u32,
+    /// Its class names the LUKS passphrase Secret (the Go driver encrypts
+    /// filesystem volumes only).
     encrypted: bool,
     /// The Go driver's publish context.
     context: HashMap<String, String>,
@@ -172,7 +174,8 @@ async fn go_node_stage_and_publish(g: &mut Guest, k: &Kubelet, v: &GoVolume, pod
          mkdir -p {staging} $(dirname {vol_data}); printf '%s' '{json}' > {vol_data}; "
     );
     if v.pv.volume_mode == VolumeMode::Block {
-        // Stage: nothing. Publish: the by-id path bound onto a file.
+        // Stage: nothing, whatever the class's secrets. Publish: the by-id
+        // path bound onto a file.
         script += &format!(
             "mkdir -p $(dirname {target}); touch {target}; mount -o bind,rw {link} {target}; \
              dd if=/dev/urandom of=/tmp/blk bs=1M count=8 2>/dev/null; \
@@ -275,9 +278,10 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         (Claim::new("go-ext4", "go-ext4", 1 << 30), &ext4, false),
         (Claim::new("go-xfs", "go-xfs", 1 << 30), &xfs, true),
         (
+            // Of a LUKS class: the Go driver left it unencrypted.
             Claim::new("go-blk", "go-blk", 1 << 30).block(),
             &block,
-            false,
+            true,
         ),
     ];
 
@@ -389,6 +393,8 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         !staged.contains("mkfs") && !staged.contains("luks_format"),
         "a Go volume was formatted: {staged}"
     );
+    // The Go driver's unencrypted block volume of a LUKS class stays as it was.
+    assert!(staged.contains("not encrypted: the disk holds"), "{staged}");
 
     // Growth, online, of the filesystems (LUKS too).
     for v in volumes
@@ -484,12 +490,60 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         .unwrap();
     our_detach(&ctl, &restored).await;
 
+    // A new block volume of a LUKS class is encrypted by this driver.
+    let claim = Claim::new("go-blk-luks", "go-blk-luks", 1 << 30).block();
+    let req = provisioner::create_volume(&block, &claim, Some(pve2()));
+    let volume = ctl
+        .create_volume(Request::new(req))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let sealed = provisioner::persistent_volume(&block, &claim, &volume);
+    let pc = our_attach(&ctl, &sealed).await;
+    mkdirs(&mut g, k.stage_dirs(&sealed)).await;
+    node.node_stage_volume(k.node_stage(&sealed, &pc, luks()))
+        .await
+        .unwrap();
+    mkdirs(&mut g, k.publish_dirs(&pod, &sealed)).await;
+    node.node_publish_volume(k.node_publish(&sealed, &pod, &pc))
+        .await
+        .unwrap();
+    let target = k.target_path(&pod, &sealed);
+    let wwn = &pc["wwn"];
+    let check = g
+        .sh(&format!(
+            "dd if=/dev/urandom of=/tmp/sealed bs=1M count=4 2>/dev/null; \
+             dd if=/tmp/sealed of={target} bs=1M count=4 conv=fsync 2>/dev/null; \
+             a=$(sha256sum /tmp/sealed | cut -d' ' -f1); \
+             b=$(dd if={target} bs=1M count=4 2>/dev/null | sha256sum | cut -d' ' -f1); \
+             c=$(dd if=/dev/disk/by-id/wwn-{wwn} bs=1M count=4 2>/dev/null | sha256sum | cut -d' ' -f1); \
+             cryptsetup isLuks /dev/disk/by-id/wwn-{wwn} && echo luks; \
+             [ $a = $b ] && echo same-through-the-pod; [ $a != $c ] && echo not-on-the-disk"
+        ))
+        .await
+        .unwrap();
+    assert!(
+        check.contains("luks")
+            && check.contains("same-through-the-pod")
+            && check.contains("not-on-the-disk"),
+        "{check}"
+    );
+    node.node_unpublish_volume(k.node_unpublish(&sealed, &pod))
+        .await
+        .unwrap();
+    node.node_unstage_volume(k.node_unstage(&sealed))
+        .await
+        .unwrap();
+    our_detach(&ctl, &sealed).await;
+
     ctl.delete_snapshot(Request::new(snapshotter::delete_snapshot(
         &snap.snapshot_id,
     )))
     .await
     .unwrap();
-    for pv in volumes.iter().map(|v| &v.pv).chain([&restored]) {
+    for pv in volumes.iter().map(|v| &v.pv).chain([&restored, &sealed]) {
         ctl.delete_volume(Request::new(provisioner::delete_volume(pv)))
             .await
             .unwrap();
