@@ -58,7 +58,54 @@ pub fn run(s: &State) -> Vec<Finding> {
     nodes(s, &mut out);
     storages(s, &mut out);
     workers(s, &mut out);
+    classes(s, &mut out);
     out
+}
+
+/// Classes whose parameters the driver takes with the Go driver's meaning
+/// (a warning each, see proxmox_csi_controller::warnings), or refuses.
+fn classes(s: &State, out: &mut Vec<Finding>) {
+    use proxmox_csi_controller::ctl::snapshot_class_warnings;
+    use proxmox_csi_controller::params::StorageParams;
+    use proxmox_csi_controller::warnings::ClassKind;
+    for c in &s.classes {
+        let judged: Result<Vec<String>, String> = match c.kind {
+            ClassKind::StorageClass => StorageParams::parse(&c.parameters)
+                .map(|p| p.warnings.iter().map(ToString::to_string).collect())
+                .map_err(|e| e.to_string()),
+            ClassKind::VolumeAttributesClass => {
+                let mut p = StorageParams {
+                    storage: "-".into(),
+                    ..Default::default()
+                };
+                p.apply_mutable(&c.parameters)
+                    .map(|w| w.iter().map(ToString::to_string).collect())
+                    .map_err(|e| e.to_string())
+            }
+            ClassKind::VolumeSnapshotClass => snapshot_class_warnings(&c.parameters)
+                .map(|w| w.iter().map(ToString::to_string).collect())
+                .map_err(|e| e.to_string()),
+        };
+        let subject = format!("{} {}", c.kind.as_str(), c.name);
+        out.push(match judged {
+            Ok(w) if w.is_empty() => f("class parameters", subject, Severity::Ok, "every parameter is read as written", ""),
+            Ok(w) => f(
+                "class parameters",
+                subject,
+                Severity::Warning,
+                w.join("; "),
+                "the class keeps working with the Go driver's meaning; classes are immutable, so make a new one \
+                 without these keys and move claims to it to say what is meant",
+            ),
+            Err(e) => f(
+                "class parameters",
+                subject,
+                Severity::Error,
+                format!("volumes of this class fail: {e}"),
+                "make a new class with a valid value; classes are immutable",
+            ),
+        });
+    }
 }
 
 fn token(s: &State, out: &mut Vec<Finding>) {

@@ -1,17 +1,20 @@
 //! What both commands read: every region's VMs with their configs and
 //! pending changes, storages and CSI disks from Proxmox, and the driver's
-//! PersistentVolumes and the Nodes from Kubernetes. Read once, then judged.
+//! PersistentVolumes, classes and the Nodes from Kubernetes. Read once, then
+//! judged.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
 use kube::Api;
-use kube::api::ListParams;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use proxmox_csi_controller::drive::is_disk_key;
 use proxmox_csi_controller::pve::api::{StorageResource, VmResource};
 use proxmox_csi_controller::pve::{Client, Deadline};
+use proxmox_csi_controller::warnings::ClassKind;
 use reqwest::Method;
 use serde_json::Value;
 
@@ -44,6 +47,24 @@ pub struct KubeNode {
     pub instance_id: Option<String>,
 }
 
+/// A StorageClass, VolumeAttributesClass or VolumeSnapshotClass of the driver.
+#[derive(Debug, Clone)]
+pub struct Class {
+    pub kind: ClassKind,
+    pub name: String,
+    pub parameters: HashMap<String, String>,
+}
+
+/// A list that a cluster without the resource (no snapshot CRDs, an older
+/// Kubernetes) answers 404 for: nothing of it.
+fn absent_is_empty<T>(r: kube::Result<Vec<T>>, what: &str) -> Result<Vec<T>> {
+    match r {
+        Ok(v) => Ok(v),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
+        Err(e) => Err(e).with_context(|| format!("Kubernetes: listing {what}")),
+    }
+}
+
 #[derive(Debug)]
 pub struct State {
     pub controller_vmid: u32,
@@ -55,6 +76,7 @@ pub struct State {
     /// Volume handles of the driver's PersistentVolumes.
     pub handles: BTreeSet<String>,
     pub nodes: Vec<KubeNode>,
+    pub classes: Vec<Class>,
     /// Privileges of the token on `/`, per region.
     pub privileges: BTreeMap<String, BTreeSet<String>>,
 }
@@ -83,6 +105,7 @@ impl State {
             disks: Vec::new(),
             handles: BTreeSet::new(),
             nodes: Vec::new(),
+            classes: Vec::new(),
             privileges: BTreeMap::new(),
         };
         for c in clients {
@@ -178,6 +201,7 @@ impl State {
                 instance_id: annotations.get("proxmox.sinextra.dev/instance-id").cloned(),
             });
         }
+        s.classes = read_classes(kube, driver).await?;
         Ok(s)
     }
 
@@ -214,4 +238,61 @@ impl State {
             .map(|v| v.res.vmid)
             .collect()
     }
+}
+
+/// The driver's classes, whose parameters `doctor` judges.
+async fn read_classes(kube: &kube::Client, driver: &str) -> Result<Vec<Class>> {
+    let lp = ListParams::default();
+    let mut out = Vec::new();
+    let scs: Api<StorageClass> = Api::all(kube.clone());
+    let scs = absent_is_empty(scs.list(&lp).await.map(|l| l.items), "StorageClasses")?;
+    for sc in scs.into_iter().filter(|sc| sc.provisioner == driver) {
+        out.push(Class {
+            kind: ClassKind::StorageClass,
+            name: sc.metadata.name.unwrap_or_default(),
+            parameters: sc.parameters.unwrap_or_default().into_iter().collect(),
+        });
+    }
+    let vacs: Api<VolumeAttributesClass> = Api::all(kube.clone());
+    let vacs = absent_is_empty(
+        vacs.list(&lp).await.map(|l| l.items),
+        "VolumeAttributesClasses",
+    )?;
+    for vac in vacs.into_iter().filter(|v| v.driver_name == driver) {
+        out.push(Class {
+            kind: ClassKind::VolumeAttributesClass,
+            name: vac.metadata.name.unwrap_or_default(),
+            parameters: vac.parameters.unwrap_or_default().into_iter().collect(),
+        });
+    }
+    let gvk = GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshotClass");
+    let vscs: Api<DynamicObject> = Api::all_with(kube.clone(), &ApiResource::from_gvk(&gvk));
+    let vscs = absent_is_empty(
+        vscs.list(&lp).await.map(|l| l.items),
+        "VolumeSnapshotClasses",
+    )?;
+    for vsc in vscs
+        .into_iter()
+        .filter(|v| v.data["driver"].as_str() == Some(driver))
+    {
+        let parameters = vsc.data["parameters"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| {
+                        (
+                            k.clone(),
+                            v.as_str().map_or_else(|| v.to_string(), String::from),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(Class {
+            kind: ClassKind::VolumeSnapshotClass,
+            name: vsc.metadata.name.unwrap_or_default(),
+            parameters,
+        });
+    }
+    Ok(out)
 }

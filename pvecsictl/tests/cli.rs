@@ -77,6 +77,53 @@ async fn nodes() -> Json<Value> {
     )
 }
 
+/// The Go driver's documented classes (docs/options.md, docs/volumesnapshot.md)
+/// with what such clusters carry: Go's booleans, the provisioner's legacy
+/// key, a VolumeAttributesClass limit of 0 and replication keys, a snapshot
+/// class `zone`; one class of another driver; one Go would fail on too.
+async fn storage_classes() -> Json<Value> {
+    let sc = |name: &str, provisioner: &str, params: Value| json!({"metadata": {"name": name}, "provisioner": provisioner, "parameters": params});
+    list(
+        "StorageClassList",
+        vec![
+            sc(
+                "proxmox-data",
+                "csi.proxmox.sinextra.dev",
+                json!({"csi.storage.k8s.io/fstype": "xfs", "storage": "local-lvm", "cache": "writethrough", "ssd": "true"}),
+            ),
+            sc(
+                "proxmox-legacy",
+                "csi.proxmox.sinextra.dev",
+                json!({"fstype": "ext4", "storage": "local-lvm", "ssd": "yes", "tier": "gold"}),
+            ),
+            sc(
+                "proxmox-broken",
+                "csi.proxmox.sinextra.dev",
+                json!({"storage": "local-lvm", "diskIOPS": "lots"}),
+            ),
+            sc("other", "ebs.csi.aws.com", json!({"type": "gp3"})),
+        ],
+    )
+}
+
+async fn attributes_classes() -> Json<Value> {
+    list(
+        "VolumeAttributesClassList",
+        vec![
+            json!({"metadata": {"name": "unlimited"}, "driverName": "csi.proxmox.sinextra.dev", "parameters": {"diskIOPS": "0", "replicateSchedule": "*/5"}}),
+        ],
+    )
+}
+
+async fn snapshot_classes() -> Json<Value> {
+    list(
+        "VolumeSnapshotClassList",
+        vec![
+            json!({"metadata": {"name": "proxmox-snapshot"}, "driver": "csi.proxmox.sinextra.dev", "deletionPolicy": "Delete", "parameters": {"zone": "pve1"}}),
+        ],
+    )
+}
+
 struct Lab {
     sim: pvesim::Running,
     dir: tempfile::TempDir,
@@ -110,7 +157,19 @@ async fn lab() -> Lab {
     );
     let app = axum::Router::new()
         .route("/api/v1/persistentvolumes", get(pvs))
-        .route("/api/v1/nodes", get(nodes));
+        .route("/api/v1/nodes", get(nodes))
+        .route(
+            "/apis/storage.k8s.io/v1/storageclasses",
+            get(storage_classes),
+        )
+        .route(
+            "/apis/storage.k8s.io/v1/volumeattributesclasses",
+            get(attributes_classes),
+        )
+        .route(
+            "/apis/snapshot.storage.k8s.io/v1/volumesnapshotclasses",
+            get(snapshot_classes),
+        );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -277,13 +336,64 @@ async fn doctor_finds_what_breaks_with_remedies() {
         ),
         "{findings:#?}"
     );
+    // Classes: what is taken with the Go driver's meaning is named, per key.
+    assert!(
+        has(
+            "class parameters",
+            "StorageClass proxmox-data",
+            Severity::Ok,
+            "read as written"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            "class parameters",
+            "StorageClass proxmox-legacy",
+            Severity::Warning,
+            "ssd: \"yes\" is not a boolean (true, false, 1, 0, t, f), taken as false as the Go driver does; \
+             tier: not a parameter of this driver, ignored"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            "class parameters",
+            "StorageClass proxmox-broken",
+            Severity::Error,
+            "parameter diskIOPS: \"lots\" is not a number"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            "class parameters",
+            "VolumeAttributesClass unlimited",
+            Severity::Warning,
+            "diskIOPS: 0 sets no limit; the disk keeps the limit it has; replicateSchedule: accepted and not acted on"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            "class parameters",
+            "VolumeSnapshotClass proxmox-snapshot",
+            Severity::Warning,
+            "zone"
+        ),
+        "{findings:#?}"
+    );
+    assert!(!findings.iter().any(|x| x.subject.contains("other")));
     assert!(doctor::failed(&findings));
 
     // The binary: a table, JSON for scripts, exit code 1 when something is wrong.
     let (code, table, _) = lab.cli(&["doctor"]);
     assert_eq!(code, 1, "{table}");
     assert!(
-        table.starts_with("STATUS  CHECK") && table.contains("ERROR") && !table.contains("\x1b["),
+        table.starts_with("STATUS")
+            && table.lines().next().unwrap().contains(" CHECK ")
+            && table.contains("ERROR")
+            && !table.contains("\x1b["),
         "no colour off a TTY:\n{table}"
     );
     let (code, json, err) = lab.cli(&["-o", "json", "doctor"]);
