@@ -2,6 +2,9 @@
 //! node plugin, pvesim bound to it over QMP, a controller on that pvesim,
 //! and a client of the node plugin once it is ready.
 
+// Test harness: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

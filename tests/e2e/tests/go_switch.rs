@@ -548,22 +548,25 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
             .await
             .unwrap();
     }
-    let cluster = sim.ctx.cluster();
-    let vm = cluster.vms.get(&112).unwrap();
-    assert!(
-        !vm.config
-            .iter()
-            .any(|(k, v)| k.starts_with("unused") || v.contains("pvc-go")),
-        "{:?}",
-        vm.config
-    );
-    let disks: Vec<&String> = cluster
-        .volumes
-        .values()
-        .flat_map(|m| m.keys())
-        .filter(|n| n.contains("go-"))
-        .collect();
-    assert!(disks.is_empty(), "disks left: {disks:?}");
+    // The simulator's state, released before the next await.
+    {
+        let cluster = sim.ctx.cluster();
+        let vm = cluster.vms.get(&112).unwrap();
+        assert!(
+            !vm.config
+                .iter()
+                .any(|(k, v)| k.starts_with("unused") || v.contains("pvc-go")),
+            "{:?}",
+            vm.config
+        );
+        let disks: Vec<&String> = cluster
+            .volumes
+            .values()
+            .flat_map(|m| m.keys())
+            .filter(|n| n.contains("go-"))
+            .collect();
+        assert!(disks.is_empty(), "disks left: {disks:?}");
+    }
     let left = g.sh("ls /dev/mapper; dmsetup ls; true").await.unwrap();
     assert!(
         !left.contains("-encrypted") && !left.contains("pvecsi-"),
