@@ -45,7 +45,8 @@ fn luks() -> HashMap<String, String> {
 /// One volume the Go driver's node plugin staged.
 struct GoVolume {
     pv: PersistentVolume,
-    /// The slot the Go controller attached it to (0: this driver's controller did).
+    /// The slot the Go controller attached it to (0: not yet, or this
+    /// driver's controller did).
     lun: u32,
     /// Its class names the LUKS passphrase Secret (the Go driver encrypts
     /// filesystem volumes only).
@@ -132,9 +133,18 @@ impl GoController {
         provisioner::persistent_volume(sc, claim, &volume)
     }
 
-    /// ControllerPublishVolume → attachVolume: `scsi<lun>` with the drive
-    /// options of ToCFG and the LUN's WWN, no serial; the task awaited.
+    /// ControllerPublishVolume → attachVolume: the first of scsi1–scsi29
+    /// with no entry in the VM config, with the drive options of ToCFG and
+    /// that LUN's WWN, no serial; the task awaited.
     async fn attach(&self, v: &mut GoVolume) {
+        let cfg: serde_json::Value = self
+            .client
+            .call(Method::GET, "/nodes/pve2/qemu/112/config", &[], Self::d())
+            .await
+            .unwrap();
+        v.lun = (1..30)
+            .find(|n| cfg.get(format!("scsi{n}")).is_none())
+            .expect("no free lun found");
         let volid = v.pv.handle.rsplit_once('/').unwrap().1.to_string();
         let line = format!(
             "local-lvm:{volid},backup=0,iothread=1,replicate=0,wwn={}",
@@ -289,10 +299,10 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     let old_pod = Pod::new("0f1e2d3c-4b5a-4968-8776-655443322110");
     let mut volumes = Vec::new();
     let mut sums = Vec::new();
-    for (lun, (claim, sc, encrypted)) in claims.iter().enumerate() {
+    for (claim, sc, encrypted) in &claims {
         let mut v = GoVolume {
             pv: go.create(claim, sc).await,
-            lun: lun as u32 + 1,
+            lun: 0,
             encrypted: *encrypted,
             context: HashMap::new(),
         };
@@ -395,6 +405,49 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     );
     // The Go driver's unencrypted block volume of a LUKS class stays as it was.
     assert!(staged.contains("not encrypted: the disk holds"), "{staged}");
+
+    // A Go node plugin that died in NodeUnstageVolume between its unmount
+    // and its luksClose leaves the mapping open on the disk; this driver's
+    // next stage of that disk closes it instead of refusing the disk.
+    let claim = Claim::new("go-idle", "go-idle", 1 << 30);
+    let mut idle = GoVolume {
+        pv: go.create(&claim, &ext4).await,
+        lun: 0,
+        encrypted: true,
+        context: HashMap::new(),
+    };
+    go.attach(&mut idle).await;
+    let idle_sum = go_node_stage_and_publish(&mut g, &k, &idle, &old_pod).await;
+    g.sh(&format!(
+        "umount {} && umount {}",
+        k.target_path(&old_pod, &idle.pv),
+        k.staging_path(&idle.pv)
+    ))
+    .await
+    .unwrap();
+    let open = g.sh("ls /dev/mapper").await.unwrap();
+    assert!(open.contains("-encrypted"), "{open}");
+    mkdirs(&mut g, k.stage_dirs(&idle.pv)).await;
+    node.node_stage_volume(k.node_stage(&idle.pv, &idle.context, luks()))
+        .await
+        .unwrap_or_else(|e| panic!("NodeStage over the Go driver's idle mapping: {e:?}"));
+    mkdirs(&mut g, k.publish_dirs(&pod, &idle.pv)).await;
+    node.node_publish_volume(k.node_publish(&idle.pv, &pod, &idle.context))
+        .await
+        .unwrap();
+    assert_eq!(sum_at(&mut g, &k, &idle.pv, &pod).await, idle_sum);
+    let open = g.sh("ls /dev/mapper").await.unwrap();
+    assert!(
+        !open.contains("-encrypted"),
+        "the Go mapping stayed: {open}"
+    );
+    node.node_unpublish_volume(k.node_unpublish(&idle.pv, &pod))
+        .await
+        .unwrap();
+    node.node_unstage_volume(k.node_unstage(&idle.pv))
+        .await
+        .unwrap();
+    our_detach(&ctl, &idle.pv).await;
 
     // Growth, online, of the filesystems (LUKS too).
     for v in volumes
@@ -543,7 +596,11 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     )))
     .await
     .unwrap();
-    for pv in volumes.iter().map(|v| &v.pv).chain([&restored, &sealed]) {
+    for pv in volumes
+        .iter()
+        .map(|v| &v.pv)
+        .chain([&restored, &sealed, &idle.pv])
+    {
         ctl.delete_volume(Request::new(provisioner::delete_volume(pv)))
             .await
             .unwrap();

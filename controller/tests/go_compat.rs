@@ -1,0 +1,152 @@
+//! What a cluster moving from the Go driver brings, against pvesim: its
+//! StorageClass values (Go's booleans), `UNSAFEMOUNT=true`, PVs with
+//! `spec.csi.readOnly`, VolumeAttributesClass limits of 0. Each with the Go
+//! driver's meaning (proxmox-csi-plugin pkg/csi/parameters.go,
+//! controller.go ControllerPublishVolume, utils.go updateVolume).
+
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+mod common;
+
+use common::*;
+
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
+use tonic::Request;
+
+fn drive_of(cfg: &serde_json::Value, volume: &str) -> String {
+    cfg["config"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter_map(|v| v.as_str())
+        .find(|v| v.contains(volume))
+        .unwrap_or_else(|| panic!("no drive holds {volume}: {cfg}"))
+        .to_string()
+}
+
+async fn create_with(e: &Env, name: &str, params: &[(&str, &str)]) -> csi::Volume {
+    e.svc
+        .create_volume(Request::new(create_req(
+            name,
+            1 << 30,
+            params,
+            Some("pve2"),
+        )))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+}
+
+#[tokio::test]
+async fn go_booleans_take_gos_meaning_at_attach() {
+    let e = env().await;
+    // `True` is ParseBool's; `yes` is not, and Go takes it as false.
+    let v = create_with(
+        &e,
+        "pvc-b",
+        &[("storage", "local-lvm"), ("ssd", "True"), ("backup", "yes")],
+    )
+    .await;
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
+    let line = drive_of(&e.vm(112).await, "vm-9999-pvc-b");
+    let opts: Vec<&str> = line.split(',').collect();
+    assert!(
+        opts.contains(&"ssd=1") && opts.contains(&"discard=on") && opts.contains(&"backup=0"),
+        "{line}"
+    );
+}
+
+#[tokio::test]
+async fn unsafemount_leaves_backup_to_proxmox() {
+    let e = env_with(|mut c| {
+        c.unsafe_mount = true;
+        c
+    })
+    .await;
+    let v = create(&e, "pvc-u", Some("pve2")).await;
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
+    let line = drive_of(&e.vm(112).await, "vm-9999-pvc-u");
+    assert!(!line.contains("backup="), "{line}");
+    assert!(line.contains("iothread=1"), "{line}");
+}
+
+#[tokio::test]
+async fn a_read_only_pv_attaches_as_the_go_driver_attached_it() {
+    let e = env().await;
+    let caps = e
+        .svc
+        .controller_get_capabilities(Request::new(
+            callers::identity::controller_get_capabilities(),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let publish_readonly = csi::controller_service_capability::rpc::Type::PublishReadonly as i32;
+    assert!(
+        !caps.capabilities.iter().any(|c| matches!(
+            &c.r#type,
+            Some(csi::controller_service_capability::Type::Rpc(r)) if r.r#type == publish_readonly
+        )),
+        "PUBLISH_READONLY is not advertised, as by the Go driver: {caps:?}"
+    );
+    // So the attacher sends readonly=false for a static PV with readOnly,
+    // and the disk is attached read-write, which its stage needs.
+    let v = create(&e, "pvc-ro", Some("pve2")).await;
+    let mut pv = pv_of(&v);
+    pv.read_only = true;
+    let req = callers::attacher::controller_publish(&pv, "worker-2/112");
+    assert!(!req.readonly);
+    e.svc
+        .controller_publish_volume(Request::new(req))
+        .await
+        .unwrap();
+    let line = drive_of(&e.vm(112).await, "vm-9999-pvc-ro");
+    assert!(!line.split(',').any(|o| o == "ro=1"), "{line}");
+}
+
+#[tokio::test]
+async fn a_class_limit_of_zero_keeps_the_disks_limit() {
+    let e = env().await;
+    let v = create_with(
+        &e,
+        "pvc-z",
+        &[
+            ("storage", "local-lvm"),
+            ("diskIOPS", "300"),
+            ("diskMBps", "40"),
+        ],
+    )
+    .await;
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
+    e.svc
+        .controller_modify_volume(Request::new(callers::resizer::controller_modify(
+            &pv_of(&v),
+            &[
+                ("diskIOPS", "0"),
+                ("diskMBps", "80"),
+                ("replicateSchedule", "*/5"),
+            ],
+        )))
+        .await
+        .unwrap();
+    let line = drive_of(&e.vm(112).await, "vm-9999-pvc-z");
+    let opts: Vec<&str> = line.split(',').collect();
+    assert!(
+        opts.contains(&"iops_rd=300")
+            && opts.contains(&"iops_wr=300")
+            && opts.contains(&"mbps_rd=80"),
+        "{line}"
+    );
+}
