@@ -38,13 +38,24 @@ pub struct Lab {
 impl Lab {
     /// `None` (the test is skipped) where QEMU is not installed outside CI.
     pub async fn start(share: Share, role: &str) -> Option<Self> {
+        Self::start_in(share, role, |cluster| cluster).await
+    }
+
+    /// Like `start`, on the cluster `edit` makes of the guest's cluster
+    /// (`guest_cluster`'s YAML).
+    pub async fn start_in(
+        share: Share,
+        role: &str,
+        edit: impl FnOnce(String) -> String,
+    ) -> Option<Self> {
         if !qemu_present() {
             return None;
         }
         let _ = rustls::crypto::ring::default_provider().install_default();
         let mut g = Guest::boot_with(share).await.expect("guest boots");
         let images = tempfile::tempdir().unwrap();
-        let (sim, ctl) = setup_with_role(&g, images.path(), role).await;
+        let cluster = edit(guest_cluster(&g.qmp, role));
+        let (sim, ctl) = setup_on(&cluster, images.path()).await;
         let node = node_client(&mut g).await;
         Some(Self {
             g,
@@ -61,8 +72,15 @@ pub async fn setup_with_role(
     images: &std::path::Path,
     role: &str,
 ) -> (pvesim::Running, ControllerService) {
-    let state = guest_cluster(&g.qmp, role);
-    let sim = Sim::new(State::from_yaml(&state).unwrap())
+    setup_on(&guest_cluster(&g.qmp, role), images).await
+}
+
+/// pvesim on `cluster` (YAML), its disks' files in `images`, and a controller on it.
+pub async fn setup_on(
+    cluster: &str,
+    images: &std::path::Path,
+) -> (pvesim::Running, ControllerService) {
+    let sim = Sim::new(State::from_yaml(cluster).unwrap())
         .plain_http()
         .volume_dir(images.to_path_buf())
         .start("127.0.0.1:0")

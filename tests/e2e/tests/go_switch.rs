@@ -6,7 +6,8 @@
 //! NodePublishVolume; LUKS by siderolabs/go-blockdevice v0.4.8
 //! blockdevice/encryption/luks/luks.go: `luksFormat --type luks2
 //! --key-file=- -c aes-xts-plain64 <dev> --key-size=512`, opened as
-//! `<kernel name>-encrypted`; mkfs and mount by k8s.io/mount-utils). Then
+//! `<kernel name>-encrypted`; mkfs and mount by k8s.io/mount-utils), and a
+//! replicated volume in the Go driver's untagged holder VM. Then
 //! this driver's controller and node plugin take the volumes over while
 //! they are staged (one volume was attached by this driver's controller
 //! and staged by the Go node plugin, as between the two switches of the
@@ -133,6 +134,86 @@ impl GoController {
         provisioner::persistent_volume(sc, claim, &volume)
     }
 
+    /// CreateVolume with `replicate: "true"` (prepareReplication,
+    /// createReplication): a holder VM named after the PV, untagged, never
+    /// started; the disk owned by it, attached to its first free slot
+    /// (scsi1) with `replicate=1,backup=1` and that LUN's WWN. The handle
+    /// has no zone (VolumeSharedID). One node here: no replication job.
+    async fn create_replicated(&self, claim: &Claim, sc: &StorageClass) -> PersistentVolume {
+        let pv = claim.volume_name();
+        let upid: String = self
+            .client
+            .call(
+                Method::POST,
+                "/nodes/pve2/qemu",
+                &[
+                    ("vmid", "10000".into()),
+                    ("name", pv.clone()),
+                    ("boot", "order=scsi0".into()),
+                    ("agent", "0".into()),
+                    ("machine", "pc".into()),
+                    ("cores", "1".into()),
+                    ("memory", "512".into()),
+                    ("scsihw", "virtio-scsi-single".into()),
+                ],
+                Self::d(),
+            )
+            .await
+            .unwrap();
+        self.client.wait_task(&upid, Self::d()).await.unwrap();
+        let disk = format!("vm-10000-{pv}");
+        let _: serde_json::Value = self
+            .client
+            .call(
+                Method::POST,
+                "/nodes/pve2/storage/local-zfs/content",
+                &[
+                    ("vmid", "10000".into()),
+                    ("filename", disk.clone()),
+                    ("size", (claim.request_bytes / 1024).to_string()),
+                ],
+                Self::d(),
+            )
+            .await
+            .unwrap();
+        let upid: String = self
+            .client
+            .call(
+                Method::POST,
+                "/nodes/pve2/qemu/10000/config",
+                &[(
+                    "scsi1",
+                    format!("local-zfs:{disk},replicate=1,backup=1,wwn=0x5056432d49443031"),
+                )],
+                Self::d(),
+            )
+            .await
+            .unwrap();
+        self.client.wait_task(&upid, Self::d()).await.unwrap();
+        let volume = csi::Volume {
+            volume_id: format!("region-1//local-zfs/{disk}"),
+            capacity_bytes: claim.request_bytes,
+            volume_context: [
+                ("storage", "local-zfs"),
+                ("backup", "0"),
+                ("iothread", "1"),
+                ("replicate", "1"),
+                ("replicateZones", "pve2"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            content_source: None,
+            accessible_topology: vec![csi::Topology {
+                segments: HashMap::from([
+                    ("topology.kubernetes.io/region".into(), "region-1".into()),
+                    ("topology.kubernetes.io/zone".into(), "pve2".into()),
+                ]),
+            }],
+        };
+        provisioner::persistent_volume(sc, claim, &volume)
+    }
+
     /// ControllerPublishVolume → attachVolume: the first of scsi1–scsi29
     /// with no entry in the VM config, with the drive options of ToCFG and
     /// that LUN's WWN, no serial; the task awaited.
@@ -145,9 +226,12 @@ impl GoController {
         v.lun = (1..30)
             .find(|n| cfg.get(format!("scsi{n}")).is_none())
             .expect("no free lun found");
-        let volid = v.pv.handle.rsplit_once('/').unwrap().1.to_string();
+        // region/zone/storage/disk; a replicated volume's zone is empty.
+        let parts: Vec<&str> = v.pv.handle.split('/').collect();
+        let (storage, disk) = (parts[2], parts[3]);
+        let replicate = &v.pv.attributes["replicate"];
         let line = format!(
-            "local-lvm:{volid},backup=0,iothread=1,replicate=0,wwn={}",
+            "{storage}:{disk},backup=0,iothread=1,replicate={replicate},wwn={}",
             v.wwn()
         );
         let upid: String = self
@@ -269,7 +353,13 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         mut node,
         sim,
         images: _images,
-    }) = Lab::start(Share::Shared, ROLE).await
+    }) = Lab::start_in(Share::Shared, ROLE, |cluster| {
+        cluster.replace(
+            "storages: [{ id: local-lvm, type: lvmthin, total: 107374182400 }]",
+            "storages: [{ id: local-lvm, type: lvmthin, total: 107374182400 }, { id: local-zfs, type: zfspool, total: 107374182400 }]",
+        )
+    })
+    .await
     else {
         return;
     };
@@ -310,6 +400,24 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         sums.push(go_node_stage_and_publish(&mut g, &k, &v, &old_pod).await);
         volumes.push(v);
     }
+    // A volume the Go driver replicated, in its holder VM.
+    let replicated = StorageClass::new(&[
+        ("storage", "local-zfs"),
+        ("csi.storage.k8s.io/fstype", "ext4"),
+        ("replicate", "true"),
+        ("replicateZones", "pve2"),
+    ]);
+    let claim = Claim::new("go-rep", "go-rep", 1 << 30);
+    let mut v = GoVolume {
+        pv: go.create_replicated(&claim, &replicated).await,
+        lun: 0,
+        encrypted: false,
+        context: HashMap::new(),
+    };
+    go.attach(&mut v).await;
+    sums.push(go_node_stage_and_publish(&mut g, &k, &v, &old_pod).await);
+    volumes.push(v);
+
     // Between the controller's switch and this node's: this driver's
     // controller attaches, the Go node plugin stages by the publish
     // context's DevicePath (getDevicePath: the wwid of /sys/bus/scsi).
@@ -623,6 +731,8 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
             .filter(|n| n.contains("go-"))
             .collect();
         assert!(disks.is_empty(), "disks left: {disks:?}");
+        // The Go driver's holder went with its volume.
+        assert!(!cluster.vms.contains_key(&10000));
     }
     let left = g.sh("ls /dev/mapper; dmsetup ls; true").await.unwrap();
     assert!(
