@@ -144,45 +144,23 @@ fn fs_type(field: &str, v: &str) -> Result<String, AgentError> {
 /// (`"noatime,discard"`): mount(8) and the Go driver take them so. A comma
 /// inside double quotes (an SELinux `context="…:c1,c2"`) separates nothing.
 fn mount_flags(field: &str, flags: &[String]) -> Result<Vec<String>, AgentError> {
-    let mut out = Vec::new();
-    for entry in flags {
-        for f in split_options(entry) {
-            let name = f.split('=').next().unwrap_or_default();
-            if f.contains([' ', '\n', '\t']) || f.chars().any(char::is_control) {
-                return Err(AgentError::invalid(
-                    field,
-                    format!("{f:?} is not a mount option: it holds a space or a control character"),
-                ));
-            }
-            if FORBIDDEN_FLAGS.contains(&name) {
-                return Err(AgentError::invalid(
-                    field,
-                    format!("{f:?} is not allowed: it changes what is mounted, not how"),
-                ));
-            }
-            out.push(f);
+    let options = proxmox_csi_common::mount_options::split(flags);
+    for f in &options {
+        let name = f.split('=').next().unwrap_or_default();
+        if f.contains([' ', '\n', '\t']) || f.chars().any(char::is_control) {
+            return Err(AgentError::invalid(
+                field,
+                format!("{f:?} is not a mount option: it holds a space or a control character"),
+            ));
+        }
+        if FORBIDDEN_FLAGS.contains(&name) {
+            return Err(AgentError::invalid(
+                field,
+                format!("{f:?} is not allowed: it changes what is mounted, not how"),
+            ));
         }
     }
-    Ok(out)
-}
-
-/// An entry's options split on commas outside double quotes; empty ones dropped.
-fn split_options(entry: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let (mut cur, mut quoted) = (String::new(), false);
-    for c in entry.chars() {
-        match c {
-            '"' => {
-                quoted = !quoted;
-                cur.push(c);
-            }
-            ',' if !quoted => out.push(std::mem::take(&mut cur)),
-            c => cur.push(c),
-        }
-    }
-    out.push(cur);
-    out.retain(|o| !o.is_empty());
-    out
+    Ok(options)
 }
 
 /// Go's strconv.ParseBool, which StorageClass values follow.

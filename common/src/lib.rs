@@ -8,6 +8,7 @@ pub mod endpoint;
 pub mod ids;
 pub mod logging;
 pub mod metrics;
+pub mod mount_options;
 pub mod rpc;
 pub mod secret;
 pub mod shutdown;

@@ -147,31 +147,6 @@ fn xfs_data(o: &str) -> bool {
     }
 }
 
-/// Splits CSI mount flags into single options: one entry may hold several
-/// (`"noatime,discard"`, as mount(8) reads them), but not inside quotes
-/// (`context="system_u:object_r:container_file_t:s0:c1,c2"`).
-fn split(flags: &[String]) -> Vec<String> {
-    let mut out = Vec::new();
-    for f in flags {
-        let (mut cur, mut quoted) = (String::new(), false);
-        for c in f.chars() {
-            match c {
-                '"' => {
-                    quoted = !quoted;
-                    cur.push(c);
-                }
-                ',' if !quoted => out.push(std::mem::take(&mut cur)),
-                c => cur.push(c),
-            }
-        }
-        out.push(cur);
-    }
-    out.into_iter()
-        .map(|o| o.trim().to_string())
-        .filter(|o| !o.is_empty())
-        .collect()
-}
-
 /// What to hand to mount(2): its flags and the filesystem's data string.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Checked {
@@ -201,7 +176,7 @@ pub fn check(
     let mut data = Vec::new();
     let ext = fs.is_none_or(|f| matches!(f, "ext2" | "ext3" | "ext4"));
     let xfs = fs.is_none_or(|f| f == "xfs");
-    for o in split(flags) {
+    for o in proxmox_csi_common::mount_options::split(flags) {
         if o.contains(['\n', '\0']) {
             return Err(HostdError::invalid(
                 field,

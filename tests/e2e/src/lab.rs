@@ -16,6 +16,8 @@ use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use pvesim::{Sim, State};
 use tonic::transport::Channel;
 
+use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
+
 use crate::guest::{Guest, SECRET, Share, guest_cluster, qemu_present};
 
 /// The documented minimal role of the CSI token.
@@ -137,4 +139,61 @@ pub async fn node_client(g: &mut Guest) -> NodeClient<Channel> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The snapshotter's loop: CreateSnapshot, unchanged, until ready_to_use
+/// (at most a minute here); the snapshot and how long it took.
+pub async fn snapshot_when_ready(
+    ctl: &ControllerService,
+    req: &proxmox_csi_proto::csi::v1::CreateSnapshotRequest,
+) -> (proxmox_csi_proto::csi::v1::Snapshot, Duration) {
+    let t = Instant::now();
+    loop {
+        let s = ctl
+            .create_snapshot(tonic::Request::new(req.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+        if s.ready_to_use {
+            return (s, t.elapsed());
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "snapshot never ready"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The attacher: ControllerPublish of `pv` to `node_id`; the publish context.
+pub async fn attach(
+    ctl: &ControllerService,
+    pv: &callers::PersistentVolume,
+    node_id: &str,
+) -> std::collections::HashMap<String, String> {
+    ctl.controller_publish_volume(tonic::Request::new(callers::attacher::controller_publish(
+        pv, node_id,
+    )))
+    .await
+    .unwrap()
+    .into_inner()
+    .publish_context
+}
+
+pub async fn detach(ctl: &ControllerService, pv: &callers::PersistentVolume, node_id: &str) {
+    ctl.controller_unpublish_volume(tonic::Request::new(
+        callers::attacher::controller_unpublish(pv, node_id),
+    ))
+    .await
+    .unwrap();
+}
+
+/// The directories kubelet makes before a call, made in the guest.
+pub async fn mkdirs(g: &mut Guest, dirs: Vec<String>) {
+    let quoted: Vec<String> = dirs.iter().map(|d| format!("'{d}'")).collect();
+    g.sh(&format!("mkdir -p {}", quoted.join(" ")))
+        .await
+        .unwrap();
 }

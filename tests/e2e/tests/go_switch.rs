@@ -18,15 +18,14 @@
 // Test code: a failed unwrap is the test failing, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use callers::kubelet::{Kubelet, Pod};
 use callers::provisioner::{self, Claim, StorageClass};
-use callers::{PersistentVolume, VolumeMode, attacher, resizer, snapshotter};
+use callers::{PersistentVolume, VolumeMode, resizer, snapshotter};
 use e2e::guest::{Guest, SECRET, Share};
-use e2e::lab::Lab;
+use e2e::lab::{Lab, attach, detach, mkdirs, snapshot_when_ready};
 use proxmox_csi_controller::config::CloudConfig;
-use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::pve::{self, Deadline};
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
@@ -70,6 +69,26 @@ impl GoVolume {
     }
 }
 
+/// The Go CreateVolume's answer: the handle, the requested size, the
+/// context StorageParameters.ToMap renders, the node's topology.
+fn go_answer(handle: &str, claim: &Claim, context: &[(&str, &str)]) -> csi::Volume {
+    csi::Volume {
+        volume_id: handle.into(),
+        capacity_bytes: claim.request_bytes,
+        volume_context: context
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        content_source: None,
+        accessible_topology: vec![csi::Topology {
+            segments: HashMap::from([
+                ("topology.kubernetes.io/region".into(), "region-1".into()),
+                ("topology.kubernetes.io/zone".into(), "pve2".into()),
+            ]),
+        }],
+    }
+}
+
 /// The Go controller's Proxmox calls, with the CSI token.
 struct GoController {
     client: pve::Client,
@@ -92,45 +111,40 @@ impl GoController {
         Deadline::after(Duration::from_secs(60))
     }
 
-    /// CreateVolume → createVolume: `POST /nodes/{zone}/storage/{storage}/content`
-    /// with vmid, filename and the size in KiB; the answer's volume, as the
-    /// provisioner writes its PV (context: StorageParameters.ToMap).
-    async fn create(&self, claim: &Claim, sc: &StorageClass) -> PersistentVolume {
-        let disk = format!("vm-9999-{}", claim.volume_name());
+    /// createVolume: `POST /nodes/{zone}/storage/{storage}/content` with
+    /// vmid, filename and the size in KiB, no unit.
+    async fn allocate(&self, storage: &str, vmid: u32, disk: &str, claim: &Claim) {
         let _: serde_json::Value = self
             .client
             .call(
                 Method::POST,
-                "/nodes/pve2/storage/local-lvm/content",
+                &format!("/nodes/pve2/storage/{storage}/content"),
                 &[
-                    ("vmid", "9999".into()),
-                    ("filename", disk.clone()),
+                    ("vmid", vmid.to_string()),
+                    ("filename", disk.to_string()),
                     ("size", (claim.request_bytes / 1024).to_string()),
                 ],
                 Self::d(),
             )
             .await
             .unwrap();
-        let volume = csi::Volume {
-            volume_id: format!("region-1/pve2/local-lvm/{disk}"),
-            capacity_bytes: claim.request_bytes,
-            volume_context: [
+    }
+
+    /// CreateVolume: the disk allocated; the answer's volume, as the
+    /// provisioner writes its PV (context: StorageParameters.ToMap).
+    async fn create(&self, claim: &Claim, sc: &StorageClass) -> PersistentVolume {
+        let disk = format!("vm-9999-{}", claim.volume_name());
+        self.allocate("local-lvm", 9999, &disk, claim).await;
+        let volume = go_answer(
+            &format!("region-1/pve2/local-lvm/{disk}"),
+            claim,
+            &[
                 ("storage", "local-lvm"),
                 ("backup", "0"),
                 ("iothread", "1"),
                 ("replicate", "0"),
-            ]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-            content_source: None,
-            accessible_topology: vec![csi::Topology {
-                segments: HashMap::from([
-                    ("topology.kubernetes.io/region".into(), "region-1".into()),
-                    ("topology.kubernetes.io/zone".into(), "pve2".into()),
-                ]),
-            }],
-        };
+            ],
+        );
         provisioner::persistent_volume(sc, claim, &volume)
     }
 
@@ -162,20 +176,7 @@ impl GoController {
             .unwrap();
         self.client.wait_task(&upid, Self::d()).await.unwrap();
         let disk = format!("vm-10000-{pv}");
-        let _: serde_json::Value = self
-            .client
-            .call(
-                Method::POST,
-                "/nodes/pve2/storage/local-zfs/content",
-                &[
-                    ("vmid", "10000".into()),
-                    ("filename", disk.clone()),
-                    ("size", (claim.request_bytes / 1024).to_string()),
-                ],
-                Self::d(),
-            )
-            .await
-            .unwrap();
+        self.allocate("local-zfs", 10000, &disk, claim).await;
         let upid: String = self
             .client
             .call(
@@ -190,27 +191,17 @@ impl GoController {
             .await
             .unwrap();
         self.client.wait_task(&upid, Self::d()).await.unwrap();
-        let volume = csi::Volume {
-            volume_id: format!("region-1//local-zfs/{disk}"),
-            capacity_bytes: claim.request_bytes,
-            volume_context: [
+        let volume = go_answer(
+            &format!("region-1//local-zfs/{disk}"),
+            claim,
+            &[
                 ("storage", "local-zfs"),
                 ("backup", "0"),
                 ("iothread", "1"),
                 ("replicate", "1"),
                 ("replicateZones", "pve2"),
-            ]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-            content_source: None,
-            accessible_topology: vec![csi::Topology {
-                segments: HashMap::from([
-                    ("topology.kubernetes.io/region".into(), "region-1".into()),
-                    ("topology.kubernetes.io/zone".into(), "pve2".into()),
-                ]),
-            }],
-        };
+            ],
+        );
         provisioner::persistent_volume(sc, claim, &volume)
     }
 
@@ -327,24 +318,6 @@ fn pve2() -> csi::TopologyRequirement {
     )
 }
 
-async fn mkdirs(g: &mut Guest, dirs: Vec<String>) {
-    g.sh(&format!("mkdir -p {}", dirs.join(" "))).await.unwrap();
-}
-
-async fn our_attach(ctl: &ControllerService, pv: &PersistentVolume) -> HashMap<String, String> {
-    ctl.controller_publish_volume(Request::new(attacher::controller_publish(pv, WORKER_2)))
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context
-}
-
-async fn our_detach(ctl: &ControllerService, pv: &PersistentVolume) {
-    ctl.controller_unpublish_volume(Request::new(attacher::controller_unpublish(pv, WORKER_2)))
-        .await
-        .unwrap();
-}
-
 #[tokio::test]
 async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     let Some(Lab {
@@ -431,7 +404,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         .volume
         .unwrap();
     let pv = provisioner::persistent_volume(&ext4, &claim, &volume);
-    let context = our_attach(&ctl, &pv).await;
+    let context = attach(&ctl, &pv, WORKER_2).await;
     let v = GoVolume {
         pv,
         lun: 0,
@@ -479,7 +452,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         "a mapping or a mount was left: {left}"
     );
     for v in &volumes {
-        our_detach(&ctl, &v.pv).await;
+        detach(&ctl, &v.pv, WORKER_2).await;
     }
     let vm = sim.ctx.cluster().vms.get(&112).cloned().unwrap();
     assert!(
@@ -493,7 +466,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     let pod = Pod::new("1b2c3d4e-5f60-4172-8394-a5b6c7d8e9f0");
     let mut contexts = Vec::new();
     for (v, sum) in volumes.iter().zip(&sums) {
-        let pc = our_attach(&ctl, &v.pv).await;
+        let pc = attach(&ctl, &v.pv, WORKER_2).await;
         mkdirs(&mut g, k.stage_dirs(&v.pv)).await;
         let secrets = if v.encrypted { luks() } else { HashMap::new() };
         node.node_stage_volume(k.node_stage(&v.pv, &pc, secrets))
@@ -555,7 +528,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     node.node_unstage_volume(k.node_unstage(&idle.pv))
         .await
         .unwrap();
-    our_detach(&ctl, &idle.pv).await;
+    detach(&ctl, &idle.pv, WORKER_2).await;
 
     // Growth, online, of the filesystems (LUKS too).
     for v in volumes
@@ -599,26 +572,9 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         &volumes[0].pv,
         &[],
     );
-    let t = Instant::now();
-    let snap = loop {
-        let s = ctl
-            .create_snapshot(Request::new(take.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .snapshot
-            .unwrap();
-        if s.ready_to_use {
-            break s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "snapshot never ready"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let (snap, _) = snapshot_when_ready(&ctl, &take).await;
     for v in &volumes {
-        our_detach(&ctl, &v.pv).await;
+        detach(&ctl, &v.pv, WORKER_2).await;
     }
     let restored = {
         let claim =
@@ -633,7 +589,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
             .unwrap();
         provisioner::persistent_volume(&ext4, &claim, &volume)
     };
-    let pc = our_attach(&ctl, &restored).await;
+    let pc = attach(&ctl, &restored, WORKER_2).await;
     mkdirs(&mut g, k.stage_dirs(&restored)).await;
     node.node_stage_volume(k.node_stage(&restored, &pc, HashMap::new()))
         .await
@@ -649,7 +605,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     node.node_unstage_volume(k.node_unstage(&restored))
         .await
         .unwrap();
-    our_detach(&ctl, &restored).await;
+    detach(&ctl, &restored, WORKER_2).await;
 
     // A new block volume of a LUKS class is encrypted by this driver.
     let claim = Claim::new("go-blk-luks", "go-blk-luks", 1 << 30).block();
@@ -662,7 +618,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         .volume
         .unwrap();
     let sealed = provisioner::persistent_volume(&block, &claim, &volume);
-    let pc = our_attach(&ctl, &sealed).await;
+    let pc = attach(&ctl, &sealed, WORKER_2).await;
     mkdirs(&mut g, k.stage_dirs(&sealed)).await;
     node.node_stage_volume(k.node_stage(&sealed, &pc, luks()))
         .await
@@ -697,7 +653,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     node.node_unstage_volume(k.node_unstage(&sealed))
         .await
         .unwrap();
-    our_detach(&ctl, &sealed).await;
+    detach(&ctl, &sealed, WORKER_2).await;
 
     ctl.delete_snapshot(Request::new(snapshotter::delete_snapshot(
         &snap.snapshot_id,

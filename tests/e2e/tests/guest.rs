@@ -9,21 +9,18 @@
 // Test code: a failed unwrap is the test failing, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use callers::kubelet::{Kubelet, Pod};
 use callers::provisioner::{Claim, StorageClass};
 use callers::{PersistentVolume, attacher, provisioner, resizer, snapshotter};
 use e2e::guest::{Guest, SECRET, Share, qemu_present};
-use e2e::lab::{Lab, MINIMAL_ROLE, node_client};
-use proxmox_csi_controller::config::CloudConfig;
+use e2e::lab::{
+    Lab, MINIMAL_ROLE, attach, detach, mkdirs, node_client, setup_on, snapshot_when_ready,
+};
 use proxmox_csi_controller::csi::controller::ControllerService;
-use proxmox_csi_controller::ctl::Controller;
-use proxmox_csi_controller::pve;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
-use pvesim::{Sim, State};
 use tonic::Request;
 use tonic::transport::Channel;
 
@@ -74,25 +71,6 @@ async fn provision(ctl: &ControllerService, sc: &StorageClass, claim: &Claim) ->
     provisioner::persistent_volume(sc, claim, &volume)
 }
 
-/// The attacher: ControllerPublish of `pv` to `node_id`; the publish context.
-async fn attach(
-    ctl: &ControllerService,
-    pv: &PersistentVolume,
-    node_id: &str,
-) -> HashMap<String, String> {
-    ctl.controller_publish_volume(Request::new(attacher::controller_publish(pv, node_id)))
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context
-}
-
-async fn detach(ctl: &ControllerService, pv: &PersistentVolume, node_id: &str) {
-    ctl.controller_unpublish_volume(Request::new(attacher::controller_unpublish(pv, node_id)))
-        .await
-        .unwrap();
-}
-
 /// The publish context names the disk as Proxmox and the guest know it:
 /// the `wwn=` and `serial=` of the drive line in VM 112's config (what
 /// qemu-server passes to QEMU's scsi-hd), and the WWN and serial udev reads
@@ -131,14 +109,6 @@ async fn identity_is_true(g: &mut Guest, sim: &pvesim::Running, pc: &HashMap<Str
             .any(|l| l == format!("ID_SCSI_SERIAL={serial}")),
         "{props}"
     );
-}
-
-/// The directories kubelet makes before a call, made in the guest.
-async fn mkdirs(g: &mut Guest, dirs: Vec<String>) {
-    let quoted: Vec<String> = dirs.iter().map(|d| format!("'{d}'")).collect();
-    g.sh(&format!("mkdir -p {}", quoted.join(" ")))
-        .await
-        .unwrap();
 }
 
 #[tokio::test]
@@ -697,29 +667,7 @@ acl:
         g1.qmp.display(),
         g2.qmp.display()
     );
-    let sim = Sim::new(State::from_yaml(&state).unwrap())
-        .plain_http()
-        .volume_dir(images.path().to_path_buf())
-        .start("127.0.0.1:0")
-        .await
-        .unwrap();
-    let cfg = CloudConfig::parse(&format!(
-        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
-        sim.api_url()
-    ))
-    .unwrap();
-    let clients = cfg
-        .clusters
-        .into_iter()
-        .map(|c| {
-            Arc::new(pve::Client::new(c, Duration::from_secs(30), Default::default()).unwrap())
-        })
-        .collect();
-    let ctl = ControllerService(Arc::new(Controller::new(
-        clients,
-        9999,
-        Duration::from_secs(60),
-    )));
+    let (_sim, ctl) = setup_on(&state, images.path()).await;
     let (mut n1, mut n2) = (node_client(&mut g1).await, node_client(&mut g2).await);
     let k = kubelet();
 
@@ -918,31 +866,14 @@ async fn snapshot_restore_keeps_the_bytes() {
         .unwrap();
 
     // The snapshotter calls CreateSnapshot, unchanged, until ready_to_use.
-    let t = Instant::now();
     let take = snapshotter::create_snapshot(
         "2d4f6a8c-0e1b-4c3d-8e5f-7a9b1c3d5e7f",
         "src-snap",
         &src,
         &[],
     );
-    let snap = loop {
-        let s = ctl
-            .create_snapshot(Request::new(take.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .snapshot
-            .unwrap();
-        if s.ready_to_use {
-            break s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "snapshot never ready"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    eprintln!("MEASURE snapshot of 1 GiB ready after {:?}", t.elapsed());
+    let (snap, took) = snapshot_when_ready(&ctl, &take).await;
+    eprintln!("MEASURE snapshot of 1 GiB ready after {took:?}");
     detach(&ctl, &src, WORKER_2).await;
 
     let restored = provision(
