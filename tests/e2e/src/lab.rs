@@ -197,3 +197,26 @@ pub async fn mkdirs(g: &mut Guest, dirs: Vec<String>) {
         .await
         .unwrap();
 }
+
+/// The provisioner: CreateVolume for `claim` with the pod's node on pve2
+/// (delayed binding), and the PV it writes.
+pub async fn provision(
+    ctl: &ControllerService,
+    sc: &callers::provisioner::StorageClass,
+    claim: &callers::provisioner::Claim,
+) -> callers::PersistentVolume {
+    use callers::provisioner;
+    let term = [
+        ("topology.kubernetes.io/region", "region-1"),
+        ("topology.kubernetes.io/zone", "pve2"),
+    ];
+    let req = provisioner::create_volume(sc, claim, Some(provisioner::requirement(&[&term], 0)));
+    let volume = ctl
+        .create_volume(tonic::Request::new(req))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    provisioner::persistent_volume(sc, claim, &volume)
+}

@@ -24,7 +24,7 @@ use callers::kubelet::{Kubelet, Pod};
 use callers::provisioner::{self, Claim, StorageClass};
 use callers::{PersistentVolume, VolumeMode, resizer, snapshotter};
 use e2e::guest::{Guest, SECRET, Share};
-use e2e::lab::{Lab, attach, detach, mkdirs, snapshot_when_ready};
+use e2e::lab::{Lab, attach, detach, mkdirs, provision, snapshot_when_ready};
 use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::pve::{self, Deadline};
 use proxmox_csi_proto::csi::v1 as csi;
@@ -307,17 +307,6 @@ async fn sum_at(g: &mut Guest, k: &Kubelet, pv: &PersistentVolume, pod: &Pod) ->
     g.sh(&cmd).await.unwrap().trim().to_string()
 }
 
-/// The provisioner's requirement for a pod on pve2 (delayed binding).
-fn pve2() -> csi::TopologyRequirement {
-    provisioner::requirement(
-        &[&[
-            ("topology.kubernetes.io/region", "region-1"),
-            ("topology.kubernetes.io/zone", "pve2"),
-        ]],
-        0,
-    )
-}
-
 #[tokio::test]
 async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     let Some(Lab {
@@ -395,15 +384,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     // controller attaches, the Go node plugin stages by the publish
     // context's DevicePath (getDevicePath: the wwid of /sys/bus/scsi).
     let claim = Claim::new("go-mixed", "go-mixed", 1 << 30);
-    let req = provisioner::create_volume(&ext4, &claim, Some(pve2()));
-    let volume = ctl
-        .create_volume(Request::new(req))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    let pv = provisioner::persistent_volume(&ext4, &claim, &volume);
+    let pv = provision(&ctl, &ext4, &claim).await;
     let context = attach(&ctl, &pv, WORKER_2).await;
     let v = GoVolume {
         pv,
@@ -576,19 +557,8 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     for v in &volumes {
         detach(&ctl, &v.pv, WORKER_2).await;
     }
-    let restored = {
-        let claim =
-            Claim::new("go-restored", "go-restored", 2 << 30).from_snapshot(&snap.snapshot_id);
-        let req = provisioner::create_volume(&ext4, &claim, Some(pve2()));
-        let volume = ctl
-            .create_volume(Request::new(req))
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap();
-        provisioner::persistent_volume(&ext4, &claim, &volume)
-    };
+    let claim = Claim::new("go-restored", "go-restored", 2 << 30).from_snapshot(&snap.snapshot_id);
+    let restored = provision(&ctl, &ext4, &claim).await;
     let pc = attach(&ctl, &restored, WORKER_2).await;
     mkdirs(&mut g, k.stage_dirs(&restored)).await;
     node.node_stage_volume(k.node_stage(&restored, &pc, HashMap::new()))
@@ -609,15 +579,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
 
     // A new block volume of a LUKS class is encrypted by this driver.
     let claim = Claim::new("go-blk-luks", "go-blk-luks", 1 << 30).block();
-    let req = provisioner::create_volume(&block, &claim, Some(pve2()));
-    let volume = ctl
-        .create_volume(Request::new(req))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    let sealed = provisioner::persistent_volume(&block, &claim, &volume);
+    let sealed = provision(&ctl, &block, &claim).await;
     let pc = attach(&ctl, &sealed, WORKER_2).await;
     mkdirs(&mut g, k.stage_dirs(&sealed)).await;
     node.node_stage_volume(k.node_stage(&sealed, &pc, luks()))

@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 
 use callers::kubelet::{Kubelet, Pod};
 use callers::provisioner::{Claim, StorageClass};
-use callers::{PersistentVolume, attacher, provisioner, resizer, snapshotter};
+use callers::{attacher, provisioner, resizer, snapshotter};
 use e2e::guest::{Guest, SECRET, Share, qemu_present};
 use e2e::lab::{
-    Lab, MINIMAL_ROLE, attach, detach, mkdirs, node_client, setup_on, snapshot_when_ready,
+    Lab, MINIMAL_ROLE, attach, detach, mkdirs, node_client, provision, setup_on,
+    snapshot_when_ready,
 };
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
@@ -51,24 +52,6 @@ fn claim(uid: &str) -> Claim {
 /// The Secret a LUKS StorageClass names for node-stage and node-expand.
 fn luks() -> HashMap<String, String> {
     HashMap::from([("encryption-passphrase".to_string(), PASSPHRASE.to_string())])
-}
-
-/// The provisioner: CreateVolume for `claim` with the pod's node on pve2
-/// (delayed binding), and the PV it writes.
-async fn provision(ctl: &ControllerService, sc: &StorageClass, claim: &Claim) -> PersistentVolume {
-    let term = [
-        ("topology.kubernetes.io/region", "region-1"),
-        ("topology.kubernetes.io/zone", "pve2"),
-    ];
-    let req = provisioner::create_volume(sc, claim, Some(provisioner::requirement(&[&term], 0)));
-    let volume = ctl
-        .create_volume(Request::new(req))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    provisioner::persistent_volume(sc, claim, &volume)
 }
 
 /// The publish context names the disk as Proxmox and the guest know it:
