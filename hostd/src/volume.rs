@@ -492,18 +492,19 @@ impl Volumes {
                 );
                 return Ok((a, m));
             }
-            let table = mounts::table()?;
-            device::verify_unused(device, &table, Some(&name))?;
-            self.open_luks(
-                device,
-                &name,
-                pass,
-                read_only,
-                &table,
-                &mut actions,
-                timings,
-            )?;
         }
+        // Opened, or checked to be open on this very disk.
+        let table = mounts::table()?;
+        device::verify_unused(device, &table, Some(&name))?;
+        self.open_luks(
+            device,
+            &name,
+            pass,
+            read_only,
+            &table,
+            &mut actions,
+            timings,
+        )?;
         // The node itself (dm-N), so that sysfs and the mount table name it.
         let mapping = luks::mapper_path(&name)
             .canonicalize()
