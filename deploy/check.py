@@ -234,6 +234,9 @@ def go_values(r, version):
         images = [c["image"] for o in (ctl, node) for c in o["spec"]["template"]["spec"]["containers"]]
         r.check(not any("sergelogvinov" in i for i in images), f"{f}: no Go driver image", ", ".join(images))
         if f == "go-chart-values.yaml":
+            r.check(all("--log-level=debug" in c["args"] for o in (ctl, node)
+                        for c in o["spec"]["template"]["spec"]["containers"][:1]),
+                    f"{f}: logVerbosityLevel 5 is debug logging of both plugins, as in the Go chart")
             switching = helm({**values, "node": {**values["node"], "updateStrategy": {"type": "OnDelete"}}})
             ds = next(o for o in switching if o["kind"] == "DaemonSet")
             dep = next(o for o in switching if o["kind"] == "Deployment")
