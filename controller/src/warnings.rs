@@ -101,7 +101,7 @@ static WARNINGS: LazyLock<Family<Labels, Counter>> = LazyLock::new(Family::defau
 
 pub fn register(registry: &mut Registry) {
     registry.register(
-        "proxmox_csi_class_parameter_warnings",
+        "class_parameter_warnings",
         "Class parameters taken with the Go driver's meaning instead of being refused",
         WARNINGS.clone(),
     );

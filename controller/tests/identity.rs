@@ -199,7 +199,28 @@ async fn serves_metrics_and_stops_on_sigterm() {
             .ready,
         Some(true)
     );
+    // A class taken with the Go driver's meaning is counted, key by key
+    // (the create itself may fail on this empty cluster: the count is of
+    // the class, read first).
+    let channel = proxmox_csi_common::client::unix_channel(ctl.socket.clone())
+        .await
+        .unwrap();
+    let sc = callers::provisioner::StorageClass::new(&[
+        ("storage", "local-lvm"),
+        ("ssd", "yes"),
+        ("tier", "gold"),
+    ]);
+    let claim = callers::provisioner::Claim::new("w", "w", 1 << 30);
+    let _ = proxmox_csi_proto::csi::v1::controller_client::ControllerClient::new(channel)
+        .create_volume(callers::provisioner::create_volume(&sc, &claim, None))
+        .await;
     let body = http_get(port, "/metrics").await;
+    for line in [
+        "proxmox_csi_class_parameter_warnings_total{class=\"StorageClass\",key=\"ssd\",reason=\"not_a_boolean\"} 1",
+        "proxmox_csi_class_parameter_warnings_total{class=\"StorageClass\",key=\"tier\",reason=\"unknown_key\"} 1",
+    ] {
+        assert!(body.contains(line), "{line} in\n{body}");
+    }
     assert!(
         body.contains("proxmox_csi_build_info{component=\"controller\""),
         "{body}"
