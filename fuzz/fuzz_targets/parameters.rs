@@ -1,6 +1,6 @@
 //! StorageClass parameters (`key=value` lines): no panic; accepted ones go
-//! through the volume context and come back the same, but for the keys the
-//! driver ignored (the context carries only what it uses).
+//! through the volume context and come back the same, but for the warnings
+//! (the context carries what the values were taken as, not what was written).
 #![no_main]
 
 use std::collections::HashMap;
@@ -20,7 +20,7 @@ fuzz_target!(|text: &str| {
         assert_eq!(
             back,
             StorageParams {
-                ignored: Vec::new(),
+                warnings: Vec::new(),
                 ..p.clone()
             },
             "{map:?}"
