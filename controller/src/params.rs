@@ -61,7 +61,7 @@ pub struct StorageParams {
 
 /// Go's strconv.ParseBool, whose error the Go driver ignores
 /// (pkg/csi/parameters.go unmarshalTag): any other spelling is false.
-pub fn parse_bool(key: &str, v: &str, warnings: &mut Vec<ParamWarning>) -> bool {
+fn parse_bool(key: &str, v: &str, warnings: &mut Vec<ParamWarning>) -> bool {
     match v {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => true,
         "0" | "f" | "F" | "FALSE" | "false" | "False" => false,
@@ -86,6 +86,13 @@ fn one_of(key: &str, v: &str, allowed: &[&str]) -> Result<String, ParamError> {
             reason: format!("{v:?} is not allowed; allowed: {}", allowed.join(", ")),
         })
     }
+}
+
+/// A throttle: Go parses a signed number (strconv.ParseInt) and sets a
+/// limit only above 0 (ExtractParameters: `*p.Iops > 0`).
+fn limit(key: &str, v: &str) -> Result<Option<u64>, ParamError> {
+    let n: i64 = number(key, v)?;
+    Ok(u64::try_from(n).ok().filter(|n| *n > 0))
 }
 
 fn number<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, ParamError> {
@@ -129,8 +136,8 @@ impl StorageParams {
                 "aio" => p.aio = Some(one_of(key, v, &["native", "threads", "io_uring"])?),
                 "iothread" => p.iothread = parse_bool(key, v, &mut p.warnings),
                 "backup" => p.backup = parse_bool(key, v, &mut p.warnings),
-                "diskIOPS" => p.iops = Some(number(key, v)?).filter(|n| *n > 0),
-                "diskMBps" => p.mbps = Some(number(key, v)?).filter(|n| *n > 0),
+                "diskIOPS" => p.iops = limit(key, v)?,
+                "diskMBps" => p.mbps = limit(key, v)?,
                 "blockSize" => p.block_size = Some(number(key, v)?),
                 "inodeSize" => p.inode_size = Some(number(key, v)?),
                 "replicate" => p.replicate = parse_bool(key, v, &mut p.warnings),
@@ -173,10 +180,11 @@ impl StorageParams {
             }
             match key.as_str() {
                 "diskIOPS" | "diskMBps" => {
-                    let n = number::<u64>(key, v)?;
-                    if n == 0 {
+                    let Some(n) = limit(key, v)? else {
                         warnings.push(ParamWarning::new(key, Reason::ZeroKeepsLimit));
-                    } else if key == "diskIOPS" {
+                        continue;
+                    };
+                    if key == "diskIOPS" {
                         self.iops = Some(n);
                     } else {
                         self.mbps = Some(n);
@@ -403,6 +411,9 @@ mod tests {
             e(&[("storage", "s"), ("diskIOPS", "lots")]),
             "parameter diskIOPS: \"lots\" is not a number"
         );
+        // Go parses a signed number and sets no limit for one of 0 or less.
+        let p = StorageParams::parse(&map(&[("storage", "s"), ("diskIOPS", "-5")])).unwrap();
+        assert_eq!(p.iops, None);
     }
 
     #[test]
@@ -438,7 +449,7 @@ mod tests {
         let mut p = StorageParams::parse(&map(&[("storage", "s"), ("diskIOPS", "300")])).unwrap();
         let w = p
             .apply_mutable(&map(&[
-                ("diskIOPS", "0"),
+                ("diskIOPS", "-1"),
                 ("diskMBps", "20"),
                 ("replicateSchedule", "*/5"),
                 ("replicateZones", "a,b"),

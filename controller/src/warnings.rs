@@ -39,7 +39,7 @@ pub enum Reason {
     /// driver takes it (pkg/csi/parameters.go unmarshalTag ignores the
     /// ParseBool error).
     NotABoolean { value: String },
-    /// A VolumeAttributesClass limit of 0: the old limit stays, as in the
+    /// A VolumeAttributesClass limit of 0 or less: the old limit stays, as in the
     /// Go driver (ModifyVolumeParameters.MergeMap keeps the original key
     /// when the class sets none).
     ZeroKeepsLimit,
@@ -83,7 +83,10 @@ impl std::fmt::Display for ParamWarning {
                 "{key}: {value:?} is not a boolean (true, false, 1, 0, t, f), taken as false as the Go driver does"
             ),
             Reason::ZeroKeepsLimit => {
-                write!(f, "{key}: 0 sets no limit; the disk keeps the limit it has")
+                write!(
+                    f,
+                    "{key}: 0 or less sets no limit; the disk keeps the limit it has"
+                )
             }
             Reason::NotActedOn => write!(f, "{key}: accepted and not acted on"),
         }

@@ -370,7 +370,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
             "class parameters",
             "VolumeAttributesClass unlimited",
             Severity::Warning,
-            "diskIOPS: 0 sets no limit; the disk keeps the limit it has; replicateSchedule: accepted and not acted on"
+            "diskIOPS: 0 or less sets no limit; the disk keeps the limit it has; replicateSchedule: accepted and not acted on"
         ),
         "{findings:#?}"
     );

@@ -13,10 +13,11 @@ use crate::pve::Deadline;
 use crate::warnings::{self, ClassKind};
 
 /// Drive options a class sets. As in the Go driver (ModifyVolumeParameters
-/// MergeMap), an empty value or a limit of 0 keeps the disk's limit.
+/// MergeMap), an empty value or a limit of 0 or less keeps the disk's limit.
 fn apply(line: &mut DriveLine, p: &std::collections::HashMap<String, String>) {
     let mut set = |keys: [&str; 2], v: &str| {
-        if v.is_empty() || v.parse::<u64>().is_ok_and(|n| n == 0) {
+        // Go sets a limit only above 0 (ExtractModifyVolumeParameters).
+        if !v.parse::<i64>().is_ok_and(|n| n > 0) {
             return;
         }
         for k in keys {
