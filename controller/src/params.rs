@@ -90,7 +90,7 @@ fn one_of(key: &str, v: &str, allowed: &[&str]) -> Result<String, ParamError> {
 
 /// A throttle: Go parses a signed number (strconv.ParseInt) and sets a
 /// limit only above 0 (ExtractParameters: `*p.Iops > 0`).
-fn limit(key: &str, v: &str) -> Result<Option<u64>, ParamError> {
+pub fn limit(key: &str, v: &str) -> Result<Option<u64>, ParamError> {
     let n: i64 = number(key, v)?;
     Ok(u64::try_from(n).ok().filter(|n| *n > 0))
 }

@@ -801,7 +801,8 @@ impl Volumes {
             return Ok(());
         }
         let file = staging.child(BLOCK_FILE)?;
-        if self.mounted_at(&file, &mounts::table()?)?.is_some() {
+        let table = mounts::table()?;
+        if self.mounted_at(&file, &table)?.is_some() {
             return Ok(());
         }
         let wwn = Wwn::parse(&dev.wwn)?;
@@ -819,7 +820,7 @@ impl Volumes {
         // pods' block targets, which kubelet's vol_data.json names as this
         // volume's; any other use of the disk still refuses it.
         let name = blockdev::kernel_name(&device).unwrap_or_default();
-        let table: Vec<mounts::MountEntry> = mounts::table()?
+        let table: Vec<mounts::MountEntry> = table
             .into_iter()
             .filter(|m| {
                 let go_publication = m.fs_type == "devtmpfs"

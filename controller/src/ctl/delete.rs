@@ -193,12 +193,8 @@ impl Controller {
         // the disk and leaves no stale reference behind.
         if let Some(owner) = id.owner().filter(|o| *o != self.controller_vmid)
             && let Some(vm) = self.vms.node_of(&client, owner, d).await?
-            && (vm.has_tag(super::clone::VOLUME_TAG)
-                || vm.has_tag(super::replicate::REPLICATED_TAG))
+            && vm.has_tag(super::clone::VOLUME_TAG)
         {
-            if vm.has_tag(super::replicate::REPLICATED_TAG) {
-                self.remove_replication(&client, &vm, d).await?;
-            }
             return self.destroy_copy(&client, &vm, d).await;
         }
         let Err(e) = client.delete_volume(&node, &id.storage, &id.disk, d).await else {

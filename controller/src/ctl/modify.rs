@@ -16,8 +16,8 @@ use crate::warnings::{self, ClassKind};
 /// MergeMap), an empty value or a limit of 0 or less keeps the disk's limit.
 fn apply(line: &mut DriveLine, p: &std::collections::HashMap<String, String>) {
     let mut set = |keys: [&str; 2], v: &str| {
-        // Go sets a limit only above 0 (ExtractModifyVolumeParameters).
-        if !v.parse::<i64>().is_ok_and(|n| n > 0) {
+        // Checked by `apply_mutable` first; 0 or less sets no limit.
+        if !crate::params::limit("", v).is_ok_and(|n| n.is_some()) {
             return;
         }
         for k in keys {

@@ -162,16 +162,10 @@ impl Controller {
         for region in regions {
             let client = self.client(region)?;
             let vms = self.vms.all(&client, d).await?;
-            let tagged = |tag: &str| -> std::collections::BTreeSet<u32> {
-                vms.iter()
-                    .filter(|v| v.has_tag(tag))
-                    .map(|v| v.vmid)
-                    .collect()
-            };
-            let replicated = tagged(super::replicate::REPLICATED_TAG);
-            let clones: std::collections::BTreeSet<u32> = tagged(super::clone::VOLUME_TAG)
-                .union(&replicated)
-                .copied()
+            let clones: std::collections::BTreeSet<u32> = vms
+                .iter()
+                .filter(|v| v.has_tag(super::clone::VOLUME_TAG))
+                .map(|v| v.vmid)
                 .collect();
             let mut seen = std::collections::BTreeSet::new();
             let rows = client.storages(d).await?;
@@ -196,12 +190,9 @@ impl Controller {
                     // VM, or by a replicated volume's holder (ours, or the Go
                     // driver's: untagged, named after the PV).
                     let owner = crate::volume::owner_of(disk);
-                    let pv = crate::volume::pv_of(disk);
                     let holder = owner.is_some_and(|o| {
-                        replicated.contains(&o)
-                            || vms
-                                .iter()
-                                .any(|v| v.vmid == o && pv.is_some() && v.name.as_deref() == pv)
+                        vms.iter()
+                            .any(|v| v.vmid == o && super::replicate::holds_replica(v, disk))
                     });
                     if owner != Some(self.controller_vmid)
                         && !owner.is_some_and(|o| clones.contains(&o))

@@ -50,6 +50,14 @@ fn number_or_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Er
     }
 }
 
+/// Whether `vm`, the owner of `disk`, is a replicated volume's holder: ours
+/// (tagged), or the Go driver's (untagged, named after the PV: pkg/csi/utils.go
+/// prepareReplication; deleteReplication finds it by VMID and name alike).
+pub fn holds_replica(vm: &VmResource, disk: &str) -> bool {
+    vm.has_tag(REPLICATED_TAG)
+        || crate::volume::pv_of(disk).is_some_and(|pv| vm.name.as_deref() == Some(pv))
+}
+
 fn denied(what: &str, privilege: &str) -> impl Fn(PveError) -> CtlError {
     let (what, privilege) = (what.to_string(), privilege.to_string());
     move |e: PveError| match e.status().map(|s| s.as_u16()) {
@@ -62,10 +70,7 @@ fn denied(what: &str, privilege: &str) -> impl Fn(PveError) -> CtlError {
 }
 
 impl Controller {
-    /// The holder of a replicated volume, if `id` is one: a VM that owns
-    /// the disk and is tagged ours, or is the Go driver's: untagged, named
-    /// after the PV (pkg/csi/utils.go prepareReplication; deleteReplication
-    /// finds it by VMID and name alike).
+    /// The holder of a replicated volume, if `id` is one (`holds_replica`).
     pub async fn replica_holder(
         &self,
         client: &Client,
@@ -78,12 +83,11 @@ impl Controller {
         if id.zone.is_some() {
             return Ok(None);
         }
-        let pv = crate::volume::pv_of(&id.disk);
         Ok(self
             .vms
             .node_of(client, owner, d)
             .await?
-            .filter(|v| v.has_tag(REPLICATED_TAG) || (pv.is_some() && v.name.as_deref() == pv)))
+            .filter(|v| holds_replica(v, &id.disk)))
     }
 
     /// The slot of `holder` that holds the replicated disk: `scsi0` on ours,
