@@ -167,8 +167,13 @@ impl Guest {
             .args([
                 "-machine",
                 "q35",
+                // One host thread runs both vCPUs: with a thread per vCPU
+                // (MTTCG), a vCPU's MMIO access can race the other's PCI BAR
+                // programming at boot and QEMU aborts in iotlb_to_section
+                // ("section_index < d->map.sections_nb", QEMU issue 1921,
+                // seen with QEMU 10.0 from bookworm-backports).
                 "-accel",
-                "tcg",
+                "tcg,thread=single",
                 "-m",
                 "1024",
                 "-smp",
