@@ -138,6 +138,9 @@ def strip_chart_only(o):
 def validate(report, objs, where, version):
     for o in objs:
         k = key(o)
+        if o.get("apiVersion", "").startswith("monitoring.coreos.com/"):
+            report.check(prometheus_rule_ok(o), f"{where}: {k[0]} {k[2]} is a valid {o['apiVersion']} object", json.dumps(o))
+            continue
         if o.get("apiVersion", "").startswith("snapshot.storage.k8s.io/"):
             report.check(snapshot_class_ok(o), f"{where}: {k[0]} {k[2]} is a valid {o['apiVersion']} object", json.dumps(o))
             continue
@@ -155,6 +158,42 @@ def snapshot_class_ok(o):
     allowed = {"apiVersion", "kind", "metadata", "driver", "deletionPolicy", "parameters"}
     return (o.get("kind") == "VolumeSnapshotClass" and o.get("apiVersion") == "snapshot.storage.k8s.io/v1"
             and set(o) <= allowed and bool(o.get("driver")) and o.get("deletionPolicy") in ("Delete", "Retain"))
+
+
+def prometheus_rule_ok(o):
+    """PrometheusRule is prometheus-operator's CRD: its own fields (rulegroups
+    of alerts, each an expr, optional for/labels/annotations)."""
+    groups = o.get("spec", {}).get("groups")
+    if o.get("kind") != "PrometheusRule" or o.get("apiVersion") != "monitoring.coreos.com/v1" or not groups:
+        return False
+    rule_keys = {"alert", "expr", "for", "labels", "annotations"}
+    return all(set(g) <= {"name", "rules", "interval"} and g.get("name") and g.get("rules")
+               and all(set(r) <= rule_keys and r.get("alert") and r.get("expr") for r in g["rules"])
+               for g in groups)
+
+
+def monitoring(r, version):
+    """The dashboard ConfigMap and the PrometheusRule carry the chart's files as they are."""
+    values = {"dashboard": {"enabled": True},
+              "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}}
+    objs = helm(values)
+    validate(r, objs, "chart (dashboard and alerts)", version)
+    with open(os.path.join(CHART, "files", "grafana-dashboard.json")) as f:
+        dashboard = json.load(f)
+    with open(os.path.join(CHART, "files", "alerts.yaml")) as f:
+        alerts = yaml.safe_load(f)
+    cm = next((o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-dashboard")), None)
+    r.check(cm is not None and cm["metadata"]["labels"].get("grafana_dashboard") == "1",
+            "the dashboard ConfigMap carries Grafana's sidecar label", json.dumps(cm))
+    r.check(cm is not None and json.loads(cm["data"]["proxmox-csi.json"]) == dashboard,
+            "the dashboard ConfigMap holds files/grafana-dashboard.json")
+    rule = next((o for o in objs if o["kind"] == "PrometheusRule"), None)
+    r.check(rule is not None and rule["spec"] == alerts
+            and rule["metadata"]["labels"].get("release") == "kube-prometheus-stack",
+            "the PrometheusRule holds files/alerts.yaml, with prometheusRule.labels")
+    default = helm({})
+    r.check(not any(o["kind"] in ("PrometheusRule",) or o["metadata"]["name"].endswith("-dashboard") for o in default),
+            "neither is rendered by default")
 
 
 def pod_problems(ds):
@@ -315,6 +354,7 @@ def main():
 
     validate(r, base, "kustomize", args.kubernetes_version)
     go_values(r, args.kubernetes_version)
+    monitoring(r, args.kubernetes_version)
     for name, values in VARIANTS.items():
         try:
             objs = helm(values)

@@ -7,8 +7,11 @@
 //! is reverted and reported as retryable, so nothing stays behind.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use crate::drive::{self, DriveLine, SLOTS};
@@ -52,6 +55,43 @@ struct Job {
     op: Op,
     deadline: Deadline,
     reply: oneshot::Sender<Result<Option<Attached>, CtlError>>,
+    _queued: Queued,
+}
+
+/// Attaches and detaches submitted and not yet answered, across all VMs.
+static QUEUE_DEPTH: LazyLock<Gauge> = LazyLock::new(Gauge::default);
+/// Disks changed by each config write.
+static BATCH_SIZE: LazyLock<Histogram> =
+    LazyLock::new(|| Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 30.0]));
+
+pub fn register(registry: &mut Registry) {
+    registry.register(
+        "attach_queue_depth",
+        "Attaches and detaches waiting for their VM's config write",
+        QUEUE_DEPTH.clone(),
+    );
+    registry.register(
+        "attach_batch_size",
+        "Disks attached or detached by one VM config write",
+        BATCH_SIZE.clone(),
+    );
+}
+
+/// A job's place in [`QUEUE_DEPTH`], given back when the job is answered
+/// or dropped (its caller gone).
+struct Queued;
+
+impl Queued {
+    fn new() -> Self {
+        QUEUE_DEPTH.inc();
+        Self
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        QUEUE_DEPTH.dec();
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -104,6 +144,7 @@ impl Attacher {
             op,
             deadline,
             reply: tx,
+            _queued: Queued::new(),
         };
         {
             let mut queues = self.queues.lock().await;
@@ -449,6 +490,7 @@ async fn write_once(
     form.push(("digest", cfg.digest.clone()));
     att.writes
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    BATCH_SIZE.observe((sets.len() + deletes.len()) as f64);
     let result = client.update_config(node, vmid, &form, d).await;
     // A task that failed after its UPID may have left part of the change
     // (qemu-server writes each new disk key in its own step, and a hot-plug

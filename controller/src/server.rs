@@ -71,6 +71,7 @@ pub async fn run(
     let mut metrics = Metrics::new("controller", env!("CARGO_PKG_VERSION"));
     api_metrics.register(metrics.registry_mut());
     crate::warnings::register(metrics.registry_mut());
+    crate::attach::register(metrics.registry_mut());
     let metrics = Arc::new(metrics);
     let clients: Vec<Arc<pve::Client>> = clients.into_iter().map(Arc::new).collect();
     let identity = Identity::new(

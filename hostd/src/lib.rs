@@ -10,6 +10,7 @@ pub mod hardening;
 pub mod health;
 pub mod identity;
 pub mod luks;
+pub mod metrics;
 pub mod mkfs;
 pub mod mountopts;
 pub mod mounts;

@@ -136,7 +136,9 @@ pub async fn run(
         });
     }
 
-    let metrics = Arc::new(Metrics::new("hostd", env!("CARGO_PKG_VERSION")));
+    let mut metrics = Metrics::new("hostd", env!("CARGO_PKG_VERSION"));
+    crate::metrics::register(metrics.registry_mut(), health.clone(), volumes.clone());
+    let metrics = Arc::new(metrics);
     if let Some(addr) = opts.metrics_address {
         let listener = tokio::net::TcpListener::bind(addr)
             .await

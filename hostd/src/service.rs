@@ -106,7 +106,9 @@ impl pb::hostd_server::Hostd for HostdService {
                 Err(e) => Err(e),
             };
             self.audit("Stage", peer, &req.volume_id, &req.staging_path, &result);
-            Ok(Response::new(result?))
+            let staged = result?;
+            crate::metrics::observe_stage(&staged.timings_ms);
+            Ok(Response::new(staged))
         })
         .await
     }

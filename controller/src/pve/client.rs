@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
 
 use super::errors::{ErrorKind, classify};
-use super::metrics::ApiMetrics;
+use super::metrics::{ApiMetrics, Retry};
 use crate::config::{Cluster, Credentials};
 
 #[derive(Debug, thiserror::Error)]
@@ -268,6 +268,8 @@ impl Client {
                     if !source.is_connect() {
                         lost = Some(source);
                     }
+                    self.metrics
+                        .retried(&self.cluster.region, &method, path, Retry::Transport);
                     tokio::time::sleep(wait).await;
                     attempt += 1;
                 }
@@ -281,6 +283,8 @@ impl Client {
                         });
                     }
                     tracing::debug!(%method, path, attempt, error = %e, "transient Proxmox error, retrying");
+                    self.metrics
+                        .retried(&self.cluster.region, &method, path, Retry::Transient);
                     tokio::time::sleep(wait).await;
                     attempt += 1;
                 }

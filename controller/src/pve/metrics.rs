@@ -1,5 +1,5 @@
 //! Per-call metrics of the Proxmox API: count and latency by region,
-//! method, endpoint (path template) and status.
+//! method, endpoint (path template) and status; retries by reason.
 
 use std::time::Instant;
 
@@ -18,10 +18,28 @@ struct Labels {
     code: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RetryLabels {
+    region: String,
+    method: String,
+    endpoint: String,
+    reason: &'static str,
+}
+
+/// Why a call was sent again.
+#[derive(Debug, Clone, Copy)]
+pub enum Retry {
+    /// The connection failed or its answer was lost.
+    Transport,
+    /// Proxmox answered with an error worth retrying (a lock, a 5xx).
+    Transient,
+}
+
 #[derive(Clone, Debug)]
 pub struct ApiMetrics {
     calls: Family<Labels, Counter>,
     seconds: Family<Labels, Histogram>,
+    retries: Family<RetryLabels, Counter>,
 }
 
 impl Default for ApiMetrics {
@@ -31,6 +49,7 @@ impl Default for ApiMetrics {
             seconds: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.005, 3.0, 9))
             }),
+            retries: Family::default(),
         }
     }
 }
@@ -47,6 +66,24 @@ impl ApiMetrics {
             "Proxmox API call latency",
             self.seconds.clone(),
         );
+        registry.register(
+            "proxmox_api_retries",
+            "Proxmox API calls sent again, by reason",
+            self.retries.clone(),
+        );
+    }
+
+    pub fn retried(&self, region: &str, method: &Method, path: &str, why: Retry) {
+        let labels = RetryLabels {
+            region: region.to_string(),
+            method: method.to_string(),
+            endpoint: template(path),
+            reason: match why {
+                Retry::Transport => "transport",
+                Retry::Transient => "transient",
+            },
+        };
+        self.retries.get_or_create(&labels).inc();
     }
 
     pub fn observe(&self, region: &str, method: &Method, path: &str, code: &str, started: Instant) {
