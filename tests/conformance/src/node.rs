@@ -31,6 +31,9 @@ pub struct Target {
     pub dir: tempfile::TempDir,
     pub root: PathBuf,
     pub images: PathBuf,
+    /// Where hostd and the node plugin serve `/metrics` (127.0.0.1).
+    pub hostd_metrics: u16,
+    pub node_metrics: u16,
     procs: Vec<Child>,
     loops: Vec<PathBuf>,
     node: NodeClient<Channel>,
@@ -87,6 +90,14 @@ pub fn spawn(program: &Path, args: &[&str], log: &Path) -> std::io::Result<Child
         .spawn()
 }
 
+/// A TCP port free on 127.0.0.1 now, for a server started next.
+pub fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("a free port: {e}"))
+}
+
 pub async fn wait_for(path: &Path) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !path.exists() {
@@ -126,6 +137,7 @@ pub async fn start() -> Result<Target, String> {
     mode(&sockets, 0o777).map_err(|e| e.to_string())?;
     let (hostd_sock, csi_sock) = (sockets.join("hostd.sock"), sockets.join("csi.sock"));
     let s = |p: &Path| p.display().to_string();
+    let (hostd_metrics, node_metrics) = (free_port()?, free_port()?);
     let mut procs = vec![
         spawn(
             &hostd,
@@ -148,6 +160,8 @@ pub async fn start() -> Result<Target, String> {
                 &s(&dir.path().join("health.json")),
                 "--luks-pbkdf",
                 "pbkdf2:1000",
+                "--metrics-address",
+                &format!("127.0.0.1:{hostd_metrics}"),
             ],
             &dir.path().join("hostd.log"),
         )
@@ -179,6 +193,8 @@ pub async fn start() -> Result<Target, String> {
                 "pve2",
                 "--kubelet-root",
                 &s(&root),
+                "--metrics-address",
+                &format!("127.0.0.1:{node_metrics}"),
             ],
             &dir.path().join("node.log"),
         )
@@ -192,6 +208,8 @@ pub async fn start() -> Result<Target, String> {
         dir,
         root,
         images,
+        hostd_metrics,
+        node_metrics,
         procs,
         loops: Vec::new(),
         node: NodeClient::new(ch),

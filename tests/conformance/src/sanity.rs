@@ -128,6 +128,8 @@ pub struct Lab {
     _controller: Killed,
     pub controller_socket: PathBuf,
     pub node_socket: PathBuf,
+    /// Where the controller serves `/metrics` (127.0.0.1).
+    pub controller_metrics: u16,
 }
 
 impl Lab {
@@ -158,6 +160,7 @@ impl Lab {
         )
         .map_err(|e| e.to_string())?;
         let controller_socket = dir.join("sockets/controller.sock");
+        let controller_metrics = node::free_port()?;
         let controller = node::spawn(
             &node::bin("proxmox-csi-controller"),
             &[
@@ -165,6 +168,8 @@ impl Lab {
                 &format!("unix://{}", controller_socket.display()),
                 "--cloud-config",
                 &config.display().to_string(),
+                "--metrics-address",
+                &format!("127.0.0.1:{controller_metrics}"),
             ],
             &dir.join("controller.log"),
         )
@@ -178,6 +183,7 @@ impl Lab {
             _controller: controller,
             controller_socket,
             node_socket,
+            controller_metrics,
         })
     }
 

@@ -38,6 +38,7 @@ async fn a_volume_through_kubernetes_callers() {
     if let Err(e) = result {
         panic!("{e}\n{}", lab.logs());
     }
+    monitored(&lab);
     drop(lab);
     conformance::sanity::settle();
 }
@@ -107,11 +108,14 @@ async fn life(lab: &Lab) -> Result<(), String> {
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
 
-    // The provisioner: a StorageClass with the legacy `fstype` key and mount options.
+    // The provisioner: a StorageClass with the legacy `fstype` key, a key
+    // no driver reads (taken as the Go driver does, with a warning) and
+    // mount options.
     let sc = provisioner::StorageClass::new(&[
         ("storage", "local-lvm"),
         ("ssd", "true"),
         ("fstype", "xfs"),
+        ("tier", "gold"),
     ])
     .mount_options(&["noatime"]);
     let claim = provisioner::Claim::new("data", "7d1c5a9e-2b4f-4c8e-9a61-3f0e8d2c1b7a", 1 << 30);
@@ -143,7 +147,11 @@ async fn life(lab: &Lab) -> Result<(), String> {
         .map_err(status("ControllerPublishVolume"))?
         .into_inner()
         .publish_context;
-    // Its reconcile: ListVolumes names the same node id, so nothing is published again.
+    // Its reconcile: ListVolumes names the same node id, so nothing is
+    // published again; its first Proxmox call meets a 5xx and is retried.
+    lab.sim
+        .set_knobs(r#"{"fail_5xx": 1}"#)
+        .map_err(|e| e.to_string())?;
     let listed = ctl
         .list_volumes(attacher::list_volumes(""))
         .await
@@ -239,6 +247,42 @@ async fn life(lab: &Lab) -> Result<(), String> {
         return Err("no log line for the failed ValidateVolumeCapabilities".into());
     }
     Ok(())
+}
+
+/// After a volume's whole life, the three binaries' `/metrics` hold every
+/// series the chart's dashboard and alerts read, with the labels they use.
+fn monitored(lab: &Lab) {
+    let mut exposed = packaging::observability::Exposed::default();
+    for (binary, port) in [
+        ("controller", lab.controller_metrics),
+        ("node plugin", lab.target.node_metrics),
+        ("hostd", lab.target.hostd_metrics),
+    ] {
+        let text =
+            packaging::observability::scrape(port).unwrap_or_else(|e| panic!("{binary}: {e}"));
+        exposed
+            .add(&text)
+            .unwrap_or_else(|e| panic!("{binary}: {e}"));
+    }
+    // The retry of the failed call, and a stage's phases, were counted.
+    for name in [
+        "proxmox_csi_proxmox_api_retries_total",
+        "proxmox_csi_hostd_stage_phase_duration_seconds_bucket",
+        "proxmox_csi_attach_batch_size_count",
+    ] {
+        assert!(
+            exposed.has(name),
+            "{name} not served: {:?}",
+            exposed.names().collect::<Vec<_>>()
+        );
+    }
+    let queries = packaging::observability::chart_queries().unwrap();
+    assert!(queries.len() > 20, "{queries:?}");
+    let problems: Vec<String> = queries
+        .iter()
+        .flat_map(|q| packaging::observability::problems(q, &exposed))
+        .collect();
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
 /// A raw block volume on kubelet's block layouts: staging
