@@ -31,8 +31,10 @@ struct Args {
     /// Where SMBIOS identity is read from.
     #[arg(long, default_value = "/sys/class/dmi/id")]
     dmi_dir: PathBuf,
-    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9810).
-    #[arg(long)]
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9810). Also
+    /// read from the environment: on Talos an ExtensionServiceConfig sets
+    /// environment entries, not arguments.
+    #[arg(long, env = "PROXMOX_CSI_HOSTD_METRICS_ADDRESS")]
     metrics_address: Option<std::net::SocketAddr>,
     /// kubelet's root directory; target paths must lie in its CSI directories.
     #[arg(long, default_value = "/var/lib/kubelet")]
