@@ -67,7 +67,7 @@ static BATCH_SIZE: LazyLock<Histogram> =
 pub fn register(registry: &mut Registry) {
     registry.register(
         "attach_queue_depth",
-        "Attaches and detaches waiting for their VM's config write",
+        "Attaches and detaches submitted and not yet answered (queued or being written)",
         QUEUE_DEPTH.clone(),
     );
     registry.register(

@@ -1217,3 +1217,63 @@ async fn soak_in_the_guest_keeps_every_byte() {
         "MEASURE guest soak: 14 rounds, {faults} faults, {retries} retried calls, every byte intact"
     );
 }
+
+/// LUKS on a kernel without AF_ALG, as Talos's: with the kernel's crypto
+/// socket modules removed and module loading off, hostd's libcryptsetup
+/// (Debian's, the one the images bundle) formats and opens a LUKS2 volume
+/// with its userspace backend, and dm-crypt serves the data.
+#[tokio::test]
+async fn luks_without_af_alg_in_the_kernel() {
+    let Some(Lab {
+        mut g,
+        ctl,
+        mut node,
+        sim: _sim,
+        images: _images,
+    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    else {
+        return;
+    };
+    // No socket(AF_ALG): its modules gone, and the kernel cannot load them
+    // again on demand (request_module runs /proc/sys/kernel/modprobe).
+    let gone = g
+        .sh("rmmod algif_skcipher algif_hash af_alg; echo /bin/false > /proc/sys/kernel/modprobe; grep -cE '^(af_alg|algif_)' /proc/modules; grep -c '^ALG ' /proc/net/protocols; true")
+        .await
+        .unwrap_or_default();
+    assert_eq!(
+        gone.split_whitespace().collect::<Vec<_>>(),
+        ["0", "0"],
+        "{gone}"
+    );
+
+    let k = kubelet();
+    let pv = provision(&ctl, &class("local-lvm", "ext4"), &claim("no-af-alg")).await;
+    let pc = attach(&ctl, &pv, WORKER_2).await;
+    mkdirs(&mut g, k.stage_dirs(&pv)).await;
+    let staged = tokio::time::timeout(
+        Duration::from_secs(60),
+        node.node_stage_volume(k.node_stage(&pv, &pc, luks())),
+    )
+    .await;
+    if !matches!(staged, Ok(Ok(_))) {
+        let why = g.sh("tail -5 /run/hostd.log").await.unwrap_or_default();
+        panic!("NodeStage without AF_ALG failed: {staged:?}\nguest:\n{why}");
+    }
+    let staging = k.staging_path(&pv);
+    let check = g
+        .sh(&format!(
+            "grep ' {staging} ' /proc/mounts; echo data > {staging}/f && sync && cat {staging}/f; \
+             grep -cE '^(af_alg|algif_)' /proc/modules; true"
+        ))
+        .await
+        .unwrap();
+    assert!(
+        check.contains("/dev/mapper/pvecsi-")
+            && check.contains(" ext4 ")
+            && check.contains("data\n0"),
+        "{check}"
+    );
+    node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
+    let mapped = g.sh("ls /dev/mapper").await.unwrap();
+    assert!(!mapped.contains("pvecsi-"), "{mapped}");
+}
