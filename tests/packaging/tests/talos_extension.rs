@@ -202,3 +202,65 @@ fn the_checker_rejects_what_talos_rejects() {
 fn nix_mkfifo(p: &Path) {
     assert!(Command::new("mkfifo").arg(p).status().unwrap().success());
 }
+
+/// The recipe for siderolabs/extensions: the service spec it installs is a
+/// file of its own directory (bldr copies the directory to /pkg; a symlink
+/// out of it would dangle there) and the very spec this tree ships; crates
+/// are fetched in the one networked step and the build runs offline.
+#[test]
+fn the_siderolabs_recipe_builds_offline_from_its_own_files() {
+    let dir = repo_root().join("talos-extension/siderolabs/storage/proxmox-csi-hostd");
+    let spec = dir.join("proxmox-csi-hostd.yaml");
+    assert!(
+        !std::fs::symlink_metadata(&spec)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "{} is a symlink",
+        spec.display()
+    );
+    assert_eq!(
+        std::fs::read_to_string(&spec).unwrap(),
+        std::fs::read_to_string(repo_root().join("talos-extension/proxmox-csi-hostd.yaml"))
+            .unwrap(),
+        "the recipe's service spec differs from talos-extension/proxmox-csi-hostd.yaml"
+    );
+    // bldr renders the Go templates first; any value keeps the YAML's shape.
+    let text = std::fs::read_to_string(dir.join("pkg.yaml")).unwrap();
+    let rendered = regex::Regex::new(r"\{\{[^}]*\}\}")
+        .unwrap()
+        .replace_all(&text, "x");
+    let pkg: serde_norway::Value = serde_norway::from_str(&rendered).unwrap();
+    let steps = pkg["steps"].as_sequence().unwrap();
+    let networked: Vec<&serde_norway::Value> = steps
+        .iter()
+        .filter(|s| s["network"].as_str() == Some("default"))
+        .collect();
+    assert_eq!(networked.len(), 1, "one networked step");
+    let fetch = format!("{:?}", networked[0]["prepare"]);
+    assert!(fetch.contains("cargo fetch --locked"), "{fetch}");
+    assert!(networked[0]["build"].is_null(), "the networked step builds");
+    let build = steps
+        .iter()
+        .find(|s| !s["build"].is_null())
+        .expect("a build step");
+    assert_eq!(build["network"].as_str(), Some("none"));
+    assert!(format!("{:?}", build["build"]).contains("--frozen"));
+    let install = format!("{:?}", build["install"]);
+    assert!(
+        install.contains("cp /pkg/proxmox-csi-hostd.yaml"),
+        "{install}"
+    );
+    assert!(
+        install.contains("command -v"),
+        "tools taken from a fixed directory: {install}"
+    );
+    assert!(
+        pkg["install"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|p| p.as_str() == Some("cargo")),
+        "no cargo in the build environment"
+    );
+}
