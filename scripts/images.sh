@@ -10,8 +10,9 @@
 #                            /rootfs/usr/local/... (talos-extension/assemble.sh)
 #
 # Reproducible: every file's time is the last commit's (SOURCE_DATE_EPOCH
-# overrides it), as are the images' creation and history times, so the same
-# binaries give the same digests.
+# overrides it), as are the images' creation and history times; owners are
+# root and modes do not depend on the umask, so the same binaries give the
+# same digests.
 #
 # The binaries are built with cargo-auditable, which records their crates in
 # the binary for syft; the Debian packages whose files an image holds are
@@ -21,6 +22,8 @@
 # Usage: scripts/images.sh [--out DIR] [--prebuilt]
 #   --prebuilt  use target/release as it is (no cargo build)
 set -euo pipefail
+# Modes of the files made here must not depend on the caller's umask.
+umask 022
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 out=$repo/target/images

@@ -7,11 +7,10 @@
 
 // Test code: a failed unwrap is the test failing, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use packaging::{repo_root, talos};
+use packaging::{chroot, repo_root, talos};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const IMAGES: [&str; 4] = [
@@ -83,34 +82,8 @@ fn unpack(layout: &Path, into: &Path) -> PathBuf {
     into.join("rootfs")
 }
 
-/// Runs `args` chrooted into `root` as `uid`:`gid` (a non-root uid keeps no
-/// capability), with the image's PATH and nothing else of the environment.
 fn run_in(root: &Path, uid: u32, gid: u32, args: &[&str]) -> (bool, String) {
-    let root = root.to_path_buf();
-    let mut cmd = Command::new(args[0]);
-    cmd.args(&args[1..])
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/sbin:/usr/bin");
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            nix::unistd::chroot(&root)?;
-            nix::unistd::chdir("/")?;
-            nix::unistd::setgroups(&[])?;
-            nix::unistd::setgid(nix::unistd::Gid::from_raw(gid))?;
-            nix::unistd::setuid(nix::unistd::Uid::from_raw(uid))?;
-            Ok(())
-        });
-    }
-    let out = cmd.output().unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    chroot::run(root, uid, gid, args).unwrap()
 }
 
 #[test]
@@ -268,26 +241,39 @@ fn the_deployment_names_the_images_built() {
     }
 }
 
+/// Two builds from the same binaries, at different times, with different
+/// umasks and temporary directories, give the same digests.
 #[test]
 fn the_same_binaries_give_the_same_digests() {
-    let Some(dir) = layouts() else { return };
+    if layouts().is_none() {
+        return;
+    }
     if !is_root() {
         eprintln!("SKIPPED: the image build needs root (file ownership)");
         return;
     }
-    let again = tempfile::tempdir().unwrap();
-    let status = Command::new("bash")
-        .arg(repo_root().join("scripts/images.sh"))
-        .args(["--prebuilt", "--out"])
-        .arg(again.path())
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "scripts/images.sh --prebuilt failed");
+    let build = |umask: &str| {
+        let out = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let status = Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "umask {umask} && exec \"$0\" --prebuilt --out \"$1\""
+            ))
+            .arg(repo_root().join("scripts/images.sh"))
+            .arg(out.path())
+            .env("TMPDIR", tmp.path())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "scripts/images.sh --prebuilt failed");
+        out
+    };
+    let (a, b) = (build("022"), build("077"));
     for name in IMAGES {
         assert_eq!(
-            digest(&dir.join(name)),
-            digest(&again.path().join(name)),
+            digest(&a.path().join(name)),
+            digest(&b.path().join(name)),
             "{name} differs between two builds"
         );
     }

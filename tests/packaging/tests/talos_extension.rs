@@ -30,21 +30,7 @@ fn is_root() -> bool {
 }
 
 fn chroot(root: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new("chroot")
-        .arg(root)
-        .args(args)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin")
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    packaging::chroot::run(root, 0, 0, args).unwrap()
 }
 
 #[test]
