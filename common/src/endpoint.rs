@@ -129,12 +129,26 @@ impl Endpoint {
                 if let Some(dir) = path.parent() {
                     std::fs::create_dir_all(dir).map_err(io("creating the socket directory"))?;
                 }
-                let listener = UnixListener::bind(path).map_err(io("binding"))?;
-                std::fs::set_permissions(path, Permissions::from_mode(access.mode))
-                    .map_err(io("setting the socket mode"))?;
-                if let Some(gid) = access.group {
-                    nix::unistd::chown(path, None, Some(nix::unistd::Gid::from_raw(gid)))
-                        .map_err(|e| io("setting the socket group")(io::Error::from(e)))?;
+                // Bound and listening under a temporary name, given its mode
+                // and group, then renamed into place: a client that sees the
+                // path can connect (bind and listen are two calls), and never
+                // with the wrong access.
+                let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+                let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+                let _ = std::fs::remove_file(&tmp);
+                let listener = UnixListener::bind(&tmp).map_err(io("binding"))?;
+                let placed = (|| {
+                    std::fs::set_permissions(&tmp, Permissions::from_mode(access.mode))
+                        .map_err(io("setting the socket mode"))?;
+                    if let Some(gid) = access.group {
+                        nix::unistd::chown(&tmp, None, Some(nix::unistd::Gid::from_raw(gid)))
+                            .map_err(|e| io("setting the socket group")(io::Error::from(e)))?;
+                    }
+                    std::fs::rename(&tmp, path).map_err(io("placing the socket"))
+                })();
+                if let Err(e) = placed {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(e);
                 }
                 Ok(Listener::Unix {
                     listener,
