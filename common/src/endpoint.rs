@@ -133,7 +133,10 @@ impl Endpoint {
                 // and group, then renamed into place: a client that sees the
                 // path can connect (bind and listen are two calls), and never
                 // with the wrong access.
-                let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+                let name = path
+                    .file_name()
+                    .map(|n| n.to_string_lossy())
+                    .unwrap_or_default();
                 let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
                 let _ = std::fs::remove_file(&tmp);
                 let listener = UnixListener::bind(&tmp).map_err(io("binding"))?;

@@ -90,12 +90,18 @@ pub fn spawn(program: &Path, args: &[&str], log: &Path) -> std::io::Result<Child
         .spawn()
 }
 
-/// A TCP port free on 127.0.0.1 now, for a server started next.
-pub fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("a free port: {e}"))
+/// `N` distinct TCP ports free on 127.0.0.1 now, for servers started next
+/// (all held while they are chosen, so no two are the same).
+pub fn free_ports<const N: usize>() -> Result<[u16; N], String> {
+    let held = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(|e| format!("a free port: {e}"))?;
+    let mut ports = [0; N];
+    for (p, l) in ports.iter_mut().zip(&held) {
+        *p = l.local_addr().map_err(|e| e.to_string())?.port();
+    }
+    Ok(ports)
 }
 
 pub async fn wait_for(path: &Path) -> Result<(), String> {
@@ -137,7 +143,7 @@ pub async fn start() -> Result<Target, String> {
     mode(&sockets, 0o777).map_err(|e| e.to_string())?;
     let (hostd_sock, csi_sock) = (sockets.join("hostd.sock"), sockets.join("csi.sock"));
     let s = |p: &Path| p.display().to_string();
-    let (hostd_metrics, node_metrics) = (free_port()?, free_port()?);
+    let [hostd_metrics, node_metrics] = free_ports()?;
     let mut procs = vec![
         spawn(
             &hostd,

@@ -160,7 +160,8 @@ impl Lab {
         )
         .map_err(|e| e.to_string())?;
         let controller_socket = dir.join("sockets/controller.sock");
-        let controller_metrics = node::free_port()?;
+        // hostd's and the node plugin's ports are bound by now.
+        let [controller_metrics] = node::free_ports()?;
         let controller = node::spawn(
             &node::bin("proxmox-csi-controller"),
             &[
