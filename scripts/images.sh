@@ -40,7 +40,8 @@ scripts/deps.sh images
 scripts/pytools.sh
 syft=${PROXMOX_CSI_TOOLS:-/opt/proxmox-csi-tools}/bin/syft
 
-# One place for names and version: the chart's repositories, the crate's version.
+# The version is the crate's (the chart's appVersion); the chart's and the
+# manifests' image references end in these names (tests/packaging/tests/images.rs).
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
 source_url=$(sed -n '/^\[workspace.package\]/,/^\[/s/^repository = "\(.*\)"/\1/p' Cargo.toml)
 license=$(sed -n '/^\[workspace.package\]/,/^\[/s/^license = "\(.*\)"/\1/p' Cargo.toml)
