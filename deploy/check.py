@@ -192,7 +192,7 @@ def monitoring(r, version):
             and rule["metadata"]["labels"].get("release") == "kube-prometheus-stack",
             "the PrometheusRule holds files/alerts.yaml, with prometheusRule.labels")
     default = helm({})
-    r.check(not any(o["kind"] in ("PrometheusRule",) or o["metadata"]["name"].endswith("-dashboard") for o in default),
+    r.check(not any(o["kind"] == "PrometheusRule" or o["metadata"]["name"].endswith("-dashboard") for o in default),
             "neither is rendered by default")
 
 

@@ -110,10 +110,10 @@ record_packages() {
   done
 }
 
-# /etc/passwd and /etc/group with root and uid/gid 65532 (`nonroot`), and
+# /etc: passwd and group with root and uid/gid 65532 (`nonroot`), and
 # the distribution the libraries come from (/etc/os-release, which SBOM
 # tools read to name Debian packages).
-add_users() {
+add_etc() {
   local root=$1
   mkdir -p "$root/etc"
   install -m 0644 "$(readlink -f /etc/os-release)" "$root/etc/os-release"
@@ -126,7 +126,7 @@ plugin_root() {
   local root=$1 bin=$2
   install -D -m 0755 "$release/$bin" "$root/usr/local/bin/$bin"
   add_libraries "$root" "/usr/local/bin/$bin"
-  add_users "$root"
+  add_etc "$root"
   install -d -m 1777 "$root/tmp"
 }
 
@@ -163,11 +163,16 @@ image() {
   umoci gc --layout "$layout"
   rm -rf "$bundle"
   "$syft" scan -q "oci-dir:$layout" -o "cyclonedx-json=$out/$name.cdx.json"
-  local layer
-  layer=$(find "$layout/blobs/sha256" -type f -size +4k -printf '%s\n' | sort -n | tail -n1)
-  printf '%-26s %s  layer %s KiB compressed, rootfs %s\n' "$name" \
-    "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["manifests"][0]["digest"])' "$layout/index.json")" \
-    "$((layer / 1024))" "$(du -sh --apparent-size "$rootfs" | cut -f1)"
+  # The manifest's digest and its layers' compressed size, as a registry stores them.
+  python3 - "$layout" "$name" "$(du -sh --apparent-size "$rootfs" | cut -f1)" <<'PY'
+import json, sys
+layout, name, unpacked = sys.argv[1:]
+index = json.load(open(f"{layout}/index.json"))
+digest = index["manifests"][0]["digest"]
+manifest = json.load(open(f"{layout}/blobs/sha256/{digest.split(':')[1]}"))
+size = sum(layer["size"] for layer in manifest["layers"])
+print(f"{name:<26} {digest}  layers {size // 1024} KiB compressed, rootfs {unpacked}")
+PY
 }
 
 echo "==> images $version ($created, $revision) in $out"
@@ -189,7 +194,7 @@ talos-extension/assemble.sh "$work/ext" "$release/proxmox-csi-hostd" >/dev/null
 svc=$work/ext/rootfs/usr/local/lib/containers/proxmox-csi-hostd
 record_packages "$svc"
 cp -a "$svc" "$work/hostd"
-add_users "$work/hostd"
+add_etc "$work/hostd"
 image proxmox-csi-hostd "$work/hostd" 0:0 \
   "Proxmox VE CSI driver: hostd, the privileged host daemon" /usr/bin/proxmox-csi-hostd
 # Talos unpacks an extension image; it never runs it (no entrypoint).

@@ -89,9 +89,9 @@ fn run_in(root: &Path, uid: u32, gid: u32, args: &[&str]) -> (bool, String) {
 #[test]
 fn each_image_holds_what_it_runs_and_says_what_it_is() {
     let Some(dir) = layouts() else { return };
+    let mut configs = std::collections::HashMap::new();
     for name in IMAGES {
-        let layout = dir.join(name);
-        let c = config(&layout);
+        let c = config(&dir.join(name));
         let labels = &c["config"]["Labels"];
         assert_eq!(labels["org.opencontainers.image.version"], VERSION, "{c}");
         assert_eq!(labels["org.opencontainers.image.licenses"], "Apache-2.0");
@@ -130,6 +130,7 @@ fn each_image_holds_what_it_runs_and_says_what_it_is() {
                 || name == "proxmox-csi-hostd-talos",
             "{name}: the SBOM lists no Debian package: {purls:?}"
         );
+        configs.insert(name, c);
     }
 
     if !is_root() {
@@ -142,21 +143,16 @@ fn each_image_holds_what_it_runs_and_says_what_it_is() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let want = |bin: &str| format!("{bin} {VERSION}");
-    for (name, uid) in [
-        ("proxmox-csi-controller", 65532),
-        ("proxmox-csi-node", 65532),
-    ] {
-        let layout = dir.join(name);
-        let entry = config(&layout)["config"]["Entrypoint"].clone();
-        let entry: Vec<&str> = entry
+    for name in ["proxmox-csi-controller", "proxmox-csi-node"] {
+        let entry: Vec<&str> = configs[name]["config"]["Entrypoint"]
             .as_array()
             .unwrap()
             .iter()
             .filter_map(|v| v.as_str())
             .collect();
         assert_eq!(entry, [format!("/usr/local/bin/{name}")]);
-        let root = unpack(&layout, &tmp.path().join(name));
-        let (ok, text) = run_in(&root, uid, uid, &[entry[0], "--version"]);
+        let root = unpack(&dir.join(name), &tmp.path().join(name));
+        let (ok, text) = run_in(&root, 65532, 65532, &[entry[0], "--version"]);
         assert!(ok && text.contains(&want(name)), "{name}: {text}");
     }
     // The controller trusts public CAs for the Proxmox API.
