@@ -14,13 +14,18 @@
 # root and modes do not depend on the umask, so the same binaries give the
 # same digests.
 #
+# Every file that is not the driver's own comes from the declared environment
+# (deploy/images/environment.list, pinned in environment.lock; made by
+# scripts/environment.sh), and the binaries are linked against it as their
+# sysroot: nothing is taken from the build host's libraries.
+#
 # The binaries are built with cargo-auditable, which records their crates in
 # the binary for syft; the Debian packages whose files an image holds are
 # recorded as /var/lib/dpkg/status.d/<package> (with their copyright files),
 # as distroless images do, where syft reads them.
 #
 # Usage: scripts/images.sh [--out DIR] [--prebuilt]
-#   --prebuilt  use target/release as it is (no cargo build)
+#   --prebuilt  use target/images-build/release as it is (no cargo build)
 set -euo pipefail
 # Modes of the files made here must not depend on the caller's umask.
 umask 022
@@ -48,15 +53,19 @@ license=$(sed -n '/^\[workspace.package\]/,/^\[/s/^license = "\(.*\)"/\1/p' Carg
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
 created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
-arch=$(dpkg --print-architecture)
+arch=$(sed -n 's/^architecture[[:space:]]\+//p' deploy/images/environment.list)
+env_root=$repo/target/environment/root
+bins=$repo/target/images-build/release
+scripts/environment.sh root "$env_root"
 
 if $build; then
   if ! command -v cargo-auditable >/dev/null; then
     echo "==> installing cargo-auditable"
     cargo install --locked --quiet cargo-auditable --version 0.7.7
   fi
-  echo "==> building release binaries (cargo auditable)"
-  cargo auditable build --release --locked -p proxmox-csi-controller -p proxmox-csi-node -p proxmox-csi-hostd
+  echo "==> building release binaries against the environment (cargo auditable)"
+  CARGO_TARGET_DIR=$repo/target/images-build scripts/environment.sh cargo "$env_root" \
+    auditable build --release --locked -p proxmox-csi-controller -p proxmox-csi-node -p proxmox-csi-hostd
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -67,48 +76,9 @@ mkdir -p "$out"
 release=$work/bin
 mkdir -p "$release"
 for b in proxmox-csi-controller proxmox-csi-node proxmox-csi-hostd; do
-  [ -x "$repo/target/release/$b" ] || { echo "images.sh: target/release/$b is missing" >&2; exit 1; }
-  strip --strip-all -o "$release/$b" "$repo/target/release/$b"
+  [ -x "$bins/$b" ] || { echo "images.sh: $bins/$b is missing" >&2; exit 1; }
+  strip --strip-all -o "$release/$b" "$bins/$b"
 done
-
-# The files given (paths inside ROOT) and the shared libraries and loader
-# they load, copied from this host at the paths they ask for.
-add_libraries() {
-  local root=$1; shift
-  local elf lib
-  for elf in "$@"; do
-    ldd "$root$elf" | awk '/=> \// {print $3} /^\t\/[^ ]+ \(/ {print $1}'
-  done | sort -u | while read -r lib; do
-    install -D -m 0755 "$(readlink -f "$lib")" "$root$lib"
-  done
-}
-
-# The Debian package owning host file PATH (merged /usr: tried both ways).
-owner() {
-  local p=$1 alt
-  alt=$(readlink -f "$p")
-  for c in "$p" "$alt" "${p#/usr}" "/usr$p" "${alt#/usr}"; do
-    dpkg-query -S "$c" 2>/dev/null | head -n1 | cut -d: -f1 && return 0
-  done
-  return 1
-}
-
-# Records the Debian packages whose files lie under ROOT (each file's host
-# path is its path below ROOT) plus EXTRA packages, for the SBOM.
-record_packages() {
-  local root=$1; shift
-  local pkgs=("$@") f p
-  while IFS= read -r f; do
-    p=$(owner "/${f#"$root"/}") && pkgs+=("$p")
-  done < <(find "$root" -type f ! -path "$root/etc/*" ! -path "$root/var/*")
-  mkdir -p "$root/var/lib/dpkg/status.d"
-  for p in $(printf '%s\n' "${pkgs[@]}" | sort -u); do
-    dpkg-query -s "$p" > "$root/var/lib/dpkg/status.d/$p"
-    if [ -f "/usr/share/doc/$p/copyright" ]; then
-      install -D -m 0644 "/usr/share/doc/$p/copyright" "$root/usr/share/doc/$p/copyright"
-    fi
-  done
-}
 
 # /etc: passwd and group with root and uid/gid 65532 (`nonroot`), and
 # the distribution the libraries come from (/etc/os-release, which SBOM
@@ -116,7 +86,7 @@ record_packages() {
 add_etc() {
   local root=$1
   mkdir -p "$root/etc"
-  install -m 0644 "$(readlink -f /etc/os-release)" "$root/etc/os-release"
+  install -m 0644 "$(readlink -f "$env_root/etc/os-release")" "$root/etc/os-release"
   printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > "$root/etc/passwd"
   printf 'root:x:0:\nnonroot:x:65532:\n' > "$root/etc/group"
 }
@@ -125,7 +95,7 @@ add_etc() {
 plugin_root() {
   local root=$1 bin=$2
   install -D -m 0755 "$release/$bin" "$root/usr/local/bin/$bin"
-  add_libraries "$root" "/usr/local/bin/$bin"
+  scripts/environment.sh install "$env_root" "$root" "/usr/local/bin/$bin"
   add_etc "$root"
   install -d -m 1777 "$root/tmp"
 }
@@ -162,41 +132,110 @@ image() {
     --config.label "org.opencontainers.image.created=$created"
   umoci gc --layout "$layout"
   rm -rf "$bundle"
-  "$syft" scan -q "oci-dir:$layout" -o "cyclonedx-json=$out/$name.cdx.json"
-  # The manifest's digest and its layers' compressed size, as a registry stores them.
-  python3 - "$layout" "$name" "$(du -sh --apparent-size "$rootfs" | cut -f1)" <<'PY'
-import json, sys
-layout, name, unpacked = sys.argv[1:]
+  if [ -n "${SBOM:-}" ]; then
+    install -m 0644 "$SBOM" "$out/$name.cdx.json"
+  else
+    "$syft" scan -q "oci-dir:$layout" -o "cyclonedx-json=$out/$name.cdx.json"
+  fi
+  # The architecture the image holds, said where registry clients read it:
+  # the tag names an image index whose one entry carries its platform, so a
+  # pull for another architecture (an arm64 installer) fails instead of
+  # silently taking this one. Prints the digest and the layers' size.
+  python3 - "$layout" "$name" "$arch" "$(du -sh --apparent-size "$rootfs" | cut -f1)" <<'PY'
+import hashlib, json, sys
+layout, name, arch, unpacked = sys.argv[1:]
+def blob(digest):
+    return f"{layout}/blobs/sha256/{digest.split(':')[1]}"
 index = json.load(open(f"{layout}/index.json"))
-digest = index["manifests"][0]["digest"]
-manifest = json.load(open(f"{layout}/blobs/sha256/{digest.split(':')[1]}"))
+entry = index["manifests"][0]
+manifest = json.load(open(blob(entry["digest"])))
 size = sum(layer["size"] for layer in manifest["layers"])
-print(f"{name:<26} {digest}  layers {size // 1024} KiB compressed, rootfs {unpacked}")
+image_index = {
+    "schemaVersion": 2,
+    "mediaType": "application/vnd.oci.image.index.v1+json",
+    "manifests": [{
+        "mediaType": entry["mediaType"],
+        "digest": entry["digest"],
+        "size": entry["size"],
+        "platform": {"architecture": arch, "os": "linux"},
+    }],
+}
+raw = json.dumps(image_index, separators=(",", ":"), sort_keys=True).encode()
+digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+open(blob(digest), "wb").write(raw)
+index["manifests"] = [{
+    "mediaType": image_index["mediaType"],
+    "digest": digest,
+    "size": len(raw),
+    "annotations": entry.get("annotations", {}),
+}]
+open(f"{layout}/index.json", "w").write(json.dumps(index, separators=(",", ":"), sort_keys=True))
+print(f"{name:<26} {digest}  {arch}, layers {size // 1024} KiB compressed, rootfs {unpacked}")
+PY
+}
+
+# SBOMs of a directory as WORK/NAME.{spdx,cdx}.json, their random and
+# time fields fixed (a namespace and serial number from their contents, the
+# commit's time) so that an image holding one stays reproducible.
+dir_sbom() {
+  local dir=$1 name=$2
+  (cd "$dir" && "$syft" scan -q dir:. --source-name "$name" --source-version "$version" \
+    -o "spdx-json=$work/$name.spdx.json" -o "cyclonedx-json=$work/$name.cdx.json")
+  python3 - "$work/$name" "$created" "$source_url" "$version" <<'PY'
+import hashlib, json, sys, uuid
+base, created, source, version = sys.argv[1:]
+name = base.rsplit("/", 1)[1]
+def digest(doc):
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+spdx = json.load(open(f"{base}.spdx.json"))
+spdx["creationInfo"]["created"] = created
+spdx["documentNamespace"] = ""
+spdx["documentNamespace"] = f"{source}/spdx/{name}-{version}-{digest(spdx)[:32]}"
+json.dump(spdx, open(f"{base}.spdx.json", "w"), indent=1, sort_keys=True)
+cdx = json.load(open(f"{base}.cdx.json"))
+cdx["metadata"]["timestamp"] = created
+cdx["serialNumber"] = ""
+cdx["serialNumber"] = f"urn:uuid:{uuid.UUID(hex=digest(cdx)[:32], version=5)}"
+json.dump(cdx, open(f"{base}.cdx.json", "w"), indent=1, sort_keys=True)
 PY
 }
 
 echo "==> images $version ($created, $revision) in $out"
 
 plugin_root "$work/controller" proxmox-csi-controller
-# The Proxmox API's CA may be a public one: Debian's bundle, read by rustls-native-certs.
-install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$work/controller/etc/ssl/certs/ca-certificates.crt"
-record_packages "$work/controller" ca-certificates
+# The Proxmox API's CA may be a public one: Debian's bundle, read by
+# rustls-native-certs, made as update-ca-certificates makes it (every
+# certificate of the package, in the order of their paths).
+bundle=$work/controller/etc/ssl/certs/ca-certificates.crt
+mkdir -p "$(dirname "$bundle")"
+find "$env_root/usr/share/ca-certificates" -name '*.crt' | LC_ALL=C sort |
+  while read -r crt; do sed -e '$a\' "$crt"; done >"$bundle"
+chmod 0644 "$bundle"
+scripts/environment.sh record "$env_root" "$work/controller" ca-certificates base-files
 image proxmox-csi-controller "$work/controller" 65532:65532 \
   "Proxmox VE CSI driver: controller" /usr/local/bin/proxmox-csi-controller
 
 plugin_root "$work/node" proxmox-csi-node
-record_packages "$work/node"
+scripts/environment.sh record "$env_root" "$work/node" base-files
 image proxmox-csi-node "$work/node" 65532:65532 \
   "Proxmox VE CSI driver: node plugin (unprivileged)" /usr/local/bin/proxmox-csi-node
 
 # The extension tree, and hostd's image from the same service root.
-talos-extension/assemble.sh "$work/ext" "$release/proxmox-csi-hostd" >/dev/null
+talos-extension/assemble.sh "$work/ext" "$release/proxmox-csi-hostd" "$env_root" >/dev/null
 svc=$work/ext/rootfs/usr/local/lib/containers/proxmox-csi-hostd
-record_packages "$svc"
+scripts/environment.sh record "$env_root" "$svc" e2fsprogs base-files
 cp -a "$svc" "$work/hostd"
 add_etc "$work/hostd"
+scripts/environment.sh record "$env_root" "$work/hostd" base-files
 image proxmox-csi-hostd "$work/hostd" 0:0 \
   "Proxmox VE CSI driver: hostd, the privileged host daemon" /usr/bin/proxmox-csi-hostd
+# The extension's SBOM: Talos's layout keeps /var/lib/dpkg out of the
+# image's root, where image scanners look, so its service root is scanned as
+# a directory; the SPDX document goes inside, where siderolabs/extensions'
+# recipes put theirs (bldr's sbom outputPath, /usr/local/share/spdx).
+dir_sbom "$svc" proxmox-csi-hostd-talos
+install -D -m 0644 "$work/proxmox-csi-hostd-talos.spdx.json" \
+  "$work/ext/rootfs/usr/local/share/spdx/proxmox-csi-hostd.spdx.json"
 # Talos unpacks an extension image; it never runs it (no entrypoint).
-image proxmox-csi-hostd-talos "$work/ext" 0:0 \
+SBOM=$work/proxmox-csi-hostd-talos.cdx.json image proxmox-csi-hostd-talos "$work/ext" 0:0 \
   "Proxmox VE CSI driver: hostd as a Talos system extension"

@@ -5,30 +5,29 @@
 #   <out>/rootfs/usr/local/etc/containers/proxmox-csi-hostd.yaml
 #   <out>/rootfs/usr/local/lib/containers/proxmox-csi-hostd/   (the service's own root)
 #
-# The service's root holds hostd, the filesystem tools it runs and every shared
-# library they need (found with ldd), so it depends on nothing of the Talos host.
+# The service's root holds hostd, the filesystem tools it runs, their
+# configuration and every shared library they need, so it depends on nothing
+# of the Talos host. Tools, libraries and configuration come from the images'
+# declared environment (deploy/images/environment.list, pinned in its lock),
+# never from the machine that assembles the tree.
 #
-# Usage: talos-extension/assemble.sh <out-dir> [<hostd binary>]
-# The binary defaults to target/release/proxmox-csi-hostd, built if missing.
+# Usage: talos-extension/assemble.sh <out-dir> <hostd binary> [<environment root>]
+# The environment root defaults to target/environment/root, made if missing
+# (scripts/environment.sh root). `make images` builds hostd against it.
 set -euo pipefail
+umask 022
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
-out=${1:?usage: assemble.sh <out-dir> [<hostd binary>]}
-bin=${2:-$repo/target/release/proxmox-csi-hostd}
+out=${1:?usage: assemble.sh <out-dir> <hostd binary> [<environment root>]}
+bin=${2:?usage: assemble.sh <out-dir> <hostd binary> [<environment root>]}
+env=${3:-$repo/target/environment/root}
 name=proxmox-csi-hostd
-tools=(mkfs.ext4 mkfs.xfs resize2fs xfs_growfs)
+# The tools hostd runs, where the environment's packages install them.
+tools=(/sbin/mkfs.ext4 /sbin/resize2fs /sbin/mkfs.xfs /usr/sbin/xfs_growfs)
 
-if [ ! -x "$bin" ]; then
-    echo "building $bin (release)"
-    (cd "$repo" && cargo build --release --locked -p proxmox-csi-hostd)
-fi
-for t in "${tools[@]}"; do
-    PATH=$PATH:/usr/sbin:/sbin command -v "$t" >/dev/null || {
-        echo "assemble.sh: $t is missing; install e2fsprogs and xfsprogs" >&2
-        exit 1
-    }
-done
+[ -x "$bin" ] || { echo "assemble.sh: $bin is not an executable" >&2; exit 1; }
+[ $# -ge 3 ] || "$repo/scripts/environment.sh" root "$env"
 
 rm -rf "$out"
 svc=$out/rootfs/usr/local/lib/containers/$name
@@ -39,23 +38,14 @@ sed "s/^  version: .*/  version: $version/" "$here/manifest.yaml" > "$out/manife
 install -m 0644 "$here/$name.yaml" "$out/rootfs/usr/local/etc/containers/$name.yaml"
 install -m 0755 "$bin" "$svc/usr/bin/$name"
 
-elves=("$svc/usr/bin/$name")
-for t in "${tools[@]}"; do
-    src=$(PATH=$PATH:/usr/sbin:/sbin command -v "$t")
-    install -m 0755 "$(readlink -f "$src")" "$svc/usr/sbin/$t"
-    elves+=("$svc/usr/sbin/$t")
-done
-# mke2fs's defaults (ext4 features) come from its config file.
-[ -f /etc/mke2fs.conf ] && install -m 0644 /etc/mke2fs.conf "$svc/etc/mke2fs.conf"
+installs=("/usr/bin/$name")
+for t in "${tools[@]}"; do installs+=("$t:/usr/sbin/$(basename "$t")"); done
+"$repo/scripts/environment.sh" install "$env" "$svc" "${installs[@]}"
+# mke2fs's defaults (ext4's features) come from its config file.
+install -m 0644 "$env/etc/mke2fs.conf" "$svc/etc/mke2fs.conf"
+# The distribution the service root's userland is (SBOM tools read it).
+install -m 0644 "$(readlink -f "$env/etc/os-release")" "$svc/etc/os-release"
 
-# Shared libraries and the loader, at the paths the binaries ask for.
-for elf in "${elves[@]}"; do
-    ldd "$elf" | awk '/=> \// {print $3} /^\t\/[^ ]+ \(/ {print $1}'
-done | sort -u | while read -r lib; do
-    dest=$svc$lib
-    mkdir -p "$(dirname "$dest")"
-    install -m 0755 "$(readlink -f "$lib")" "$dest"
-done
 # The loader's search path inside the service root.
 # (Listed before the file is written: find must not see ld.so.conf itself.)
 dirs=$(find "$svc" -path "$svc/etc" -prune -o -name '*.so*' -printf '%h\n' | sed "s|^$svc||" | sort -u)

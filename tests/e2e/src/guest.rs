@@ -19,6 +19,38 @@ pub fn bin_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug")
 }
 
+/// The Talos extension's tree (talos-extension/assemble.sh, with the debug
+/// hostd and the images' environment), shared with the guest over 9p at
+/// /ext: a test can run hostd from the service root Talos would run.
+pub fn extension_dir() -> PathBuf {
+    image_dir().join("extension")
+}
+
+/// Assembles the extension tree once per run, aside and then moved into place.
+fn assemble_extension() -> Result<()> {
+    static DONE: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let staging = image_dir().join("extension.new");
+        let out = Command::new("bash")
+            .arg(repo.join("talos-extension/assemble.sh"))
+            .arg(&staging)
+            .arg(bin_dir().join("proxmox-csi-hostd"))
+            .output()
+            .map_err(|e| format!("running assemble.sh: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "assemble.sh failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let _ = std::fs::remove_dir_all(extension_dir());
+        std::fs::rename(&staging, extension_dir()).map_err(|e| e.to_string())
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
+}
+
 /// What the image is built from; a change rebuilds it.
 fn recipe() -> String {
     let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("guest");
@@ -40,6 +72,8 @@ static GUESTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 pub fn build_image() -> Result<PathBuf> {
     let _one_at_a_time = BUILD.lock().unwrap_or_else(|p| p.into_inner());
     let dir = image_dir();
+    std::fs::create_dir_all(&dir)?;
+    assemble_extension()?;
     let stamp = dir.join("recipe");
     let current = recipe();
     if dir.join("vmlinuz").exists()
@@ -205,6 +239,11 @@ impl Guest {
             .arg(format!(
                 "local,path={},mount_tag=host,security_model=none,readonly=on",
                 bin_dir().display()
+            ))
+            .arg("-virtfs")
+            .arg(format!(
+                "local,path={},mount_tag=ext,security_model=none,readonly=on",
+                extension_dir().display()
             ))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.path().join("qemu.err"))?)

@@ -1219,9 +1219,10 @@ async fn soak_in_the_guest_keeps_every_byte() {
 }
 
 /// LUKS on a kernel without AF_ALG, as Talos's: with the kernel's crypto
-/// socket modules removed and module loading off, hostd's libcryptsetup
-/// (Debian's, the one the images bundle) formats and opens a LUKS2 volume
-/// with its userspace backend, and dm-crypt serves the data.
+/// socket modules removed and module loading off, hostd run chrooted in the
+/// Talos extension's service root formats and opens a LUKS2 volume with the
+/// libcryptsetup and mkfs bundled there (their userspace crypto backend),
+/// and dm-crypt serves the data.
 #[tokio::test]
 async fn luks_without_af_alg_in_the_kernel() {
     let Some(Lab {
@@ -1244,6 +1245,32 @@ async fn luks_without_af_alg_in_the_kernel() {
         gone.split_whitespace().collect::<Vec<_>>(),
         ["0", "0"],
         "{gone}"
+    );
+
+    // hostd as Talos runs it: from the extension's service root, with the
+    // libraries and tools bundled there (the images' environment), the
+    // spec's mounts and environment.
+    let swapped = g
+        .sh(&format!(
+            "r=/run/ext-root; cp -a /ext/rootfs/usr/local/lib/containers/proxmox-csi-hostd $r; \
+             for d in dev sys proc tmp run/udev run/cryptsetup run/proxmox-csi-hostd var/lib/kubelet; do mkdir -p $r/$d; done; \
+             mount --rbind /dev $r/dev; mount --make-rshared $r/dev; mount --rbind /sys $r/sys; \
+             mount -t proc proc $r/proc; mount --bind /run/udev $r/run/udev; mount -o remount,bind,ro $r/run/udev; \
+             mount --rbind /run/cryptsetup $r/run/cryptsetup; mount --rbind /var/lib/kubelet $r/var/lib/kubelet; \
+             mount --make-rshared $r/var/lib/kubelet; mount --bind /run/proxmox-csi-hostd $r/run/proxmox-csi-hostd; \
+             kill $(pidof proxmox-csi-hostd); sleep 0.5; rm -f {sock}; \
+             (env -i DM_DISABLE_UDEV=1 PATH=/usr/sbin:/usr/bin chroot $r /usr/bin/proxmox-csi-hostd \
+               --socket {sock} --socket-mode 666 --kubelet-root /var/lib/kubelet --luks-pbkdf pbkdf2:1000 \
+               --device-wait 30 >> /run/hostd.log 2>&1 &); \
+             n=0; until [ -S {sock} ]; do sleep 0.1; n=$((n+1)); [ $n -gt 100 ] && break; done; \
+             grep -c \"$r/lib/x86_64-linux-gnu/libcryptsetup.so.12\" /proc/$(pidof proxmox-csi-hostd)/maps; true",
+            sock = "/run/proxmox-csi-hostd/hostd.sock"
+        ))
+        .await
+        .unwrap_or_default();
+    assert!(
+        swapped.trim().parse::<u32>().is_ok_and(|n| n > 0),
+        "hostd does not run with the bundled libcryptsetup: {swapped}"
     );
 
     let k = kubelet();

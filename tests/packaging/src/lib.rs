@@ -1,6 +1,7 @@
 //! Checks of what the driver ships, by the rules of its targets.
 
 pub mod chroot;
+pub mod environment;
 pub mod observability;
 pub mod talos;
 

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use packaging::{chroot, repo_root, talos};
+use packaging::{chroot, environment, repo_root, talos};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const IMAGES: [&str; 4] = [
@@ -53,6 +53,36 @@ fn digest(layout: &Path) -> String {
         "{index}"
     );
     m["digest"].as_str().unwrap().to_string()
+}
+
+/// The platforms of the image index the tag names (each `os/architecture`).
+fn platforms(layout: &Path) -> Vec<String> {
+    let read = |digest: &str| -> serde_json::Value {
+        let hex = digest.strip_prefix("sha256:").unwrap();
+        serde_json::from_slice(&std::fs::read(layout.join("blobs/sha256").join(hex)).unwrap())
+            .unwrap()
+    };
+    let index = read(&digest(layout));
+    assert_eq!(
+        index["mediaType"], "application/vnd.oci.image.index.v1+json",
+        "{index}"
+    );
+    index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let p = &m["platform"];
+            let manifest = read(m["digest"].as_str().unwrap());
+            let config = read(manifest["config"]["digest"].as_str().unwrap());
+            assert_eq!(config["architecture"], p["architecture"], "{m}");
+            format!(
+                "{}/{}",
+                p["os"].as_str().unwrap(),
+                p["architecture"].as_str().unwrap()
+            )
+        })
+        .collect()
 }
 
 /// The image config, as skopeo reads it from the layout.
@@ -106,6 +136,11 @@ fn each_image_holds_what_it_runs_and_says_what_it_is() {
         }
         assert_eq!(c["os"], "linux");
         assert_eq!(c["architecture"], "amd64", "{c}");
+        assert_eq!(
+            platforms(&dir.join(name)),
+            ["linux/amd64"],
+            "{name}: the tag's index names the architecture it holds"
+        );
         let user = c["config"]["User"].as_str().unwrap_or_default();
         match name {
             "proxmox-csi-controller" | "proxmox-csi-node" => assert_eq!(user, "65532:65532"),
@@ -126,8 +161,7 @@ fn each_image_holds_what_it_runs_and_says_what_it_is() {
             "{name}: the SBOM lists no crate"
         );
         assert!(
-            purls.iter().any(|p| p.starts_with("pkg:deb/debian/libc6@"))
-                || name == "proxmox-csi-hostd-talos",
+            purls.iter().any(|p| p.starts_with("pkg:deb/debian/libc6@")),
             "{name}: the SBOM lists no Debian package: {purls:?}"
         );
         configs.insert(name, c);
@@ -271,6 +305,202 @@ fn the_same_binaries_give_the_same_digests() {
             digest(&a.path().join(name)),
             digest(&b.path().join(name)),
             "{name} differs between two builds"
+        );
+    }
+}
+
+/// Every file of an image that is not the driver's own is, byte for byte, a
+/// file of a package the environment's lock pins, and that package is
+/// recorded for the SBOM, which names it at its locked version: nothing
+/// comes from the build host.
+#[test]
+fn every_file_not_the_drivers_comes_from_a_locked_package() {
+    let Some(dir) = layouts() else { return };
+    if !is_root() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "unpacking needs root, and CI is set"
+        );
+        eprintln!("SKIPPED: unpacking needs root");
+        return;
+    }
+    let repo = repo_root();
+    let scratch = tempfile::tempdir().unwrap();
+    let contents = environment::Contents::of(
+        &repo,
+        &repo.join("target/environment/debs"),
+        &scratch.path().join("debs"),
+    );
+    let locked: std::collections::HashMap<String, String> = environment::lock(&repo)
+        .into_iter()
+        .map(|l| (l.package, l.version))
+        .collect();
+    // The driver's own files: its binaries, the accounts, the loader's
+    // configuration, the extension's manifest and service spec, and the
+    // records of the packages themselves.
+    let ours = |path: &str| {
+        [
+            "/usr/local/bin/proxmox-csi-controller",
+            "/usr/local/bin/proxmox-csi-node",
+            "/usr/bin/proxmox-csi-hostd",
+            "/etc/passwd",
+            "/etc/group",
+            "/etc/ld.so.conf",
+            "/etc/ld.so.cache",
+            "/etc/ssl/certs/ca-certificates.crt",
+            "/manifest.yaml",
+            "/rootfs/usr/local/etc/containers/proxmox-csi-hostd.yaml",
+            "/rootfs/usr/local/share/spdx/proxmox-csi-hostd.spdx.json",
+        ]
+        .contains(&path)
+            || path.starts_with("/var/lib/dpkg/status.d/")
+    };
+    for name in IMAGES {
+        let image = unpack(&dir.join(name), &scratch.path().join(name));
+        // Where the image's files live: the extension's are in the service's root.
+        let root = if name == "proxmox-csi-hostd-talos" {
+            image.join("rootfs/usr/local/lib/containers/proxmox-csi-hostd")
+        } else {
+            image.clone()
+        };
+        let recorded: std::collections::HashMap<String, String> =
+            environment::regular_files(&root.join("var/lib/dpkg/status.d"))
+                .iter()
+                .map(|f| {
+                    let control = std::fs::read_to_string(f).unwrap();
+                    let field = |k: &str| {
+                        control
+                            .lines()
+                            .find_map(|l| l.strip_prefix(&format!("{k}: ")))
+                            .unwrap_or_default()
+                            .to_string()
+                    };
+                    (field("Package"), field("Version"))
+                })
+                .collect();
+        for (package, version) in &recorded {
+            assert_eq!(
+                locked.get(package),
+                Some(version),
+                "{name}: {package} {version} is not the locked version"
+            );
+        }
+        let mut files = 0;
+        for file in environment::regular_files(&image) {
+            let in_image = format!("/{}", file.strip_prefix(&image).unwrap().display());
+            let in_root = format!("/{}", file.strip_prefix(&root).unwrap_or(&file).display());
+            if ours(&in_image) || ours(&in_root) {
+                continue;
+            }
+            let holders = contents.holders(&std::fs::read(&file).unwrap());
+            assert!(
+                !holders.is_empty(),
+                "{name}: {in_image} is no file of a locked package"
+            );
+            assert!(
+                holders.iter().any(|(p, _)| recorded.contains_key(p)),
+                "{name}: {in_image} comes from {holders:?}, which the image does not record"
+            );
+            files += 1;
+        }
+        assert!(files > 3, "{name}: only {files} package files");
+
+        // The SBOM names each recorded package at its locked version.
+        let sbom: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.cdx.json"))).unwrap())
+                .unwrap();
+        let debs: std::collections::HashMap<String, String> = sbom["components"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["purl"].as_str())
+            .filter_map(|p| p.strip_prefix("pkg:deb/debian/"))
+            .filter_map(|p| {
+                let (n, rest) = p.split_once('@')?;
+                let v = rest
+                    .split('?')
+                    .next()?
+                    .replace("%3A", ":")
+                    .replace("%2B", "+");
+                Some((n.to_string(), v))
+            })
+            .collect();
+        for (package, version) in &recorded {
+            assert_eq!(
+                debs.get(package),
+                Some(version),
+                "{name}: the SBOM does not name {package} {version}"
+            );
+        }
+    }
+
+    // The CA bundle is the package's certificates, every one of them.
+    let bundle = std::fs::read_to_string(
+        scratch
+            .path()
+            .join("proxmox-csi-controller/rootfs/etc/ssl/certs/ca-certificates.crt"),
+    )
+    .unwrap();
+    let certs: Vec<_> = environment::regular_files(
+        &scratch
+            .path()
+            .join("debs/ca-certificates/usr/share/ca-certificates"),
+    )
+    .into_iter()
+    .filter(|f| f.extension().is_some_and(|e| e == "crt"))
+    .collect();
+    assert!(certs.len() > 100, "{} certificates", certs.len());
+    for c in &certs {
+        let pem = std::fs::read_to_string(c).unwrap();
+        assert!(
+            bundle.contains(pem.trim()),
+            "{} is not in the bundle",
+            c.display()
+        );
+    }
+    assert_eq!(bundle.matches("BEGIN CERTIFICATE").count(), certs.len());
+}
+
+/// Pushed as docs/images.md says (`skopeo copy --all --preserve-digests`),
+/// to another OCI layout standing in for a registry: the tag serves the
+/// same bytes (the digest make images printed), an image index with the
+/// image's platform, and a pull for another architecture is refused.
+#[test]
+fn pushing_keeps_the_digest_and_the_platform() {
+    let Some(dir) = layouts() else { return };
+    let registry = tempfile::tempdir().unwrap();
+    for name in IMAGES {
+        let to = format!("oci:{}:{VERSION}", registry.path().join(name).display());
+        let out = Command::new("skopeo")
+            .args(["copy", "--quiet", "--all", "--preserve-digests"])
+            .arg(format!("oci:{}:{VERSION}", dir.join(name).display()))
+            .arg(&to)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let raw = Command::new("skopeo")
+            .args(["inspect", "--raw", &to])
+            .output()
+            .unwrap();
+        assert!(raw.status.success(), "{name}: skopeo inspect --raw");
+        assert_eq!(
+            format!("sha256:{}", environment::sha256(&raw.stdout)),
+            digest(&dir.join(name)),
+            "{name}: the pushed tag serves other bytes"
+        );
+        let index: serde_json::Value = serde_json::from_slice(&raw.stdout).unwrap();
+        assert_eq!(index["manifests"][0]["platform"]["architecture"], "amd64");
+        let arm = Command::new("skopeo")
+            .args(["--override-arch", "arm64", "inspect", &to])
+            .output()
+            .unwrap();
+        assert!(
+            !arm.status.success(),
+            "{name}: an arm64 pull was given the amd64 image"
         );
     }
 }
