@@ -1,5 +1,6 @@
 //! Checks of what the driver ships, by the rules of its targets.
 
+pub mod bldr;
 pub mod chroot;
 pub mod environment;
 pub mod observability;

@@ -7,7 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use packaging::{repo_root, talos};
+use std::collections::HashMap;
+
+use packaging::{bldr, repo_root, talos};
 
 fn hostd_binary() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -211,28 +213,24 @@ fn the_siderolabs_recipe_builds_offline_from_its_own_files() {
             .unwrap(),
         "the recipe's service spec differs from talos-extension/proxmox-csi-hostd.yaml"
     );
-    // bldr renders the Go templates first; any value keeps the YAML's shape.
-    let text = std::fs::read_to_string(dir.join("pkg.yaml")).unwrap();
-    let rendered = regex::Regex::new(r"\{\{[^}]*\}\}")
-        .unwrap()
-        .replace_all(&text, "x");
-    let pkg: serde_norway::Value = serde_norway::from_str(&rendered).unwrap();
-    let steps = pkg["steps"].as_sequence().unwrap();
-    let networked: Vec<&serde_norway::Value> = steps
-        .iter()
-        .filter(|s| s["network"].as_str() == Some("default"))
-        .collect();
+    let pkg = recipe(&dir, &release_sums());
+    let problems = bldr::problems(&pkg);
+    assert!(problems.is_empty(), "bldr refuses the recipe: {problems:?}");
+    assert_eq!(pkg.name, "proxmox-csi-hostd");
+    let networked: Vec<&bldr::Step> = pkg.steps.iter().filter(|s| s.network() != "none").collect();
     assert_eq!(networked.len(), 1, "one networked step");
-    let fetch = format!("{:?}", networked[0]["prepare"]);
+    assert_eq!(networked[0].network(), "default");
+    let fetch = networked[0].prepare.join("\n");
     assert!(fetch.contains("cargo fetch --locked"), "{fetch}");
-    assert!(networked[0]["build"].is_null(), "the networked step builds");
-    let build = steps
+    assert!(networked[0].build.is_empty(), "the networked step builds");
+    let build = pkg
+        .steps
         .iter()
-        .find(|s| !s["build"].is_null())
+        .find(|s| !s.build.is_empty())
         .expect("a build step");
-    assert_eq!(build["network"].as_str(), Some("none"));
-    assert!(format!("{:?}", build["build"]).contains("--frozen"));
-    let install = format!("{:?}", build["install"]);
+    assert_eq!(build.network(), "none");
+    assert!(build.build.join("\n").contains("--frozen"));
+    let install = build.install.join("\n");
     assert!(
         install.contains("cp /pkg/proxmox-csi-hostd.yaml"),
         "{install}"
@@ -242,11 +240,96 @@ fn the_siderolabs_recipe_builds_offline_from_its_own_files() {
         "tools taken from a fixed directory: {install}"
     );
     assert!(
-        pkg["install"]
-            .as_sequence()
-            .unwrap()
-            .iter()
-            .any(|p| p.as_str() == Some("cargo")),
+        pkg.install.iter().any(|p| p == "cargo"),
         "no cargo in the build environment"
     );
+    // Each tool the service root gets, and the Alpine package that holds it
+    // (aports main/e2fsprogs 1.47.3-r0 and main/xfsprogs 7.1.1-r1, APKBUILD:
+    // package() keeps mkfs.* in the main package, extra() moves
+    // /usr/sbin's resize2fs and xfs_growfs into -extra).
+    for (tool, package) in [
+        ("mkfs.ext4", "e2fsprogs"),
+        ("resize2fs", "e2fsprogs-extra"),
+        ("mkfs.xfs", "xfsprogs"),
+        ("xfs_growfs", "xfsprogs-extra"),
+    ] {
+        assert!(install.contains(tool), "the recipe does not copy {tool}");
+        assert!(
+            pkg.install.iter().any(|p| p == package),
+            "{tool} is in Alpine's {package}, which the recipe does not install"
+        );
+    }
+    // The SBOM goes where siderolabs/extensions' recipes put theirs.
+    let sbom = build.sbom.as_ref().expect("an sbom step");
+    assert_eq!(
+        sbom.output_path,
+        "/rootfs/usr/local/share/spdx/proxmox-csi-hostd.spdx.json"
+    );
+
+    // vars.yaml leaves the release tarball's sums to the release: bldr
+    // refuses the recipe until they are filled in.
+    let unfilled = bldr::problems(&recipe(&dir, &HashMap::new()));
+    assert_eq!(
+        unfilled,
+        [
+            "source.sha256 should be 64 chars long",
+            "source.sha512 should be 128 chars long"
+        ]
+    );
+}
+
+/// Release sums of the right shape, as a release fills them into vars.yaml.
+fn release_sums() -> HashMap<String, String> {
+    HashMap::from([
+        ("PROXMOX_CSI_SHA256".to_string(), "a".repeat(64)),
+        ("PROXMOX_CSI_SHA512".to_string(), "b".repeat(128)),
+    ])
+}
+
+/// The recipe as bldr reads it: its vars.yaml, ARCH as bldr sets it, the
+/// given overrides, then pkg.yaml rendered and decoded.
+fn recipe(dir: &Path, overrides: &HashMap<String, String>) -> bldr::Pkg {
+    let vars: HashMap<String, String> =
+        serde_norway::from_str(&std::fs::read_to_string(dir.join("vars.yaml")).unwrap()).unwrap();
+    let mut vars = vars;
+    vars.insert("ARCH".into(), "x86_64".into());
+    vars.extend(overrides.clone());
+    let text = std::fs::read_to_string(dir.join("pkg.yaml")).unwrap();
+    let rendered = bldr::render(&text, &vars).unwrap();
+    serde_norway::from_str(&rendered).unwrap()
+}
+
+/// bldr's checks, and keys bldr would silently drop, are refused.
+#[test]
+fn the_recipe_check_refuses_what_bldr_refuses_or_drops() {
+    let bad: Result<bldr::Pkg, _> =
+        serde_norway::from_str("name: x\nvariant: alpine\nsteps: [{biuld: [make]}]\n");
+    assert!(
+        bad.unwrap_err()
+            .to_string()
+            .contains("unknown field `biuld`"),
+        "a misspelt step key"
+    );
+    let pkg: bldr::Pkg = serde_norway::from_str(
+        "variant: debian\ndependencies: [{stage: a, image: b}, {from: /}]\n\
+         steps: [{network: open, sources: [{url: u, destination: d, sha256: abc, sha512: ''}]}]\n",
+    )
+    .unwrap();
+    let found = bldr::problems(&pkg);
+    for want in [
+        "package name can't be empty",
+        "unknown variant \"debian\"",
+        "finalize steps are missing, this is going to lead to empty build",
+        "dependency can't have both image & stage set",
+        "either image or stage should be set for the dependency",
+        "unknown networkmode \"open\"",
+        "source.sha256 should be 64 chars long",
+        "source.sha512 can't be empty",
+    ] {
+        assert!(
+            found.iter().any(|f| f == want),
+            "missing {want:?} in {found:?}"
+        );
+    }
+    assert!(bldr::render("{{ .NOPE }}", &HashMap::new()).is_err());
 }
