@@ -19,19 +19,22 @@ pub fn bin_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug")
 }
 
-/// The Talos extension's tree (talos-extension/assemble.sh, with the debug
-/// hostd and the images' environment), shared with the guest over 9p at
-/// /ext: a test can run hostd from the service root Talos would run.
+/// Shared with every guest over 9p at /ext; [`assemble_extension`] puts the
+/// Talos extension's tree in it, at /ext/tree in the guest.
 pub fn extension_dir() -> PathBuf {
     image_dir().join("extension")
 }
 
-/// Assembles the extension tree once per run, aside and then moved into place.
-fn assemble_extension() -> Result<()> {
+/// Assembles the Talos extension's tree (talos-extension/assemble.sh, with
+/// the debug hostd and the images' environment) once per run, aside and
+/// then moved into place, so that a test can run hostd from the service
+/// root Talos would run. Only the tests that need it pay for it.
+pub fn assemble_extension() -> Result<()> {
     static DONE: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
     DONE.get_or_init(|| {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let staging = image_dir().join("extension.new");
+        let staging = extension_dir().join("tree.new");
+        let _ = std::fs::remove_dir_all(&staging);
         let out = Command::new("bash")
             .arg(repo.join("talos-extension/assemble.sh"))
             .arg(&staging)
@@ -44,8 +47,8 @@ fn assemble_extension() -> Result<()> {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
-        let _ = std::fs::remove_dir_all(extension_dir());
-        std::fs::rename(&staging, extension_dir()).map_err(|e| e.to_string())
+        let _ = std::fs::remove_dir_all(extension_dir().join("tree"));
+        std::fs::rename(&staging, extension_dir().join("tree")).map_err(|e| e.to_string())
     })
     .clone()
     .map_err(anyhow::Error::msg)
@@ -72,8 +75,7 @@ static GUESTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 pub fn build_image() -> Result<PathBuf> {
     let _one_at_a_time = BUILD.lock().unwrap_or_else(|p| p.into_inner());
     let dir = image_dir();
-    std::fs::create_dir_all(&dir)?;
-    assemble_extension()?;
+    std::fs::create_dir_all(extension_dir())?;
     let stamp = dir.join("recipe");
     let current = recipe();
     if dir.join("vmlinuz").exists()

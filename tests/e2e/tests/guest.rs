@@ -1250,9 +1250,13 @@ async fn luks_without_af_alg_in_the_kernel() {
     // hostd as Talos runs it: from the extension's service root, with the
     // libraries and tools bundled there (the images' environment), the
     // spec's mounts and environment.
+    tokio::task::spawn_blocking(e2e::guest::assemble_extension)
+        .await
+        .unwrap()
+        .unwrap();
     let swapped = g
         .sh(&format!(
-            "r=/run/ext-root; cp -a /ext/rootfs/usr/local/lib/containers/proxmox-csi-hostd $r; \
+            "r=/run/ext-root; cp -a /ext/tree/rootfs/usr/local/lib/containers/proxmox-csi-hostd $r; \
              for d in dev sys proc tmp run/udev run/cryptsetup run/proxmox-csi-hostd var/lib/kubelet; do mkdir -p $r/$d; done; \
              mount --rbind /dev $r/dev; mount --make-rshared $r/dev; mount --rbind /sys $r/sys; \
              mount -t proc proc $r/proc; mount --bind /run/udev $r/run/udev; mount -o remount,bind,ro $r/run/udev; \
