@@ -51,7 +51,8 @@ esac
 
 # The machine's mirror for Debian and for its security archive.
 mirrors() {
-  grep -rhs -e '^URIs:' -e '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.sources |
+  grep -hs -e '^URIs:' -e '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.sources \
+    /etc/apt/sources.list.d/*.list |
     sed -e 's/^URIs:[[:space:]]*//' -e 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?//' |
     awk '{print $1}' | sort -u
 }
@@ -168,9 +169,10 @@ case ${1:-} in
     libpath=$env/lib/$multiarch:$env/usr/lib/$multiarch
     for elf in "${elves[@]}"; do
       "$env$loader" --library-path "$libpath" --list "$elf" |
-        awk '/=> \// {print $3} /^\t\/[^ ]+ \(/ {print $1}' |
+        awk '/=> not found/ {print "missing:" $1} /=> \// {print $3} /^\t\/[^ ]+ \(/ {print $1}' |
         while read -r lib; do
           case $lib in
+            missing:*) echo "environment.sh: ${elf#"$dest"} loads ${lib#missing:}, which no package of the lock holds" >&2; exit 1 ;;
             "$env"/*) echo "${lib#"$env"}" ;;
             "$loader") echo "$lib" ;;
             *) echo "environment.sh: ${elf#"$dest"} loads $lib, which no package of the lock holds" >&2; exit 1 ;;

@@ -100,7 +100,8 @@ plugin_root() {
   install -d -m 1777 "$root/tmp"
 }
 
-# image NAME ROOTFS USER DESCRIPTION ENTRYPOINT...: the layout $out/NAME, tag $version.
+# image NAME ROOTFS USER DESCRIPTION ENTRYPOINT...: the layout $out/NAME, tag $version,
+# and its SBOM $out/NAME.cdx.json (scanned from the image, or the file $SBOM names).
 image() {
   local name=$1 rootfs=$2 user=$3 description=$4; shift 4
   local layout=$out/$name bundle=$work/bundle-$name

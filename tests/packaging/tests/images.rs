@@ -2,8 +2,10 @@
 //! target/images: each unpacked with umoci and its entrypoint run chrooted
 //! (the plugins as uid 65532 with no capabilities), its config read with
 //! skopeo, the extension checked by Talos's rules on what the image holds,
-//! the deployment's image references matching the images, and a second
-//! assembly from the same binaries giving the same digests.
+//! the deployment's image references matching the images, a second
+//! assembly from the same binaries giving the same digests, every file
+//! traced to a package of the declared environment's lock, and a push that
+//! keeps the digest and the platform index.
 
 // Test code: a failed unwrap is the test failing, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
