@@ -1307,4 +1307,22 @@ async fn luks_without_af_alg_in_the_kernel() {
     node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
     let mapped = g.sh("ls /dev/mapper").await.unwrap();
     assert!(!mapped.contains("pvecsi-"), "{mapped}");
+
+    // The bundled mkfs.xfs's defaults (bigtime, inobtcount, reflink) mount
+    // on this kernel, older than Talos's.
+    let pv = provision(&ctl, &class("local-lvm", "xfs"), &claim("bundled-xfs")).await;
+    let pc = attach(&ctl, &pv, WORKER_2).await;
+    mkdirs(&mut g, k.stage_dirs(&pv)).await;
+    node.node_stage_volume(k.node_stage(&pv, &pc, HashMap::new()))
+        .await
+        .unwrap();
+    let staging = k.staging_path(&pv);
+    let check = g
+        .sh(&format!(
+            "grep ' {staging} ' /proc/mounts; echo data > {staging}/f && sync && cat {staging}/f; true"
+        ))
+        .await
+        .unwrap();
+    assert!(check.contains(" xfs ") && check.contains("data"), "{check}");
+    node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
 }
