@@ -45,6 +45,20 @@ fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
+/// Whether the test can go on to WHAT, which needs root: without root it is
+/// skipped, unless CI is set, where that is a failure.
+fn root_for(what: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{what} needs root, and CI is set"
+    );
+    eprintln!("SKIPPED: {what} needs root");
+    false
+}
+
 /// The layout's manifest digest for tag VERSION.
 fn digest(layout: &Path) -> String {
     let index: serde_json::Value =
@@ -169,12 +183,7 @@ fn each_image_holds_what_it_runs_and_says_what_it_is() {
         configs.insert(name, c);
     }
 
-    if !is_root() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "unpacking and chroot need root, and CI is set"
-        );
-        eprintln!("SKIPPED: unpacking and chroot need root");
+    if !root_for("unpacking and chroot") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -318,12 +327,7 @@ fn the_same_binaries_give_the_same_digests() {
 #[test]
 fn every_file_not_the_drivers_comes_from_a_locked_package() {
     let Some(dir) = layouts() else { return };
-    if !is_root() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "unpacking needs root, and CI is set"
-        );
-        eprintln!("SKIPPED: unpacking needs root");
+    if !root_for("unpacking") {
         return;
     }
     let repo = repo_root();
