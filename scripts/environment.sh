@@ -183,7 +183,7 @@ case ${1:-} in
     done
     ;;
   cargo)
-    env=${2:?usage: cargo ENV ARGS...}
+    env=$(realpath "${2:?usage: cargo ENV ARGS...}")
     shift 2
     RUSTFLAGS="${RUSTFLAGS:-} -C link-arg=--sysroot=$env" \
       CFLAGS="--sysroot=$env" CXXFLAGS="--sysroot=$env" \
