@@ -96,6 +96,25 @@ impl Contents {
     }
 }
 
+/// The packages an image root records in var/lib/dpkg/status.d (the
+/// distroless layout), each with its version.
+pub fn recorded(root: &Path) -> HashMap<String, String> {
+    regular_files(&root.join("var/lib/dpkg/status.d"))
+        .iter()
+        .map(|f| {
+            let control = std::fs::read_to_string(f).unwrap_or_default();
+            let field = |k: &str| {
+                control
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&format!("{k}: ")))
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            (field("Package"), field("Version"))
+        })
+        .collect()
+}
+
 /// The regular files under `dir` (symbolic links are not followed).
 pub fn regular_files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();

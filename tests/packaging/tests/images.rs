@@ -9,6 +9,7 @@
 
 // Test code: a failed unwrap is the test failing, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -337,7 +338,7 @@ fn every_file_not_the_drivers_comes_from_a_locked_package() {
         &repo.join("target/environment/debs"),
         &scratch.path().join("debs"),
     );
-    let locked: std::collections::HashMap<String, String> = environment::lock(&repo)
+    let locked: HashMap<String, String> = environment::lock(&repo)
         .into_iter()
         .map(|l| (l.package, l.version))
         .collect();
@@ -369,21 +370,7 @@ fn every_file_not_the_drivers_comes_from_a_locked_package() {
         } else {
             image.clone()
         };
-        let recorded: std::collections::HashMap<String, String> =
-            environment::regular_files(&root.join("var/lib/dpkg/status.d"))
-                .iter()
-                .map(|f| {
-                    let control = std::fs::read_to_string(f).unwrap();
-                    let field = |k: &str| {
-                        control
-                            .lines()
-                            .find_map(|l| l.strip_prefix(&format!("{k}: ")))
-                            .unwrap_or_default()
-                            .to_string()
-                    };
-                    (field("Package"), field("Version"))
-                })
-                .collect();
+        let recorded = environment::recorded(&root);
         for (package, version) in &recorded {
             assert_eq!(
                 locked.get(package),
@@ -415,7 +402,7 @@ fn every_file_not_the_drivers_comes_from_a_locked_package() {
         let sbom: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.cdx.json"))).unwrap())
                 .unwrap();
-        let debs: std::collections::HashMap<String, String> = sbom["components"]
+        let debs: HashMap<String, String> = sbom["components"]
             .as_array()
             .unwrap()
             .iter()

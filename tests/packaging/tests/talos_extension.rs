@@ -4,10 +4,9 @@
 
 // Test code: a failed unwrap is the test failing, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-use std::collections::HashMap;
 
 use packaging::{bldr, repo_root, talos};
 
@@ -289,9 +288,8 @@ fn release_sums() -> HashMap<String, String> {
 /// The recipe as bldr reads it: its vars.yaml, ARCH as bldr sets it, the
 /// given overrides, then pkg.yaml rendered and decoded.
 fn recipe(dir: &Path, overrides: &HashMap<String, String>) -> bldr::Pkg {
-    let vars: HashMap<String, String> =
+    let mut vars: HashMap<String, String> =
         serde_norway::from_str(&std::fs::read_to_string(dir.join("vars.yaml")).unwrap()).unwrap();
-    let mut vars = vars;
     vars.insert("ARCH".into(), "x86_64".into());
     vars.extend(overrides.clone());
     let text = std::fs::read_to_string(dir.join("pkg.yaml")).unwrap();
