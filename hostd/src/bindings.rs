@@ -92,24 +92,27 @@ impl Bindings {
             .join(format!("{}.mkfs", crate::luks::mapping_name(volume_id)))
     }
 
-    /// Notes, before mkfs starts, that hostd is formatting `majmin` for
+    /// Notes, before hostd writes the first byte of a new volume (its LUKS
+    /// header, or its filesystem), that it is formatting `disk` for
     /// `volume_id`. mkfs writes its superblock last (e2fsprogs misc/mke2fs.c
-    /// `main`: the superblock goes out in `ext2fs_close_free`): killed before that, it
-    /// leaves data without a signature, which a stage must otherwise never
-    /// format. The note tells the retry that this data is hostd's own.
-    pub fn begin_mkfs(&self, volume_id: &str, majmin: &str) -> Result<(), HostdError> {
+    /// `main`: the superblock goes out in `ext2fs_close_free`), and a
+    /// luksFormat is followed by the open and the mkfs: killed in between,
+    /// they leave data without a signature, which a stage must otherwise
+    /// never format. The note tells the retry that this data is hostd's own.
+    /// It names the disk by [`DiskId`], which no later disk can share.
+    pub fn begin_format(&self, volume_id: &str, disk: &DiskId) -> Result<(), HostdError> {
         let path = self.intent(volume_id);
-        std::fs::write(&path, majmin)
+        std::fs::write(&path, disk.0.as_bytes())
             .map_err(|e| HostdError::failed("writing the record", path.display(), e))
     }
 
-    /// Whether an earlier stage of `volume_id` began a mkfs on `majmin` that
-    /// never finished.
-    pub fn mkfs_begun(&self, volume_id: &str, majmin: &str) -> bool {
-        std::fs::read_to_string(self.intent(volume_id)).is_ok_and(|m| m == majmin)
+    /// Whether an earlier stage of `volume_id` began formatting this very
+    /// `disk` and never finished.
+    pub fn format_begun(&self, volume_id: &str, disk: &DiskId) -> bool {
+        std::fs::read_to_string(self.intent(volume_id)).is_ok_and(|m| m == disk.0)
     }
 
-    pub fn end_mkfs(&self, volume_id: &str) -> Result<(), HostdError> {
+    pub fn end_format(&self, volume_id: &str) -> Result<(), HostdError> {
         remove_file(&self.intent(volume_id))
     }
 
@@ -127,29 +130,73 @@ fn remove_file(path: &Path) -> Result<(), HostdError> {
     }
 }
 
-/// Whether kubelet's own structure ties `path` (of `layout`) to `volume_id`
-/// of `driver`: the staging directory's hash, or `vol_data.json`.
-pub fn kubelet_says(path: &Path, layout: Layout, volume_id: &str, driver: &str) -> bool {
-    let hex = |s: &str| {
-        Sha256::digest(s.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    };
+/// One disk attachment, as the kernel numbers it: `major:minor` and the
+/// disk sequence number (`/sys/block/<name>/diskseq`, Linux 5.15), which
+/// the kernel never gives twice until a reboot, whereas a device number is
+/// reused by the next disk. Where the kernel has no diskseq, the device
+/// number alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskId(String);
+
+impl DiskId {
+    pub fn of(device: &Path) -> Result<Self, HostdError> {
+        let majmin = crate::device::majmin(device)?;
+        let seq = crate::blockdev::name_of(&majmin)
+            .and_then(|n| {
+                std::fs::read_to_string(Path::new("/sys/block").join(n).join("diskseq")).ok()
+            })
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
+        Ok(Self(format!("{majmin} {seq}")))
+    }
+}
+
+/// What kubelet's own files say of a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tie {
+    /// kubelet's record names this volume of this driver.
+    Ours,
+    /// No record where kubelet writes one: a caller that is not kubelet
+    /// (kubernetes-csi/csi-test's sanity suite makes bare directories).
+    /// Nothing then ties the path to another volume either.
+    Unrecorded,
+    /// The record names another volume or driver, or cannot be read: the
+    /// path is not this volume's.
+    Other(String),
+}
+
+/// What kubelet's own structure says of `path` (of `layout`) and
+/// `volume_id` of `driver`: the filesystem staging directory is named by
+/// the SHA-256 of the volume handle (csi_attacher.go
+/// `makeDeviceMountPath`); kubelet writes `vol_data.json` with the handle
+/// and the driver beside a pod's target (csi_plugin.go `NewMounter`) and
+/// under `volumeDevices/<pv>/data` for block volumes (`NewBlockVolumeMapper`)
+/// before it calls the driver.
+pub fn kubelet_tie(path: &Path, layout: Layout, volume_id: &str, driver: &str) -> Tie {
     let vol_data = match layout {
         Layout::FsStaging => {
-            return path
+            let named = path
                 .parent()
                 .and_then(Path::file_name)
-                .and_then(|n| n.to_str())
-                == Some(hex(volume_id).as_str());
+                .and_then(|n| n.to_str());
+            return if named == Some(sha256_hex(volume_id).as_str()) {
+                Tie::Ours
+            } else {
+                Tie::Other(format!(
+                    "kubelet names a volume's staging directory by the SHA-256 of its handle, which for {volume_id} is {}",
+                    sha256_hex(volume_id)
+                ))
+            };
         }
         // pods/<uid>/volumes/kubernetes.io~csi/<pv>/vol_data.json
-        Layout::FsTarget => path.parent().map(|p| p.join("vol_data.json")),
+        Layout::FsTarget => path.parent().map(|p| p.join(VOL_DATA)),
         // plugins/kubernetes.io/csi/volumeDevices/<pv>/data/vol_data.json
         Layout::BlockStaging | Layout::BlockTarget | Layout::BlockMap => {
-            block_pv_dir(path, layout).map(|d| d.join("data/vol_data.json"))
+            block_pv_dir(path, layout).map(|d| d.join("data").join(VOL_DATA))
         }
+    };
+    let Some(file) = vol_data else {
+        return Tie::Other("the path has no directory of kubelet's above it".into());
     };
     #[derive(Deserialize)]
     struct VolData {
@@ -158,10 +205,39 @@ pub fn kubelet_says(path: &Path, layout: Layout, volume_id: &str, driver: &str) 
         #[serde(rename = "driverName")]
         driver_name: String,
     }
-    vol_data
-        .and_then(|p| std::fs::read(p).ok())
-        .and_then(|b| serde_json::from_slice::<VolData>(&b).ok())
-        .is_some_and(|d| d.volume_handle == volume_id && d.driver_name == driver)
+    let bytes = match std::fs::read(&file) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Tie::Unrecorded,
+        Err(e) => return Tie::Other(format!("kubelet's {} cannot be read: {e}", file.display())),
+    };
+    match serde_json::from_slice::<VolData>(&bytes) {
+        Ok(d) if d.volume_handle == volume_id && d.driver_name == driver => Tie::Ours,
+        Ok(d) => Tie::Other(format!(
+            "kubelet's {} names volume {} of driver {}",
+            file.display(),
+            d.volume_handle,
+            d.driver_name
+        )),
+        Err(e) => Tie::Other(format!(
+            "kubelet's {} is not a volume record: {e}",
+            file.display()
+        )),
+    }
+}
+
+/// Whether kubelet's own structure ties `path` to `volume_id` of `driver`.
+pub fn kubelet_says(path: &Path, layout: Layout, volume_id: &str, driver: &str) -> bool {
+    kubelet_tie(path, layout, volume_id, driver) == Tie::Ours
+}
+
+/// The file kubelet keeps a volume's record in; never a path hostd acts on.
+pub const VOL_DATA: &str = "vol_data.json";
+
+fn sha256_hex(s: &str) -> String {
+    Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// `plugins/kubernetes.io/csi/volumeDevices/<pv>` for a block path.
@@ -229,15 +305,22 @@ mod tests {
         );
         again.remove("v1").unwrap();
         again.remove("v1").unwrap();
-        // An mkfs begun and never ended is found again, for its device only.
-        again.begin_mkfs("v1", "7:3").unwrap();
-        assert!(
-            again.mkfs_begun("v1", "7:3")
-                && !again.mkfs_begun("v1", "7:4")
-                && !again.mkfs_begun("v2", "7:3")
+        // A format begun and never ended is found again, for its disk only:
+        // the same device number with another disk sequence is another disk.
+        let (d1, d1_later, d2) = (
+            DiskId("7:3 41".into()),
+            DiskId("7:3 42".into()),
+            DiskId("7:4 43".into()),
         );
-        again.end_mkfs("v1").unwrap();
-        assert!(!again.mkfs_begun("v1", "7:3"));
+        again.begin_format("v1", &d1).unwrap();
+        assert!(
+            again.format_begun("v1", &d1)
+                && !again.format_begun("v1", &d1_later)
+                && !again.format_begun("v1", &d2)
+                && !again.format_begun("v2", &d1)
+        );
+        again.end_format("v1").unwrap();
+        assert!(!again.format_begun("v1", &d1));
         assert_eq!(
             again
                 .staged_at(Path::new("/k/plugins/x/globalmount"))

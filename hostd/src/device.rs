@@ -268,6 +268,29 @@ pub fn verify_unused(
     if !holders.is_empty() {
         return Err(refuse(format!("is in use by {}", holders.join(", "))));
     }
+    // What hostd's mount table and sysfs cannot see: a mount in another
+    // mount namespace, swap, a ZFS pool, another process's exclusive open.
+    // The kernel refuses O_EXCL on a block device while any of them holds
+    // it. The volume's own open mapping holds it too: then it was checked
+    // above to be this disk's only holder.
+    let own_open = own_mapping.is_some_and(|n| crate::luks::active(n).is_some());
+    if !own_open {
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_EXCL | nix::libc::O_CLOEXEC)
+            .open(device)
+        {
+            Ok(f) => drop(f),
+            Err(e) if e.raw_os_error() == Some(nix::libc::EBUSY) => {
+                return Err(refuse(
+                    "is in use: the kernel refuses to open it exclusively (mounted in another mount namespace, swap, or held by another process)"
+                        .into(),
+                ));
+            }
+            Err(e) => return Err(HostdError::failed("opening", device.display(), e)),
+        }
+    }
     Ok(mm)
 }
 

@@ -46,6 +46,11 @@ pub enum HostdError {
         "volume {volume_id} is SINGLE_NODE_SINGLE_WRITER and already published read-write at {other}"
     )]
     PublishedElsewhere { volume_id: String, other: PathBuf },
+    #[error("volume {volume_id} is still published at {}; unpublish it first", .targets.iter().map(|t| t.display().to_string()).collect::<Vec<_>>().join(", "))]
+    StillPublished {
+        volume_id: String,
+        targets: Vec<PathBuf>,
+    },
     #[error("{0}")]
     Unsupported(String),
     #[error("{action} {target}: {reason}")]
@@ -86,7 +91,9 @@ impl HostdError {
             Self::DeviceNotFound { .. } => Code::Unavailable,
             Self::DeviceRefused { .. } | Self::HoldsData { .. } => Code::FailedPrecondition,
             Self::StagedDifferently { .. } => Code::AlreadyExists,
-            Self::NotStaged(_) | Self::PublishedElsewhere { .. } => Code::FailedPrecondition,
+            Self::NotStaged(_) | Self::PublishedElsewhere { .. } | Self::StillPublished { .. } => {
+                Code::FailedPrecondition
+            }
             Self::Unsupported(_) => Code::Unimplemented,
             Self::Failed { .. } => Code::Internal,
         }

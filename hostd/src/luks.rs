@@ -59,6 +59,111 @@ impl std::str::FromStr for Pbkdf {
     }
 }
 
+/// The most a LUKS2 key slot may cost to open. A header is the disk's, so
+/// anyone who could write the disk chose its costs; a slot above these is
+/// refused before any key is derived, as one derivation holds
+/// libcryptsetup's process-wide lock (the crate's `mutex` feature) and so
+/// every other LUKS call of the node. The defaults are cryptsetup's own
+/// maxima for what it makes (lib/libcryptsetup.h: 1 GiB, 4 threads;
+/// argon2's time cost and pbkdf2's iterations at 4× what a 2 s benchmark
+/// gives on a fast core).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KdfBounds {
+    pub memory_kb: u32,
+    pub threads: u32,
+    pub argon2_iterations: u32,
+    pub pbkdf2_iterations: u32,
+}
+
+impl Default for KdfBounds {
+    fn default() -> Self {
+        Self {
+            memory_kb: 1 << 20,
+            threads: 4,
+            argon2_iterations: 64,
+            pbkdf2_iterations: 16_000_000,
+        }
+    }
+}
+
+impl std::str::FromStr for KdfBounds {
+    type Err = String;
+    /// `<memory KiB>:<threads>:<argon2 iterations>:<pbkdf2 iterations>`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let n: Vec<u32> = s
+            .split(':')
+            .map(|v| {
+                v.parse::<u32>()
+                    .map_err(|_| format!("{v:?} is not a number in {s:?}"))
+            })
+            .collect::<Result<_, _>>()?;
+        match n.as_slice() {
+            [m, t, a, p] if *m > 0 && *t > 0 && *a > 0 && *p > 0 => Ok(Self {
+                memory_kb: *m,
+                threads: *t,
+                argon2_iterations: *a,
+                pbkdf2_iterations: *p,
+            }),
+            _ => Err(format!(
+                "{s:?} is not a KDF bound: use <memory KiB>:<threads>:<argon2 iterations>:<pbkdf2 iterations>, each above 0"
+            )),
+        }
+    }
+}
+
+/// Refuses a LUKS2 header any of whose key slots costs more to open than
+/// `bounds`: read from the header (crypt_keyslot_get_pbkdf), nothing derived.
+pub fn check_header_costs(device: &Path, bounds: KdfBounds) -> Result<(), HostdError> {
+    use libcryptsetup_rs::consts::vals::KeyslotInfo;
+    let mut cd = CryptInit::init(device).map_err(|e| err("opening", device, e))?;
+    cd.context_handle()
+        .load::<libcryptsetup_rs::CryptParamsLuks2Ref<'_>>(Some(EncryptionFormat::Luks2), None)
+        .map_err(|e| err("reading the LUKS2 header of", device, e))?;
+    let max =
+        libcryptsetup_rs::CryptKeyslotHandle::max_keyslots(EncryptionFormat::Luks2).unwrap_or(32);
+    for slot in 0..max {
+        if !matches!(
+            cd.keyslot_handle().status(slot),
+            Ok(KeyslotInfo::Active | KeyslotInfo::ActiveLast)
+        ) {
+            continue;
+        }
+        let kdf = cd
+            .keyslot_handle()
+            .get_pbkdf(slot)
+            .map_err(|e| err("reading a key slot's PBKDF of", device, e))?;
+        let over = match kdf.type_ {
+            CryptKdf::Pbkdf2 if kdf.iterations > bounds.pbkdf2_iterations => Some(format!(
+                "pbkdf2 with {} iterations (at most {})",
+                kdf.iterations, bounds.pbkdf2_iterations
+            )),
+            CryptKdf::Pbkdf2 => None,
+            _ if kdf.max_memory_kb > bounds.memory_kb => Some(format!(
+                "argon2 with {} KiB of memory (at most {})",
+                kdf.max_memory_kb, bounds.memory_kb
+            )),
+            _ if kdf.parallel_threads > bounds.threads => Some(format!(
+                "argon2 with {} threads (at most {})",
+                kdf.parallel_threads, bounds.threads
+            )),
+            _ if kdf.iterations > bounds.argon2_iterations => Some(format!(
+                "argon2 with a time cost of {} (at most {})",
+                kdf.iterations, bounds.argon2_iterations
+            )),
+            _ => None,
+        };
+        if let Some(over) = over {
+            return Err(HostdError::DeviceRefused {
+                device: device.to_path_buf(),
+                reason: format!(
+                    "its LUKS key slot {slot} costs {over} to open; raise hostd's --luks-kdf-bounds to open it"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The device-mapper name of a volume's mapping: stable, short, and made
 /// only of characters device-mapper allows, whatever the volume id holds.
 pub fn mapping_name(volume_id: &str) -> String {

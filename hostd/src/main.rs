@@ -61,6 +61,21 @@ struct Args {
     /// Key derivation for new LUKS key slots: argon2id, argon2id:<ms>:<KiB>, pbkdf2:<iterations>.
     #[arg(long, default_value = "argon2id")]
     luks_pbkdf: proxmox_csi_hostd::luks::Pbkdf,
+    /// The most a LUKS key slot may cost to open:
+    /// <memory KiB>:<threads>:<argon2 iterations>:<pbkdf2 iterations>.
+    /// Headers above it are refused before any key is derived.
+    #[arg(
+        long,
+        env = "PROXMOX_CSI_HOSTD_LUKS_KDF_BOUNDS",
+        default_value = "1048576:4:64:16000000"
+    )]
+    luks_kdf_bounds: proxmox_csi_hostd::luks::KdfBounds,
+    /// Take over disks the Go driver attached, which carry no serial tying
+    /// them to a volume, and its unencrypted raw block volumes of encrypted
+    /// classes. For the switch from the Go driver only (docs/migrating.md);
+    /// see docs/security.md, "What stays".
+    #[arg(long, env = "PROXMOX_CSI_HOSTD_GO_TAKEOVER")]
+    go_takeover: bool,
     /// Directories the node plugin creates its CSI socket in (kubelet's
     /// `plugins/<driver>`): made and given --socket-group, mode 0770.
     #[arg(long)]
@@ -121,8 +136,11 @@ fn main() -> ExitCode {
         eprintln!("proxmox-csi-hostd: disabling core dumps: {e}");
         return ExitCode::FAILURE;
     }
+    // Blocking threads: one per call in flight, and a few for the device
+    // wait's rescans and the health file; never tokio's default 512.
     match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(proxmox_csi_hostd::service::MAX_CALLS_IN_FLIGHT + 8)
         .build()
     {
         Ok(rt) => rt.block_on(run()),
@@ -179,6 +197,8 @@ async fn run() -> ExitCode {
         event_source: args.device_events,
         device_wait: Duration::from_secs(args.device_wait),
         pbkdf: args.luks_pbkdf,
+        kdf_bounds: args.luks_kdf_bounds,
+        go_takeover: args.go_takeover,
         peers: proxmox_csi_hostd::peer::PeerPolicy {
             uids: args.allow_uid,
             gids: args.allow_gid,

@@ -189,11 +189,15 @@ impl KubeletPaths {
                 hash,
                 "globalmount",
             ] if *driver == self.driver && sha256_hex(hash) => Some(Layout::FsStaging),
-            // kubelet names the last directory `mount`; csi-sanity, the CSI
-            // conformance suite, names it `target` and `other_target`. The
-            // name carries no privilege: the directory above it is kubelet's.
+            // kubelet names the last directory `mount`; kubernetes-csi/csi-test's
+            // sanity suite names it `target` and `other_target`. The name
+            // carries no privilege: the directory above it is kubelet's. It is
+            // never kubelet's own record of the volume beside it.
             ["pods", uid, "volumes", "kubernetes.io~csi", pv, leaf]
-                if plain_name(uid) && plain_name(pv) && plain_name(leaf) =>
+                if plain_name(uid)
+                    && plain_name(pv)
+                    && plain_name(leaf)
+                    && *leaf != crate::bindings::VOL_DATA =>
             {
                 Some(Layout::FsTarget)
             }
@@ -389,18 +393,19 @@ impl Place {
         Path::new(&format!("/proc/self/fd/{}", self.parent.as_raw_fd())).join(&self.leaf)
     }
 
-    /// Removes the empty directory or the file hostd made there; a missing
-    /// one is fine.
-    pub fn remove(&self) -> Result<(), HostdError> {
+    /// Removes the empty directory or the file hostd made there, when it is
+    /// of the kind `made`; a missing one is fine, any other is left alone
+    /// and named.
+    pub fn remove_only(&self, made: Kind) -> Result<(), HostdError> {
         let how = match self.kind() {
             Kind::Missing => return Ok(()),
-            Kind::Dir => UnlinkatFlags::RemoveDir,
-            Kind::File => UnlinkatFlags::NoRemoveDir,
-            Kind::Other => {
+            Kind::Dir if made == Kind::Dir => UnlinkatFlags::RemoveDir,
+            Kind::File if made == Kind::File => UnlinkatFlags::NoRemoveDir,
+            found => {
                 return Err(HostdError::failed(
                     "removing",
                     self.path.display(),
-                    "it is neither a directory nor a file",
+                    format!("it is a {found:?}, where hostd makes a {made:?}; left as it is"),
                 ));
             }
         };
@@ -585,7 +590,22 @@ mod tests {
         place.ensure_dir().unwrap();
         assert!(r.join("moved/mount").is_dir());
         assert!(!elsewhere.path().join("mount").exists());
-        place.remove().unwrap();
+        // Only what publish makes there is removed: a directory, not a file.
+        assert!(place.remove_only(Kind::File).is_err());
+        assert!(r.join("moved/mount").is_dir());
+        place.remove_only(Kind::Dir).unwrap();
         assert!(!r.join("moved/mount").exists());
+    }
+
+    #[test]
+    fn kubelets_volume_record_is_never_a_target() {
+        let (dir, k) = setup();
+        let r = dir.path().canonicalize().unwrap();
+        std::fs::create_dir_all(r.join("pods/uid1/volumes/kubernetes.io~csi/pv1")).unwrap();
+        let record = r.join("pods/uid1/volumes/kubernetes.io~csi/pv1/vol_data.json");
+        let e = k
+            .place("target_path", record.to_str().unwrap(), Layout::TARGET)
+            .unwrap_err();
+        assert!(matches!(e, HostdError::PathOutsideKubelet { .. }), "{e}");
     }
 }

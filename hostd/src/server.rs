@@ -23,10 +23,6 @@ use crate::peer::PeerPolicy;
 use crate::service::HostdService;
 use crate::volume::Volumes;
 
-/// Calls hostd works on at once: far above what kubelet asks of one node
-/// (an operation per volume at a time), far below tokio's 512 blocking threads.
-pub const MAX_CALLS_IN_FLIGHT: usize = 64;
-
 /// Largest request hostd accepts; its requests are a few paths and flags.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
@@ -48,6 +44,8 @@ pub struct Options {
     pub event_source: EventSource,
     pub device_wait: Duration,
     pub pbkdf: crate::luks::Pbkdf,
+    pub kdf_bounds: crate::luks::KdfBounds,
+    pub go_takeover: bool,
     pub peers: PeerPolicy,
 }
 
@@ -96,6 +94,8 @@ pub async fn run(
         index,
         device_wait: opts.device_wait,
         pbkdf: opts.pbkdf,
+        kdf_bounds: opts.kdf_bounds,
+        go_takeover: opts.go_takeover,
     });
     let (stop_tx, mut stop_rx) = watch::channel(false);
     let died = Arc::new(std::sync::Mutex::new(None::<String>));
@@ -164,16 +164,12 @@ pub async fn run(
         &metrics::GrpcMetricsLayer(metrics),
         HostdServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES),
     );
-    let router = tonic::transport::Server::builder()
-        // Bounded work in flight, whoever connects how often: each call may
-        // hold a blocking thread. Calls beyond it wait their turn.
-        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
-            MAX_CALLS_IN_FLIGHT,
-        ))
-        .add_service(InterceptedService::new(
-            counted,
-            move |req: tonic::Request<()>| peers.check(&req).map(|()| req),
-        ));
+    // Work in flight is bounded by the service (`service::MAX_CALLS_IN_FLIGHT`),
+    // whose permits live as long as the work, not as long as the call.
+    let router = tonic::transport::Server::builder().add_service(InterceptedService::new(
+        counted,
+        move |req: tonic::Request<()>| peers.check(&req).map(|()| req),
+    ));
     listener
         .serve(router, async move {
             let _ = stop_rx.wait_for(|s| *s).await;

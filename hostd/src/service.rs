@@ -1,4 +1,10 @@
 //! The hostd gRPC service. Handlers stay thin: validate, then delegate.
+//!
+//! A mutating call's lock on its volume, its permit of the calls in flight
+//! and its audit line all live inside the blocking work, not in the
+//! handler's future: a caller that cancels (a deadline, a dropped
+//! connection) drops the future, but the work it began runs on, and until
+//! it ends no other call on that volume starts.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -6,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use proxmox_csi_common::rpc::{in_span, traced};
 use proxmox_csi_proto::hostd::v1 as pb;
+use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
@@ -14,13 +21,19 @@ use crate::health::Health;
 use crate::identity;
 use crate::volume::Volumes;
 
+/// Calls hostd works on at once: far above what kubelet asks of one node
+/// (an operation per volume at a time). The runtime's blocking threads are
+/// bounded to this and a few more (see `main`), so no caller can make hostd
+/// start threads without bound.
+pub const MAX_CALLS_IN_FLIGHT: usize = 64;
+
 /// One async lock per volume id: calls on a volume run one at a time, calls
 /// on different volumes run concurrently.
 #[derive(Debug, Default)]
 struct VolumeLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
 
 impl VolumeLocks {
-    async fn lock(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+    async fn lock(&self, id: &str) -> OwnedMutexGuard<()> {
         let m = {
             let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
             // Drop locks nobody holds, so the map does not grow without bound.
@@ -37,6 +50,45 @@ pub struct HostdService {
     dmi_dir: PathBuf,
     volumes: Arc<Volumes>,
     locks: VolumeLocks,
+    in_flight: Arc<Semaphore>,
+}
+
+/// What a mutating call carries into its blocking work: the volume's lock,
+/// the permit, and what its audit line names.
+struct Held {
+    _guard: OwnedMutexGuard<()>,
+    _permit: OwnedSemaphorePermit,
+    health: Arc<Health>,
+    call: &'static str,
+    peer: Option<u32>,
+    volume_id: String,
+    path: String,
+}
+
+impl Held {
+    /// Writes the one audit line of a mutating call and records failures.
+    fn audit<T>(&self, result: &Result<T, HostdError>) {
+        self.audit_outcome(result.as_ref().err());
+    }
+
+    fn audit_outcome(&self, error: Option<&HostdError>) {
+        let (call, peer, volume_id, path) = (
+            self.call,
+            self.peer,
+            self.volume_id.as_str(),
+            self.path.as_str(),
+        );
+        match error {
+            None => {
+                tracing::info!(target: "audit", call, volume_id, path, peer_uid = peer, outcome = "ok")
+            }
+            Some(e) => {
+                self.health
+                    .record_error(&format!("{call} {volume_id}: {e}"));
+                tracing::warn!(target: "audit", call, volume_id, path, peer_uid = peer, outcome = "error", code = ?e.code(), error = %e)
+            }
+        }
+    }
 }
 
 impl HostdService {
@@ -46,28 +98,67 @@ impl HostdService {
             dmi_dir,
             volumes,
             locks: VolumeLocks::default(),
+            in_flight: Arc::new(Semaphore::new(MAX_CALLS_IN_FLIGHT)),
         }
     }
 
-    /// Writes the one audit line of a mutating call and records failures.
-    fn audit<T>(
+    /// Takes the volume's lock, then a permit (the lock first: calls queued
+    /// on one volume hold no permit while they wait).
+    async fn hold(
         &self,
         call: &'static str,
         peer: Option<u32>,
         volume_id: &str,
         path: &str,
-        result: &Result<T, HostdError>,
-    ) {
-        match result {
-            Ok(_) => {
-                tracing::info!(target: "audit", call, volume_id, path, peer_uid = peer, outcome = "ok")
-            }
-            Err(e) => {
-                self.health
-                    .record_error(&format!("{call} {volume_id}: {e}"));
-                tracing::warn!(target: "audit", call, volume_id, path, peer_uid = peer, outcome = "error", code = ?e.code(), error = %e)
-            }
-        }
+    ) -> Result<Held, HostdError> {
+        let guard = self.locks.lock(volume_id).await;
+        let permit = self
+            .in_flight
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| HostdError::failed("waiting for", "a call slot", e))?;
+        Ok(Held {
+            _guard: guard,
+            _permit: permit,
+            health: self.health.clone(),
+            call,
+            peer,
+            volume_id: volume_id.to_string(),
+            path: path.to_string(),
+        })
+    }
+
+    /// Runs `work` on a blocking thread with `held`; the audit line is
+    /// written there, when the work ends, whether or not anyone still waits
+    /// for its answer.
+    async fn run_held<T: Send + 'static>(
+        &self,
+        held: Held,
+        work: impl FnOnce(&Volumes) -> Result<T, HostdError> + Send + 'static,
+    ) -> Result<T, HostdError> {
+        let volumes = self.volumes.clone();
+        let span = tracing::Span::current();
+        blocking(move || {
+            let _entered = span.enter();
+            let result = work(&volumes);
+            held.audit(&result);
+            result
+        })
+        .await
+    }
+
+    /// A mutating call from start to end: lock, permit, work, audit.
+    async fn mutate<T: Send + 'static>(
+        &self,
+        call: &'static str,
+        peer: Option<u32>,
+        volume_id: &str,
+        path: &str,
+        work: impl FnOnce(&Volumes) -> Result<T, HostdError> + Send + 'static,
+    ) -> Result<T, HostdError> {
+        let held = self.hold(call, peer, volume_id, path).await?;
+        self.run_held(held, work).await
     }
 }
 
@@ -99,14 +190,19 @@ impl pb::hostd_server::Hostd for HostdService {
         let mut req = req.into_inner();
         let id = req.volume_id.clone();
         in_span("Stage", &id, async move {
-            let _guard = self.locks.lock(&req.volume_id).await;
-            let volumes = self.volumes.clone();
-            let result = match self.volumes.prepare_stage(&mut req).await {
-                Ok(work) => blocking(move || volumes.stage(work)).await,
-                Err(e) => Err(e),
+            let held = self
+                .hold("Stage", peer, &req.volume_id, &req.staging_path)
+                .await?;
+            // The checks and the wait for the device touch nothing: a cancel
+            // meanwhile drops the lock with nothing begun.
+            let work = match self.volumes.prepare_stage(&mut req).await {
+                Ok(work) => work,
+                Err(e) => {
+                    held.audit_outcome(Some(&e));
+                    return Err(e.into());
+                }
             };
-            self.audit("Stage", peer, &req.volume_id, &req.staging_path, &result);
-            let staged = result?;
+            let staged = self.run_held(held, move |v| v.stage(work)).await?;
             crate::metrics::observe_stage(&staged.timings_ms);
             Ok(Response::new(staged))
         })
@@ -120,13 +216,10 @@ impl pb::hostd_server::Hostd for HostdService {
         let peer = peer_uid(&req);
         let req = req.into_inner();
         let id = req.volume_id.clone();
-        in_span("Unstage", &id, async move {
-            let _guard = self.locks.lock(&req.volume_id).await;
-            let volumes = self.volumes.clone();
-            let r = req.clone();
-            let result = blocking(move || volumes.unstage(&r)).await;
-            self.audit("Unstage", peer, &req.volume_id, &req.staging_path, &result);
-            result?;
+        let path = req.staging_path.clone();
+        in_span("Unstage", &id.clone(), async move {
+            self.mutate("Unstage", peer, &id, &path, move |v| v.unstage(&req))
+                .await?;
             Ok(Response::new(pb::UnstageResponse {}))
         })
         .await
@@ -139,13 +232,10 @@ impl pb::hostd_server::Hostd for HostdService {
         let peer = peer_uid(&req);
         let req = req.into_inner();
         let id = req.volume_id.clone();
-        in_span("Publish", &id, async move {
-            let _guard = self.locks.lock(&req.volume_id).await;
-            let volumes = self.volumes.clone();
-            let r = req.clone();
-            let result = blocking(move || volumes.publish(&r)).await;
-            self.audit("Publish", peer, &req.volume_id, &req.target_path, &result);
-            result?;
+        let path = req.target_path.clone();
+        in_span("Publish", &id.clone(), async move {
+            self.mutate("Publish", peer, &id, &path, move |v| v.publish(&req))
+                .await?;
             Ok(Response::new(pb::PublishResponse {}))
         })
         .await
@@ -158,13 +248,10 @@ impl pb::hostd_server::Hostd for HostdService {
         let peer = peer_uid(&req);
         let req = req.into_inner();
         let id = req.volume_id.clone();
-        in_span("Unpublish", &id, async move {
-            let _guard = self.locks.lock(&req.volume_id).await;
-            let volumes = self.volumes.clone();
-            let r = req.clone();
-            let result = blocking(move || volumes.unpublish(&r)).await;
-            self.audit("Unpublish", peer, &req.volume_id, &req.target_path, &result);
-            result?;
+        let path = req.target_path.clone();
+        in_span("Unpublish", &id.clone(), async move {
+            self.mutate("Unpublish", peer, &id, &path, move |v| v.unpublish(&req))
+                .await?;
             Ok(Response::new(pb::UnpublishResponse {}))
         })
         .await
@@ -179,12 +266,11 @@ impl pb::hostd_server::Hostd for HostdService {
         let id = req.volume_id.clone();
         let path = req.volume_path.clone();
         in_span("Expand", &id.clone(), async move {
-            let _guard = self.locks.lock(&id).await;
-            let volumes = self.volumes.clone();
             // Moved, not copied: the request may carry the passphrase.
-            let result = blocking(move || volumes.expand(&req)).await;
-            self.audit("Expand", peer, &id, &path, &result);
-            Ok(Response::new(result?))
+            let grown = self
+                .mutate("Expand", peer, &id, &path, move |v| v.expand(&req))
+                .await?;
+            Ok(Response::new(grown))
         })
         .await
     }
@@ -197,7 +283,20 @@ impl pb::hostd_server::Hostd for HostdService {
         let id = req.volume_id.clone();
         let volumes = self.volumes.clone();
         traced("Stats", &id, async move {
-            Ok(Response::new(blocking(move || volumes.stats(&req)).await?))
+            // Reads only, but it still holds a permit while it runs: a flood
+            // of Stats cannot start threads beyond the bound either.
+            let permit = self
+                .in_flight
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|e| HostdError::failed("waiting for", "a call slot", e))?;
+            let stats = blocking(move || {
+                let _permit = permit;
+                volumes.stats(&req)
+            })
+            .await?;
+            Ok(Response::new(stats))
         })
         .await
     }

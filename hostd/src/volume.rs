@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use proxmox_csi_common::Secret;
 use proxmox_csi_proto::hostd::v1 as pb;
 
-use crate::bindings::{self, Binding, Bindings};
+use crate::bindings::{self, Binding, Bindings, DiskId, Tie};
 use crate::blockdev;
 use crate::device::{self, Resolver, Wwn};
 use crate::discovery::{self, DeviceIndex};
@@ -47,6 +47,11 @@ pub struct Volumes {
     pub device_wait: Duration,
     /// Key derivation for new LUKS key slots.
     pub pbkdf: luks::Pbkdf,
+    /// The most a LUKS header's key slot may cost to open.
+    pub kdf_bounds: luks::KdfBounds,
+    /// Disks the Go driver attached (no serial) are taken over (see
+    /// docs/security.md, "What stays").
+    pub go_takeover: bool,
 }
 
 fn ms(since: Instant) -> u64 {
@@ -137,6 +142,7 @@ impl Volumes {
         let staging = self
             .paths
             .place("staging_path", &req.staging_path, &[layout])?;
+        self.require_tie("staging_path", &staging, &req.volume_id)?;
         let dev = req
             .device
             .as_ref()
@@ -175,9 +181,14 @@ impl Volumes {
         let key = self.resolver.key(&wwn);
         let index = &self.index;
         let waiting = Instant::now();
+        let rescanned = index.clone();
         let device = index
-            .wait_for(&key, self.device_wait, RESCAN_GRACE, || {
-                discovery::rescan_scsi(index)
+            .wait_for(&key, self.device_wait, RESCAN_GRACE, move || {
+                // Writing each host's `scan` waits for its bus: never on an
+                // async worker.
+                drop(tokio::task::spawn_blocking(move || {
+                    discovery::rescan_scsi(&rescanned)
+                }));
             })
             .await
             .ok_or_else(|| HostdError::DeviceNotFound {
@@ -186,6 +197,7 @@ impl Volumes {
             })?;
         self.resolver
             .verify_identity(&device, &wwn, &dev.serial, &req.volume_id)?;
+        self.require_serial(&device, &req.volume_id, &staging)?;
         Ok(StageWork {
             volume_id: req.volume_id.clone(),
             staging,
@@ -311,26 +323,44 @@ impl Volumes {
             actions.push(closed);
         }
         device::verify_unused(device, &table, crypt.as_ref().map(|(n, _)| n.as_str()))?;
+        let disk = DiskId::of(device)?;
+        let mut made_luks = false;
         if let Some((name, pass)) = &crypt {
-            self.open_luks(device, name, pass, read_only, &table, &mut actions, timings)?;
+            made_luks = self.open_luks(
+                volume_id,
+                device,
+                name,
+                pass,
+                read_only,
+                &table,
+                &mut actions,
+                timings,
+            )?;
         }
         let started = Instant::now();
         match probe::probe(fs_device)? {
             Contents::Blank => {
-                let target = device::majmin(fs_device)?;
-                let resumed = self.bindings.mkfs_begun(volume_id, &target);
+                // Data hostd's own interrupted format left is not someone's.
+                let resumed = self.bindings.format_begun(volume_id, &disk);
                 if read_only {
                     return Err(read_only_blank(fs_device));
                 }
-                // A fresh mapping reads as noise, not zeros: only the bare
-                // disk is sampled; and data hostd's own interrupted mkfs left
-                // is not someone's.
                 if crypt.is_none() && !resumed {
                     refuse_data(device)?;
                 }
-                self.bindings.begin_mkfs(volume_id, &target)?;
+                // A mapping's plaintext reads as noise whatever it holds: a
+                // LUKS volume without a filesystem signature is formatted
+                // only when this stage, or one whose note proves hostd began
+                // it, wrote its header.
+                if crypt.is_some() && !made_luks && !resumed {
+                    return Err(HostdError::HoldsData {
+                        device: fs_device.to_path_buf(),
+                        found: "an existing LUKS volume whose contents carry no filesystem signature (raw data, or a damaged superblock)".into(),
+                    });
+                }
+                self.bindings.begin_format(volume_id, &disk)?;
                 mkfs::run(fs_type, fs_device, opts)?;
-                self.bindings.end_mkfs(volume_id)?;
+                self.bindings.end_format(volume_id)?;
                 timings.insert("mkfs".into(), ms(started));
                 actions.push(if resumed {
                     format!("mkfs {} (an earlier mkfs was interrupted)", fs_type.name())
@@ -379,9 +409,11 @@ impl Volumes {
 
     /// Opens the volume's LUKS mapping `name` on `device`, formatting a
     /// blank disk first; an open mapping is reused only on this very disk.
+    /// Whether this call wrote the LUKS header.
     #[allow(clippy::too_many_arguments)]
     fn open_luks(
         &self,
+        volume_id: &str,
         device: &Path,
         name: &str,
         pass: &Secret<Vec<u8>>,
@@ -389,7 +421,8 @@ impl Volumes {
         table: &[mounts::MountEntry],
         actions: &mut Vec<String>,
         timings: &mut HashMap<String, u64>,
-    ) -> Result<(), HostdError> {
+    ) -> Result<bool, HostdError> {
+        let mut made = false;
         // A mapping left by a hostd that died between activation and
         // its node (or before the mount) is torn down and made again;
         // nothing can be using it: the staging path is not mounted.
@@ -420,18 +453,27 @@ impl Volumes {
                     if read_only {
                         return Err(read_only_blank(device));
                     }
-                    refuse_data(device)?;
+                    let disk = DiskId::of(device)?;
+                    if !self.bindings.format_begun(volume_id, &disk) {
+                        refuse_data(device)?;
+                    }
+                    self.bindings.begin_format(volume_id, &disk)?;
                     let t = Instant::now();
                     luks::format(device, pass, self.pbkdf)?;
                     timings.insert("luks_format".into(), ms(t));
                     actions.push("luksFormat".to_string());
+                    made = true;
                 }
                 Contents::Filesystem(t) if t == "crypto_LUKS" => {
                     if !luks::has_keyslot(device)? {
                         tracing::warn!(device = %device.display(), "LUKS header without a key slot: an earlier luksFormat was interrupted; formatting again");
+                        self.bindings
+                            .begin_format(volume_id, &DiskId::of(device)?)?;
                         luks::format(device, pass, self.pbkdf)?;
                         actions.push("luksFormat (an earlier one was interrupted)".to_string());
+                        made = true;
                     }
+                    luks::check_header_costs(device, self.kdf_bounds)?;
                 }
                 found => {
                     return Err(HostdError::HoldsData {
@@ -445,7 +487,7 @@ impl Volumes {
             timings.insert("luks_open".into(), ms(t));
             actions.push(format!("luksOpen {name}"));
         }
-        Ok(())
+        Ok(made)
     }
 
     /// A raw block volume: the disk, or with a passphrase its LUKS mapping
@@ -478,6 +520,15 @@ impl Volumes {
                 other => Some(other.to_string()),
             };
             if let Some(found) = found {
+                if !self.go_takeover {
+                    return Err(HostdError::DeviceRefused {
+                        device: device.to_path_buf(),
+                        reason: format!(
+                            "the volume's class asks for encryption, but the disk holds {found} and no LUKS header; \
+                             staging it unencrypted (a raw block volume the Go driver wrote) needs hostd's --go-takeover"
+                        ),
+                    });
+                }
                 tracing::warn!(
                     %volume_id,
                     device = %device.display(),
@@ -497,6 +548,7 @@ impl Volumes {
         let table = mounts::table()?;
         device::verify_unused(device, &table, Some(&name))?;
         self.open_luks(
+            volume_id,
             device,
             &name,
             pass,
@@ -505,11 +557,19 @@ impl Volumes {
             &mut actions,
             timings,
         )?;
-        // The node itself (dm-N), so that sysfs and the mount table name it.
-        let mapping = luks::mapper_path(&name)
-            .canonicalize()
-            .map_err(|e| HostdError::failed("resolving", luks::mapper_path(&name).display(), e))?;
-        let (a, m) = self.stage_block(&mapping, staging)?;
+        // No filesystem follows: the format, if there was one, is done.
+        self.bindings.end_format(volume_id)?;
+        // The kernel's own node (`/dev/dm-N`, found in sysfs), so that the
+        // mount table names the device sysfs knows; `/dev/mapper/<name>` is
+        // a node of its own when libdevmapper runs without udev.
+        let dm = luks::active(&name).ok_or_else(|| {
+            HostdError::failed(
+                "finding",
+                luks::mapper_path(&name).display(),
+                "no such device-mapper device in sysfs",
+            )
+        })?;
+        let (a, m) = self.stage_block(&Path::new("/dev").join(dm), staging)?;
         actions.extend(a);
         Ok((actions, m))
     }
@@ -613,6 +673,99 @@ impl Volumes {
         }
     }
 
+    /// Refuses a path that kubelet's own files give to another volume or
+    /// driver. A path kubelet left no record at is accepted (see [`Tie`]).
+    fn require_tie(
+        &self,
+        field: &'static str,
+        place: &Place,
+        volume_id: &str,
+    ) -> Result<(), HostdError> {
+        match bindings::kubelet_tie(&place.path, place.layout, volume_id, self.paths.driver()) {
+            Tie::Other(reason) => Err(HostdError::NotThisVolume {
+                field,
+                path: place.path.clone(),
+                volume_id: volume_id.to_string(),
+                reason,
+            }),
+            Tie::Ours | Tie::Unrecorded => Ok(()),
+        }
+    }
+
+    /// A SCSI disk is tied to its volume by the serial the controller
+    /// derives from the volume id (checked in `verify_identity`). A disk
+    /// without one (attached by the Go driver, which sets none; its WWN is
+    /// one of a few LUN-derived values) is used only where kubelet's records
+    /// already tie it to the volume: mounted, itself or through its Go
+    /// mapping, at this volume's own staging path. Anything else needs the
+    /// operator's `--go-takeover`.
+    fn require_serial(
+        &self,
+        device: &Path,
+        volume_id: &str,
+        staging: &Place,
+    ) -> Result<(), HostdError> {
+        if !matches!(self.resolver, Resolver::Sysfs { .. }) {
+            return Ok(());
+        }
+        let disk = blockdev::kernel_name(device).unwrap_or_default();
+        if device::serial_of(&disk)
+            .is_some_and(|s| s.starts_with(proxmox_csi_common::contract::SERIAL_PREFIX))
+        {
+            return Ok(());
+        }
+        if self.go_takeover {
+            tracing::warn!(%volume_id, device = %device.display(), "disk without this driver's serial taken over (--go-takeover)");
+            return Ok(());
+        }
+        let table = mounts::table()?;
+        let mut own = vec![device::majmin(device)?];
+        if let Some(mm) = luks::go_mapping_on(&disk).and_then(|(_, dm)| blockdev::majmin_of(&dm)) {
+            own.push(mm);
+        }
+        let staged_here = bindings::kubelet_says(
+            &staging.path,
+            staging.layout,
+            volume_id,
+            self.paths.driver(),
+        ) && table
+            .iter()
+            .any(|m| m.mount_point == staging.path && own.contains(&m.majmin));
+        if staged_here {
+            return Ok(());
+        }
+        Err(HostdError::DeviceRefused {
+            device: device.to_path_buf(),
+            reason: format!(
+                "it carries no serial of this driver's, so nothing ties it to volume {volume_id}; \
+                 a disk the Go driver attached is staged only with hostd's --go-takeover (docs/security.md), \
+                 or after the controller attaches it again"
+            ),
+        })
+    }
+
+    /// Where the devices `majmins` are mounted or bound, other than at
+    /// `except` (the staging path itself): the volume's publications.
+    fn publications(
+        table: &[mounts::MountEntry],
+        majmins: &[String],
+        except: &[&Path],
+    ) -> Vec<PathBuf> {
+        table
+            .iter()
+            .filter(|m| !except.contains(&m.mount_point.as_path()))
+            .filter(|m| {
+                if m.fs_type == "devtmpfs" {
+                    // A bound device node: what the node itself is.
+                    device::majmin(&m.mount_point).is_ok_and(|mm| majmins.contains(&mm))
+                } else {
+                    majmins.contains(&m.majmin)
+                }
+            })
+            .map(|m| m.mount_point.clone())
+            .collect()
+    }
+
     pub fn unstage(&self, req: &pb::UnstageRequest) -> Result<(), HostdError> {
         check_volume_id(&req.volume_id)?;
         let staging = self
@@ -627,33 +780,50 @@ impl Volumes {
                 reason: format!("the volume is staged at {}", b.staging_path.display()),
             });
         }
+        self.require_tie("staging_path", &staging, &req.volume_id)?;
         let table = mounts::table()?;
+        // Nothing is unmounted or closed while a pod still has the volume:
+        // a closed mapping's device number goes to the next mapping made,
+        // which the pod's bound node would then reach.
+        let block_file = if staging.layout == Layout::BlockStaging && staging.kind() == Kind::Dir {
+            Some(staging.child(BLOCK_FILE)?)
+        } else {
+            None
+        };
+        let here = block_file.as_ref().unwrap_or(&staging);
+        let mounted = self.mounted_at(here, &table)?;
+        if let Some(mm) = &mounted
+            && !self.owns(&req.volume_id, &staging, mm, record.as_ref())
+        {
+            return Err(Self::not_this_volume(
+                "staging_path",
+                here,
+                &req.volume_id,
+                mm,
+            ));
+        }
+        let mut staged_devices: Vec<String> = mounted.iter().cloned().collect();
+        if let Some(mm) = luks::active(&luks::mapping_name(&req.volume_id))
+            .and_then(|dm| blockdev::majmin_of(&dm))
+        {
+            staged_devices.push(mm);
+        }
+        let published = Self::publications(&table, &staged_devices, &[&staging.path, &here.path]);
+        if !published.is_empty() {
+            return Err(HostdError::StillPublished {
+                volume_id: req.volume_id.clone(),
+                targets: published,
+            });
+        }
         let mut flushed = None;
         let mut go_mapping = None;
-        if staging.layout == Layout::BlockStaging && staging.kind() == Kind::Dir {
-            let file = staging.child(BLOCK_FILE)?;
-            if let Some(mm) = self.mounted_at(&file, &table)? {
-                if !self.owns(&req.volume_id, &staging, &mm, record.as_ref()) {
-                    return Err(Self::not_this_volume(
-                        "staging_path",
-                        &file,
-                        &req.volume_id,
-                        &mm,
-                    ));
-                }
-                unmount_all(&file)?;
-                flushed = Some(mm);
+        if let Some(file) = &block_file {
+            if mounted.is_some() {
+                unmount_all(file)?;
+                flushed = mounted;
             }
-            file.remove()?;
-        } else if let Some(mm) = self.mounted_at(&staging, &table)? {
-            if !self.owns(&req.volume_id, &staging, &mm, record.as_ref()) {
-                return Err(Self::not_this_volume(
-                    "staging_path",
-                    &staging,
-                    &req.volume_id,
-                    &mm,
-                ));
-            }
+            file.remove_only(Kind::File)?;
+        } else if let Some(mm) = mounted {
             // A volume the Go driver staged sits on its mapping
             // `<disk>-encrypted`, which is closed below with the mount gone.
             go_mapping = staged_at(&staging)?
@@ -679,8 +849,8 @@ impl Volumes {
             // A vanished disk leaves a mapping that only a forced close removes.
             luks::close(&name, !blockdev::backing_present(&name))?;
         }
-        // An mkfs note outlives no unstage: the next stage starts afresh.
-        self.bindings.end_mkfs(&req.volume_id)?;
+        // A format note outlives no unstage: the next stage starts afresh.
+        self.bindings.end_format(&req.volume_id)?;
         self.bindings.remove(&req.volume_id)
     }
 
@@ -697,6 +867,8 @@ impl Volumes {
         let target = self
             .paths
             .place("target_path", &req.target_path, &[target_layout])?;
+        self.require_tie("staging_path", &staging, &req.volume_id)?;
+        self.require_tie("target_path", &target, &req.volume_id)?;
         let opts = mountopts::check("mount_flags", None, &req.mount_flags)?;
         if req.block {
             self.adopt_go_block(req, &staging)?;
@@ -872,6 +1044,7 @@ impl Volumes {
         let target = self
             .paths
             .place("target_path", &req.target_path, Layout::TARGET)?;
+        self.require_tie("target_path", &target, &req.volume_id)?;
         let record = self.bindings.get(&req.volume_id)?;
         let table = mounts::table()?;
         if let Some(mm) = self.mounted_at(&target, &table)? {
@@ -888,7 +1061,13 @@ impl Volumes {
             }
             unmount_all(&target)?;
         }
-        target.remove()?;
+        // What publish made: a filesystem target is a directory, a block
+        // target a file; nothing else at such a path is removed.
+        target.remove_only(if target.layout.is_block() {
+            Kind::File
+        } else {
+            Kind::Dir
+        })?;
         if let Some(mut b) = record.filter(|b| b.targets.contains(&target.path)) {
             b.targets.retain(|t| *t != target.path);
             self.bindings.put(&b)?;
@@ -1022,6 +1201,7 @@ impl Volumes {
             }
             other => other?,
         };
+        self.require_tie("volume_path", &place, volume_id)?;
         if place.kind() == Kind::Missing {
             return Err(HostdError::NotStaged(format!(
                 "{volume_id} (no such path {})",
@@ -1068,7 +1248,9 @@ impl Volumes {
                 ),
             });
         }
-        if let Some((mapping, _)) = &staged.mapping {
+        if let Some((mapping, disk)) = &staged.mapping {
+            // The resize may unlock a key slot: its cost is bounded first.
+            luks::check_header_costs(&Path::new("/dev").join(disk), self.kdf_bounds)?;
             let pass = req
                 .encryption
                 .as_ref()
@@ -1077,7 +1259,7 @@ impl Volumes {
             luks::resize(mapping, pass.as_ref())?;
         }
         if !place.layout.is_block() {
-            grow_filesystem(&staged.entry)?;
+            grow_filesystem(&staged)?;
         }
         Ok(pb::ExpandResponse {
             size_bytes: blockdev::size_of(&staged.name).unwrap_or(disk_size),
@@ -1086,6 +1268,15 @@ impl Volumes {
 
     pub fn stats(&self, req: &pb::StatsRequest) -> Result<pb::StatsResponse, HostdError> {
         let (place, staged) = self.volume_at(&req.volume_id, &req.volume_path)?;
+        let record = self.bindings.get(&req.volume_id)?;
+        if !self.owns(&req.volume_id, &place, &staged.majmin, record.as_ref()) {
+            return Err(Self::not_this_volume(
+                "volume_path",
+                &place,
+                &req.volume_id,
+                &staged.majmin,
+            ));
+        }
         let block = place.layout.is_block();
         let mut resp = pb::StatsResponse {
             block,
@@ -1136,9 +1327,23 @@ impl Volumes {
     }
 }
 
-fn grow_filesystem(m: &mounts::MountEntry) -> Result<(), HostdError> {
+fn grow_filesystem(staged: &Staged) -> Result<(), HostdError> {
+    let m = &staged.entry;
+    // resize2fs gets the kernel's own node of the mounted device, checked
+    // to be it, never the mount table's source text.
+    let node = || -> Result<String, HostdError> {
+        let node = Path::new("/dev").join(&staged.name);
+        if staged.name.is_empty() || device::majmin(&node)? != staged.majmin {
+            return Err(HostdError::failed(
+                "growing the filesystem at",
+                m.mount_point.display(),
+                format!("/dev has no node of its device {}", staged.majmin),
+            ));
+        }
+        Ok(node.display().to_string())
+    };
     let (tool, arg) = match m.fs_type.as_str() {
-        "ext4" | "ext3" | "ext2" => ("resize2fs", m.source.clone()),
+        "ext4" | "ext3" | "ext2" => ("resize2fs", node()?),
         "xfs" => ("xfs_growfs", m.mount_point.display().to_string()),
         other => {
             return Err(HostdError::Unsupported(format!(

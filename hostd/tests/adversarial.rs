@@ -532,3 +532,394 @@ async fn health_and_plain_stages_answer_during_six_argon2id_stages() {
     );
     assert!(plain_done_first, "a plain stage waited for the LUKS stages");
 }
+
+/// A block publish request of `vol` from its staging directory to `target`.
+fn block_publish_req(vol: &str, staging: &Path, target: &Path) -> pb::PublishRequest {
+    pb::PublishRequest {
+        block: true,
+        ..publish_req(vol, staging, target)
+    }
+}
+
+fn block_stage_req(vol: &str, wwn: &str, staging: &Path) -> pb::StageRequest {
+    pb::StageRequest {
+        access: Some(pb::stage_request::Access::Block(pb::RawBlock {})),
+        ..stage_req(vol, wwn, staging, "")
+    }
+}
+
+#[tokio::test]
+async fn publish_onto_a_target_kubelet_gave_another_volume_or_driver_is_refused() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let mut node = env.node_plugin().await;
+    let wwn = env.disk(20);
+    let staging = env.staging("vol-a");
+    node.stage(stage_req("vol-a", &wwn, &staging, "ext4"))
+        .await
+        .unwrap();
+    std::fs::write(staging.join("a-file"), b"volume a").unwrap();
+    // Pod b's target, which kubelet recorded as volume b's; and a target of
+    // another CSI driver (secrets-store) in pod c.
+    let pv_b = env.target("pod-b", "volumes", "pv-b");
+    write_vol_data(&pv_b, "pv-b", "vol-b", DRIVER);
+    let pv_c = env.target("pod-c", "volumes", "pv-c");
+    write_vol_data(&pv_c, "pv-c", "vol-a", "secrets-store.csi.k8s.io");
+    for target in [pv_b.join("mount"), pv_c.join("mount")] {
+        let e = node
+            .publish(publish_req("vol-a", &staging, &target))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("is not volume vol-a's"), "{e:?}");
+        assert!(mounts_under(&target).is_empty(), "{}", target.display());
+        assert!(!target.exists(), "{} was made", target.display());
+    }
+    // The volume's own target, as kubelet recorded it, and a target with no
+    // record at all (a bare directory, as a conformance suite makes).
+    let pv_a = env.target("pod-a", "volumes", "pv-a");
+    write_vol_data(&pv_a, "pv-a", "vol-a", DRIVER);
+    let bare = env.target("pod-d", "volumes", "pv-a");
+    for target in [pv_a.join("mount"), bare.join("mount")] {
+        node.publish(publish_req("vol-a", &staging, &target))
+            .await
+            .unwrap();
+        assert_eq!(std::fs::read(target.join("a-file")).unwrap(), b"volume a");
+    }
+    // Raw block: a block target whose volume kubelet recorded as another's.
+    let wwn_blk = env.disk(21);
+    let blk_staging = env.block_staging("pv-blk");
+    write_vol_data(
+        &env.root
+            .join("plugins/kubernetes.io/csi/volumeDevices/pv-blk/data"),
+        "pv-blk",
+        "vol-blk",
+        DRIVER,
+    );
+    node.stage(block_stage_req("vol-blk", &wwn_blk, &blk_staging))
+        .await
+        .unwrap();
+    let other_pv = env.block_target("pv-other", "pod-e");
+    write_vol_data(
+        &env.root
+            .join("plugins/kubernetes.io/csi/volumeDevices/pv-other/data"),
+        "pv-other",
+        "vol-other",
+        DRIVER,
+    );
+    let e = node
+        .publish(block_publish_req("vol-blk", &blk_staging, &other_pv))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(!other_pv.exists());
+}
+
+#[tokio::test]
+async fn unstage_while_published_is_refused_and_keeps_the_pods_device() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let mut node = env.node_plugin().await;
+    // Raw block: the pod's bound device node must stay the volume's.
+    let wwn = env.disk(22);
+    let staging = env.block_staging("pv-blk");
+    node.stage(block_stage_req("vol-blk", &wwn, &staging))
+        .await
+        .unwrap();
+    let target = env.block_target("pv-blk", "pod-a");
+    node.publish(block_publish_req("vol-blk", &staging, &target))
+        .await
+        .unwrap();
+    let e = node
+        .unstage(unstage_req("vol-blk", &staging))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains("still published at") && e.message().contains("pod-a"),
+        "{e:?}"
+    );
+    assert!(
+        mount_at(&staging.join("device")).is_some(),
+        "the staging bind went"
+    );
+    assert!(mount_at(&target).is_some(), "the pod's bind went");
+    // A filesystem volume: the pod's bind of the staged filesystem.
+    let wwn_fs = env.disk(23);
+    let staging_fs = env.staging("vol-fs");
+    node.stage(stage_req("vol-fs", &wwn_fs, &staging_fs, "ext4"))
+        .await
+        .unwrap();
+    let target_fs = env.target("pod-b", "volumes", "pv-fs").join("mount");
+    node.publish(publish_req("vol-fs", &staging_fs, &target_fs))
+        .await
+        .unwrap();
+    let e = node
+        .unstage(unstage_req("vol-fs", &staging_fs))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(mount_at(&staging_fs).as_deref(), Some("ext4"));
+    // Unpublished first, both unstage.
+    node.unpublish(unpublish_req("vol-blk", &target))
+        .await
+        .unwrap();
+    node.unstage(unstage_req("vol-blk", &staging))
+        .await
+        .unwrap();
+    node.unpublish(unpublish_req("vol-fs", &target_fs))
+        .await
+        .unwrap();
+    node.unstage(unstage_req("vol-fs", &staging_fs))
+        .await
+        .unwrap();
+    assert!(mount_at(&staging.join("device")).is_none() && mount_at(&staging_fs).is_none());
+}
+
+#[tokio::test]
+async fn unpublish_never_removes_kubelets_volume_record_or_what_publish_did_not_make() {
+    if !require_root() {
+        return;
+    }
+    let env = Env::start().await;
+    let mut node = env.node_plugin().await;
+    // Another driver's volume record, named as a target.
+    let pv = env.target("pod-a", "volumes", "pv-x");
+    write_vol_data(&pv, "pv-x", "vol-x", "other.driver");
+    let record = pv.join("vol_data.json");
+    let e = node
+        .unpublish(unpublish_req("vol-x", &record))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(record.exists(), "kubelet's record was removed");
+    // A file where a filesystem target is a directory, and a directory
+    // where a block target is a file: neither is removed.
+    let pv_y = env.target("pod-a", "volumes", "pv-y");
+    std::fs::write(pv_y.join("mount"), b"a file").unwrap();
+    let e = node
+        .unpublish(unpublish_req("vol-y", &pv_y.join("mount")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Internal, "{e:?}");
+    assert!(pv_y.join("mount").is_file());
+    let blk = env.block_target("pv-z", "pod-a");
+    std::fs::create_dir(&blk).unwrap();
+    std::fs::write(blk.join("keep"), b"kept").unwrap();
+    let e = node
+        .unpublish(unpublish_req("vol-z", &blk))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Internal, "{e:?}");
+    assert!(blk.join("keep").exists());
+}
+
+#[tokio::test]
+async fn a_disk_mounted_in_another_mount_namespace_is_not_staged() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let mut node = env.node_plugin().await;
+    let wwn = env.disk(24);
+    let dev = env.loops.last().unwrap().dev.clone();
+    run("mkfs.ext4", &["-q", "-F"], &dev);
+    // Mounted where hostd's mount table does not show it: a private mount
+    // namespace of a process that holds it until killed.
+    let mnt = tempfile::tempdir().unwrap();
+    let mut holder = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount {} {} && echo mounted && exec sleep 600",
+            dev.display(),
+            mnt.path().display()
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "mounted");
+    assert!(
+        mounts_under(mnt.path()).is_empty(),
+        "the mount is visible here"
+    );
+    let staging = env.staging("vol-ns");
+    let e = node
+        .stage(stage_req("vol-ns", &wwn, &staging, "ext4"))
+        .await
+        .unwrap_err();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("open it exclusively"), "{e:?}");
+    assert!(mount_at(&staging).is_none());
+}
+
+#[tokio::test]
+async fn a_cancelled_stage_keeps_its_volume_locked_until_its_work_ends() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    // An mkfs that takes 3 s, and counts its runs.
+    let tools = tempfile::tempdir().unwrap();
+    let runs = tools.path().join("runs");
+    let real = String::from_utf8(
+        std::process::Command::new("sh")
+            .args(["-c", "command -v mkfs.ext4"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let script = tools.path().join("mkfs.ext4");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho run >> {}\nsleep 3\nexec {} \"$@\"\n",
+            runs.display(),
+            real.trim()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    env.restart_hostd_with_tools(Some(tools.path())).await;
+    let mut node = env.node_plugin().await;
+    let wwn = env.disk(25);
+    let staging = env.staging("vol-slow");
+    // The caller gives up after 1 s, while mkfs runs.
+    let cancelled = tokio::time::timeout(
+        Duration::from_secs(1),
+        node.stage(stage_req("vol-slow", &wwn, &staging, "ext4")),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the stage answered within 1 s");
+    // Unstage of the same volume waits for the stage's work, then undoes it.
+    let mut again = env.node_plugin().await;
+    again
+        .unstage(unstage_req("vol-slow", &staging))
+        .await
+        .unwrap();
+    let log = std::fs::read_to_string(&env.log).unwrap();
+    let stage_line = log
+        .lines()
+        .position(|l| l.contains("call=\"Stage\"") && l.contains("vol-slow"));
+    let unstage_line = log
+        .lines()
+        .position(|l| l.contains("call=\"Unstage\"") && l.contains("vol-slow"));
+    assert!(
+        matches!((stage_line, unstage_line), (Some(s), Some(u)) if s < u),
+        "the stage's audit line is missing or comes after the unstage's:\n{log}"
+    );
+    assert!(
+        mount_at(&staging).is_none(),
+        "the stage mounted after the unstage"
+    );
+    // A stage again while nothing else runs: one more mkfs? No: the disk now
+    // holds the filesystem the first made.
+    node.stage(stage_req("vol-slow", &wwn, &staging, "ext4"))
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read_to_string(&runs).unwrap().lines().count(), 1);
+}
+
+#[tokio::test]
+async fn a_luks_header_costlier_than_the_bounds_is_refused_before_any_derivation() {
+    if !require_root() {
+        return;
+    }
+    // Bounds below the header's pbkdf2 cost of 1000 iterations.
+    let mut env =
+        Env::start_with_args("pbkdf2:1000", &["--luks-kdf-bounds", "1048576:4:64:999"]).await;
+    let mut node = env.node_plugin().await;
+    let wwn = env.image_only(26);
+    luks(&env.image(&wwn));
+    env.attach(&wwn);
+    let staging = env.staging("vol-kdf");
+    let mut req = stage_req("vol-kdf", &wwn, &staging, "ext4");
+    req.encryption = Some(pb::Encryption {
+        passphrase: b"passphrase".to_vec(),
+    });
+    let e = node.stage(req).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message()
+            .contains("key slot 0 costs pbkdf2 with 1000 iterations (at most 999)"),
+        "{e:?}"
+    );
+}
+
+#[tokio::test]
+async fn stats_and_stage_refuse_paths_kubelet_gives_another_volume() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let mut node = env.node_plugin().await;
+    let wwn = env.disk(27);
+    let staging = env.staging("vol-a");
+    node.stage(stage_req("vol-a", &wwn, &staging, "ext4"))
+        .await
+        .unwrap();
+    // Another driver's mounted target: Stats of it under vol-a's id.
+    let pv = env.target("pod-z", "volumes", "pv-z");
+    write_vol_data(&pv, "pv-z", "vol-z", "other.driver");
+    let mount = pv.join("mount");
+    std::fs::create_dir(&mount).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &mount,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .unwrap();
+    let e = node
+        .stats(pb::StatsRequest {
+            volume_id: "vol-a".into(),
+            volume_path: mount.display().to_string(),
+        })
+        .await
+        .unwrap_err();
+    nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    // A mounted target without kubelet's record: nothing ties it to vol-a.
+    let bare = env.target("pod-y", "volumes", "pv-y").join("mount");
+    std::fs::create_dir(&bare).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &bare,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .unwrap();
+    let e = node
+        .stats(pb::StatsRequest {
+            volume_id: "vol-a".into(),
+            volume_path: bare.display().to_string(),
+        })
+        .await
+        .unwrap_err();
+    nix::mount::umount2(&bare, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    // Stage of vol-b at the staging directory kubelet names for vol-c: it
+    // would block vol-c's own stage.
+    let wwn_b = env.disk(28);
+    let e = node
+        .stage(stage_req("vol-b", &wwn_b, &env.staging("vol-c"), "ext4"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("SHA-256"), "{e:?}");
+    assert_eq!(std::fs::metadata(env.image(&wwn_b)).unwrap().blocks(), 0);
+}

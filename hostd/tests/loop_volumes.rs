@@ -21,7 +21,7 @@ async fn filesystem_volume_lifecycle_is_idempotent_and_keeps_data() {
     }
     let mut env = Env::start().await;
     let wwn = env.disk(1);
-    let staging = env.staging("vol1");
+    let staging = env.staging("vol-1");
     let req = stage_req("vol-1", &wwn, &staging, "ext4");
 
     let r = env.client.stage(req.clone()).await.unwrap().into_inner();
@@ -101,7 +101,7 @@ async fn filesystem_volume_lifecycle_is_idempotent_and_keeps_data() {
 
     // Read-only publish of an xfs volume, with nouuid applied.
     let wwn2 = env.disk(2);
-    let staging2 = env.staging("vol2");
+    let staging2 = env.staging("vol-2");
     env.client
         .stage(stage_req("vol-2", &wwn2, &staging2, "xfs"))
         .await
@@ -174,7 +174,7 @@ async fn never_formats_a_device_that_holds_data() {
         let img = env.image(&wwn);
         prep(&img);
         let before = sha_of(&img);
-        let staging = env.staging(&format!("data-{name}"));
+        let staging = env.staging(&format!("vol-{name}"));
         let e = env
             .client
             .stage(stage_req(&format!("vol-{name}"), &wwn, &staging, "ext4"))
@@ -200,7 +200,7 @@ async fn never_formats_a_device_that_holds_data() {
         f.seek(SeekFrom::Start(126)).unwrap();
         f.write_all(&[1]).unwrap();
     }
-    let staging = env.staging("xfs-unfinished");
+    let staging = env.staging("vol-unf");
     let e = env
         .client
         .stage(stage_req("vol-unf", &wwn, &staging, "ext4"))
@@ -231,7 +231,7 @@ async fn never_formats_a_device_that_holds_data() {
     let wwn = env.disk(20);
     let img = env.image(&wwn);
     run("mkfs.ext4", &["-q", "-F"], &img);
-    let staging = env.staging("ext4-data");
+    let staging = env.staging("vol-ext4");
     let r = env
         .client
         .stage(stage_req("vol-ext4", &wwn, &staging, "ext4"))
@@ -349,7 +349,7 @@ async fn bad_requests_get_the_right_codes() {
     }
     let mut env = Env::start().await;
     let wwn = env.disk(40);
-    let staging = env.staging("bad");
+    let staging = env.staging("vol-x");
 
     // Device that does not exist (yet): retryable.
     let e = env
@@ -421,7 +421,7 @@ async fn twenty_volumes_stage_concurrently() {
     let mut reqs = Vec::new();
     for i in 0..20 {
         let wwn = env.disk(100 + i);
-        let staging = env.staging(&format!("c{i}"));
+        let staging = env.staging(&format!("vol-c{i}"));
         reqs.push(stage_req(&format!("vol-c{i}"), &wwn, &staging, "ext4"));
     }
     let calls = reqs.iter().cloned().map(|r| {
@@ -445,7 +445,7 @@ async fn stage_waits_for_a_device_that_appears_later() {
     }
     let mut env = Env::start().await;
     let wwn = env.image_only(50);
-    let staging = env.staging("late");
+    let staging = env.staging("vol-late");
     let mut client = env.client.clone();
     let req = stage_req("vol-late", &wwn, &staging, "ext4");
     let started = Instant::now();
@@ -513,7 +513,7 @@ async fn expands_ext4_and_xfs_online_and_reports_stats() {
     let mut env = Env::start().await;
     for (i, fs) in ["ext4", "xfs"].into_iter().enumerate() {
         let wwn = env.disk(60 + i as u32);
-        let staging = env.staging(&format!("grow-{fs}"));
+        let staging = env.staging(&format!("vol-grow-{fs}"));
         let vol = format!("vol-grow-{fs}");
         env.client
             .stage(stage_req(&vol, &wwn, &staging, fs))
@@ -599,7 +599,7 @@ async fn encryption_writes_a_go_compatible_luks2_header_and_never_reformats_it()
     }
     let mut env = Env::start().await;
     let wwn = env.disk(70);
-    let staging = env.staging("luks");
+    let staging = env.staging("vol-luks");
     let mut req = stage_req("vol-luks", &wwn, &staging, "ext4");
     req.encryption = Some(pb::Encryption {
         passphrase: b"correct horse".to_vec(),
@@ -670,7 +670,7 @@ async fn encryption_writes_a_go_compatible_luks2_header_and_never_reformats_it()
         "{}",
         String::from_utf8_lossy(&kill.stderr)
     );
-    let staging = env.staging("luks-noslot");
+    let staging = env.staging("vol-noslot");
     let mut req = stage_req("vol-noslot", &wwn, &staging, "ext4");
     req.encryption = Some(pb::Encryption {
         passphrase: b"new passphrase".to_vec(),
@@ -701,7 +701,7 @@ async fn encryption_writes_a_go_compatible_luks2_header_and_never_reformats_it()
     let wwn = env.disk(71);
     run("mkfs.ext4", &["-q", "-F"], &env.image(&wwn));
     let before = sha_of(&env.image(&wwn));
-    let staging = env.staging("luks-on-ext4");
+    let staging = env.staging("vol-luks2");
     let mut req = stage_req("vol-luks2", &wwn, &staging, "ext4");
     req.encryption = Some(pb::Encryption {
         passphrase: b"pw".to_vec(),
@@ -744,7 +744,7 @@ async fn killed_mid_stage_the_retry_converges() {
         for delay_ms in [0u64, 5, 15, 30, 60, 120] {
             n += 1;
             let wwn = env.disk(n);
-            let staging = env.staging(&format!("kill-{n}"));
+            let staging = env.staging(&format!("vol-kill-{n}"));
             let req = stage_req(&format!("vol-kill-{n}"), &wwn, &staging, fs);
             let mut c = env.client.clone();
             let r = req.clone();
@@ -811,7 +811,7 @@ async fn oversized_requests_are_refused() {
         return;
     }
     let mut env = Env::start().await;
-    let staging = env.staging("big");
+    let staging = env.staging("vol-big");
     let mut req = stage_req("vol-big", "5000c500deadbeef", &staging, "ext4");
     req.volume_id = "x".repeat(100 * 1024);
     let e = env.client.stage(req).await.unwrap_err();

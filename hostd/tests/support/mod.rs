@@ -85,6 +85,22 @@ pub fn spawn_hostd(dir: &Path, root: &Path, images: &Path, log: &Path, pbkdf: &s
         .unwrap()
 }
 
+/// kubelet's record of a volume beside a pod's target or under a block
+/// volume's `data` directory, with kubelet's keys (pkg/volume/csi
+/// csi_plugin.go `volDataKey`, written by `saveVolumeData`).
+pub fn write_vol_data(dir: &Path, pv: &str, handle: &str, driver: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    let data = serde_json::json!({
+        "specVolID": pv,
+        "volumeHandle": handle,
+        "driverName": driver,
+        "nodeName": "worker-1",
+        "attachmentID": "csi-0123",
+        "volumeLifecycleMode": "Persistent",
+    });
+    std::fs::write(dir.join("vol_data.json"), data.to_string()).unwrap();
+}
+
 pub fn hostd_command(dir: &Path, root: &Path, images: &Path, log: &Path, pbkdf: &str) -> Command {
     let socket = dir.join("hostd.sock");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_proxmox-csi-hostd"));
@@ -176,13 +192,21 @@ impl Env {
     }
 
     pub async fn start_with_pbkdf(pbkdf: &'static str) -> Self {
+        Self::start_with_args(pbkdf, &[]).await
+    }
+
+    /// hostd with `extra` arguments besides the usual ones.
+    pub async fn start_with_args(pbkdf: &'static str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("kubelet");
         let images = dir.path().join("images");
         std::fs::create_dir_all(&images).unwrap();
         std::fs::create_dir_all(root.join("plugins/kubernetes.io/csi").join(DRIVER)).unwrap();
         let log = dir.path().join("hostd.log");
-        let hostd = spawn_hostd(dir.path(), &root, &images, &log, pbkdf);
+        let hostd = hostd_command(dir.path(), &root, &images, &log, pbkdf)
+            .args(extra)
+            .spawn()
+            .unwrap();
         let client = connect(dir.path().join("hostd.sock")).await;
         Self {
             root: root.canonicalize().unwrap(),
