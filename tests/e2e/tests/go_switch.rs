@@ -325,6 +325,16 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     else {
         return;
     };
+    // The switch runs with hostd's --go-takeover, as docs/migrating.md
+    // says: the Go driver's disks carry no serial that ties them to a volume.
+    let restarted = g
+        .sh("echo --go-takeover > /run/hostd.args; kill $(pidof proxmox-csi-hostd); \
+             while pidof proxmox-csi-hostd >/dev/null; do sleep 0.1; done; start-hostd & \
+             n=0; until [ $(grep -c 'serving hostd' /run/hostd.log) -ge 2 ]; do sleep 0.1; n=$((n+1)); [ $n -gt 300 ] && break; done; \
+             pidof proxmox-csi-hostd && tr '\\0' ' ' < /proc/$(pidof proxmox-csi-hostd)/cmdline")
+        .await
+        .unwrap();
+    assert!(restarted.contains("--go-takeover"), "hostd: {restarted}");
     let k = Kubelet::new("/var/lib/kubelet");
     let go = GoController::new(&sim);
     let ext4 = StorageClass::new(&[
