@@ -75,11 +75,18 @@ async fn slots_of(e: &Env, vmid: u32, volume: &str) -> (Vec<String>, Value) {
     (keys, vm["pending"].clone())
 }
 
-/// Loses the answer of the `skip`-th write from now on; whether it was lost
-/// is read from pvesim's fault tally afterwards.
-async fn lose_write(e: &Env, skip: u32) {
+/// How an answer is lost: the connection dropped (0), or a proxy's status
+/// in place of the answer after it passed the write on (pveproxy's 596, a
+/// gateway's 504).
+const DROPPED: u16 = 0;
+const TIMED_OUT: u16 = 596;
+const GATEWAY_TIMEOUT: u16 = 504;
+
+/// Loses the answer of the `skip`-th write from now on, as `how` says;
+/// whether it was lost is read from pvesim's fault tally afterwards.
+async fn lose_write(e: &Env, skip: u32, how: u16) {
     e.knobs(&format!(
-        r#"{{"lose_answers": 1, "lose_answers_skip": {skip}}}"#
+        r#"{{"lose_answers": 1, "lose_answers_skip": {skip}, "lost_answer_status": {how}}}"#
     ))
     .await;
 }
@@ -97,10 +104,24 @@ async fn fired(e: &Env) -> bool {
 
 #[tokio::test]
 async fn create_with_a_lost_answer_makes_one_disk() {
+    create_with_a_lost_answer_makes_one_disk_when(DROPPED).await;
+}
+
+#[tokio::test]
+async fn create_with_a_lost_answer_makes_one_disk_answered_596() {
+    create_with_a_lost_answer_makes_one_disk_when(TIMED_OUT).await;
+}
+
+#[tokio::test]
+async fn create_with_a_lost_answer_makes_one_disk_answered_504_by_a_gateway() {
+    create_with_a_lost_answer_makes_one_disk_when(GATEWAY_TIMEOUT).await;
+}
+
+async fn create_with_a_lost_answer_makes_one_disk_when(how: u16) {
     let mut writes = 0;
     for skip in 0.. {
         let e = env().await;
-        lose_write(&e, skip).await;
+        lose_write(&e, skip, how).await;
         let req = create_req("pvc-lc", 1 << 30, &[("storage", "local-lvm")], Some("pve2"));
         let (v, _) = retried("create", || e.svc.create_volume(Request::new(req.clone()))).await;
         if !fired(&e).await {
@@ -133,12 +154,21 @@ async fn create_with_a_lost_answer_makes_one_disk() {
 
 #[tokio::test]
 async fn publish_and_unpublish_with_a_lost_answer_use_one_slot() {
+    publish_and_unpublish_with_a_lost_answer_use_one_slot_when(DROPPED).await;
+}
+
+#[tokio::test]
+async fn publish_and_unpublish_with_a_lost_answer_use_one_slot_answered_596() {
+    publish_and_unpublish_with_a_lost_answer_use_one_slot_when(TIMED_OUT).await;
+}
+
+async fn publish_and_unpublish_with_a_lost_answer_use_one_slot_when(how: u16) {
     let mut writes = (0, 0);
     for skip in 0.. {
         let e = env().await;
         let v = create(&e, "pvc-lp", Some("pve2")).await;
         let name = "vm-9999-pvc-lp";
-        lose_write(&e, skip).await;
+        lose_write(&e, skip, how).await;
         let req = publish_req(&v, "worker-2/112");
         let (pc, _) = retried("publish", || {
             e.svc.controller_publish_volume(Request::new(req.clone()))
@@ -162,7 +192,7 @@ async fn publish_and_unpublish_with_a_lost_answer_use_one_slot() {
             .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
             .await
             .unwrap();
-        lose_write(&e, skip).await;
+        lose_write(&e, skip, how).await;
         let req = unpublish_req(&v, "worker-2/112");
         retried("unpublish", || {
             e.svc.controller_unpublish_volume(Request::new(req.clone()))
@@ -186,12 +216,21 @@ async fn publish_and_unpublish_with_a_lost_answer_use_one_slot() {
 
 #[tokio::test]
 async fn expand_with_a_lost_answer_grows_once() {
+    expand_with_a_lost_answer_grows_once_when(DROPPED).await;
+}
+
+#[tokio::test]
+async fn expand_with_a_lost_answer_grows_once_answered_596() {
+    expand_with_a_lost_answer_grows_once_when(TIMED_OUT).await;
+}
+
+async fn expand_with_a_lost_answer_grows_once_when(how: u16) {
     let mut writes = 0;
     for skip in 0.. {
         // Offline growth goes through the controller's holder VM.
         let e = env_with_role(COPY_ROLE).await;
         let v = create(&e, "pvc-le", Some("pve2")).await;
-        lose_write(&e, skip).await;
+        lose_write(&e, skip, how).await;
         let req = expand_req(&v, 3 << 30);
         let (r, _) = retried("expand", || {
             e.svc.controller_expand_volume(Request::new(req.clone()))
@@ -221,11 +260,20 @@ async fn expand_with_a_lost_answer_grows_once() {
 
 #[tokio::test]
 async fn snapshot_with_a_lost_answer_makes_one_copy() {
+    snapshot_with_a_lost_answer_makes_one_copy_when(DROPPED).await;
+}
+
+#[tokio::test]
+async fn snapshot_with_a_lost_answer_makes_one_copy_answered_596() {
+    snapshot_with_a_lost_answer_makes_one_copy_when(TIMED_OUT).await;
+}
+
+async fn snapshot_with_a_lost_answer_makes_one_copy_when(how: u16) {
     let mut writes = 0;
     for skip in 0.. {
         let e = env_with_role(COPY_ROLE).await;
         let v = create(&e, "pvc-ls", Some("pve2")).await;
-        lose_write(&e, skip).await;
+        lose_write(&e, skip, how).await;
         let req = snap_req("snapshot-ls", &v.volume_id);
         let snap = loop {
             let (r, _) = retried("snapshot", || {
@@ -266,11 +314,20 @@ async fn snapshot_with_a_lost_answer_makes_one_copy() {
 
 #[tokio::test]
 async fn delete_with_a_lost_answer_is_done_once() {
+    delete_with_a_lost_answer_is_done_once_when(DROPPED).await;
+}
+
+#[tokio::test]
+async fn delete_with_a_lost_answer_is_done_once_answered_596() {
+    delete_with_a_lost_answer_is_done_once_when(TIMED_OUT).await;
+}
+
+async fn delete_with_a_lost_answer_is_done_once_when(how: u16) {
     let mut writes = 0;
     for skip in 0.. {
         let e = env().await;
         let v = create(&e, "pvc-ld", Some("pve2")).await;
-        lose_write(&e, skip).await;
+        lose_write(&e, skip, how).await;
         let req = delete_req(&v);
         retried("delete", || e.svc.delete_volume(Request::new(req.clone()))).await;
         if !fired(&e).await {

@@ -15,6 +15,27 @@ use super::errors::{ErrorKind, classify};
 use super::metrics::{ApiMetrics, Retry};
 use crate::config::{Cluster, Credentials};
 
+/// How a write's answer was lost.
+#[derive(Debug, thiserror::Error)]
+pub enum Lost {
+    /// The connection failed after the request went out.
+    #[error(transparent)]
+    Transport(#[from] reqwest::Error),
+    /// A proxy on the way answered in place of Proxmox after it passed the
+    /// request on: pveproxy's 596 (AnyEvent::HTTP's status for an error
+    /// while sending the request or awaiting its header, its 30 s timeout
+    /// included; 597 while reading the body; pve-http-server
+    /// src/PVE/APIServer/AnyEvent.pm proxy_request), or a gateway's
+    /// 502/503/504 in front of it.
+    #[error("HTTP {status}: {reason}")]
+    Status { status: u16, reason: String },
+}
+
+/// Proxy statuses after which a write may have been applied. 595 is not
+/// one: AnyEvent::HTTP answers it when the connection to the daemon could
+/// not be made, before anything was sent.
+pub const MAYBE_APPLIED: &[u16] = &[502, 503, 504, 596, 597];
+
 #[derive(Debug, thiserror::Error)]
 pub enum PveError {
     #[error("Proxmox cluster {region}: TLS: {reason}")]
@@ -59,7 +80,7 @@ pub enum PveError {
         region: String,
         method: Method,
         path: String,
-        source: reqwest::Error,
+        source: Lost,
     },
     /// Something could not be learnt because part of the cluster did not
     /// answer (a node down): worth asking again later.
@@ -227,7 +248,7 @@ impl Client {
         let repeatable = method == Method::GET || form.iter().any(|(k, _)| *k == "digest");
         // A repeated write whose first answer was lost and whose digest is
         // now stale may have been applied by that first attempt.
-        let mut lost: Option<reqwest::Error> = None;
+        let mut lost: Option<Lost> = None;
         loop {
             match self.once(method.clone(), path, form).await {
                 Ok(v) => return Ok(v),
@@ -252,6 +273,42 @@ impl Client {
                         region,
                         method,
                         path,
+                        source: Lost::Transport(source),
+                    });
+                }
+                // A proxy's answer for a write it passed on: the write may
+                // have happened, and a second one would make a second VM or
+                // disk. The operation's next call looks for its own work.
+                Err(PveError::Api {
+                    region,
+                    method,
+                    path,
+                    status,
+                    message,
+                }) if method != Method::GET && MAYBE_APPLIED.contains(&status.as_u16()) => {
+                    let source = Lost::Status {
+                        status: status.as_u16(),
+                        reason: message,
+                    };
+                    let wait = backoff(attempt);
+                    if repeatable && deadline.remaining() > wait {
+                        // Sent again with its digest: Proxmox refuses it if
+                        // the first one changed the config.
+                        lost = Some(source);
+                        self.metrics.retried(
+                            &self.cluster.region,
+                            &method,
+                            &path,
+                            Retry::Transient,
+                        );
+                        tokio::time::sleep(wait).await;
+                        attempt += 1;
+                        continue;
+                    }
+                    return Err(PveError::AnswerLost {
+                        region,
+                        method,
+                        path,
                         source,
                     });
                 }
@@ -262,11 +319,11 @@ impl Client {
                             region: self.cluster.region.clone(),
                             method,
                             path: path.to_string(),
-                            source,
+                            source: Lost::Transport(source),
                         });
                     }
                     if !source.is_connect() {
-                        lost = Some(source);
+                        lost = Some(Lost::Transport(source));
                     }
                     self.metrics
                         .retried(&self.cluster.region, &method, path, Retry::Transport);

@@ -129,7 +129,9 @@ pub const CORPUS: &[Known] = &[
 
 /// HTTP statuses that are transient whatever the text: the HTTP stack's
 /// 502/503/504 and pve-http-server's 595 (connection to a node failed) and
-/// 596 (its answer timed out) when it proxies to another node.
+/// 596 (its answer timed out) when it proxies to another node. A read is
+/// asked again; a write answered 502/503/504/596/597 may have been applied
+/// and is not sent again blindly (`client::MAYBE_APPLIED`).
 const TRANSIENT_STATUS: &[u16] = &[502, 503, 504, 595, 596];
 
 /// The kind of an API answer (`status` the HTTP code, `message` its text).

@@ -44,6 +44,13 @@ pub struct Knobs {
     /// Successful writes let through before `lose_answers` applies, so a
     /// test can lose the answer of each write of an operation in turn.
     pub lose_answers_skip: u32,
+    /// How `lose_answers` loses an answer: 0 drops the connection; 596 (or
+    /// 502/503/504) answers that status with an empty body, as pveproxy
+    /// does when its wait for pvedaemon's answer ran out after it passed
+    /// the request on (pve-http-server src/PVE/APIServer/AnyEvent.pm
+    /// proxy_request, AnyEvent::HTTP's `Status => 596, Reason => "$!"`),
+    /// or a gateway in front of it.
+    pub lost_answer_status: u16,
     /// The next N requests have their connection dropped without an answer.
     pub drop_connections: u32,
     /// Share of requests (0.0–1.0) answered 595 before any work.
@@ -87,6 +94,7 @@ impl Default for Knobs {
             fail_tasks_after_work: 0,
             lose_answers: 0,
             lose_answers_skip: 0,
+            lost_answer_status: 0,
             drop_connections: 0,
             error_5xx_rate: 0.0,
             fail_5xx: 0,

@@ -287,7 +287,10 @@ async fn handle(
         if c.knobs.lose_answers > 0 && !crate::knobs::take(&mut c.knobs.lose_answers_skip) {
             c.knobs.lose_answers -= 1;
             c.faults.lost_answers += 1;
-            return Err(Dropped);
+            return match c.knobs.lost_answer_status {
+                0 => Err(Dropped),
+                status => Ok(reply::proxy_failure(status, "Connection timed out")),
+            };
         }
     }
     Ok(match result {
