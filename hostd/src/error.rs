@@ -42,6 +42,10 @@ pub enum HostdError {
     },
     #[error("volume {0} is not staged")]
     NotStaged(String),
+    /// Stats or Expand of a path that holds no volume: NOT_FOUND, as the
+    /// spec answers a volume that does not exist there.
+    #[error("volume {0} is not staged")]
+    NothingAt(String),
     #[error(
         "volume {volume_id} is SINGLE_NODE_SINGLE_WRITER and already published read-write at {other}"
     )]
@@ -94,6 +98,7 @@ impl HostdError {
             Self::NotStaged(_) | Self::PublishedElsewhere { .. } | Self::StillPublished { .. } => {
                 Code::FailedPrecondition
             }
+            Self::NothingAt(_) => Code::NotFound,
             Self::Unsupported(_) => Code::Unimplemented,
             Self::Failed { .. } => Code::Internal,
         }

@@ -9,6 +9,7 @@ pub mod error;
 pub mod hardening;
 pub mod health;
 pub mod identity;
+pub mod kdf;
 pub mod luks;
 pub mod metrics;
 pub mod mkfs;

@@ -15,6 +15,10 @@ use proxmox_csi_common::Secret;
 use crate::error::HostdError;
 
 pub const CIPHER: (&str, &str) = ("aes", "xts-plain64");
+/// What luksFormat writes at the head of the disk: LUKS2's header and key
+/// slots area, 16 MiB by default (cryptsetup lib/luks2/luks2.h
+/// `LUKS2_DEFAULT_HDR_SIZE`).
+pub const HEADER_BYTES: u64 = 16 << 20;
 pub const KEY_BYTES: usize = 512 / 8;
 
 /// Key derivation for new key slots. Argon2id is cryptsetup's default;
@@ -30,6 +34,16 @@ impl Default for Pbkdf {
         Self::Argon2id {
             time_ms: 2000,
             memory_kb: 1 << 20,
+        }
+    }
+}
+
+impl std::fmt::Display for Pbkdf {
+    /// As [`FromStr`](std::str::FromStr) reads it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Argon2id { time_ms, memory_kb } => write!(f, "argon2id:{time_ms}:{memory_kb}"),
+            Self::Pbkdf2 { iterations } => write!(f, "pbkdf2:{iterations}"),
         }
     }
 }
@@ -461,6 +475,9 @@ mod tests {
             }
         );
         assert!("pbkdf2:10".parse::<Pbkdf>().is_err());
+        for p in [Pbkdf::default(), Pbkdf::Pbkdf2 { iterations: 1000 }] {
+            assert_eq!(p.to_string().parse::<Pbkdf>().unwrap(), p);
+        }
         assert!("scrypt".parse::<Pbkdf>().unwrap_err().contains("argon2id"));
     }
 }

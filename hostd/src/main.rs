@@ -136,6 +136,10 @@ fn main() -> ExitCode {
         eprintln!("proxmox-csi-hostd: disabling core dumps: {e}");
         return ExitCode::FAILURE;
     }
+    // hostd's own child for one key derivation (see `kdf`).
+    if std::env::args_os().nth(1).as_deref() == Some(proxmox_csi_hostd::kdf::CHILD_ARG.as_ref()) {
+        return proxmox_csi_hostd::kdf::child_main();
+    }
     // Blocking threads: one per call in flight, and a few for the device
     // wait's rescans and the health file; never tokio's default 512.
     match tokio::runtime::Builder::new_multi_thread()

@@ -115,6 +115,24 @@ fn samples(size: u64) -> Vec<(u64, u64)> {
 /// filesystem whose first MiB was zeroed, a database written to the raw
 /// disk). Thin storage reads its unallocated blocks as zeros quickly.
 pub fn first_data(device: &Path) -> Result<Option<u64>, HostdError> {
+    first_data_where(device, samples)
+}
+
+/// The offset of the first non-zero byte among `device`'s first `len`
+/// bytes, every one of them read.
+pub fn first_data_in(device: &Path, len: u64) -> Result<Option<u64>, HostdError> {
+    first_data_where(device, |size| {
+        let end = len.min(size);
+        (0..end.div_ceil(MIB))
+            .map(|i| (i * MIB, MIB.min(end - i * MIB)))
+            .collect()
+    })
+}
+
+fn first_data_where(
+    device: &Path,
+    reads: impl FnOnce(u64) -> Vec<(u64, u64)>,
+) -> Result<Option<u64>, HostdError> {
     use std::io::{Seek, SeekFrom};
     use std::os::unix::fs::{FileExt, OpenOptionsExt};
     let fail = |e: std::io::Error| HostdError::failed("reading", device.display(), e);
@@ -134,7 +152,7 @@ pub fn first_data(device: &Path) -> Result<Option<u64>, HostdError> {
     let mut storage = vec![0u8; (MIB + 4096) as usize];
     let start = storage.as_ptr().align_offset(4096);
     let buf = &mut storage[start..start + MIB as usize];
-    for (at, len) in samples(size) {
+    for (at, len) in reads(size) {
         let chunk = &mut buf[..usize::try_from(len).unwrap_or(0)];
         if let Err(e) = f.read_exact_at(chunk, at) {
             // An unaligned tail under O_DIRECT: read it through the cache.
@@ -179,5 +197,15 @@ mod tests {
         f.seek(SeekFrom::Start((40 << 20) + 17)).unwrap();
         f.write_all(b"data").unwrap();
         assert_eq!(first_data(&path).unwrap(), Some((40 << 20) + 17));
+        // Between two samples: only a whole read of the region finds it.
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(100 << 20).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"x", MIB + (128 << 10)).unwrap();
+        assert_eq!(first_data(&path).unwrap(), None);
+        assert_eq!(
+            first_data_in(&path, 16 * MIB).unwrap(),
+            Some(MIB + (128 << 10))
+        );
+        assert_eq!(first_data_in(&path, MIB).unwrap(), None);
     }
 }

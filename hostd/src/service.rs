@@ -57,7 +57,7 @@ pub struct HostdService {
 /// the permit, and what its audit line names.
 struct Held {
     _guard: OwnedMutexGuard<()>,
-    _permit: OwnedSemaphorePermit,
+    _permit: Option<OwnedSemaphorePermit>,
     health: Arc<Health>,
     call: &'static str,
     peer: Option<u32>,
@@ -102,8 +102,9 @@ impl HostdService {
         }
     }
 
-    /// Takes the volume's lock, then a permit (the lock first: calls queued
-    /// on one volume hold no permit while they wait).
+    /// Takes the volume's lock; the permit comes in `run_held`, right before
+    /// the work (calls queued on one volume, and a Stage waiting for its
+    /// disk, hold no permit while they wait).
     async fn hold(
         &self,
         call: &'static str,
@@ -112,15 +113,9 @@ impl HostdService {
         path: &str,
     ) -> Result<Held, HostdError> {
         let guard = self.locks.lock(volume_id).await;
-        let permit = self
-            .in_flight
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|e| HostdError::failed("waiting for", "a call slot", e))?;
         Ok(Held {
             _guard: guard,
-            _permit: permit,
+            _permit: None,
             health: self.health.clone(),
             call,
             peer,
@@ -134,9 +129,17 @@ impl HostdService {
     /// for its answer.
     async fn run_held<T: Send + 'static>(
         &self,
-        held: Held,
+        mut held: Held,
         work: impl FnOnce(&Volumes) -> Result<T, HostdError> + Send + 'static,
     ) -> Result<T, HostdError> {
+        match self.in_flight.clone().acquire_owned().await {
+            Ok(p) => held._permit = Some(p),
+            Err(e) => {
+                let e = HostdError::failed("waiting for", "a call slot", e);
+                held.audit_outcome(Some(&e));
+                return Err(e);
+            }
+        }
         let volumes = self.volumes.clone();
         let span = tracing::Span::current();
         blocking(move || {
@@ -193,8 +196,8 @@ impl pb::hostd_server::Hostd for HostdService {
             let held = self
                 .hold("Stage", peer, &req.volume_id, &req.staging_path)
                 .await?;
-            // The checks and the wait for the device touch nothing: a cancel
-            // meanwhile drops the lock with nothing begun.
+            // The checks and the wait for the device touch nothing and hold
+            // no permit: a cancel meanwhile drops the lock with nothing begun.
             let work = match self.volumes.prepare_stage(&mut req).await {
                 Ok(work) => work,
                 Err(e) => {
@@ -268,7 +271,10 @@ impl pb::hostd_server::Hostd for HostdService {
         in_span("Expand", &id.clone(), async move {
             // Moved, not copied: the request may carry the passphrase.
             let grown = self
-                .mutate("Expand", peer, &id, &path, move |v| v.expand(&req))
+                .mutate("Expand", peer, &id, &path, move |v| {
+                    let mut req = req;
+                    v.expand(&mut req)
+                })
                 .await?;
             Ok(Response::new(grown))
         })

@@ -22,6 +22,7 @@ use crate::blockdev;
 use crate::device::{self, Resolver, Wwn};
 use crate::discovery::{self, DeviceIndex};
 use crate::error::HostdError;
+use crate::kdf;
 use crate::luks;
 use crate::mkfs::{self, FsType, MkfsOptions};
 use crate::mountopts;
@@ -148,16 +149,7 @@ impl Volumes {
             .as_ref()
             .ok_or_else(|| HostdError::invalid("device", "is required"))?;
         let wwn = Wwn::parse(&dev.wwn)?;
-        let own_serial = proxmox_csi_common::contract::serial_for(&req.volume_id);
-        if !dev.serial.is_empty() && dev.serial != own_serial {
-            return Err(HostdError::invalid(
-                "device.serial",
-                format!(
-                    "{:?} is not volume {}'s serial; the controller sets {own_serial:?}",
-                    dev.serial, req.volume_id
-                ),
-            ));
-        }
+        check_request_serial(&dev.serial, &req.volume_id)?;
         // Moved, not copied, into a Secret: wiped when the stage is done.
         let passphrase = match req.encryption.as_mut() {
             Some(e) if e.passphrase.is_empty() => {
@@ -185,10 +177,15 @@ impl Volumes {
         let device = index
             .wait_for(&key, self.device_wait, RESCAN_GRACE, move || {
                 // Writing each host's `scan` waits for its bus: never on an
-                // async worker.
-                drop(tokio::task::spawn_blocking(move || {
-                    discovery::rescan_scsi(&rescanned)
-                }));
+                // async worker, and one at a time however many Stages wait.
+                static RESCANNING: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                if !RESCANNING.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                    drop(tokio::task::spawn_blocking(move || {
+                        discovery::rescan_scsi(&rescanned);
+                        RESCANNING.store(false, std::sync::atomic::Ordering::Release);
+                    }));
+                }
             })
             .await
             .ok_or_else(|| HostdError::DeviceNotFound {
@@ -197,7 +194,9 @@ impl Volumes {
             })?;
         self.resolver
             .verify_identity(&device, &wwn, &dev.serial, &req.volume_id)?;
-        self.require_serial(&device, &req.volume_id, &staging)?;
+        self.require_serial(&device, &req.volume_id, || {
+            self.staged_here(&device, &req.volume_id, &staging)
+        })?;
         Ok(StageWork {
             volume_id: req.volume_id.clone(),
             staging,
@@ -369,6 +368,18 @@ impl Volumes {
                 });
             }
             Contents::Unfinished(t) if t == fs_type.name() => {
+                // One byte says mkfs never finished: made again only when
+                // hostd's own note, or this stage's LUKS header, proves the
+                // interrupted mkfs was hostd's.
+                if read_only {
+                    return Err(read_only_blank(fs_device));
+                }
+                if !made_luks && !self.bindings.format_begun(volume_id, &disk) {
+                    return Err(HostdError::HoldsData {
+                        device: fs_device.to_path_buf(),
+                        found: format!("an unfinished {t} that hostd did not begin"),
+                    });
+                }
                 let opts = MkfsOptions {
                     replace_unfinished: true,
                     ..opts
@@ -428,7 +439,12 @@ impl Volumes {
         // nothing can be using it: the staging path is not mounted.
         if let Some(dm) = luks::active(name)
             && !luks::is_open(name)
-            && !device_has_mount(table, &dm)
+            && Self::publications(
+                table,
+                &blockdev::majmin_of(&dm).into_iter().collect::<Vec<_>>(),
+                &[],
+            )
+            .is_empty()
         {
             tracing::warn!(mapping = %name, dm, "closing a half-made mapping left by an earlier attempt");
             luks::close(name, true)?;
@@ -456,20 +472,32 @@ impl Volumes {
                     let disk = DiskId::of(device)?;
                     if !self.bindings.format_begun(volume_id, &disk) {
                         refuse_data(device)?;
+                        // luksFormat writes the header area whole: every
+                        // byte of it is read, not sampled.
+                        refuse_data_in(device, luks::HEADER_BYTES)?;
                     }
                     self.bindings.begin_format(volume_id, &disk)?;
                     let t = Instant::now();
-                    luks::format(device, pass, self.pbkdf)?;
+                    kdf::format(device, pass, self.pbkdf)?;
                     timings.insert("luks_format".into(), ms(t));
                     actions.push("luksFormat".to_string());
                     made = true;
                 }
                 Contents::Filesystem(t) if t == "crypto_LUKS" => {
                     if !luks::has_keyslot(device)? {
-                        tracing::warn!(device = %device.display(), "LUKS header without a key slot: an earlier luksFormat was interrupted; formatting again");
-                        self.bindings
-                            .begin_format(volume_id, &DiskId::of(device)?)?;
-                        luks::format(device, pass, self.pbkdf)?;
+                        // Only hostd's own interrupted luksFormat: a header
+                        // whose slots someone removed may have a backup
+                        // that opens the data still.
+                        let disk = DiskId::of(device)?;
+                        if read_only || !self.bindings.format_begun(volume_id, &disk) {
+                            return Err(HostdError::HoldsData {
+                                device: device.to_path_buf(),
+                                found: "a LUKS header without a key slot that hostd did not begin"
+                                    .into(),
+                            });
+                        }
+                        tracing::warn!(device = %device.display(), "LUKS header without a key slot: hostd's earlier luksFormat was interrupted; formatting again");
+                        kdf::format(device, pass, self.pbkdf)?;
                         actions.push("luksFormat (an earlier one was interrupted)".to_string());
                         made = true;
                     }
@@ -483,7 +511,7 @@ impl Volumes {
                 }
             }
             let t = Instant::now();
-            luks::open(device, name, pass)?;
+            kdf::open(device, name, pass)?;
             timings.insert("luks_open".into(), ms(t));
             actions.push(format!("luksOpen {name}"));
         }
@@ -590,7 +618,17 @@ impl Volumes {
         table: Vec<mounts::MountEntry>,
     ) -> Result<(Vec<String>, String), HostdError> {
         let mm = device::majmin(device)?;
-        staging.ensure_dir()?;
+        // kubelet makes the block staging directory before it calls
+        // (csi_block.go stageVolumeForBlock): hostd makes none of its own.
+        if staging.kind() != Kind::Dir {
+            return Err(HostdError::invalid(
+                "staging_path",
+                format!(
+                    "{} is not a directory; kubelet makes it before NodeStageVolume",
+                    staging.path.display()
+                ),
+            ));
+        }
         let file = staging.child(BLOCK_FILE)?;
         if table.iter().any(|m| m.mount_point == file.path) {
             // A bound device node: the file now stats as that device.
@@ -696,14 +734,13 @@ impl Volumes {
     /// derives from the volume id (checked in `verify_identity`). A disk
     /// without one (attached by the Go driver, which sets none; its WWN is
     /// one of a few LUN-derived values) is used only where kubelet's records
-    /// already tie it to the volume: mounted, itself or through its Go
-    /// mapping, at this volume's own staging path. Anything else needs the
-    /// operator's `--go-takeover`.
+    /// already tie it to the volume (`tied`: it is in use there already), or
+    /// with the operator's `--go-takeover`.
     fn require_serial(
         &self,
         device: &Path,
         volume_id: &str,
-        staging: &Place,
+        tied: impl FnOnce() -> Result<bool, HostdError>,
     ) -> Result<(), HostdError> {
         if !matches!(self.resolver, Resolver::Sysfs { .. }) {
             return Ok(());
@@ -718,30 +755,41 @@ impl Volumes {
             tracing::warn!(%volume_id, device = %device.display(), "disk without this driver's serial taken over (--go-takeover)");
             return Ok(());
         }
-        let table = mounts::table()?;
-        let mut own = vec![device::majmin(device)?];
-        if let Some(mm) = luks::go_mapping_on(&disk).and_then(|(_, dm)| blockdev::majmin_of(&dm)) {
-            own.push(mm);
-        }
-        let staged_here = bindings::kubelet_says(
-            &staging.path,
-            staging.layout,
-            volume_id,
-            self.paths.driver(),
-        ) && table
-            .iter()
-            .any(|m| m.mount_point == staging.path && own.contains(&m.majmin));
-        if staged_here {
+        if tied()? {
             return Ok(());
         }
         Err(HostdError::DeviceRefused {
             device: device.to_path_buf(),
             reason: format!(
                 "it carries no serial of this driver's, so nothing ties it to volume {volume_id}; \
-                 a disk the Go driver attached is staged only with hostd's --go-takeover (docs/security.md), \
+                 a disk the Go driver attached is used only with hostd's --go-takeover (docs/security.md), \
                  or after the controller attaches it again"
             ),
         })
+    }
+
+    /// Whether `device`, or its Go mapping, is mounted at `staging`, which
+    /// kubelet names for `volume_id`: a volume the Go driver staged.
+    fn staged_here(
+        &self,
+        device: &Path,
+        volume_id: &str,
+        staging: &Place,
+    ) -> Result<bool, HostdError> {
+        let disk = blockdev::kernel_name(device).unwrap_or_default();
+        let table = mounts::table()?;
+        let mut own = vec![device::majmin(device)?];
+        if let Some(mm) = luks::go_mapping_on(&disk).and_then(|(_, dm)| blockdev::majmin_of(&dm)) {
+            own.push(mm);
+        }
+        Ok(bindings::kubelet_says(
+            &staging.path,
+            staging.layout,
+            volume_id,
+            self.paths.driver(),
+        ) && table
+            .iter()
+            .any(|m| m.mount_point == staging.path && own.contains(&m.majmin)))
     }
 
     /// Where the devices `majmins` are mounted or bound, other than at
@@ -986,25 +1034,32 @@ impl Volumes {
                 wwn: wwn.to_string(),
                 reason: format!("no block device with {key}"),
             })?;
+        check_request_serial(&dev.serial, &req.volume_id)?;
         self.resolver
             .verify_identity(&device, &wwn, &dev.serial, &req.volume_id)?;
         // The Go driver's own publications of this volume bind the disk at
         // pods' block targets, which kubelet's vol_data.json names as this
         // volume's; any other use of the disk still refuses it.
         let name = blockdev::kernel_name(&device).unwrap_or_default();
+        let go_publication = |m: &mounts::MountEntry| {
+            m.fs_type == "devtmpfs"
+                && m.root.trim_start_matches('/') == name
+                && bindings::kubelet_says(
+                    &m.mount_point,
+                    Layout::BlockTarget,
+                    &req.volume_id,
+                    self.paths.driver(),
+                )
+        };
+        // A disk without this driver's serial is adopted only where the Go
+        // driver's publication of this very volume ties it.
+        self.require_serial(&device, &req.volume_id, || {
+            Ok(table.iter().any(go_publication))
+        })?;
         let table: Vec<mounts::MountEntry> = table
-            .into_iter()
-            .filter(|m| {
-                let go_publication = m.fs_type == "devtmpfs"
-                    && m.root.trim_start_matches('/') == name
-                    && bindings::kubelet_says(
-                        &m.mount_point,
-                        Layout::BlockTarget,
-                        &req.volume_id,
-                        self.paths.driver(),
-                    );
-                !go_publication
-            })
+            .iter()
+            .filter(|m| !go_publication(m))
+            .cloned()
             .collect();
         let (_, majmin) = self.stage_block_over(&device, staging, table)?;
         tracing::info!(volume_id = %req.volume_id, device = %device.display(), "raw block volume staged by the Go driver: disk bound into its staging directory");
@@ -1074,6 +1129,30 @@ impl Volumes {
         }
         Ok(())
     }
+}
+
+/// A request's serial, when it names one, must be the one the controller
+/// derives from the volume id.
+fn check_request_serial(serial: &str, volume_id: &str) -> Result<(), HostdError> {
+    let own = proxmox_csi_common::contract::serial_for(volume_id);
+    if !serial.is_empty() && serial != own {
+        return Err(HostdError::invalid(
+            "device.serial",
+            format!("{serial:?} is not volume {volume_id}'s serial; the controller sets {own:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses `device` if any of its first `len` bytes is not zero.
+fn refuse_data_in(device: &Path, len: u64) -> Result<(), HostdError> {
+    if let Some(at) = probe::first_data_in(device, len)? {
+        return Err(HostdError::HoldsData {
+            device: device.to_path_buf(),
+            found: format!("no signature, but data at byte {at}"),
+        });
+    }
+    Ok(())
 }
 
 /// A blank disk is formatted only if none of the bytes hostd samples holds data.
@@ -1190,11 +1269,11 @@ impl Volumes {
     /// The place a Stats or Expand request names, and what is staged there.
     fn volume_at(&self, volume_id: &str, raw: &str) -> Result<(Place, Staged), HostdError> {
         check_volume_id(volume_id)?;
-        // A path that does not exist holds no volume (the spec's NOT_FOUND,
-        // which the node plugin makes of NotStaged).
+        // A path that does not exist holds no volume: the spec's NOT_FOUND
+        // for NodeGetVolumeStats and NodeExpandVolume.
         let place = match self.paths.place("volume_path", raw, Layout::VOLUME) {
             Err(HostdError::ParentMissing { path, .. }) => {
-                return Err(HostdError::NotStaged(format!(
+                return Err(HostdError::NothingAt(format!(
                     "{volume_id} (no such path {})",
                     path.display()
                 )));
@@ -1203,13 +1282,13 @@ impl Volumes {
         };
         self.require_tie("volume_path", &place, volume_id)?;
         if place.kind() == Kind::Missing {
-            return Err(HostdError::NotStaged(format!(
+            return Err(HostdError::NothingAt(format!(
                 "{volume_id} (no such path {})",
                 place.path.display()
             )));
         }
         let staged = staged_at(&place)?.ok_or_else(|| {
-            HostdError::NotStaged(format!(
+            HostdError::NothingAt(format!(
                 "{volume_id} (nothing mounted at {})",
                 place.path.display()
             ))
@@ -1219,7 +1298,7 @@ impl Volumes {
 
     /// Grows the volume to its disk's size: rescans the disk if it is still
     /// smaller than asked, resizes the LUKS mapping, then the filesystem.
-    pub fn expand(&self, req: &pb::ExpandRequest) -> Result<pb::ExpandResponse, HostdError> {
+    pub fn expand(&self, req: &mut pb::ExpandRequest) -> Result<pb::ExpandResponse, HostdError> {
         let (place, staged) = self.volume_at(&req.volume_id, &req.volume_path)?;
         let record = self.bindings.get(&req.volume_id)?;
         if !self.owns(&req.volume_id, &place, &staged.majmin, record.as_ref()) {
@@ -1251,12 +1330,13 @@ impl Volumes {
         if let Some((mapping, disk)) = &staged.mapping {
             // The resize may unlock a key slot: its cost is bounded first.
             luks::check_header_costs(&Path::new("/dev").join(disk), self.kdf_bounds)?;
+            // Moved, not copied, into a Secret: wiped when the call ends.
             let pass = req
                 .encryption
-                .as_ref()
+                .as_mut()
                 .filter(|e| !e.passphrase.is_empty())
-                .map(|e| Secret::new(e.passphrase.clone()));
-            luks::resize(mapping, pass.as_ref())?;
+                .map(|e| Secret::new(std::mem::take(&mut e.passphrase)));
+            kdf::resize(mapping, pass.as_ref())?;
         }
         if !place.layout.is_block() {
             grow_filesystem(&staged)?;

@@ -923,3 +923,149 @@ async fn stats_and_stage_refuse_paths_kubelet_gives_another_volume() {
     assert!(e.message().contains("SHA-256"), "{e:?}");
     assert_eq!(std::fs::metadata(env.image(&wwn_b)).unwrap().blocks(), 0);
 }
+
+#[tokio::test]
+async fn an_unfinished_xfs_hostd_did_not_begin_is_never_formatted_nor_read_only() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let mut node = env.node_plugin().await;
+    let wwn = env.image_only(30);
+    let img = env.image(&wwn);
+    run("mkfs.xfs", &["-q", "-f"], &img);
+    {
+        // sb_inprogress set by hand, data behind it.
+        let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &[1], 126).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"precious", 150 << 20).unwrap();
+    }
+    env.attach(&wwn);
+    let before = sha_of(&img);
+    let staging = env.staging("vol-unf");
+    for read_only in [true, false] {
+        let mut req = stage_req("vol-unf", &wwn, &staging, "xfs");
+        req.read_only = read_only;
+        let e = node.stage(req).await.unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert_eq!(sha_of(&img), before, "read_only {read_only}");
+    }
+    let mut f = std::fs::File::open(&img).unwrap();
+    let mut marker = [0u8; 8];
+    f.seek(SeekFrom::Start(150 << 20)).unwrap();
+    std::io::Read::read_exact(&mut f, &mut marker).unwrap();
+    assert_eq!(&marker, b"precious");
+}
+
+#[tokio::test]
+async fn luks_format_reads_the_whole_header_area_first() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let mut node = env.node_plugin().await;
+    // Data between two of the samples, inside the 16 MiB luksFormat writes.
+    let wwn = env.image_only(31);
+    {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(env.image(&wwn))
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"database page", (1 << 20) + (128 << 10))
+            .unwrap();
+    }
+    env.attach(&wwn);
+    let before = sha_of(&env.image(&wwn));
+    let staging = env.block_staging("pv-hdr");
+    let mut req = block_stage_req("vol-hdr", &wwn, &staging);
+    req.encryption = Some(pb::Encryption {
+        passphrase: b"passphrase".to_vec(),
+    });
+    let e = node.stage(req).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("data at byte 1179648"), "{e:?}");
+    assert_eq!(sha_of(&env.image(&wwn)), before);
+}
+
+#[tokio::test]
+async fn a_luks_header_without_key_slots_is_not_remade_unless_hostd_began_it() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let mut node = env.node_plugin().await;
+    let wwn = env.image_only(32);
+    let img = env.image(&wwn);
+    luks(&img);
+    let kill = std::process::Command::new("cryptsetup")
+        .args(["luksKillSlot", "--batch-mode", "-q"])
+        .arg(&img)
+        .arg("0")
+        .output()
+        .unwrap();
+    assert!(
+        kill.status.success(),
+        "{}",
+        String::from_utf8_lossy(&kill.stderr)
+    );
+    env.attach(&wwn);
+    let header = sha_of(&img);
+    let staging = env.block_staging("pv-noslot");
+    for read_only in [true, false] {
+        let mut req = block_stage_req("vol-noslot", &wwn, &staging);
+        req.read_only = read_only;
+        req.encryption = Some(pb::Encryption {
+            passphrase: b"another".to_vec(),
+        });
+        let e = node.stage(req).await.unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert_eq!(sha_of(&img), header, "read_only {read_only}");
+    }
+}
+
+#[tokio::test]
+async fn stages_waiting_for_their_disks_hold_no_call_slot() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let mut node = env.node_plugin().await;
+    let wwn = env.disk(33);
+    let staging = env.staging("vol-live");
+    node.stage(stage_req("vol-live", &wwn, &staging, "ext4"))
+        .await
+        .unwrap();
+    // More Stages than there are call slots, each for a disk that never
+    // comes (hostd waits --device-wait, 5 s here, for each).
+    let mut waiting = Vec::new();
+    for i in 0..80 {
+        let mut c = env.node_plugin().await;
+        let vol = format!("vol-wait-{i}");
+        let req = stage_req(
+            &vol,
+            &format!("5000c500dead{i:04x}"),
+            &env.staging(&vol),
+            "ext4",
+        );
+        waiting.push(tokio::spawn(async move { c.stage(req).await }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Another volume's calls are served meanwhile.
+    let stats = node
+        .stats(pb::StatsRequest {
+            volume_id: "vol-live".into(),
+            volume_path: staging.display().to_string(),
+        })
+        .await
+        .unwrap();
+    assert!(stats.get_ref().total_bytes > 0);
+    let still = waiting.iter().filter(|w| !w.is_finished()).count();
+    assert_eq!(
+        still, 80,
+        "Stats answered only after some waiting stage ended"
+    );
+    for w in waiting {
+        let e = w.await.unwrap().unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    }
+}
