@@ -205,8 +205,9 @@ impl StorageParams {
                     warnings.push(ParamWarning::new(key, Reason::NotActedOn))
                 }
                 // The spec's INVALID_ARGUMENT for a parameter not supported
-                // (csi-sanity "should fail if specified mutable parameters are
-                // not supported"); every key the Go driver reads is above.
+                // (`tests/conformance`: "ControllerModifyVolume: an unsupported
+                // mutable parameter is INVALID_ARGUMENT"); every key the Go
+                // driver reads is above.
                 other => {
                     return Err(ParamError {
                         key: other.into(),

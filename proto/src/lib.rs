@@ -56,8 +56,8 @@ pub const CSI_PROTO_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/proto/csi
 
 /// What the driver as a whole offers. The controller and the node plugin
 /// are one CSI plugin deployed in two parts, and both report this list
-/// (as the Go driver does), so a CO or csi-sanity asking either part sees
-/// the same plugin.
+/// (as the Go driver does), so a CO or a conformance suite asking either
+/// part (kubernetes-csi/csi-test pkg/sanity asks both) sees the same plugin.
 pub mod plugin {
     use crate::csi::v1 as csi;
     use csi::plugin_capability::{self, service, volume_expansion};

@@ -191,7 +191,7 @@ fn every_bad_stage_input_names_its_field() {
 fn reader_only_and_readonly_publish_mount_read_only() {
     let (k, pod) = (kubelet(), Pod::new("u"));
     // SINGLE_NODE_READER_ONLY: no Kubernetes access mode maps to it, other
-    // COs (and csi-sanity) send it.
+    // COs (and kubernetes-csi/csi-test pkg/sanity) send it.
     let mut p = k.node_publish(&pv(), &pod, &HashMap::new());
     p.volume_capability = p
         .volume_capability

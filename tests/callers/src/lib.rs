@@ -14,8 +14,10 @@
 //!   its ListVolumes sweep);
 //! - `identity`: the requests without fields (capabilities, Probe,
 //!   NodeGetInfo) and their senders;
-//! - `sanity`: kubernetes-csi/csi-test, the only sender of
-//!   ValidateVolumeCapabilities and paged ListVolumes/ListSnapshots;
+//! - `sanity`: kubernetes-csi/csi-test pkg/sanity, the only sender of
+//!   ValidateVolumeCapabilities, GetSnapshot, paged and filtered
+//!   ListVolumes/ListSnapshots, an empty GetCapacity, and names other than
+//!   the sidecars' (the 128-byte names of its maximum-length specs);
 //! - `kubelet`: kubernetes/kubernetes pkg/volume/csi (NodeStage, NodePublish,
 //!   NodeExpand, NodeGetVolumeStats, NodeUnpublish, NodeUnstage and their
 //!   directory layouts).

@@ -1,7 +1,10 @@
-//! csi-sanity (kubernetes-csi/csi-test pkg/sanity/controller.go): the only
-//! sender of ValidateVolumeCapabilities and GetSnapshot, and of ListVolumes
-//! and ListSnapshots with filters and small pages (the external-attacher
-//! pages ListVolumes only by its `--max-entries`, unset by default).
+//! kubernetes-csi/csi-test (pkg/sanity/controller.go, the suite CSI drivers
+//! run in CI): the only sender of ValidateVolumeCapabilities and
+//! GetSnapshot, of ListVolumes and ListSnapshots with filters and small
+//! pages (the external-attacher pages ListVolumes only by its
+//! `--max-entries`, unset by default), of an empty GetCapacity, and of
+//! volume and snapshot names other than the sidecars' `pvc-<uid>` and
+//! `snapshot-<uid>` (MakeCreateVolumeReq, MakeCreateSnapshotReq).
 
 use std::collections::HashMap;
 
@@ -59,5 +62,89 @@ pub fn get_snapshot(snapshot_id: &str) -> csi::GetSnapshotRequest {
     csi::GetSnapshotRequest {
         snapshot_id: snapshot_id.into(),
         secrets: HashMap::new(),
+    }
+}
+
+/// GetCapacityRequest ("should return capacity (no optional values
+/// added)"): no capabilities, parameters or topology.
+pub fn get_capacity() -> csi::GetCapacityRequest {
+    csi::GetCapacityRequest {
+        volume_capabilities: Vec::new(),
+        parameters: HashMap::new(),
+        accessible_topology: None,
+    }
+}
+
+/// CreateVolumeRequest as MakeCreateVolumeReq builds it: `name` as given,
+/// one SINGLE_NODE_WRITER mount capability without a fsType,
+/// `required_bytes` and no limit, the `--csi.testvolumeparameters`, no
+/// topology requirement, no content source.
+pub fn create_volume(
+    name: &str,
+    parameters: &[(&str, &str)],
+    required_bytes: i64,
+) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![capability(
+            csi::volume_capability::access_mode::Mode::SingleNodeWriter,
+            crate::VolumeMode::Filesystem,
+            "",
+            &[],
+        )],
+        parameters: parameters
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        secrets: HashMap::new(),
+        volume_content_source: None,
+        accessibility_requirements: None,
+        mutable_parameters: HashMap::new(),
+    }
+}
+
+/// CreateSnapshotRequest as MakeCreateSnapshotReq builds it: `name` as
+/// given, the source, no parameters (`--csi.testsnapshotparameters` unset).
+pub fn create_snapshot(name: &str, source_volume_id: &str) -> csi::CreateSnapshotRequest {
+    csi::CreateSnapshotRequest {
+        source_volume_id: source_volume_id.into(),
+        name: name.into(),
+        secrets: HashMap::new(),
+        parameters: HashMap::new(),
+    }
+}
+
+/// The CSI spec's general size limit of a string field (128 bytes), the
+/// length of the names the "maximum-length name" specs send.
+pub const MAX_NAME_BYTES: usize = 128;
+
+/// A name of exactly `MAX_NAME_BYTES` ASCII bytes: `prefix`, a dash, then
+/// lowercase hex digits (the suite's UniqueStringWithLength makes its names
+/// this long, with a unique part).
+pub fn max_length_name(prefix: &str) -> String {
+    let mut name = format!("{prefix}-");
+    let digits = b"0123456789abcdef";
+    let mut i = 0;
+    while name.len() < MAX_NAME_BYTES {
+        name.push(char::from(digits[i % digits.len()]));
+        i += 1;
+    }
+    name.truncate(MAX_NAME_BYTES);
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_length_names_are_128_bytes() {
+        let n = max_length_name("sanity-controller-create-maxlen");
+        assert_eq!(n.len(), MAX_NAME_BYTES);
+        assert!(n.starts_with("sanity-controller-create-maxlen-0123"));
     }
 }

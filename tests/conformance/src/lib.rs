@@ -2,13 +2,21 @@
 //! the proto): each clause is a named check of one MUST or SHALL, run
 //! against the driver and reported as passed or failed.
 //!
-//! - `controller`: the controller service on pvesim;
-//! - `node`: the node plugin with hostd on loop devices (needs root).
+//! - `controller`: the controller service on pvesim, on every storage type
+//!   pvesim models;
+//! - `node`: the node plugin with hostd on loop devices (needs root), or in
+//!   the QEMU guest (`tests/e2e`);
+//! - `lab`: the controller binary, the node plugin and hostd on this host,
+//!   for the tests that drive a volume through the real callers' requests.
+//!
+//! The clauses, how to run them, and which of them cover each spec of
+//! kubernetes-csi/csi-test's pkg/sanity: `README.md` beside this crate.
 
 pub mod controller;
+pub mod lab;
 pub mod node;
-pub mod sanity;
 
+use proxmox_csi_proto::csi::v1 as csi;
 use tonic::{Code, Status};
 
 /// The outcome of every clause run.
@@ -64,6 +72,40 @@ pub fn as_root() -> bool {
     );
     eprintln!("SKIPPED: this test needs root (loop devices, mounts)");
     false
+}
+
+/// GetPluginInfo's `name` as the spec has it: domain name notation, at
+/// most 63 characters, beginning and ending with an alphanumeric
+/// character, with dashes, dots and alphanumerics between.
+pub fn check_plugin_name(name: &str) -> Result<(), String> {
+    let inner = |c: char| c.is_ascii_alphanumeric() || c == '.' || c == '-';
+    ensure(
+        !name.is_empty()
+            && name.len() <= 63
+            && name.contains('.')
+            && name.chars().all(inner)
+            && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && name.ends_with(|c: char| c.is_ascii_alphanumeric()),
+        || format!("name {name:?}"),
+    )
+}
+
+/// Every plugin capability is a service or a volume expansion of a type
+/// the spec defines (neither UNKNOWN nor a number it does not name).
+pub fn check_plugin_capabilities(caps: &[csi::PluginCapability]) -> Result<(), String> {
+    use csi::plugin_capability::{Type, service, volume_expansion};
+    let known = |c: &csi::PluginCapability| match &c.r#type {
+        Some(Type::Service(s)) => {
+            service::Type::try_from(s.r#type).is_ok_and(|t| t != service::Type::Unknown)
+        }
+        Some(Type::VolumeExpansion(v)) => volume_expansion::Type::try_from(v.r#type)
+            .is_ok_and(|t| t != volume_expansion::Type::Unknown),
+        None => false,
+    };
+    let unknown: Vec<&csi::PluginCapability> = caps.iter().filter(|c| !known(c)).collect();
+    ensure(unknown.is_empty(), || {
+        format!("unknown capabilities {unknown:?}")
+    })
 }
 
 /// The spec's error scheme: the code, a human-readable message, and empty

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use callers::kubelet::{Kubelet, Pod};
 use callers::{PersistentVolume, provisioner};
 use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use proxmox_csi_proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
 use proxmox_csi_proto::csi::v1::volume_capability::AccessType;
@@ -19,6 +20,9 @@ use tonic::transport::Channel;
 use crate::{Report, ensure, expect_code, ok};
 
 const VOL: &str = "region-1/pve2/local-lvm/vm-9999-pvc-conf";
+/// A volume id the driver never gave out: the one field the NOT_FOUND
+/// clauses change in kubelet's request for the real volume.
+const NEVER: &str = "region-1/pve2/local-lvm/vm-9999-pvc-never";
 /// The size of a loop disk (`NodeHost::disk`).
 const DISK_BYTES: i64 = 320 << 20;
 /// The pods using the volume (kubelet's pod uids): read-write, read-only, and one it never reached.
@@ -312,11 +316,16 @@ impl Target {
 /// The PersistentVolume of the disk's volume: what the provisioner writes
 /// for it (an ext4 StorageClass, a ReadWriteOnce claim).
 fn volume_pv(volume_id: &str) -> PersistentVolume {
+    volume_pv_for(volume_id, &[callers::AccessMode::ReadWriteOnce])
+}
+
+/// The same for a claim with the access modes `modes`.
+fn volume_pv_for(volume_id: &str, modes: &[callers::AccessMode]) -> PersistentVolume {
     let sc = provisioner::StorageClass::new(&[
         ("storage", "local-lvm"),
         ("csi.storage.k8s.io/fstype", "ext4"),
     ]);
-    let claim = provisioner::Claim::new("conf", "conf", DISK_BYTES);
+    let claim = provisioner::Claim::new("conf", "conf", DISK_BYTES).access(modes);
     provisioner::persistent_volume(
         &sc,
         &claim,
@@ -355,11 +364,45 @@ pub async fn run(report: &mut Report) {
         Ok(t) => t,
         Err(e) => return report.clause("Node: the node plugin and hostd start", Err(e)),
     };
+    identity(&t, report).await;
     let mut node = t.node.clone();
     run_with(&mut t, &mut node, report).await;
     report.clause(
         "Node: the node plugin runs unprivileged (uid and gid 65534, no capability, no new privileges) and every call hostd served came from it",
         unprivileged(&t),
+    );
+}
+
+/// The node plugin's Identity service, on its own socket as kubelet and
+/// the registrar reach it.
+async fn identity(t: &Target, r: &mut Report) {
+    let socket = t.dir.path().join("sockets/csi.sock");
+    let mut id = match proxmox_csi_common::client::unix_channel(socket).await {
+        Ok(ch) => IdentityClient::new(ch),
+        Err(e) => return r.clause("Identity (node plugin): connects", Err(e.to_string())),
+    };
+    let info = ok(id
+        .get_plugin_info(callers::identity::get_plugin_info())
+        .await)
+    .map(|x| x.into_inner());
+    r.clause(
+        "GetPluginInfo (node plugin): name MUST follow domain name notation and be at most 63 characters, and vendor_version MUST be set",
+        info.and_then(|i| {
+            crate::check_plugin_name(&i.name).and(ensure(!i.vendor_version.is_empty(), || {
+                "empty vendor_version".into()
+            }))
+        }),
+    );
+    r.clause(
+        "Probe (node plugin): answers OK",
+        ok(id.probe(callers::identity::probe()).await).map(|_| ()),
+    );
+    r.clause(
+        "GetPluginCapabilities (node plugin): every capability is a service or volume expansion type the spec defines",
+        ok(id
+            .get_plugin_capabilities(callers::identity::get_plugin_capabilities())
+            .await)
+        .and_then(|c| crate::check_plugin_capabilities(&c.into_inner().capabilities)),
     );
 }
 
@@ -437,7 +480,8 @@ async fn info(n: &mut NodeClient<Channel>, r: &mut Report) {
         "NodeGetInfo: accessible_topology is set, as the plugin has VOLUME_ACCESSIBILITY_CONSTRAINTS",
         info.and_then(|i| ensure(i.accessible_topology.is_some_and(|x| x.segments.get("topology.kubernetes.io/zone").is_some_and(|z| z == "pve2")), || "no zone".into())),
     );
-    let caps: Vec<NodeRpc> = match ok(n
+    // Each capability's RPC type as sent, a number.
+    let raw: Vec<Option<i32>> = match ok(n
         .node_get_capabilities(callers::identity::node_get_capabilities())
         .await)
     {
@@ -445,14 +489,27 @@ async fn info(n: &mut NodeClient<Channel>, r: &mut Report) {
             .into_inner()
             .capabilities
             .iter()
-            .filter_map(|c| {
+            .map(|c| {
                 c.r#type
                     .as_ref()
-                    .map(|csi::node_service_capability::Type::Rpc(x)| x.r#type())
+                    .map(|csi::node_service_capability::Type::Rpc(x)| x.r#type)
             })
             .collect(),
         Err(e) => return r.clause("NodeGetCapabilities: answers", Err(e)),
     };
+    let unknown: Vec<&Option<i32>> = raw
+        .iter()
+        .filter(|t| !t.is_some_and(|n| NodeRpc::try_from(n).is_ok_and(|x| x != NodeRpc::Unknown)))
+        .collect();
+    r.clause(
+        "NodeGetCapabilities: every capability is an RPC type the spec defines",
+        ensure(unknown.is_empty(), || format!("unknown types {unknown:?}")),
+    );
+    let caps: Vec<NodeRpc> = raw
+        .iter()
+        .flatten()
+        .filter_map(|n| NodeRpc::try_from(*n).ok())
+        .collect();
     r.clause(
         "NodeGetCapabilities: STAGE_UNSTAGE_VOLUME, GET_VOLUME_STATS and EXPAND_VOLUME, which the plugin implements",
         ensure([NodeRpc::StageUnstageVolume, NodeRpc::GetVolumeStats, NodeRpc::ExpandVolume].iter().all(|c| caps.contains(c)), || format!("{caps:?}")),
@@ -511,6 +568,15 @@ async fn stage_clauses<H: NodeHost>(
         "NodeStageVolume: staging again with the same arguments answers OK (idempotent)",
         ok(n.node_stage_volume(stage.clone()).await).map(|_| ()),
     );
+    let mut repeated = Ok(());
+    for _ in 0..8 {
+        repeated = repeated.and(ok(n.node_stage_volume(stage.clone()).await).map(|_| ()));
+    }
+    let still = h.mounted(&staging).await;
+    r.clause(
+        "NodeStageVolume: staged ten times with the same arguments, each answers OK and the volume stays staged",
+        repeated.and_then(|_| ensure(still, || format!("nothing mounted at {staging}"))),
+    );
     let mut xfs = stage.clone();
     // The same volume asked for as xfs: an incompatible capability.
     if let Some(AccessType::Mount(m)) = xfs
@@ -565,6 +631,15 @@ async fn stage_clauses<H: NodeHost>(
         "NodePublishVolume: publishing again with the same arguments answers OK (idempotent)",
         ok(n.node_publish_volume(publish.clone()).await).map(|_| ()),
     );
+    let mut repeated = Ok(());
+    for _ in 0..8 {
+        repeated = repeated.and(ok(n.node_publish_volume(publish.clone()).await).map(|_| ()));
+    }
+    let still = h.mounted(&target).await;
+    r.clause(
+        "NodePublishVolume: published ten times with the same arguments, each answers OK and the volume stays published",
+        repeated.and_then(|_| ensure(still, || format!("{target} not mounted"))),
+    );
     let written = h.write(&format!("{target}/conformance"), "csi").await;
     let seen = h.read(&format!("{staging}/conformance")).await;
     r.clause(
@@ -592,6 +667,18 @@ async fn stage_clauses<H: NodeHost>(
         }),
     );
 
+    let mut no_id = kubelet.node_stats(&pv, &pod);
+    no_id.volume_id.clear(); // the spec's missing-id case
+    r.clause(
+        "NodeGetVolumeStats: a missing volume_id is INVALID_ARGUMENT",
+        expect_code(n.node_get_volume_stats(no_id).await, Code::InvalidArgument),
+    );
+    let mut other = kubelet.node_stats(&pv, &pod);
+    other.volume_id = NEVER.into(); // a volume that does not exist, at the real one's path
+    r.clause(
+        "NodeGetVolumeStats: a volume_id that is not the volume at volume_path is NOT_FOUND",
+        expect_code(n.node_get_volume_stats(other).await, Code::NotFound),
+    );
     let mut no_path = kubelet.node_stats(&pv, &pod);
     no_path.volume_path.clear(); // the spec's missing-path case
     r.clause(
@@ -633,6 +720,23 @@ async fn stage_clauses<H: NodeHost>(
         "NodeExpandVolume: a missing volume_path is INVALID_ARGUMENT",
         expect_code(n.node_expand_volume(no_path).await, Code::InvalidArgument),
     );
+    let mut no_id = expand.clone();
+    no_id.volume_id.clear(); // the spec's missing-id case
+    r.clause(
+        "NodeExpandVolume: a missing volume_id is INVALID_ARGUMENT",
+        expect_code(n.node_expand_volume(no_id).await, Code::InvalidArgument),
+    );
+    // A volume that does not exist, where kubelet would have published it for a pod it never reached.
+    let gone = kubelet.node_expand(
+        &volume_pv(NEVER),
+        &Pod::new(POD_NONE),
+        pv.capacity_bytes,
+        HashMap::new(),
+    );
+    r.clause(
+        "NodeExpandVolume: a volume that does not exist is NOT_FOUND",
+        expect_code(n.node_expand_volume(gone).await, Code::NotFound),
+    );
     r.clause(
         "NodeExpandVolume: answers the filesystem's capacity",
         ok(n.node_expand_volume(expand).await).and_then(|x| {
@@ -642,6 +746,12 @@ async fn stage_clauses<H: NodeHost>(
     );
 
     let unpublish = kubelet.node_unpublish(&pv, &pod);
+    let mut no_id = unpublish.clone();
+    no_id.volume_id.clear(); // the spec's missing-id case
+    r.clause(
+        "NodeUnpublishVolume: a missing volume_id is INVALID_ARGUMENT",
+        expect_code(n.node_unpublish_volume(no_id).await, Code::InvalidArgument),
+    );
     let mut no_target = unpublish.clone();
     no_target.target_path.clear(); // the spec's missing-path case
     r.clause(
@@ -665,6 +775,12 @@ async fn stage_clauses<H: NodeHost>(
         .node_unpublish_volume(kubelet.node_unpublish(&pv, &ro_pod))
         .await;
     let unstage = kubelet.node_unstage(&pv);
+    let mut no_id = unstage.clone();
+    no_id.volume_id.clear(); // the spec's missing-id case
+    r.clause(
+        "NodeUnstageVolume: a missing volume_id is INVALID_ARGUMENT",
+        expect_code(n.node_unstage_volume(no_id).await, Code::InvalidArgument),
+    );
     let mut no_staging = unstage.clone();
     no_staging.staging_target_path.clear(); // the spec's missing-path case
     r.clause(
@@ -695,4 +811,48 @@ async fn stage_clauses<H: NodeHost>(
         }),
     );
     let _ = n.node_unstage_volume(unstage).await;
+    r.clause(
+        "NodePublishVolume: a SINGLE_NODE_SINGLE_WRITER volume published read-write at one target is FAILED_PRECONDITION at another",
+        single_writer(h, n, &kubelet, disk).await,
+    );
+}
+
+/// The disk's volume as a ReadWriteOncePod claim's (kubelet asks for
+/// SINGLE_NODE_SINGLE_WRITER, the node advertising SINGLE_NODE_MULTI_WRITER):
+/// staged, published to one pod, then asked for by a second pod.
+async fn single_writer<H: NodeHost>(
+    h: &mut H,
+    n: &mut NodeClient<Channel>,
+    kubelet: &Kubelet,
+    disk: &Disk,
+) -> Result<(), String> {
+    let pv = volume_pv_for(&disk.volume_id, &[callers::AccessMode::ReadWriteOncePod]);
+    let pc = &disk.publish_context;
+    let (first, second) = (Pod::new(POD_A), Pod::new(POD_NONE));
+    mkdirs(h, kubelet.stage_dirs(&pv)).await;
+    for pod in [&first, &second] {
+        mkdirs(h, kubelet.publish_dirs(pod, &pv)).await;
+    }
+    ok(
+        n.node_stage_volume(kubelet.node_stage(&pv, pc, HashMap::new()))
+            .await,
+    )?;
+    let outcome = match ok(n
+        .node_publish_volume(kubelet.node_publish(&pv, &first, pc))
+        .await)
+    {
+        Ok(_) => expect_code(
+            n.node_publish_volume(kubelet.node_publish(&pv, &second, pc))
+                .await,
+            Code::FailedPrecondition,
+        ),
+        Err(e) => Err(e),
+    };
+    for pod in [&second, &first] {
+        let _ = n
+            .node_unpublish_volume(kubelet.node_unpublish(&pv, pod))
+            .await;
+    }
+    let _ = n.node_unstage_volume(kubelet.node_unstage(&pv)).await;
+    outcome
 }

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use callers::kubelet::{Kubelet, Pod};
 use callers::{attacher, provisioner, resizer, snapshotter};
-use conformance::sanity::Lab;
+use conformance::lab::Lab;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_client::ControllerClient;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
@@ -40,7 +40,7 @@ async fn a_volume_through_kubernetes_callers() {
     }
     monitored(&lab);
     drop(lab);
-    conformance::sanity::settle();
+    conformance::lab::settle();
 }
 
 /// The CSI error of `what`, as a test failure.
@@ -299,7 +299,7 @@ async fn a_block_volume_through_kubernetes_callers() {
         panic!("{e}\n{}", lab.logs());
     }
     drop(lab);
-    conformance::sanity::settle();
+    conformance::lab::settle();
 }
 
 async fn block_life(lab: &Lab) -> Result<(), String> {
@@ -421,7 +421,7 @@ async fn whole_life_on(storage: &str, kind: &str) {
         panic!("{kind}: {e}\n{}", lab.logs());
     }
     drop(lab);
-    conformance::sanity::settle();
+    conformance::lab::settle();
 }
 
 /// kubelet and the attacher taking a volume off the node.
