@@ -208,16 +208,18 @@ async fn a_luks_header_above_the_kdf_bounds_is_refused_before_deriving() {
     // Whoever wrote the disk chose its key slot's cost: pbkdf2, 1000 rounds;
     // hostd bounds pbkdf2 at 999 here.
     let wwn = &pc[CTX_WWN];
-    g.sh(&format!(
+    let restarted = g.sh(&format!(
         "n=0; until [ -e /dev/disk/by-id/wwn-{wwn} ]; do sleep 0.1; n=$((n+1)); [ $n -gt 300 ] && break; done; \
          printf '%s' '{PASSPHRASE}' | cryptsetup luksFormat --batch-mode --type luks2 --pbkdf pbkdf2 \
          --pbkdf-force-iterations 1000 --key-file=- /dev/disk/by-id/wwn-{wwn}; \
          echo '--luks-kdf-bounds 1048576:4:64:999' > /run/hostd.args; kill $(pidof proxmox-csi-hostd); \
          while pidof proxmox-csi-hostd >/dev/null; do sleep 0.1; done; start-hostd & \
-         n=0; until [ $(grep -c 'serving hostd' /run/hostd.log) -ge 2 ]; do sleep 0.1; n=$((n+1)); [ $n -gt 300 ] && break; done"
+         n=0; until [ $(grep -c 'serving hostd' /run/hostd.log) -ge 2 ]; do sleep 0.1; n=$((n+1)); [ $n -gt 300 ] && break; done; \
+         grep -c 'serving hostd' /run/hostd.log"
     ))
     .await
     .unwrap();
+    assert_eq!(restarted.trim(), "2", "hostd did not start again");
     mkdirs(&mut g, k.stage_dirs(&pv)).await;
     let e = node
         .node_stage_volume(k.node_stage(&pv, &pc, luks()))
