@@ -653,3 +653,52 @@ async fn generated_call_sequences_keep_every_invariant() {
     }
     println!("{done} generated steps, 0 violations (seed {seed}); answered OK: {oks:?}");
 }
+
+/// The sequences the generator found against hostd before its calls were
+/// bound to their volume at both ends, shrunk, kept as named cases.
+async fn regression(steps: &[Step]) {
+    if !require_root() {
+        return;
+    }
+    if let Err((at, why)) = run(steps, &mut BTreeMap::new()).await {
+        panic!("step {at}: {why}");
+    }
+}
+
+#[tokio::test]
+async fn regression_stage_at_the_staging_directory_kubelet_names_for_another_volume() {
+    regression(&[Step {
+        op: Op::Stage { vol: 0, at: 1 },
+        cancel_ms: None,
+    }])
+    .await;
+}
+
+#[tokio::test]
+async fn regression_stage_at_another_volumes_block_staging_directory() {
+    regression(&[Step {
+        op: Op::Stage { vol: 0, at: BLOCK },
+        cancel_ms: None,
+    }])
+    .await;
+}
+
+#[tokio::test]
+async fn regression_publish_onto_a_target_kubelet_gave_another_volume() {
+    regression(&[
+        Step {
+            op: Op::Stage { vol: 0, at: 0 },
+            cancel_ms: None,
+        },
+        Step {
+            op: Op::Publish {
+                vol: 0,
+                from: 0,
+                target: 2,
+                ro: false,
+            },
+            cancel_ms: None,
+        },
+    ])
+    .await;
+}
