@@ -330,10 +330,29 @@ async fn a_node_down_leaves_the_rest_of_the_attachment_index_usable() {
         .volume
         .unwrap();
     e.admin("PUT", "nodes/pve1/online?value=0", "").await;
-    let _ = e
+    // The attacher's reconcile lists every volume: the node that is down is
+    // not asked, and the others' volumes are all there, the shared ones
+    // once each.
+    let listed = e
         .svc
         .list_volumes(Request::new(callers::attacher::list_volumes("")))
-        .await;
+        .await
+        .unwrap()
+        .into_inner();
+    let ids: Vec<&str> = listed
+        .entries
+        .iter()
+        .map(|en| en.volume.as_ref().unwrap().volume_id.as_str())
+        .collect();
+    for v in [&local, &shared, &more, &gone] {
+        assert_eq!(
+            ids.iter().filter(|id| **id == v.volume_id).count(),
+            1,
+            "{} in {ids:?}",
+            v.volume_id
+        );
+    }
+
     e.svc
         .controller_publish_volume(Request::new(publish_req(&more, "worker-2/112")))
         .await

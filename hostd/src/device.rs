@@ -273,7 +273,9 @@ pub fn verify_unused(
     // The kernel refuses O_EXCL on a block device while any of them holds
     // it. The volume's own open mapping holds it too: then it was checked
     // above to be this disk's only holder.
-    let own_open = own_mapping.is_some_and(|n| crate::luks::active(n).is_some());
+    let own_open = own_mapping
+        .and_then(crate::luks::active)
+        .is_some_and(|dm| crate::blockdev::slaves(&dm) == [name.to_string()]);
     if !own_open {
         use std::os::unix::fs::OpenOptionsExt;
         match std::fs::OpenOptions::new()

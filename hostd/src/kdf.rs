@@ -111,8 +111,10 @@ fn run(op: &Op, passphrase: Option<&Secret<Vec<u8>>>) -> Result<(), HostdError> 
     use std::os::unix::process::CommandExt;
     let _slot = Slot::take();
     let what = "the key derivation process";
+    // hostd's own binary, whatever became of its path since it started.
     let mut cmd = Command::new("/proc/self/exe");
-    cmd.arg(CHILD_ARG)
+    cmd.arg0("proxmox-csi-hostd")
+        .arg(CHILD_ARG)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -127,24 +129,33 @@ fn run(op: &Op, passphrase: Option<&Secret<Vec<u8>>>) -> Result<(), HostdError> 
         .spawn()
         .map_err(|e| HostdError::failed("starting", what, e))?;
     let header = serde_json::to_vec(op).map_err(|e| HostdError::failed("writing to", what, e))?;
-    {
-        let mut stdin = child
-            .stdin
-            .take()
-            .ok_or_else(|| HostdError::failed("writing to", what, "no stdin"))?;
-        stdin
+    let written = match child.stdin.take() {
+        Some(mut stdin) => stdin
             .write_all(&header)
             .and_then(|()| stdin.write_all(b"\n"))
             .and_then(|()| match passphrase {
                 Some(p) => stdin.write_all(p.expose()),
                 None => Ok(()),
-            })
-            .map_err(|e| HostdError::failed("writing to", what, e))?;
+            }),
+        None => Err(std::io::Error::other("no stdin")),
+    };
+    if let Err(e) = written {
+        // Never left running nor unreaped.
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(HostdError::failed("writing to", what, e));
     }
     let out = child
         .wait_with_output()
         .map_err(|e| HostdError::failed("waiting for", what, e))?;
-    let answer: Answer = serde_json::from_slice(&out.stdout).map_err(|e| {
+    // The answer is the last line: anything libcryptsetup prints comes before.
+    let last = out
+        .stdout
+        .split(|b| *b == b'\n')
+        .rev()
+        .find(|l| !l.is_empty())
+        .unwrap_or_default();
+    let answer: Answer = serde_json::from_slice(last).map_err(|e| {
         HostdError::failed(
             "reading the answer of",
             what,
@@ -195,7 +206,12 @@ pub fn child_main() -> ExitCode {
     let ok = answer.refused.is_none() && answer.failed.is_none();
     let written = serde_json::to_vec(&answer)
         .map_err(std::io::Error::other)
-        .and_then(|b| std::io::stdout().write_all(&b));
+        .and_then(|b| {
+            let mut out = std::io::stdout();
+            out.write_all(b"\n")
+                .and_then(|()| out.write_all(&b))
+                .and_then(|()| out.write_all(b"\n"))
+        });
     if written.is_ok() && ok {
         ExitCode::SUCCESS
     } else {

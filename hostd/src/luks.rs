@@ -125,52 +125,132 @@ impl std::str::FromStr for KdfBounds {
     }
 }
 
-/// Refuses a LUKS2 header any of whose key slots costs more to open than
-/// `bounds`: read from the header (crypt_keyslot_get_pbkdf), nothing derived.
-pub fn check_header_costs(device: &Path, bounds: KdfBounds) -> Result<(), HostdError> {
-    use libcryptsetup_rs::consts::vals::KeyslotInfo;
+/// The LUKS2 header of `device`, loaded, and how many key slots LUKS2 has.
+fn load_header(device: &Path) -> Result<(libcryptsetup_rs::CryptDevice, u32), HostdError> {
     let mut cd = CryptInit::init(device).map_err(|e| err("opening", device, e))?;
     cd.context_handle()
         .load::<libcryptsetup_rs::CryptParamsLuks2Ref<'_>>(Some(EncryptionFormat::Luks2), None)
         .map_err(|e| err("reading the LUKS2 header of", device, e))?;
     let max =
         libcryptsetup_rs::CryptKeyslotHandle::max_keyslots(EncryptionFormat::Luks2).unwrap_or(32);
-    for slot in 0..max {
-        if !matches!(
-            cd.keyslot_handle().status(slot),
-            Ok(KeyslotInfo::Active | KeyslotInfo::ActiveLast)
-        ) {
-            continue;
+    Ok((cd, max))
+}
+
+/// Where libcryptsetup looks for a LUKS2 header: the primary at 0 and the
+/// secondary at any of the offsets a header size allows (cryptsetup
+/// lib/luks2/luks2_disk_metadata.c `hdr2_offsets`).
+const HEADER_OFFSETS: [u64; 10] = [
+    0, 0x4000, 0x8000, 0x10000, 0x20000, 0x40000, 0x80000, 0x100000, 0x200000, 0x400000,
+];
+
+/// What opening a LUKS2 header may cost at most, summed over everything a
+/// passphrase is tried against: a wrong one is tried on every key slot,
+/// and each slot's result is checked with its digest's PBKDF2.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Costs {
+    pbkdf2_iterations: u64,
+    argon2_iterations: u64,
+    memory_kb: u64,
+    threads: u64,
+}
+
+/// The costs of one header's JSON metadata (`keyslots`, `digests`).
+fn costs_of(json: &serde_json::Value) -> Costs {
+    let num = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
+    let mut c = Costs::default();
+    let kdfs = json["keyslots"]
+        .as_object()
+        .into_iter()
+        .flat_map(|o| o.values())
+        .map(|slot| &slot["kdf"]);
+    let digests = json["digests"]
+        .as_object()
+        .into_iter()
+        .flat_map(|o| o.values());
+    for kdf in kdfs.chain(digests) {
+        match kdf["type"].as_str() {
+            Some("pbkdf2") => c.pbkdf2_iterations += num(kdf, "iterations"),
+            Some(_) => {
+                c.argon2_iterations += num(kdf, "time");
+                c.memory_kb = c.memory_kb.max(num(kdf, "memory"));
+                c.threads = c.threads.max(num(kdf, "cpus"));
+            }
+            None => {}
         }
-        let kdf = cd
-            .keyslot_handle()
-            .get_pbkdf(slot)
-            .map_err(|e| err("reading a key slot's PBKDF of", device, e))?;
-        let over = match kdf.type_ {
-            CryptKdf::Pbkdf2 if kdf.iterations > bounds.pbkdf2_iterations => Some(format!(
-                "pbkdf2 with {} iterations (at most {})",
-                kdf.iterations, bounds.pbkdf2_iterations
-            )),
-            CryptKdf::Pbkdf2 => None,
-            _ if kdf.max_memory_kb > bounds.memory_kb => Some(format!(
+    }
+    c
+}
+
+/// The JSON metadata of the LUKS2 header at `offset`, if one is there:
+/// a 4 KiB binary header (magic, version 2, `hdr_size` at byte 8, big
+/// endian) and the JSON area after it (cryptsetup lib/luks2/luks2.h
+/// `struct luks2_hdr_disk`).
+fn header_json(f: &std::fs::File, offset: u64) -> Option<serde_json::Value> {
+    use std::os::unix::fs::FileExt;
+    let mut bin = [0u8; 4096];
+    f.read_exact_at(&mut bin, offset).ok()?;
+    let magic = &bin[..6];
+    if (magic != b"LUKS\xba\xbe" && magic != b"SKUL\xba\xbe") || bin[6..8] != [0, 2] {
+        return None;
+    }
+    let size = u64::from_be_bytes(bin[8..16].try_into().ok()?);
+    // A header area is 16 KiB to 4 MiB (luks2.h LUKS2_HDR_*_LEN).
+    if !(0x4000..=0x400000).contains(&size) {
+        return None;
+    }
+    let mut area = vec![0u8; usize::try_from(size - 4096).ok()?];
+    f.read_exact_at(&mut area, offset + 4096).ok()?;
+    let end = area.iter().position(|b| *b == 0).unwrap_or(area.len());
+    serde_json::from_slice(&area[..end]).ok()
+}
+
+/// Refuses a LUKS2 header whose opening costs more than `bounds`, read from
+/// the metadata itself before anything is derived: every key slot's KDF
+/// and every digest's PBKDF2, summed, in every copy of the header
+/// libcryptsetup might use (the disk's writer chose them all).
+pub fn check_header_costs(device: &Path, bounds: KdfBounds) -> Result<(), HostdError> {
+    let f = std::fs::File::open(device)
+        .map_err(|e| HostdError::failed("reading the LUKS2 header of", device.display(), e))?;
+    let headers: Vec<serde_json::Value> = HEADER_OFFSETS
+        .iter()
+        .filter_map(|o| header_json(&f, *o))
+        .collect();
+    if headers.is_empty() {
+        return Err(HostdError::failed(
+            "reading the LUKS2 header of",
+            device.display(),
+            "no LUKS2 header metadata found",
+        ));
+    }
+    for c in headers.iter().map(costs_of) {
+        let over = if c.pbkdf2_iterations > u64::from(bounds.pbkdf2_iterations) {
+            Some(format!(
+                "pbkdf2 with {} iterations in all (at most {})",
+                c.pbkdf2_iterations, bounds.pbkdf2_iterations
+            ))
+        } else if c.memory_kb > u64::from(bounds.memory_kb) {
+            Some(format!(
                 "argon2 with {} KiB of memory (at most {})",
-                kdf.max_memory_kb, bounds.memory_kb
-            )),
-            _ if kdf.parallel_threads > bounds.threads => Some(format!(
+                c.memory_kb, bounds.memory_kb
+            ))
+        } else if c.threads > u64::from(bounds.threads) {
+            Some(format!(
                 "argon2 with {} threads (at most {})",
-                kdf.parallel_threads, bounds.threads
-            )),
-            _ if kdf.iterations > bounds.argon2_iterations => Some(format!(
-                "argon2 with a time cost of {} (at most {})",
-                kdf.iterations, bounds.argon2_iterations
-            )),
-            _ => None,
+                c.threads, bounds.threads
+            ))
+        } else if c.argon2_iterations > u64::from(bounds.argon2_iterations) {
+            Some(format!(
+                "argon2 with a time cost of {} in all (at most {})",
+                c.argon2_iterations, bounds.argon2_iterations
+            ))
+        } else {
+            None
         };
         if let Some(over) = over {
             return Err(HostdError::DeviceRefused {
                 device: device.to_path_buf(),
                 reason: format!(
-                    "its LUKS key slot {slot} costs {over} to open; raise hostd's --luks-kdf-bounds to open it"
+                    "its LUKS key slots and digests cost {over} to try a passphrase against; raise hostd's --luks-kdf-bounds to open it"
                 ),
             });
         }
@@ -338,12 +418,7 @@ fn libc_eperm() -> i32 {
 /// again.
 pub fn has_keyslot(device: &Path) -> Result<bool, HostdError> {
     use libcryptsetup_rs::consts::vals::KeyslotInfo;
-    let mut cd = CryptInit::init(device).map_err(|e| err("opening", device, e))?;
-    cd.context_handle()
-        .load::<libcryptsetup_rs::CryptParamsLuks2Ref<'_>>(Some(EncryptionFormat::Luks2), None)
-        .map_err(|e| err("reading the LUKS2 header of", device, e))?;
-    let max =
-        libcryptsetup_rs::CryptKeyslotHandle::max_keyslots(EncryptionFormat::Luks2).unwrap_or(32);
+    let (mut cd, max) = load_header(device)?;
     for slot in 0..max {
         if matches!(
             cd.keyslot_handle().status(slot),
@@ -459,6 +534,27 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn header_costs_add_up_every_slot_and_digest() {
+        let json = serde_json::json!({
+            "keyslots": {
+                "0": {"type": "luks2", "kdf": {"type": "argon2id", "time": 4, "memory": 1048576, "cpus": 4}},
+                "1": {"type": "luks2", "kdf": {"type": "pbkdf2", "hash": "sha256", "iterations": 1000}},
+                "2": {"type": "luks2", "kdf": {"type": "argon2i", "time": 6, "memory": 65536, "cpus": 1}}
+            },
+            "digests": {"0": {"type": "pbkdf2", "iterations": 250000, "keyslots": ["0", "1", "2"]}}
+        });
+        assert_eq!(
+            costs_of(&json),
+            Costs {
+                pbkdf2_iterations: 251_000,
+                argon2_iterations: 10,
+                memory_kb: 1_048_576,
+                threads: 4,
+            }
+        );
     }
 
     #[test]

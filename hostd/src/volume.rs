@@ -79,6 +79,12 @@ pub struct StageWork {
     volume_id: String,
     staging: Place,
     device: PathBuf,
+    /// The disk as it was verified, checked again right before use: the
+    /// wait for a call slot may outlast the disk (detached, and its name
+    /// given to the next disk attached).
+    disk: DiskId,
+    wwn: Wwn,
+    serial: String,
     access: pb::stage_request::Access,
     read_only: bool,
     passphrase: Option<Secret<Vec<u8>>>,
@@ -199,6 +205,9 @@ impl Volumes {
         })?;
         Ok(StageWork {
             volume_id: req.volume_id.clone(),
+            disk: DiskId::of(&device)?,
+            wwn,
+            serial: dev.serial.clone(),
             staging,
             device,
             access,
@@ -210,6 +219,15 @@ impl Volumes {
 
     /// Stage's work on the device, once found: blocking.
     pub fn stage(&self, mut w: StageWork) -> Result<pb::StageResponse, HostdError> {
+        // The same disk still, under the same name, as it was verified.
+        if DiskId::of(&w.device).ok().as_ref() != Some(&w.disk) {
+            return Err(HostdError::DeviceRefused {
+                device: w.device.clone(),
+                reason: "the disk changed since it was verified (detached, or another attached under its name); the stage is retried".into(),
+            });
+        }
+        self.resolver
+            .verify_identity(&w.device, &w.wwn, &w.serial, &w.volume_id)?;
         let (actions, majmin, block) = match &w.access {
             pb::stage_request::Access::Filesystem(fs) => {
                 let crypt = w
@@ -385,6 +403,7 @@ impl Volumes {
                     ..opts
                 };
                 mkfs::run(fs_type, fs_device, opts)?;
+                self.bindings.end_format(volume_id)?;
                 timings.insert("mkfs".into(), ms(started));
                 actions.push(format!(
                     "mkfs {} (an earlier mkfs was interrupted)",
@@ -534,6 +553,7 @@ impl Volumes {
         timings: &mut HashMap<String, u64>,
     ) -> Result<(Vec<String>, String), HostdError> {
         let Some(pass) = passphrase else {
+            refuse_luks_as_plain(device)?;
             return self.stage_block(device, staging);
         };
         let name = luks::mapping_name(volume_id);
@@ -1041,15 +1061,31 @@ impl Volumes {
         // pods' block targets, which kubelet's vol_data.json names as this
         // volume's; any other use of the disk still refuses it.
         let name = blockdev::kernel_name(&device).unwrap_or_default();
+        // A disk with this driver's serial was attached by this driver's
+        // controller, and is staged by Stage, never adopted here.
+        if device::serial_of(&name)
+            .is_some_and(|s| s.starts_with(proxmox_csi_common::contract::SERIAL_PREFIX))
+        {
+            return Ok(());
+        }
+        refuse_luks_as_plain(&device)?;
+        // kubelet's binds of a published block volume: the publish path
+        // (a file) and the map path `volumeDevices/<pv>/dev/<pod>`.
         let go_publication = |m: &mounts::MountEntry| {
             m.fs_type == "devtmpfs"
                 && m.root.trim_start_matches('/') == name
-                && bindings::kubelet_says(
-                    &m.mount_point,
-                    Layout::BlockTarget,
-                    &req.volume_id,
-                    self.paths.driver(),
-                )
+                && self
+                    .paths
+                    .classify(&m.mount_point)
+                    .filter(|l| matches!(l, Layout::BlockTarget | Layout::BlockMap))
+                    .is_some_and(|l| {
+                        bindings::kubelet_says(
+                            &m.mount_point,
+                            l,
+                            &req.volume_id,
+                            self.paths.driver(),
+                        )
+                    })
         };
         // A disk without this driver's serial is adopted only where the Go
         // driver's publication of this very volume ties it.
@@ -1129,6 +1165,19 @@ impl Volumes {
         }
         Ok(())
     }
+}
+
+/// A disk holding a LUKS volume is never handed to a pod as a plain disk:
+/// its first writes would destroy the header. Only a stage with the
+/// volume's passphrase opens it.
+fn refuse_luks_as_plain(device: &Path) -> Result<(), HostdError> {
+    if probe::probe(device)? == Contents::Filesystem("crypto_LUKS".into()) {
+        return Err(HostdError::HoldsData {
+            device: device.to_path_buf(),
+            found: "a LUKS volume, and no encryption passphrase was given".into(),
+        });
+    }
+    Ok(())
 }
 
 /// A request's serial, when it names one, must be the one the controller
@@ -1266,7 +1315,8 @@ fn staged_at(place: &Place) -> Result<Option<Staged>, HostdError> {
 }
 
 impl Volumes {
-    /// The place a Stats or Expand request names, and what is staged there.
+    /// The place a Stats or Expand request names, and what is staged there,
+    /// which must be the volume's.
     fn volume_at(&self, volume_id: &str, raw: &str) -> Result<(Place, Staged), HostdError> {
         check_volume_id(volume_id)?;
         // A path that does not exist holds no volume: the spec's NOT_FOUND
@@ -1293,6 +1343,15 @@ impl Volumes {
                 place.path.display()
             ))
         })?;
+        let record = self.bindings.get(volume_id)?;
+        if !self.owns(volume_id, &place, &staged.majmin, record.as_ref()) {
+            return Err(Self::not_this_volume(
+                "volume_path",
+                &place,
+                volume_id,
+                &staged.majmin,
+            ));
+        }
         Ok((place, staged))
     }
 
@@ -1300,15 +1359,6 @@ impl Volumes {
     /// smaller than asked, resizes the LUKS mapping, then the filesystem.
     pub fn expand(&self, req: &mut pb::ExpandRequest) -> Result<pb::ExpandResponse, HostdError> {
         let (place, staged) = self.volume_at(&req.volume_id, &req.volume_path)?;
-        let record = self.bindings.get(&req.volume_id)?;
-        if !self.owns(&req.volume_id, &place, &staged.majmin, record.as_ref()) {
-            return Err(Self::not_this_volume(
-                "volume_path",
-                &place,
-                &req.volume_id,
-                &staged.majmin,
-            ));
-        }
         let disk = staged
             .mapping
             .as_ref()
@@ -1348,15 +1398,6 @@ impl Volumes {
 
     pub fn stats(&self, req: &pb::StatsRequest) -> Result<pb::StatsResponse, HostdError> {
         let (place, staged) = self.volume_at(&req.volume_id, &req.volume_path)?;
-        let record = self.bindings.get(&req.volume_id)?;
-        if !self.owns(&req.volume_id, &place, &staged.majmin, record.as_ref()) {
-            return Err(Self::not_this_volume(
-                "volume_path",
-                &place,
-                &req.volume_id,
-                &staged.majmin,
-            ));
-        }
         let block = place.layout.is_block();
         let mut resp = pb::StatsResponse {
             block,

@@ -169,7 +169,15 @@ impl Controller {
                 .collect();
             let mut seen = std::collections::BTreeSet::new();
             let rows = client.storages(d).await?;
-            for row in rows.iter().filter(|r| r.status == "available") {
+            // A node that is down still has `available` storage rows for
+            // minutes (RRD data, see `storage_rows`): its storages are not
+            // asked, as every call there answers 595 until it is back. A
+            // shared storage is read through a node that is up. Storages
+            // without disk images hold no volume.
+            let offline = client.offline_nodes(d).await?;
+            for row in rows.iter().filter(|r| {
+                r.status == "available" && r.holds_images() && !offline.contains(&r.node)
+            }) {
                 if row.shared == 1 && !seen.insert(row.storage.clone()) {
                     continue;
                 }

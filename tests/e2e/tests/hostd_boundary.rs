@@ -7,14 +7,20 @@
 // Test code: a failed unwrap is the test failing, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::collections::HashMap;
+use std::time::Duration;
 
 use callers::kubelet::{Kubelet, Pod};
 use callers::provisioner::{Claim, StorageClass};
 use callers::{PersistentVolume, VolumeMode};
-use e2e::guest::{Guest, Share};
+use e2e::guest::{Guest, SECRET, Share};
 use e2e::lab::{Lab, MINIMAL_ROLE, attach, mkdirs, provision};
 use proxmox_csi_common::contract::CTX_WWN;
+use proxmox_csi_controller::config::CloudConfig;
+use proxmox_csi_controller::csi::controller::ControllerService;
+use proxmox_csi_controller::pve::{self, Deadline};
+use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use tonic::Code;
+use tonic::transport::Channel;
 
 const PASSPHRASE: &str = "correct horse battery staple";
 const WORKER_2: &str = "worker-2/112";
@@ -48,6 +54,42 @@ async fn mappings(g: &mut Guest) -> usize {
         .unwrap()
 }
 
+/// A raw block volume of a LUKS class, staged and published to `pod`, with
+/// 8 MiB of random bytes the pod wrote: the volume, its publish context,
+/// the pod's target and the bytes' sum.
+async fn written_luks_block(
+    g: &mut Guest,
+    ctl: &ControllerService,
+    node: &mut NodeClient<Channel>,
+    name: &str,
+    pod: &Pod,
+) -> (PersistentVolume, HashMap<String, String>, String, String) {
+    let k = Kubelet::new("/var/lib/kubelet");
+    let pv = provision(
+        ctl,
+        &block_class(),
+        &Claim::new(name, name, 1 << 30).block(),
+    )
+    .await;
+    let pc = attach(ctl, &pv, WORKER_2).await;
+    mkdirs(g, k.stage_dirs(&pv)).await;
+    node.node_stage_volume(k.node_stage(&pv, &pc, luks()))
+        .await
+        .unwrap();
+    mkdirs(g, k.publish_dirs(pod, &pv)).await;
+    node.node_publish_volume(k.node_publish(&pv, pod, &pc))
+        .await
+        .unwrap();
+    let target = k.target_path(pod, &pv);
+    g.sh(&format!(
+        "dd if=/dev/urandom of={target} bs=1M count=8 conv=fsync 2>/dev/null"
+    ))
+    .await
+    .unwrap();
+    let written = block_sum(g, &target).await;
+    (pv, pc, target, written)
+}
+
 #[tokio::test]
 async fn an_existing_luks_volume_without_a_filesystem_is_never_formatted() {
     let Some(Lab {
@@ -63,29 +105,8 @@ async fn an_existing_luks_volume_without_a_filesystem_is_never_formatted() {
     let k = Kubelet::new("/var/lib/kubelet");
     // A raw block volume of a LUKS class, written by its pod: a database's
     // bytes, no filesystem.
-    let pv = provision(
-        &ctl,
-        &block_class(),
-        &Claim::new("db", "db", 1 << 30).block(),
-    )
-    .await;
-    let pc = attach(&ctl, &pv, WORKER_2).await;
     let pod = Pod::new("5b7c0e1a-0000-4000-8000-00000000db01");
-    mkdirs(&mut g, k.stage_dirs(&pv)).await;
-    node.node_stage_volume(k.node_stage(&pv, &pc, luks()))
-        .await
-        .unwrap();
-    mkdirs(&mut g, k.publish_dirs(&pod, &pv)).await;
-    node.node_publish_volume(k.node_publish(&pv, &pod, &pc))
-        .await
-        .unwrap();
-    let target = k.target_path(&pod, &pv);
-    g.sh(&format!(
-        "dd if=/dev/urandom of={target} bs=1M count=8 conv=fsync 2>/dev/null"
-    ))
-    .await
-    .unwrap();
-    let written = block_sum(&mut g, &target).await;
+    let (pv, pc, target, written) = written_luks_block(&mut g, &ctl, &mut node, "db", &pod).await;
     node.node_unpublish_volume(k.node_unpublish(&pv, &pod))
         .await
         .unwrap();
@@ -138,29 +159,8 @@ async fn a_published_luks_block_volume_is_not_unstaged_and_keeps_its_mapping() {
         return;
     };
     let k = Kubelet::new("/var/lib/kubelet");
-    let pv = provision(
-        &ctl,
-        &block_class(),
-        &Claim::new("blk", "blk", 1 << 30).block(),
-    )
-    .await;
-    let pc = attach(&ctl, &pv, WORKER_2).await;
     let pod = Pod::new("5b7c0e1a-0000-4000-8000-00000000b10c");
-    mkdirs(&mut g, k.stage_dirs(&pv)).await;
-    node.node_stage_volume(k.node_stage(&pv, &pc, luks()))
-        .await
-        .unwrap();
-    mkdirs(&mut g, k.publish_dirs(&pod, &pv)).await;
-    node.node_publish_volume(k.node_publish(&pv, &pod, &pc))
-        .await
-        .unwrap();
-    let target = k.target_path(&pod, &pv);
-    g.sh(&format!(
-        "dd if=/dev/urandom of={target} bs=1M count=8 conv=fsync 2>/dev/null"
-    ))
-    .await
-    .unwrap();
-    let written = block_sum(&mut g, &target).await;
+    let (pv, _pc, target, written) = written_luks_block(&mut g, &ctl, &mut node, "blk", &pod).await;
     // The pod's node is the kernel's dm-N, as sysfs names it.
     let bound = g
         .sh(&format!(
@@ -227,8 +227,8 @@ async fn a_luks_header_above_the_kdf_bounds_is_refused_before_deriving() {
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(
-        e.message()
-            .contains("key slot 0 costs pbkdf2 with 1000 iterations (at most 999)"),
+        e.message().contains("cost pbkdf2 with")
+            && e.message().contains("iterations in all (at most 999)"),
         "{e:?}"
     );
     assert_eq!(
@@ -236,4 +236,145 @@ async fn a_luks_header_above_the_kdf_bounds_is_refused_before_deriving() {
         0,
         "a key was derived and the mapping opened"
     );
+}
+
+/// The Go driver attaches a disk with a WWN from its LUN and no serial:
+/// nothing on the disk ties it to a volume, and the WWNs are a few
+/// guessable values. Without `--go-takeover`, hostd stages such a disk
+/// under no volume id, its own included, unless it is already staged.
+#[tokio::test]
+async fn a_disk_without_this_drivers_serial_is_staged_under_no_volume() {
+    let Some(Lab {
+        mut g,
+        ctl,
+        mut node,
+        sim,
+        images: _images,
+    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    else {
+        return;
+    };
+    let k = Kubelet::new("/var/lib/kubelet");
+    let class = StorageClass::new(&[
+        ("storage", "local-lvm"),
+        ("csi.storage.k8s.io/fstype", "ext4"),
+    ]);
+    let pv = provision(&ctl, &class, &Claim::new("m1", "m1", 1 << 30)).await;
+    // Attached as the Go driver attaches (pkg/proxmox: the LUN's WWN, no
+    // serial), through the API with the driver's token.
+    let cfg = CloudConfig::parse(&format!(
+        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
+        sim.api_url()
+    ))
+    .unwrap();
+    let client = pve::Client::new(
+        cfg.clusters.into_iter().next().unwrap(),
+        Duration::from_secs(30),
+        Default::default(),
+    )
+    .unwrap();
+    let d = || Deadline::after(Duration::from_secs(60));
+    let parts: Vec<&str> = pv.handle.split('/').collect();
+    let wwn = "0x5056432d49443035";
+    let upid: String = client
+        .call(
+            reqwest::Method::POST,
+            "/nodes/pve2/qemu/112/config",
+            &[(
+                "scsi5",
+                format!("{}:{},backup=0,wwn={wwn}", parts[2], parts[3]),
+            )],
+            d(),
+        )
+        .await
+        .unwrap();
+    client.wait_task(&upid, d()).await.unwrap();
+    let pc = HashMap::from([
+        (CTX_WWN.to_string(), wwn.to_string()),
+        ("lun".to_string(), "5".to_string()),
+    ]);
+    let other = PersistentVolume {
+        name: "pvc-m2".into(),
+        handle: pv.handle.replace("pvc-m1", "pvc-m2"),
+        ..pv.clone()
+    };
+    for v in [&other, &pv] {
+        mkdirs(&mut g, k.stage_dirs(v)).await;
+        let e = node
+            .node_stage_volume(k.node_stage(v, &pc, HashMap::new()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{}: {e:?}", v.handle);
+        assert!(
+            e.message().contains("carries no serial of this driver's"),
+            "{}: {e:?}",
+            v.handle
+        );
+    }
+    let mounted = g
+        .sh("grep -c globalmount /proc/mounts || true")
+        .await
+        .unwrap();
+    assert_eq!(mounted.trim(), "0", "a stage mounted the disk");
+}
+
+/// One volume's costly key derivation holds no other volume's LUKS call:
+/// each derivation runs in a process of its own (hostd's `kdf`).
+#[tokio::test]
+async fn a_slow_key_derivation_holds_no_other_volumes_luks_call() {
+    let Some(Lab {
+        mut g,
+        ctl,
+        node,
+        sim: _sim,
+        images: _images,
+    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    else {
+        return;
+    };
+    let k = Kubelet::new("/var/lib/kubelet");
+    let class = StorageClass::new(&[
+        ("storage", "local-lvm"),
+        ("csi.storage.k8s.io/fstype", "ext4"),
+    ]);
+    // A: a header whose key slot takes long to open (pbkdf2, 500,000
+    // rounds, within hostd's bounds). B: a new volume, hostd's own cheap
+    // header (the guest's hostd runs --luks-pbkdf pbkdf2:1000).
+    let slow = provision(&ctl, &class, &Claim::new("slow", "slow", 1 << 30)).await;
+    let fast = provision(&ctl, &class, &Claim::new("fast", "fast", 1 << 30)).await;
+    let slow_pc = attach(&ctl, &slow, WORKER_2).await;
+    let fast_pc = attach(&ctl, &fast, WORKER_2).await;
+    let wwn = &slow_pc[CTX_WWN];
+    g.sh(&format!(
+        "n=0; until [ -e /dev/disk/by-id/wwn-{wwn} ]; do sleep 0.1; n=$((n+1)); [ $n -gt 300 ] && break; done; \
+         printf '%s' '{PASSPHRASE}' | cryptsetup luksFormat --batch-mode --type luks2 --pbkdf pbkdf2 \
+         --pbkdf-force-iterations 500000 --key-file=- /dev/disk/by-id/wwn-{wwn}"
+    ))
+    .await
+    .unwrap();
+    mkdirs(&mut g, k.stage_dirs(&slow)).await;
+    mkdirs(&mut g, k.stage_dirs(&fast)).await;
+    let mut a = node.clone();
+    let slow_req = k.node_stage(&slow, &slow_pc, luks());
+    let slow_call = tokio::spawn(async move { a.node_stage_volume(slow_req).await });
+    // A's derivation is under way: its child process runs.
+    let seen = g
+        .sh("n=0; until grep -qs '__luks[-]child' /proc/[0-9]*/cmdline; do sleep 0.05; n=$((n+1)); [ $n -gt 600 ] && break; done; \
+             grep -ls '__luks[-]child' /proc/[0-9]*/cmdline | wc -l")
+        .await
+        .unwrap();
+    assert_eq!(seen.trim(), "1", "no key derivation child appeared");
+    let mut b = node.clone();
+    b.node_stage_volume(k.node_stage(&fast, &fast_pc, luks()))
+        .await
+        .unwrap();
+    assert!(
+        !slow_call.is_finished(),
+        "the slow derivation ended before the other volume's stage did"
+    );
+    // The slow header opens, and its plaintext, which hostd did not make,
+    // holds no filesystem: refused, never formatted.
+    let e = slow_call.await.unwrap().unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("no filesystem signature"), "{e:?}");
 }
