@@ -458,12 +458,7 @@ impl Volumes {
         // nothing can be using it: the staging path is not mounted.
         if let Some(dm) = luks::active(name)
             && !luks::is_open(name)
-            && Self::publications(
-                table,
-                &blockdev::majmin_of(&dm).into_iter().collect::<Vec<_>>(),
-                &[],
-            )
-            .is_empty()
+            && !device_has_mount(table, &dm)
         {
             tracing::warn!(mapping = %name, dm, "closing a half-made mapping left by an earlier attempt");
             luks::close(name, true)?;
@@ -1250,11 +1245,11 @@ fn close_idle_go_mapping(
     Ok(Some(format!("closed the Go driver's mapping {name}")))
 }
 
-/// Whether the block device `name` (e.g. `dm-0`) is mounted anywhere.
+/// Whether the block device `name` (e.g. `dm-0`) is mounted anywhere, or
+/// its node bound anywhere (a raw block publication shows as devtmpfs).
 fn device_has_mount(table: &[mounts::MountEntry], name: &str) -> bool {
-    let dev = std::fs::read_to_string(Path::new("/sys/class/block").join(name).join("dev"))
-        .unwrap_or_default();
-    table.iter().any(|m| m.majmin == dev.trim())
+    let majmins: Vec<String> = blockdev::majmin_of(name).into_iter().collect();
+    !Volumes::publications(table, &majmins, &[]).is_empty()
 }
 
 /// Unmounts every mount stacked at `place`, through its parent's descriptor.
