@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume};
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttributesClass};
 use kube::Api;
 use kube::api::ListParams;
@@ -62,9 +62,27 @@ pub fn vmid_from_provider_id(v: &str) -> Option<u32> {
     rest.parse().ok().filter(|id| *id >= 100)
 }
 
+/// The default cluster id (`ClusterId::from_namespace_uid`) of the cluster
+/// `client` talks to; `Ok(None)` when `kube-system` has no UID.
+pub async fn cluster_id(
+    client: &kube::Client,
+) -> Result<Option<crate::volume::ClusterId>, kube::Error> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = namespaces.get("kube-system").await?;
+    Ok(ns
+        .metadata
+        .uid
+        .as_deref()
+        .and_then(crate::volume::ClusterId::from_namespace_uid))
+}
+
 impl Kube {
     pub fn new(client: kube::Client) -> Self {
         Self { client }
+    }
+
+    pub fn client(&self) -> &kube::Client {
+        &self.client
     }
 
     /// What a Kubernetes node says about its VM: `spec.providerID`, then the

@@ -7,6 +7,7 @@ use clap::Parser;
 use proxmox_csi_common::Endpoint;
 use proxmox_csi_common::logging::{self, LogFormat};
 use proxmox_csi_controller::server::{self, Options};
+use proxmox_csi_controller::volume::ClusterId;
 
 /// CSI controller for Proxmox VE.
 #[derive(Debug, Parser)]
@@ -33,6 +34,11 @@ struct Args {
     /// Log level or filter (overrides RUST_LOG), e.g. debug.
     #[arg(long)]
     log_level: Option<String>,
+    /// Written into the names of new disks so that `pvecsictl clean` can tell
+    /// this cluster's disks from another's on a shared Proxmox cluster
+    /// (1-16 of [a-z0-9]). Default: from the kube-system namespace's UID.
+    #[arg(long, env = "PROXMOX_CSI_CLUSTER_ID", value_parser = ClusterId::parse)]
+    cluster_id: Option<ClusterId>,
 }
 
 #[tokio::main]
@@ -48,6 +54,7 @@ async fn main() -> ExitCode {
         cloud_config: args.cloud_config,
         metrics_address: args.metrics_address,
         api_timeout: Duration::from_secs(args.api_timeout),
+        cluster_id: args.cluster_id,
     };
     match server::run(opts, proxmox_csi_common::shutdown::signal_received()).await {
         Ok(()) => ExitCode::SUCCESS,

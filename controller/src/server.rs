@@ -17,6 +17,7 @@ use crate::csi::controller::ControllerService;
 use crate::csi::identity::Identity;
 use crate::ctl::Controller;
 use crate::pve;
+use crate::volume::ClusterId;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -40,6 +41,8 @@ pub struct Options {
     pub cloud_config: PathBuf,
     pub metrics_address: Option<SocketAddr>,
     pub api_timeout: Duration,
+    /// Set by the operator; else read from the cluster (`kube::cluster_id`).
+    pub cluster_id: Option<ClusterId>,
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -94,6 +97,28 @@ pub async fn run(
             error = %e,
             "Kubernetes API not available: node lookup by providerID, `lifecycle: keep` and \
              VolumeAttributesClasses at attach are off"
+        ),
+    }
+    controller.cluster_id = match (opts.cluster_id, &controller.kube) {
+        (Some(id), _) => Some(id),
+        (None, Some(k)) => match crate::kube::cluster_id(k.client()).await {
+            Ok(id) => id,
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "reading namespace kube-system for the cluster id; new disks are named \
+                     without one, so `pvecsictl clean` cannot attribute them (set --cluster-id)"
+                );
+                None
+            }
+        },
+        (None, None) => None,
+    };
+    match &controller.cluster_id {
+        Some(id) => tracing::info!(cluster_id = %id, "new disks carry this cluster id"),
+        None => tracing::warn!(
+            "no cluster id: new disks are named without one, so `pvecsictl clean` cannot \
+             attribute them (set --cluster-id)"
         ),
     }
     let controller = Arc::new(controller);

@@ -88,15 +88,92 @@ pub fn owner_of(disk: &str) -> Option<u32> {
     None
 }
 
-/// The disk name of a new volume: `vm-<vmid>-<name>`, or on file storage
-/// `vm-<vmid>-<name>.<format>` (Proxmox adds the `<vmid>/` directory).
-pub fn disk_filename(vmid: u32, name: &str, file_storage: bool, format: &str) -> String {
-    let name = disk_name(name);
-    if file_storage {
-        format!("vm-{vmid}-{name}.{format}")
-    } else {
-        format!("vm-{vmid}-{name}")
+/// The Kubernetes cluster whose controller created a disk, written into the
+/// disk's name (`vm-<vmid>-<name>.csi-<id>`), so that which cluster a disk
+/// belongs to is read from Proxmox alone: by `pvecsictl clean` on a Proxmox
+/// cluster that several Kubernetes clusters share.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClusterId(String);
+
+/// Between a disk's name and the cluster id. The Go driver reads the PV name
+/// as what follows `vm-<vmid>-` up to the first `.` (pkg/utils/volume
+/// volume.go `PV`), so a suffix keeps the PV name it reads.
+const CLUSTER_MARK: &str = ".csi-";
+/// 12 hex digits of a UID: 48 bits, so two clusters sharing one Proxmox
+/// cluster do not meet by chance.
+const DERIVED_LEN: usize = 12;
+const MAX_LEN: usize = 16;
+
+impl ClusterId {
+    /// 1 to 16 of `[a-z0-9]`: valid in a disk name on every storage.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        if raw.is_empty()
+            || raw.len() > MAX_LEN
+            || !raw
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        {
+            return Err(format!(
+                "cluster id {raw:?}: 1 to {MAX_LEN} lower-case letters and digits"
+            ));
+        }
+        Ok(Self(raw.to_string()))
     }
+
+    /// The default id: the first 12 hex digits of the `kube-system`
+    /// namespace's UID, which lives as long as the cluster and no two
+    /// clusters share.
+    pub fn from_namespace_uid(uid: &str) -> Option<Self> {
+        let hex: String = uid
+            .chars()
+            .filter(char::is_ascii_hexdigit)
+            .map(|c| c.to_ascii_lowercase())
+            .take(DERIVED_LEN)
+            .collect();
+        (hex.len() == DERIVED_LEN).then_some(Self(hex))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ClusterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The disk name of a new volume: `vm-<vmid>-<name>`, or on file storage
+/// `vm-<vmid>-<name>.<format>` (Proxmox adds the `<vmid>/` directory); with
+/// a cluster id, `.csi-<id>` follows the name.
+pub fn disk_filename(
+    vmid: u32,
+    name: &str,
+    cluster: Option<&ClusterId>,
+    file_storage: bool,
+    format: &str,
+) -> String {
+    let name = disk_name(name);
+    let mark = cluster.map_or_else(String::new, |c| format!("{CLUSTER_MARK}{c}"));
+    if file_storage {
+        format!("vm-{vmid}-{name}{mark}.{format}")
+    } else {
+        format!("vm-{vmid}-{name}{mark}")
+    }
+}
+
+/// The cluster id in a disk name (`<storage>:` and `<vmid>/` may precede
+/// it, a format extension may follow); `None` for disks named without one:
+/// the Go driver's, and this driver's before cluster ids.
+pub fn cluster_of(disk: &str) -> Option<ClusterId> {
+    let base = disk.rsplit(['/', ':']).next().unwrap_or(disk);
+    let base = [".raw", ".qcow2", ".vmdk"]
+        .iter()
+        .find_map(|ext| base.strip_suffix(ext))
+        .unwrap_or(base);
+    let (_, id) = base.rsplit_once(CLUSTER_MARK)?;
+    ClusterId::parse(id).ok()
 }
 
 /// A CSI volume name as the part of a disk name every storage accepts:
@@ -151,6 +228,41 @@ mod tests {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-')
         );
+    }
+
+    #[test]
+    fn cluster_ids_are_written_into_disk_names_and_read_back() {
+        let id = ClusterId::from_namespace_uid("5BC58EC7-1c2d-4e5f-8a9b-0c1d2e3f4a5b").unwrap();
+        assert_eq!(id.as_str(), "5bc58ec71c2d");
+        assert_eq!(ClusterId::from_namespace_uid("12ab"), None);
+        let block = disk_filename(9999, "pvc-a", Some(&id), false, "raw");
+        assert_eq!(block, "vm-9999-pvc-a.csi-5bc58ec71c2d");
+        let file = disk_filename(9999, "pvc-a", Some(&id), true, "qcow2");
+        assert_eq!(file, "vm-9999-pvc-a.csi-5bc58ec71c2d.qcow2");
+        assert_eq!(
+            disk_filename(9999, "pvc-a", None, false, "raw"),
+            "vm-9999-pvc-a"
+        );
+        for name in [
+            block.clone(),
+            format!("local-lvm:{block}"),
+            format!("nfs:9999/{file}"),
+        ] {
+            assert_eq!(cluster_of(&name), Some(id.clone()), "{name}");
+        }
+        // The PV name the Go driver reads is kept.
+        assert_eq!(pv_of(&block), Some("pvc-a"));
+        assert_eq!(owner_of(&block), Some(9999));
+        for legacy in [
+            "vm-9999-pvc-a",
+            "vm-9999-snapshot-x",
+            "9999/vm-9999-pvc-a.raw",
+        ] {
+            assert_eq!(cluster_of(legacy), None, "{legacy}");
+        }
+        assert_eq!(cluster_of("vm-9999-a.csi-UPPER"), None);
+        assert!(ClusterId::parse("").is_err() && ClusterId::parse("a-b").is_err());
+        assert!(ClusterId::parse("prod1").is_ok());
     }
 
     #[test]

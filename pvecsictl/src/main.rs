@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::pve::{Client, Deadline};
+use proxmox_csi_controller::volume::ClusterId;
 use pvecsictl::output::{self, Format};
 use pvecsictl::state::State;
 
@@ -43,8 +44,20 @@ enum Command {
     Doctor,
     /// List the driver's disks no PersistentVolume refers to; delete them with --yes.
     Clean {
+        /// Delete the disks judged this cluster's and unused.
         #[arg(long)]
         yes: bool,
+        /// This Kubernetes cluster's id, as the controller writes it into disk
+        /// names; needed with --yes when disks without one are seen.
+        #[arg(long, value_parser = ClusterId::parse)]
+        cluster_id: Option<ClusterId>,
+        /// Also delete unused disks named without a cluster id (the Go
+        /// driver's): only where no other Kubernetes cluster uses this Proxmox.
+        #[arg(long)]
+        include_unattributed: bool,
+        /// Keep disks younger than this (a CreateVolume may still be running).
+        #[arg(long, default_value_t = 24)]
+        min_age_hours: u32,
     },
     /// Give a claim's volume to a claim of another name.
     #[command(alias = "re")]
@@ -202,23 +215,42 @@ async fn run(args: Args) -> Result<bool> {
             println!("{}", output::findings(&findings, args.output));
             Ok(!pvecsictl::doctor::failed(&findings))
         }
-        Command::Clean { yes } => {
+        Command::Clean {
+            yes,
+            cluster_id,
+            include_unattributed,
+            min_age_hours,
+        } => {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs() as i64)
                 .unwrap_or(0);
-            let orphans = pvecsictl::clean::orphans(&state, now);
+            let opts = pvecsictl::clean::Options {
+                cluster_id,
+                include_unattributed,
+                min_age_secs: i64::from(min_age_hours) * 3600,
+            };
+            let orphans = pvecsictl::clean::orphans(&state, &opts, now);
             println!("{}", output::orphans(&orphans, args.output));
+            let doomed: Vec<_> = orphans
+                .iter()
+                .filter(|o| o.verdict == pvecsictl::clean::Verdict::Delete)
+                .collect();
             if !yes {
-                if orphans.iter().any(|o| o.attached_to.is_empty()) {
+                if !doomed.is_empty() {
                     eprintln!(
-                        "nothing deleted; run again with --yes to delete the disks not attached to a VM"
+                        "nothing deleted; run again with --yes to delete the {} disk(s) marked delete",
+                        doomed.len()
                     );
                 }
                 return Ok(true);
             }
+            if let Err(refusal) = pvecsictl::clean::check_yes(&state, &opts, &orphans) {
+                eprintln!("pvecsictl clean: {refusal}");
+                return Ok(false);
+            }
             let mut ok = true;
-            for o in orphans.iter().filter(|o| o.attached_to.is_empty()) {
+            for o in doomed {
                 let client = clients
                     .iter()
                     .find(|c| c.region() == o.region)

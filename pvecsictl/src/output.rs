@@ -3,7 +3,7 @@
 
 use std::io::IsTerminal;
 
-use crate::clean::Orphan;
+use crate::clean::{Orphan, Verdict};
 use crate::doctor::{Finding, Severity};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -86,16 +86,24 @@ pub fn orphans(list: &[Orphan], format: Format) -> String {
                 o.age_days
                     .map(|d| format!("{d} d"))
                     .unwrap_or_else(|| "?".into()),
-                if o.attached_to.is_empty() {
-                    "-".into()
-                } else {
-                    format!("VM {:?} (kept)", o.attached_to)
+                o.cluster_id.clone().unwrap_or_else(|| "-".into()),
+                match &o.verdict {
+                    Verdict::Delete => "delete".into(),
+                    Verdict::Keep(k) => k.to_string(),
                 },
             ]
         })
         .collect();
     table(
-        &["REGION", "NODE", "DISK", "SIZE", "AGE", "ATTACHED"],
+        &[
+            "REGION",
+            "NODE",
+            "DISK",
+            "SIZE",
+            "AGE",
+            "CLUSTER",
+            "WITH --yes",
+        ],
         &rows,
     )
 }

@@ -8,12 +8,13 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
-use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment, VolumeAttributesClass};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use proxmox_csi_controller::drive::is_disk_key;
 use proxmox_csi_controller::pve::api::{StorageResource, VmResource};
 use proxmox_csi_controller::pve::{Client, Deadline};
+use proxmox_csi_controller::volume::ClusterId;
 use proxmox_csi_controller::warnings::ClassKind;
 use reqwest::Method;
 use serde_json::Value;
@@ -79,6 +80,21 @@ pub struct State {
     pub classes: Vec<Class>,
     /// Privileges of the token on `/`, per region.
     pub privileges: BTreeMap<String, BTreeSet<String>>,
+    /// Snapshot handles of the driver's VolumeSnapshotContents.
+    pub snapshot_handles: BTreeSet<String>,
+    /// The driver's VolumeAttachments.
+    pub attachments: Vec<Attachment>,
+    /// The Kubernetes cluster's own id (`kube::cluster_id`), when it has one.
+    pub cluster_id: Option<ClusterId>,
+}
+
+/// A VolumeAttachment of the driver: the PV it names, or the handle of an
+/// inline (migrated) volume.
+#[derive(Debug, Clone)]
+pub struct Attachment {
+    pub name: String,
+    pub pv: Option<String>,
+    pub handle: Option<String>,
 }
 
 fn text(v: &Value) -> String {
@@ -107,6 +123,9 @@ impl State {
             nodes: Vec::new(),
             classes: Vec::new(),
             privileges: BTreeMap::new(),
+            snapshot_handles: BTreeSet::new(),
+            attachments: Vec::new(),
+            cluster_id: None,
         };
         for c in clients {
             let region = c.region().to_string();
@@ -202,6 +221,13 @@ impl State {
             });
         }
         s.classes = read_classes(kube, driver).await?;
+        s.snapshot_handles = read_snapshot_handles(kube, driver).await?;
+        s.attachments = read_attachments(kube, driver).await?;
+        s.cluster_id = match proxmox_csi_controller::kube::cluster_id(kube).await {
+            Ok(id) => id,
+            Err(kube::Error::Api(e)) if e.code == 404 => None,
+            Err(e) => return Err(e).context("Kubernetes: reading namespace kube-system"),
+        };
         Ok(s)
     }
 
@@ -295,4 +321,50 @@ async fn read_classes(kube: &kube::Client, driver: &str) -> Result<Vec<Class>> {
         });
     }
     Ok(out)
+}
+
+/// The handles of the driver's VolumeSnapshotContents: the one it was made
+/// with (`status.snapshotHandle`) and a pre-provisioned one
+/// (`spec.source.snapshotHandle`).
+async fn read_snapshot_handles(kube: &kube::Client, driver: &str) -> Result<BTreeSet<String>> {
+    let gvk = GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshotContent");
+    let api: Api<DynamicObject> = Api::all_with(kube.clone(), &ApiResource::from_gvk(&gvk));
+    let contents = absent_is_empty(
+        api.list(&ListParams::default()).await.map(|l| l.items),
+        "VolumeSnapshotContents",
+    )?;
+    Ok(contents
+        .iter()
+        .filter(|c| c.data["spec"]["driver"].as_str() == Some(driver))
+        .flat_map(|c| {
+            [
+                c.data["status"]["snapshotHandle"].as_str(),
+                c.data["spec"]["source"]["snapshotHandle"].as_str(),
+            ]
+        })
+        .flatten()
+        .map(String::from)
+        .collect())
+}
+
+async fn read_attachments(kube: &kube::Client, driver: &str) -> Result<Vec<Attachment>> {
+    let api: Api<VolumeAttachment> = Api::all(kube.clone());
+    let all = absent_is_empty(
+        api.list(&ListParams::default()).await.map(|l| l.items),
+        "VolumeAttachments",
+    )?;
+    Ok(all
+        .into_iter()
+        .filter(|va| va.spec.attacher == driver)
+        .map(|va| Attachment {
+            name: va.metadata.name.unwrap_or_default(),
+            pv: va.spec.source.persistent_volume_name,
+            handle: va
+                .spec
+                .source
+                .inline_volume_spec
+                .and_then(|s| s.csi)
+                .map(|c| c.volume_handle),
+        })
+        .collect())
 }

@@ -12,6 +12,7 @@ use axum::Json;
 use axum::routing::get;
 use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::pve::Client;
+use pvecsictl::clean::{Keep, Verdict};
 use pvecsictl::doctor::{self, Severity};
 use pvecsictl::state::State;
 use serde_json::{Value, json};
@@ -411,17 +412,24 @@ async fn doctor_finds_what_breaks_with_remedies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clean_lists_orphans_and_deletes_only_with_yes_and_never_a_referenced_disk() {
     let lab = lab().await;
-    let orphans = pvecsictl::clean::orphans(&lab.state().await, i64::MAX / 2);
-    let names: Vec<(&str, Vec<u32>)> = orphans
+    let opts = pvecsictl::clean::Options {
+        include_unattributed: true,
+        ..Default::default()
+    };
+    let orphans = pvecsictl::clean::orphans(&lab.state().await, &opts, i64::MAX / 2);
+    let names: Vec<(&str, &Verdict)> = orphans
         .iter()
-        .map(|o| (o.volid.as_str(), o.attached_to.clone()))
+        .map(|o| (o.volid.as_str(), &o.verdict))
         .collect();
     assert_eq!(
         names,
         [
-            ("local-lvm:vm-9999-pvc-orphan", vec![]),
-            ("local-lvm:vm-9999-pvc-stray", vec![]),
-            ("local-lvm:vm-9999-pvc-unused", vec![113])
+            ("local-lvm:vm-9999-pvc-orphan", &Verdict::Delete),
+            ("local-lvm:vm-9999-pvc-stray", &Verdict::Delete),
+            (
+                "local-lvm:vm-9999-pvc-unused",
+                &Verdict::Keep(Keep::AttachedTo { vmids: vec![113] })
+            )
         ],
         "the bound disk and other VMs' disks are not orphans"
     );
@@ -444,15 +452,38 @@ async fn clean_lists_orphans_and_deletes_only_with_yes_and_never_a_referenced_di
     assert!(
         table.contains("vm-9999-pvc-orphan")
             && table.contains("2.0 GiB")
-            && table.contains("VM [113] (kept)"),
+            && table.contains("kept: VM [113] refers to it")
+            && table.contains("kept: no cluster id in its name"),
         "{table}"
     );
+    assert_eq!(volumes().await.len(), 5, "without --yes nothing is deleted");
+    let (code, _, err) = lab.cli(&["clean", "--yes", "--min-age-hours", "0"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("no --cluster-id was given"), "{err}");
+    assert_eq!(volumes().await.len(), 5, "a refused --yes deletes nothing");
+    let (code, table, err) = lab.cli(&[
+        "clean",
+        "--min-age-hours",
+        "0",
+        "--cluster-id",
+        "lab",
+        "--include-unattributed",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(table.contains("delete"), "{table}");
     assert!(
-        err.contains("nothing deleted; run again with --yes"),
+        err.contains("nothing deleted; run again with --yes to delete the 2 disk(s)"),
         "{err}"
     );
-    assert_eq!(volumes().await.len(), 5, "without --yes nothing is deleted");
-    let (code, _, err) = lab.cli(&["clean", "--yes"]);
+    let (code, _, err) = lab.cli(&[
+        "clean",
+        "--yes",
+        "--min-age-hours",
+        "0",
+        "--cluster-id",
+        "lab",
+        "--include-unattributed",
+    ]);
     assert_eq!(code, 0, "{err}");
     let left = volumes().await;
     assert!(

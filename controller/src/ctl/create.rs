@@ -205,18 +205,43 @@ impl Controller {
                 .await;
         }
         let format = params.format.clone().unwrap_or_else(|| "raw".into());
-        let filename = disk_filename(self.controller_vmid, &r.name, file_storage, &format);
-        let volname = if file_storage {
-            format!("{}/{filename}", self.controller_vmid)
-        } else {
-            filename.clone()
+        let in_dir = |f: String| {
+            if file_storage {
+                format!("{}/{f}", self.controller_vmid)
+            } else {
+                f
+            }
         };
-        // Idempotent by name: the same disk is the same answer.
-        let (disk, capacity) = match client
+        let filename = disk_filename(
+            self.controller_vmid,
+            &r.name,
+            self.cluster_id.as_ref(),
+            file_storage,
+            &format,
+        );
+        let volname = in_dir(filename.clone());
+        // Idempotent by name: the same disk is the same answer. A disk named
+        // without the cluster id is one an earlier version began for this
+        // request before it was upgraded.
+        let mut existing = client
             .volume_info(&node, &params.storage, &volname, d)
             .await?
-        {
-            Some(existing) => {
+            .map(|v| (volname.clone(), v));
+        if existing.is_none() && self.cluster_id.is_some() {
+            let legacy = in_dir(disk_filename(
+                self.controller_vmid,
+                &r.name,
+                None,
+                file_storage,
+                &format,
+            ));
+            existing = client
+                .volume_info(&node, &params.storage, &legacy, d)
+                .await?
+                .map(|v| (legacy, v));
+        }
+        let (disk, capacity) = match existing {
+            Some((found, existing)) => {
                 let (req, lim) = r
                     .capacity_range
                     .as_ref()
@@ -234,7 +259,7 @@ impl Controller {
                         }
                     )));
                 }
-                (volname, existing.size)
+                (found, existing.size)
             }
             None => {
                 let volid = client

@@ -59,6 +59,9 @@ pub struct Controller {
     /// default (backup=1) applies, as the Go driver does with that variable
     /// (pkg/csi/controller.go ControllerPublishVolume).
     pub unsafe_mount: bool,
+    /// Written into the names of the disks CreateVolume makes, so that a
+    /// disk's cluster is known from Proxmox alone (`volume::ClusterId`).
+    pub cluster_id: Option<crate::volume::ClusterId>,
 }
 
 /// 512 MiB: the Go driver's size step.
@@ -87,6 +90,7 @@ impl Controller {
             driver_name: "csi.proxmox.sinextra.dev".into(),
             node_ids: node_ids::Published::default(),
             unsafe_mount: false,
+            cluster_id: None,
         }
     }
 

@@ -139,7 +139,8 @@ impl Controller {
                 self.new_vm(client, node, &new, d).await?
             }
         };
-        let filename = disk_filename(holder.vmid, &r.name, false, "raw");
+        // Under the holder's VMID, which says whose it is: no cluster id.
+        let filename = disk_filename(holder.vmid, &r.name, None, false, "raw");
         let volid = format!("{}:{filename}", params.storage);
         let capacity = match client
             .volume_info(&holder.node, &params.storage, &filename, d)

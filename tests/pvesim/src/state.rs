@@ -207,6 +207,9 @@ pub struct VolumeSpec {
     pub size: u64,
     #[serde(default)]
     pub format: Option<String>,
+    /// Unix seconds it was made (the content listing's `ctime`); default: now.
+    #[serde(default)]
+    pub ctime: Option<u64>,
 }
 
 fn default_cluster() -> String {
@@ -435,7 +438,7 @@ impl Cluster {
                     size: vol.size,
                     format,
                     owner,
-                    ctime: now(),
+                    ctime: vol.ctime.unwrap_or_else(now),
                 },
             );
         }
