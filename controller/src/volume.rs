@@ -183,8 +183,12 @@ pub fn cluster_of(disk: &str) -> Option<ClusterId> {
 /// any other name has the other characters replaced and a hash of the name
 /// appended, so two names never share a disk.
 pub fn disk_name(name: &str) -> String {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    // A name that holds the cluster mark itself would read as that cluster's.
+    let marked = name.contains(CLUSTER_MARK);
+    let allowed =
+        move |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_') || (c == '.' && !marked);
     if !name.is_empty()
+        && !marked
         && name.chars().all(allowed)
         && name.ends_with(|c: char| c.is_ascii_alphanumeric())
     {
@@ -261,6 +265,9 @@ mod tests {
             assert_eq!(cluster_of(legacy), None, "{legacy}");
         }
         assert_eq!(cluster_of("vm-9999-a.csi-UPPER"), None);
+        // A volume named like a marked disk is not taken for that cluster's.
+        let forged = disk_filename(9999, "x.csi-aaaa11112222", None, false, "raw");
+        assert_eq!(cluster_of(&forged), None, "{forged}");
         assert!(ClusterId::parse("").is_err() && ClusterId::parse("a-b").is_err());
         assert!(ClusterId::parse("prod1").is_ok());
     }

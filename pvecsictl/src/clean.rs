@@ -102,8 +102,8 @@ pub enum Refusal {
     )]
     NotThisCluster { given: String, own: String },
     #[error(
-        "this Kubernetes cluster has no id (namespace kube-system has no UID) and no \
-         --cluster-id was given, so no disk can be proven this cluster's; nothing deleted"
+        "this Kubernetes cluster has no id (namespace kube-system has no UID), so neither a \
+         disk nor --cluster-id can be proven this cluster's; nothing deleted"
     )]
     NoClusterId,
     #[error(
@@ -121,8 +121,8 @@ pub fn own_cluster(s: &State, opts: &Options) -> Result<ClusterId, Refusal> {
             given: given.to_string(),
             own: own.to_string(),
         }),
+        (Some(_), None) | (None, None) => Err(Refusal::NoClusterId),
         (Some(id), _) | (None, Some(id)) => Ok(id.clone()),
-        (None, None) => Err(Refusal::NoClusterId),
     }
 }
 
@@ -167,14 +167,10 @@ pub fn orphans(s: &State, opts: &Options, now: i64) -> Vec<Orphan> {
         .disks
         .iter()
         .filter(|d| base_name(&d.volid).starts_with(&prefix))
-        .filter(|d| {
-            // A PV's handle ends with `<storage>/<volume name>`.
-            let (storage, name) = d.volid.split_once(':').unwrap_or_default();
-            !s.handles.iter().any(|h| {
-                h.ends_with(&format!("/{storage}/{name}"))
-                    && h.starts_with(&format!("{}/", d.region))
-            })
-        })
+        // A PV names a disk by its name, whatever region and storage id its
+        // handle says: one NFS export or VG may be two storages, one share
+        // two regions' (and file storages' names carry the VMID directory).
+        .filter(|d| !s.all_handles.iter().any(|h| names(h, base_name(&d.volid))))
         .map(|d| {
             let base = base_name(&d.volid);
             let cluster = cluster_of(base);

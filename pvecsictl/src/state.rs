@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment, VolumeAttributesClass};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
-use proxmox_csi_controller::drive::is_disk_key;
+use proxmox_csi_controller::drive::DriveLine;
 use proxmox_csi_controller::pve::api::{StorageResource, VmResource};
 use proxmox_csi_controller::pve::{Client, Deadline};
 use proxmox_csi_controller::volume::ClusterId;
@@ -37,6 +37,8 @@ pub struct Vm {
     pub config: BTreeMap<String, String>,
     /// Keys with a change not applied yet.
     pub pending: Vec<String>,
+    /// The values of those changes.
+    pub pending_values: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -76,19 +78,23 @@ pub struct State {
     pub disks: Vec<Disk>,
     /// Volume handles of the driver's PersistentVolumes.
     pub handles: BTreeSet<String>,
+    /// Volume handles of every CSI PersistentVolume, whatever its driver: a
+    /// second install of this driver under another name uses the same disks'
+    /// names and cluster id.
+    pub all_handles: BTreeSet<String>,
     pub nodes: Vec<KubeNode>,
     pub classes: Vec<Class>,
     /// Privileges of the token on `/`, per region.
     pub privileges: BTreeMap<String, BTreeSet<String>>,
-    /// Snapshot handles of the driver's VolumeSnapshotContents.
+    /// Snapshot handles of every VolumeSnapshotContent.
     pub snapshot_handles: BTreeSet<String>,
-    /// The driver's VolumeAttachments.
+    /// Every VolumeAttachment.
     pub attachments: Vec<Attachment>,
     /// The Kubernetes cluster's own id (`kube::cluster_id`), when it has one.
     pub cluster_id: Option<ClusterId>,
 }
 
-/// A VolumeAttachment of the driver: the PV it names, or the handle of an
+/// A VolumeAttachment (of any driver): the PV it names, or the handle of an
 /// inline (migrated) volume.
 #[derive(Debug, Clone)]
 pub struct Attachment {
@@ -120,6 +126,7 @@ impl State {
             storages: Vec::new(),
             disks: Vec::new(),
             handles: BTreeSet::new(),
+            all_handles: BTreeSet::new(),
             nodes: Vec::new(),
             classes: Vec::new(),
             privileges: BTreeMap::new(),
@@ -135,9 +142,12 @@ impl State {
                 .with_context(|| format!("region {region}: listing VMs"))?
             {
                 let config = c.vm_config(&res.node, res.vmid, d()).await?.values;
-                let pending = c
-                    .vm_pending(&res.node, res.vmid, d())
-                    .await?
+                let items = c.vm_pending(&res.node, res.vmid, d()).await?;
+                let pending_values = items
+                    .iter()
+                    .filter_map(|p| p.pending.as_ref().map(text))
+                    .collect();
+                let pending = items
                     .into_iter()
                     .filter(|p| p.pending.is_some() || p.delete.is_some())
                     .map(|p| p.key)
@@ -147,6 +157,7 @@ impl State {
                     res,
                     config,
                     pending,
+                    pending_values,
                 });
             }
             let mut shared_seen = BTreeSet::new();
@@ -198,10 +209,11 @@ impl State {
             .await
             .context("Kubernetes: listing PersistentVolumes")?
         {
-            if let Some(csi) = pv.spec.and_then(|s| s.csi)
-                && csi.driver == driver
-            {
-                s.handles.insert(csi.volume_handle);
+            if let Some(csi) = pv.spec.and_then(|s| s.csi) {
+                if csi.driver == driver {
+                    s.handles.insert(csi.volume_handle.clone());
+                }
+                s.all_handles.insert(csi.volume_handle);
             }
         }
         let nodes: Api<Node> = Api::all(kube.clone());
@@ -221,8 +233,9 @@ impl State {
             });
         }
         s.classes = read_classes(kube, driver).await?;
-        s.snapshot_handles = read_snapshot_handles(kube, driver).await?;
-        s.attachments = read_attachments(kube, driver).await?;
+        // Every driver's: a second install of this one under another name.
+        s.snapshot_handles = read_snapshot_handles(kube).await?;
+        s.attachments = read_attachments(kube).await?;
         s.cluster_id = match proxmox_csi_controller::kube::cluster_id(kube).await {
             Ok(id) => id,
             Err(kube::Error::Api(e)) if e.code == 404 => None,
@@ -250,16 +263,15 @@ impl State {
         }
     }
 
-    /// The VMs whose config refers to a volume: in a disk slot, or kept as
-    /// `unusedN` (deleting it would leave that entry dangling).
+    /// The VMs whose config refers to a volume under any key (a disk slot,
+    /// `unusedN`, `efidisk0`, …, `file=` spelled or not), applied or pending:
+    /// deleting it would break the VM or leave the entry dangling.
     pub fn attached_to(&self, volid: &str) -> Vec<u32> {
+        let names = |line: &str| DriveLine::parse(line).volume == volid;
         self.vms
             .iter()
             .filter(|v| {
-                v.config.iter().any(|(k, line)| {
-                    (is_disk_key(k) || k.starts_with("unused"))
-                        && line.split(',').next() == Some(volid)
-                })
+                v.config.values().any(|l| names(l)) || v.pending_values.iter().any(|l| names(l))
             })
             .map(|v| v.res.vmid)
             .collect()
@@ -323,10 +335,10 @@ async fn read_classes(kube: &kube::Client, driver: &str) -> Result<Vec<Class>> {
     Ok(out)
 }
 
-/// The handles of the driver's VolumeSnapshotContents: the one it was made
+/// The handles of every VolumeSnapshotContent: the one it was made
 /// with (`status.snapshotHandle`) and a pre-provisioned one
 /// (`spec.source.snapshotHandle`).
-async fn read_snapshot_handles(kube: &kube::Client, driver: &str) -> Result<BTreeSet<String>> {
+async fn read_snapshot_handles(kube: &kube::Client) -> Result<BTreeSet<String>> {
     let gvk = GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshotContent");
     let api: Api<DynamicObject> = Api::all_with(kube.clone(), &ApiResource::from_gvk(&gvk));
     let contents = absent_is_empty(
@@ -335,7 +347,6 @@ async fn read_snapshot_handles(kube: &kube::Client, driver: &str) -> Result<BTre
     )?;
     Ok(contents
         .iter()
-        .filter(|c| c.data["spec"]["driver"].as_str() == Some(driver))
         .flat_map(|c| {
             [
                 c.data["status"]["snapshotHandle"].as_str(),
@@ -347,7 +358,7 @@ async fn read_snapshot_handles(kube: &kube::Client, driver: &str) -> Result<BTre
         .collect())
 }
 
-async fn read_attachments(kube: &kube::Client, driver: &str) -> Result<Vec<Attachment>> {
+async fn read_attachments(kube: &kube::Client) -> Result<Vec<Attachment>> {
     let api: Api<VolumeAttachment> = Api::all(kube.clone());
     let all = absent_is_empty(
         api.list(&ListParams::default()).await.map(|l| l.items),
@@ -355,7 +366,6 @@ async fn read_attachments(kube: &kube::Client, driver: &str) -> Result<Vec<Attac
     )?;
     Ok(all
         .into_iter()
-        .filter(|va| va.spec.attacher == driver)
         .map(|va| Attachment {
             name: va.metadata.name.unwrap_or_default(),
             pv: va.spec.source.persistent_volume_name,

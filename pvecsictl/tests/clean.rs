@@ -215,10 +215,20 @@ async fn clean_deletes_only_what_this_cluster_made_and_nothing_uses() {
             "source": {"volumeHandle": a_bound}, "volumeSnapshotRef": {"name": "s", "namespace": "default"}},
             "status": {"snapshotHandle": "region-1/pve1/local-lvm/vm-9999-snapshot-go1", "readyToUse": true}}),
     );
+    // A PV of a second install (another driver name) whose handle spells
+    // the region and storage otherwise (one VG or export, two storage ids).
+    let other = a.provision("pvc-a-other-install", false).await;
+    let disk = other.rsplit('/').next().unwrap().to_string();
+    a.kube.put(
+        "persistentvolumes",
+        json!({"metadata": {"name": "pvc-a-other-install"}, "spec": {"capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"], "persistentVolumeReclaimPolicy": "Retain",
+            "csi": {"driver": "csi-b.proxmox.sinextra.dev", "volumeHandle": format!("Region-One/pve1/lvm-alias/{disk}")}}}),
+    );
     b.provision("pvc-b-bound", true).await;
     b.provision("pvc-b-detached", false).await;
     let before = disks(&sim).await;
-    assert_eq!(before.len(), 7, "{before:?}");
+    assert_eq!(before.len(), 8, "{before:?}");
 
     // Listed, each with what --yes would do; the grace period keeps new disks.
     let rows = a.json(&[]);
@@ -232,12 +242,14 @@ async fn clean_deletes_only_what_this_cluster_made_and_nothing_uses() {
         "VolumeSnapshotContent"
     );
     assert_eq!(verdict(&rows, "pvc-a-attached")["kind"], "VolumeAttachment");
-    assert!(
-        !rows
-            .iter()
-            .any(|r| r["volid"].as_str().unwrap().contains("pvc-a-bound")),
-        "a disk a PV names is not listed: {rows:#?}"
-    );
+    for named in ["pvc-a-bound", "pvc-a-other-install"] {
+        assert!(
+            !rows
+                .iter()
+                .any(|r| r["volid"].as_str().unwrap().contains(named)),
+            "a disk a PV names is not listed: {rows:#?}"
+        );
+    }
 
     // --yes refuses while it sees a disk it cannot attribute and was not told
     // which cluster this is, and when told a cluster that is not this one.
@@ -316,6 +328,7 @@ async fn clean_deletes_only_what_this_cluster_made_and_nothing_uses() {
     assert_eq!(gone, ["local-lvm:vm-9999-pvc-legacy"]);
     for kept in [
         "vm-9999-pvc-a-bound",
+        "vm-9999-pvc-a-other-install",
         "vm-9999-pvc-a-attached",
         "vm-9999-snapshot-go1",
         "vm-9999-pvc-b-bound",
