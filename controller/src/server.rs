@@ -99,28 +99,23 @@ pub async fn run(
              VolumeAttributesClasses at attach are off"
         ),
     }
-    controller.cluster_id = match (opts.cluster_id, &controller.kube) {
-        (Some(id), _) => Some(id),
+    let (cluster_id, why_none) = match (opts.cluster_id, &controller.kube) {
+        (Some(id), _) => (Some(id), String::new()),
         (None, Some(k)) => match crate::kube::cluster_id(k.client()).await {
-            Ok(id) => id,
-            Err(e) => {
-                tracing::warn!(
-                    error = %e,
-                    "reading namespace kube-system for the cluster id; new disks are named \
-                     without one, so `pvecsictl clean` cannot attribute them (set --cluster-id)"
-                );
-                None
-            }
+            Ok(id) => (id, "namespace kube-system has no UID".into()),
+            Err(e) => (None, format!("reading namespace kube-system: {e}")),
         },
-        (None, None) => None,
+        (None, None) => (None, "no Kubernetes API".into()),
     };
-    match &controller.cluster_id {
+    match &cluster_id {
         Some(id) => tracing::info!(cluster_id = %id, "new disks carry this cluster id"),
         None => tracing::warn!(
+            cause = %why_none,
             "no cluster id: new disks are named without one, so `pvecsictl clean` cannot \
              attribute them (set --cluster-id)"
         ),
     }
+    controller.cluster_id = cluster_id;
     let controller = Arc::new(controller);
 
     // One shutdown signal fanned out to the gRPC and metrics servers.

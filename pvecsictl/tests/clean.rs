@@ -117,12 +117,14 @@ impl Cluster {
         handle
     }
 
-    fn cli(&self, args: &[&str]) -> (i32, String, String) {
+    /// pvecsictl with this cluster's files; `global` goes before `clean`.
+    fn run(&self, global: &[&str], args: &[&str]) -> (i32, String, String) {
         let out = Command::new(env!("CARGO_BIN_EXE_pvecsictl"))
             .arg("--config")
             .arg(self.dir.path().join("cloud.yaml"))
             .arg("--kubeconfig")
             .arg(self.dir.path().join("kubeconfig"))
+            .args(global)
             .arg("clean")
             .args(args)
             .output()
@@ -134,23 +136,27 @@ impl Cluster {
         )
     }
 
-    fn json(&self, args: &[&str]) -> Vec<Value> {
-        let out = Command::new(env!("CARGO_BIN_EXE_pvecsictl"))
-            .arg("--config")
-            .arg(self.dir.path().join("cloud.yaml"))
-            .arg("--kubeconfig")
-            .arg(self.dir.path().join("kubeconfig"))
-            .args(["-o", "json", "clean"])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+    fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        self.run(&[], args)
     }
+
+    /// `clean --yes` past the grace period, told cluster `id`.
+    fn yes_as(&self, id: &str, more: &[&str]) -> (i32, String, String) {
+        let mut args = vec!["--yes", "--min-age-hours", "0", "--cluster-id", id];
+        args.extend_from_slice(more);
+        self.cli(&args)
+    }
+
+    fn json(&self, args: &[&str]) -> Vec<Value> {
+        let (code, out, err) = self.run(&["-o", "json"], args);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str(&out).unwrap()
+    }
+}
+
+/// What was in `before` and is not in `after`.
+fn gone<'a>(before: &'a [String], after: &[String]) -> Vec<&'a String> {
+    before.iter().filter(|d| !after.contains(d)).collect()
 }
 
 async fn disks(sim: &pvesim::Running) -> Vec<String> {
@@ -259,13 +265,7 @@ async fn clean_deletes_only_what_this_cluster_made_and_nothing_uses() {
         err.contains("1 disk(s) carry no cluster id") && err.contains("nothing deleted"),
         "{err}"
     );
-    let (code, _, err) = a.cli(&[
-        "--yes",
-        "--min-age-hours",
-        "0",
-        "--cluster-id",
-        "bbbb11112222",
-    ]);
+    let (code, _, err) = a.yes_as("bbbb11112222", &[]);
     assert_eq!(code, 1, "{err}");
     assert!(
         err.contains("is not this Kubernetes cluster's id (aaaa11112222"),
@@ -284,48 +284,29 @@ async fn clean_deletes_only_what_this_cluster_made_and_nothing_uses() {
     );
 
     // Told, past the grace period: only A's unused disk goes.
-    let (code, _, err) = a.cli(&[
-        "--yes",
-        "--min-age-hours",
-        "0",
-        "--cluster-id",
-        "aaaa11112222",
-    ]);
+    let (code, _, err) = a.yes_as("aaaa11112222", &[]);
     assert_eq!(code, 0, "{err}");
     let after_a = disks(&sim).await;
-    let gone: Vec<&String> = before.iter().filter(|d| !after_a.contains(d)).collect();
     assert_eq!(
-        gone,
+        gone(&before, &after_a),
         ["local-lvm:vm-9999-pvc-a-orphan.csi-aaaa11112222"],
         "{err}"
     );
 
     // B's run: B's detached volume goes, A's stay.
-    let (code, _, err) = b.cli(&[
-        "--yes",
-        "--min-age-hours",
-        "0",
-        "--cluster-id",
-        "bbbb11112222",
-    ]);
+    let (code, _, err) = b.yes_as("bbbb11112222", &[]);
     assert_eq!(code, 0, "{err}");
     let after_b = disks(&sim).await;
-    let gone: Vec<&String> = after_a.iter().filter(|d| !after_b.contains(d)).collect();
-    assert_eq!(gone, ["local-lvm:vm-9999-pvc-b-detached.csi-bbbb11112222"]);
+    assert_eq!(
+        gone(&after_a, &after_b),
+        ["local-lvm:vm-9999-pvc-b-detached.csi-bbbb11112222"]
+    );
 
     // Go volumes only when asked, and never one a VolumeSnapshotContent names.
-    let (code, _, err) = a.cli(&[
-        "--yes",
-        "--min-age-hours",
-        "0",
-        "--cluster-id",
-        "aaaa11112222",
-        "--include-unattributed",
-    ]);
+    let (code, _, err) = a.yes_as("aaaa11112222", &["--include-unattributed"]);
     assert_eq!(code, 0, "{err}");
     let after = disks(&sim).await;
-    let gone: Vec<&String> = after_b.iter().filter(|d| !after.contains(d)).collect();
-    assert_eq!(gone, ["local-lvm:vm-9999-pvc-legacy"]);
+    assert_eq!(gone(&after_b, &after), ["local-lvm:vm-9999-pvc-legacy"]);
     for kept in [
         "vm-9999-pvc-a-bound",
         "vm-9999-pvc-a-other-install",

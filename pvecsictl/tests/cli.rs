@@ -476,29 +476,21 @@ async fn clean_lists_orphans_and_deletes_only_with_yes_and_never_a_referenced_di
         "{err}"
     );
     assert_eq!(volumes().await.len(), 5, "a refused --yes deletes nothing");
-    let (code, table, err) = lab.cli(&[
-        "clean",
+    let told = [
         "--min-age-hours",
         "0",
         "--cluster-id",
         "1ab0c0de0000",
         "--include-unattributed",
-    ]);
+    ];
+    let (code, table, err) = lab.cli(&[&["clean"][..], &told].concat());
     assert_eq!(code, 0, "{err}");
     assert!(table.contains("delete"), "{table}");
     assert!(
         err.contains("nothing deleted; run again with --yes to delete the 1 disk(s)"),
         "{err}"
     );
-    let (code, _, err) = lab.cli(&[
-        "clean",
-        "--yes",
-        "--min-age-hours",
-        "0",
-        "--cluster-id",
-        "1ab0c0de0000",
-        "--include-unattributed",
-    ]);
+    let (code, _, err) = lab.cli(&[&["clean", "--yes"][..], &told].concat());
     assert_eq!(code, 0, "{err}");
     let left = volumes().await;
     assert!(!left.iter().any(|v| v.ends_with("pvc-orphan")), "{left:?}");
