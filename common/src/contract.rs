@@ -34,6 +34,70 @@ pub fn serial_for(handle: &str) -> String {
     format!("{SERIAL_PREFIX}{hex}")
 }
 
+/// What a volume this driver's CreateVolume made from nothing was made for,
+/// written into its disk name as `<name><mark><cluster id>`. Copies,
+/// restores and the Go driver's disks carry no mark. hostd reads the mark
+/// from the handle a disk's serial proves (`serial_for`), so the node plugin
+/// cannot claim it for a disk that lacks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlankFor {
+    /// Created for a filesystem only: its first stage formats it whatever
+    /// stale bytes the storage left in it (thick LVM keeps a removed
+    /// volume's extents as they were).
+    Filesystem,
+    /// Created with block access among its capabilities: a raw disk's
+    /// every byte may be data, so no stage ever formats over bytes.
+    Block,
+}
+
+impl BlankFor {
+    pub const ALL: [Self; 2] = [Self::Filesystem, Self::Block];
+
+    /// The mark between a disk's name and its cluster id. The Go driver
+    /// reads the PV name as what follows `vm-<vmid>-` up to the first `.`
+    /// (pkg/utils/volume volume.go `PV`), so a suffix keeps it.
+    pub fn mark(self) -> &'static str {
+        match self {
+            Self::Filesystem => ".csi-",
+            Self::Block => ".csb-",
+        }
+    }
+}
+
+/// Longest cluster id a mark carries: 1 to 16 of `[a-z0-9]`, valid in a
+/// disk name on every storage.
+pub const CLUSTER_ID_MAX: usize = 16;
+
+/// Whether `raw` is a cluster id as marks carry them.
+pub fn is_cluster_id(raw: &str) -> bool {
+    !raw.is_empty()
+        && raw.len() <= CLUSTER_ID_MAX
+        && raw
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+}
+
+/// The mark and cluster id at the end of a disk name, a volid or a handle
+/// (`<storage>:`, `<vmid>/` and the handle's other parts may precede it, a
+/// format extension may follow); `None` for a disk without one.
+pub fn disk_mark(disk: &str) -> Option<(BlankFor, &str)> {
+    let base = disk.rsplit(['/', ':']).next().unwrap_or(disk);
+    let base = [".raw", ".qcow2", ".vmdk"]
+        .iter()
+        .find_map(|ext| base.strip_suffix(ext))
+        .unwrap_or(base);
+    BlankFor::ALL.into_iter().find_map(|kind| {
+        let (_, id) = base.rsplit_once(kind.mark())?;
+        is_cluster_id(id).then_some((kind, id))
+    })
+}
+
+/// Whether a name holds a mark anywhere (a volume name that does would read
+/// as a marked disk's).
+pub fn holds_mark(name: &str) -> bool {
+    BlankFor::ALL.iter().any(|k| name.contains(k.mark()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,5 +119,35 @@ mod tests {
             serial_for("r/pve2/local-lvm/vm-9999-pvc-a"),
             serial_for("r/pve2/local-lvm/vm-9999-pvc-b")
         );
+    }
+    #[test]
+    fn marks_read_back_from_names_volids_and_handles() {
+        for name in [
+            "vm-9999-pvc-a.csi-5bc58ec71c2d",
+            "local-lvm:vm-9999-pvc-a.csi-5bc58ec71c2d",
+            "r/z/local-lvm/vm-9999-pvc-a.csi-5bc58ec71c2d",
+            "r//nfs/9999/vm-9999-pvc-a.csi-5bc58ec71c2d.qcow2",
+        ] {
+            assert_eq!(
+                disk_mark(name),
+                Some((BlankFor::Filesystem, "5bc58ec71c2d")),
+                "{name}"
+            );
+        }
+        assert_eq!(
+            disk_mark("r/z/s/vm-9999-pvc-a.csb-prod1"),
+            Some((BlankFor::Block, "prod1"))
+        );
+        for unmarked in [
+            "vm-9999-pvc-a",
+            "r/z/s/vm-9999-pvc-a",
+            "vm-9999-a.csi-UPPER",
+            "vm-9999-a.csi-",
+            "vm-9999-a.csi-x.y",
+            "vm-9999-a.csi-01234567890123456",
+        ] {
+            assert_eq!(disk_mark(unmarked), None, "{unmarked}");
+        }
+        assert!(holds_mark("x.csb-1") && holds_mark("x.csi-") && !holds_mark("csi-x"));
     }
 }

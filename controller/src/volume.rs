@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use proxmox_csi_common::contract::{self, BlankFor};
+
 /// A parsed volume handle.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct VolumeId {
@@ -89,32 +91,24 @@ pub fn owner_of(disk: &str) -> Option<u32> {
 }
 
 /// The Kubernetes cluster whose controller created a disk, written into the
-/// disk's name (`vm-<vmid>-<name>.csi-<id>`), so that which cluster a disk
-/// belongs to is read from Proxmox alone: by `pvecsictl clean` on a Proxmox
-/// cluster that several Kubernetes clusters share.
+/// disk's name after its mark (`vm-<vmid>-<name>.csi-<id>`, see
+/// `contract::BlankFor`), so that which cluster a disk belongs to is read
+/// from Proxmox alone: by `pvecsictl clean` on a Proxmox cluster that
+/// several Kubernetes clusters share.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ClusterId(String);
 
-/// Between a disk's name and the cluster id. The Go driver reads the PV name
-/// as what follows `vm-<vmid>-` up to the first `.` (pkg/utils/volume
-/// volume.go `PV`), so a suffix keeps the PV name it reads.
-const CLUSTER_MARK: &str = ".csi-";
 /// 12 hex digits of a UID: 48 bits, so two clusters sharing one Proxmox
 /// cluster do not meet by chance.
 const DERIVED_LEN: usize = 12;
-const MAX_LEN: usize = 16;
 
 impl ClusterId {
     /// 1 to 16 of `[a-z0-9]`: valid in a disk name on every storage.
     pub fn parse(raw: &str) -> Result<Self, String> {
-        if raw.is_empty()
-            || raw.len() > MAX_LEN
-            || !raw
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
-        {
+        if !contract::is_cluster_id(raw) {
             return Err(format!(
-                "cluster id {raw:?}: 1 to {MAX_LEN} lower-case letters and digits"
+                "cluster id {raw:?}: 1 to {} lower-case letters and digits",
+                contract::CLUSTER_ID_MAX
             ));
         }
         Ok(Self(raw.to_string()))
@@ -146,16 +140,16 @@ impl fmt::Display for ClusterId {
 
 /// The disk name of a new volume: `vm-<vmid>-<name>`, or on file storage
 /// `vm-<vmid>-<name>.<format>` (Proxmox adds the `<vmid>/` directory); with
-/// a cluster id, `.csi-<id>` follows the name.
+/// a cluster id, its mark and the id follow the name (`.csi-<id>`).
 pub fn disk_filename(
     vmid: u32,
     name: &str,
-    cluster: Option<&ClusterId>,
+    mark: Option<(BlankFor, &ClusterId)>,
     file_storage: bool,
     format: &str,
 ) -> String {
     let name = disk_name(name);
-    let mark = cluster.map_or_else(String::new, |c| format!("{CLUSTER_MARK}{c}"));
+    let mark = mark.map_or_else(String::new, |(kind, c)| format!("{}{c}", kind.mark()));
     if file_storage {
         format!("vm-{vmid}-{name}{mark}.{format}")
     } else {
@@ -167,13 +161,7 @@ pub fn disk_filename(
 /// it, a format extension may follow); `None` for disks named without one:
 /// the Go driver's, and this driver's before cluster ids.
 pub fn cluster_of(disk: &str) -> Option<ClusterId> {
-    let base = disk.rsplit(['/', ':']).next().unwrap_or(disk);
-    let base = [".raw", ".qcow2", ".vmdk"]
-        .iter()
-        .find_map(|ext| base.strip_suffix(ext))
-        .unwrap_or(base);
-    let (_, id) = base.rsplit_once(CLUSTER_MARK)?;
-    ClusterId::parse(id).ok()
+    contract::disk_mark(disk).map(|(_, id)| ClusterId(id.to_string()))
 }
 
 /// A CSI volume name as the part of a disk name every storage accepts:
@@ -183,8 +171,8 @@ pub fn cluster_of(disk: &str) -> Option<ClusterId> {
 /// any other name has the other characters replaced and a hash of the name
 /// appended, so two names never share a disk.
 pub fn disk_name(name: &str) -> String {
-    // A name that holds the cluster mark itself would read as that cluster's.
-    let marked = name.contains(CLUSTER_MARK);
+    // A name that holds a mark itself would read as a marked disk's.
+    let marked = contract::holds_mark(name);
     let allowed =
         move |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_') || (c == '.' && !marked);
     if !name.is_empty()
@@ -239,9 +227,24 @@ mod tests {
         let id = ClusterId::from_namespace_uid("5BC58EC7-1c2d-4e5f-8a9b-0c1d2e3f4a5b").unwrap();
         assert_eq!(id.as_str(), "5bc58ec71c2d");
         assert_eq!(ClusterId::from_namespace_uid("12ab"), None);
-        let block = disk_filename(9999, "pvc-a", Some(&id), false, "raw");
+        let block = disk_filename(
+            9999,
+            "pvc-a",
+            Some((BlankFor::Filesystem, &id)),
+            false,
+            "raw",
+        );
         assert_eq!(block, "vm-9999-pvc-a.csi-5bc58ec71c2d");
-        let file = disk_filename(9999, "pvc-a", Some(&id), true, "qcow2");
+        let file = disk_filename(
+            9999,
+            "pvc-a",
+            Some((BlankFor::Filesystem, &id)),
+            true,
+            "qcow2",
+        );
+        let raw = disk_filename(9999, "pvc-b", Some((BlankFor::Block, &id)), false, "raw");
+        assert_eq!(raw, "vm-9999-pvc-b.csb-5bc58ec71c2d");
+        assert_eq!(cluster_of(&raw), Some(id.clone()));
         assert_eq!(file, "vm-9999-pvc-a.csi-5bc58ec71c2d.qcow2");
         assert_eq!(
             disk_filename(9999, "pvc-a", None, false, "raw"),
@@ -266,8 +269,10 @@ mod tests {
         }
         assert_eq!(cluster_of("vm-9999-a.csi-UPPER"), None);
         // A volume named like a marked disk is not taken for that cluster's.
-        let forged = disk_filename(9999, "x.csi-aaaa11112222", None, false, "raw");
-        assert_eq!(cluster_of(&forged), None, "{forged}");
+        for name in ["x.csi-aaaa11112222", "x.csb-aaaa11112222"] {
+            let forged = disk_filename(9999, name, None, false, "raw");
+            assert_eq!(cluster_of(&forged), None, "{forged}");
+        }
         assert!(ClusterId::parse("").is_err() && ClusterId::parse("a-b").is_err());
         assert!(ClusterId::parse("prod1").is_ok());
     }

@@ -3,6 +3,7 @@
 
 pub mod bindings;
 pub mod blockdev;
+pub mod claim;
 pub mod device;
 pub mod discovery;
 pub mod error;

@@ -55,6 +55,9 @@ pub struct MkfsOptions {
     /// Otherwise mkfs.xfs keeps its own refusal of existing signatures as a
     /// second safety net behind ours.
     pub replace_unfinished: bool,
+    /// The filesystem's size in bytes (a claimed volume's leaves the last
+    /// MiB to its claim, `claim::fs_size`); 0 is the whole device.
+    pub size_bytes: u64,
 }
 
 pub fn command(fs: FsType, device: &Path, opts: MkfsOptions) -> Command {
@@ -70,6 +73,11 @@ pub fn command(fs: FsType, device: &Path, opts: MkfsOptions) -> Command {
             if opts.inode_size > 0 {
                 c.arg("-I").arg(opts.inode_size.to_string());
             }
+            c.arg(device);
+            // mke2fs's fs-size operand follows the device.
+            if opts.size_bytes > 0 {
+                c.arg(format!("{}k", opts.size_bytes / 1024));
+            }
         }
         FsType::Xfs => {
             c = Command::new("mkfs.xfs");
@@ -83,9 +91,12 @@ pub fn command(fs: FsType, device: &Path, opts: MkfsOptions) -> Command {
             if opts.inode_size > 0 {
                 c.arg("-i").arg(format!("size={}", opts.inode_size));
             }
+            if opts.size_bytes > 0 {
+                c.arg("-d").arg(format!("size={}", opts.size_bytes));
+            }
+            c.arg(device);
         }
     }
-    c.arg(device);
     c
 }
 
@@ -220,6 +231,19 @@ mod tests {
                 "/dev/sdb"
             ]
         );
+    }
+
+    #[test]
+    fn a_claimed_volumes_filesystem_is_made_short_of_the_device() {
+        let d = Path::new("/dev/sdb");
+        let short = MkfsOptions {
+            size_bytes: 1023 << 20,
+            ..Default::default()
+        };
+        let ext4 = args(&command(FsType::Ext4, d, short));
+        assert_eq!(ext4[ext4.len() - 2..], ["/dev/sdb", "1047552k"]);
+        let xfs = args(&command(FsType::Xfs, d, short));
+        assert_eq!(xfs[xfs.len() - 3..], ["-d", "size=1072693248", "/dev/sdb"]);
     }
 
     #[test]

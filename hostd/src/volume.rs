@@ -19,6 +19,7 @@ use proxmox_csi_proto::hostd::v1 as pb;
 
 use crate::bindings::{self, Binding, Bindings, DiskId, Tie};
 use crate::blockdev;
+use crate::claim::{self, Claim};
 use crate::device::{self, Resolver, Wwn};
 use crate::discovery::{self, DeviceIndex};
 use crate::error::HostdError;
@@ -293,6 +294,7 @@ impl Volumes {
             block_size: fs.block_size,
             inode_size: fs.inode_size,
             replace_unfinished: false,
+            size_bytes: 0,
         };
         mkfs::validate(opts)?;
         let mut flags = fs.mount_flags.clone();
@@ -341,6 +343,17 @@ impl Volumes {
         }
         device::verify_unused(device, &table, crypt.as_ref().map(|(n, _)| n.as_str()))?;
         let disk = DiskId::of(device)?;
+        let claim = Claim::of(volume_id, device)?;
+        if claim == Claim::FirstStage {
+            self.first_stage(
+                volume_id,
+                device,
+                &disk,
+                read_only,
+                crypt.as_ref(),
+                &mut actions,
+            )?;
+        }
         let mut made_luks = false;
         if let Some((name, pass)) = &crypt {
             made_luks = self.open_luks(
@@ -355,7 +368,20 @@ impl Volumes {
             )?;
         }
         let started = Instant::now();
-        match probe::probe(fs_device)? {
+        let found = probe::probe(fs_device)?;
+        match found {
+            _ if claim.held_filesystem().is_some()
+                && !matches!(&found, Contents::Filesystem(t) if t == fs_type.name()) =>
+            {
+                return Err(HostdError::HoldsData {
+                    device: fs_device.to_path_buf(),
+                    found: format!(
+                        "{found}, and the volume's claim at byte {} says it has held its filesystem: \
+                         its header is damaged or was overwritten, and it is never formatted again",
+                        claim.held_filesystem().unwrap_or_default()
+                    ),
+                });
+            }
             Contents::Blank => {
                 // Data hostd's own interrupted format left is not someone's.
                 let resumed = self.bindings.format_begun(volume_id, &disk);
@@ -376,14 +402,17 @@ impl Volumes {
                     });
                 }
                 self.bindings.begin_format(volume_id, &disk)?;
-                mkfs::run(fs_type, fs_device, opts)?;
-                self.bindings.end_format(volume_id)?;
+                mkfs::run(fs_type, fs_device, claim.sized(opts, fs_device)?)?;
                 timings.insert("mkfs".into(), ms(started));
-                actions.push(if resumed {
+                actions.push(if resumed && claim != Claim::FirstStage {
                     format!("mkfs {} (an earlier mkfs was interrupted)", fs_type.name())
                 } else {
                     format!("mkfs {}", fs_type.name())
                 });
+                // Claimed before the first mount: no data is ever in the
+                // volume without its claim.
+                claim.write(volume_id, device, &mut actions)?;
+                self.bindings.end_format(volume_id)?;
             }
             Contents::Unfinished(t) if t == fs_type.name() => {
                 // One byte says mkfs never finished: made again only when
@@ -402,13 +431,14 @@ impl Volumes {
                     replace_unfinished: true,
                     ..opts
                 };
-                mkfs::run(fs_type, fs_device, opts)?;
-                self.bindings.end_format(volume_id)?;
+                mkfs::run(fs_type, fs_device, claim.sized(opts, fs_device)?)?;
                 timings.insert("mkfs".into(), ms(started));
                 actions.push(format!(
                     "mkfs {} (an earlier mkfs was interrupted)",
                     fs_type.name()
                 ));
+                claim.write(volume_id, device, &mut actions)?;
+                self.bindings.end_format(volume_id)?;
             }
             Contents::Filesystem(t) if t == fs_type.name() => {}
             found => {
@@ -435,6 +465,43 @@ impl Volumes {
             staging.path.display()
         ));
         Ok((actions, device::majmin(fs_device)?))
+    }
+
+    /// The first stage of a volume created blank for a filesystem: what
+    /// its storage left in it is a removed volume's (see `claim`), and the
+    /// head and tail where signatures live are zeroed so that the general
+    /// rules below format it. Its own mapping, left by a first stage that
+    /// did not finish, is closed first.
+    fn first_stage(
+        &self,
+        volume_id: &str,
+        device: &Path,
+        disk: &DiskId,
+        read_only: bool,
+        crypt: Option<&(String, &Secret<Vec<u8>>)>,
+        actions: &mut Vec<String>,
+    ) -> Result<(), HostdError> {
+        if read_only {
+            return Err(HostdError::DeviceRefused {
+                device: device.to_path_buf(),
+                reason: "the volume was created blank and has never been staged: what it holds is what its storage left, nothing of its own to mount read-only".into(),
+            });
+        }
+        if let Some((name, _)) = crypt
+            && luks::active(name).is_some()
+        {
+            luks::close(name, false)?;
+            actions.push(format!(
+                "closed {name}, left by a first stage that did not finish"
+            ));
+        }
+        claim::wipe(device)?;
+        self.bindings.begin_format(volume_id, disk)?;
+        actions.push(
+            "wiped the head and tail its storage left (first stage of a volume created blank)"
+                .into(),
+        );
+        Ok(())
     }
 
     /// Opens the volume's LUKS mapping `name` on `device`, formatting a
@@ -1372,6 +1439,14 @@ impl Volumes {
                 ),
             });
         }
+        // A claimed volume's claim goes to the new end first: the
+        // filesystem then grows up to it, over the old one.
+        let raw = staged.mapping.as_ref().map_or(&staged.name, |(_, d)| d);
+        let claimed = !place.layout.is_block()
+            && Claim::of(&req.volume_id, &Path::new("/dev").join(raw))? != Claim::Unmarked;
+        if claimed {
+            claim::write(&Path::new("/dev").join(raw), &req.volume_id)?;
+        }
         if let Some((mapping, disk)) = &staged.mapping {
             // The resize may unlock a key slot: its cost is bounded first.
             luks::check_header_costs(&Path::new("/dev").join(disk), self.kdf_bounds)?;
@@ -1384,7 +1459,10 @@ impl Volumes {
             kdf::resize(mapping, pass.as_ref())?;
         }
         if !place.layout.is_block() {
-            grow_filesystem(&staged)?;
+            let size = claimed
+                .then(|| blockdev::size_of(&staged.name).map(claim::fs_size))
+                .flatten();
+            grow_filesystem(&staged, size)?;
         }
         Ok(pb::ExpandResponse {
             size_bytes: blockdev::size_of(&staged.name).unwrap_or(disk_size),
@@ -1443,7 +1521,8 @@ impl Volumes {
     }
 }
 
-fn grow_filesystem(staged: &Staged) -> Result<(), HostdError> {
+/// Grows the mounted filesystem to `size` bytes, or to its whole device.
+fn grow_filesystem(staged: &Staged, size: Option<u64>) -> Result<(), HostdError> {
     let m = &staged.entry;
     // resize2fs gets the kernel's own node of the mounted device, checked
     // to be it, never the mount table's source text.
@@ -1468,7 +1547,22 @@ fn grow_filesystem(staged: &Staged) -> Result<(), HostdError> {
         }
     };
     let mut cmd = std::process::Command::new(tool);
-    cmd.arg(&arg);
+    match (tool, size) {
+        ("resize2fs", Some(bytes)) => {
+            cmd.arg(&arg).arg(format!("{}K", bytes / 1024));
+        }
+        // xfs_growfs counts the new size in the filesystem's blocks.
+        (_, Some(bytes)) => {
+            let block = nix::sys::statvfs::statvfs(&m.mount_point)
+                .map_err(|e| HostdError::failed("inspecting", m.mount_point.display(), e))?
+                .fragment_size()
+                .max(512);
+            cmd.arg("-D").arg((bytes / block).to_string()).arg(&arg);
+        }
+        (_, None) => {
+            cmd.arg(&arg);
+        }
+    }
     let out = crate::tool::run(cmd, tool)?;
     if !out.status.success() {
         return Err(HostdError::failed(

@@ -5,7 +5,7 @@
 mod support;
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -481,32 +481,6 @@ async fn stage_waits_for_a_device_that_appears_later() {
     assert_eq!(h.volumes_staged, 1, "{h:?}");
 }
 
-fn grow(img: &Path, dev_of: &Path, new_len: u64) {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(img)
-        .unwrap()
-        .set_len(new_len)
-        .unwrap();
-    // What a Proxmox resize looks like to the guest: the disk's capacity changes.
-    let st = Command::new("losetup")
-        .arg("-c")
-        .arg(dev_of)
-        .status()
-        .unwrap();
-    assert!(st.success());
-}
-
-fn loop_of(img: &Path) -> PathBuf {
-    let out = Command::new("losetup")
-        .args(["-j"])
-        .arg(img)
-        .output()
-        .unwrap();
-    let line = String::from_utf8_lossy(&out.stdout).to_string();
-    PathBuf::from(line.split(':').next().unwrap().trim())
-}
-
 #[tokio::test]
 async fn expands_ext4_and_xfs_online_and_reports_stats() {
     if !require_root() {
@@ -711,16 +685,6 @@ async fn encryption_writes_a_go_compatible_luks2_header_and_never_reformats_it()
     // The passphrase never reaches the log.
     let log = std::fs::read_to_string(&env.log).unwrap();
     assert!(!log.contains("correct horse"), "{log}");
-}
-
-fn has_cap_sys_resource() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0);
-    eff & (1 << 24) != 0
 }
 
 /// hostd dies at a random point of Stage (during mkfs, mount…); a new hostd

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use proxmox_csi_common::contract::BlankFor;
 use proxmox_csi_proto::csi::v1 as csi;
 
 use super::{CHUNK, Controller, DEFAULT_SIZE, check_capabilities};
@@ -212,10 +213,22 @@ impl Controller {
                 f
             }
         };
+        // A volume for a filesystem only may be formatted over whatever
+        // bytes its storage left in it, on its first stage (hostd's claims).
+        let blank_for = if r.volume_capabilities.iter().all(|c| {
+            matches!(
+                c.access_type,
+                Some(csi::volume_capability::AccessType::Mount(_))
+            )
+        }) {
+            BlankFor::Filesystem
+        } else {
+            BlankFor::Block
+        };
         let filename = disk_filename(
             self.controller_vmid,
             &r.name,
-            self.cluster_id.as_ref(),
+            self.cluster_id.as_ref().map(|c| (blank_for, c)),
             file_storage,
             &format,
         );

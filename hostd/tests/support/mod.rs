@@ -227,12 +227,23 @@ impl Env {
         wwn
     }
 
+    /// A sparse image of `size` bytes attached as a loop device; returns its WWN.
+    pub fn disk_sized(&mut self, n: u32, size: u64) -> String {
+        let wwn = self.image_sized(n, size);
+        self.attach(&wwn);
+        wwn
+    }
+
     /// Creates the image without attaching it.
     pub fn image_only(&self, n: u32) -> String {
+        self.image_sized(n, 320 << 20)
+    }
+
+    fn image_sized(&self, n: u32, size: u64) -> String {
         let wwn = format!("5000c500{n:08x}");
         let img = self.images.join(format!("{wwn}.raw"));
         let f = std::fs::File::create(&img).unwrap();
-        f.set_len(320 << 20).unwrap();
+        f.set_len(size).unwrap();
         wwn
     }
 
@@ -419,4 +430,44 @@ pub fn luks(img: &Path) {
 
 pub fn libc_erofs() -> i32 {
     nix::errno::Errno::EROFS as i32
+}
+
+/// Grows an image and tells its loop device, as a Proxmox resize looks to the guest.
+pub fn grow(img: &Path, dev_of: &Path, new_len: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(img)
+        .unwrap()
+        .set_len(new_len)
+        .unwrap();
+    // What a Proxmox resize looks like to the guest: the disk's capacity changes.
+    let st = Command::new("losetup")
+        .arg("-c")
+        .arg(dev_of)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+/// The loop device an image is attached as.
+pub fn loop_of(img: &Path) -> PathBuf {
+    let out = Command::new("losetup")
+        .args(["-j"])
+        .arg(img)
+        .output()
+        .unwrap();
+    let line = String::from_utf8_lossy(&out.stdout).to_string();
+    PathBuf::from(line.split(':').next().unwrap().trim())
+}
+
+/// ext4 grows online only with CAP_SYS_RESOURCE, which some sandboxes
+/// withhold even from root.
+pub fn has_cap_sys_resource() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    eff & (1 << 24) != 0
 }

@@ -1,0 +1,292 @@
+//! Claims: the disk's own proof that a volume has held its filesystem.
+//!
+//! A volume the controller created blank for a filesystem
+//! (`contract::BlankFor::Filesystem`, read from the handle the disk's serial
+//! proves) may arrive holding another volume's bytes: thick LVM allocates
+//! extents as a removed volume left them unless the storage has `saferemove`
+//! (pve-storage src/PVE/Storage/LVMPlugin.pm `lvcreate` runs `lvcreate -aly
+//! -Wy`; `free_lvm_volumes_locked` zeroes only with `saferemove`). Its first
+//! stage formats it whatever it holds; no later stage ever does. A claim
+//! tells the two apart: 4 KiB that hostd writes into the disk's last MiB,
+//! which the filesystem is made short of, after mkfs and before the first
+//! mount, so no data is ever in a volume without its claim. It names the
+//! volume by a hash of its handle: a claim in reused extents is another
+//! volume's, not this one's.
+//!
+//! Only hostd writes block devices, and the filesystem never covers the
+//! last MiB, so neither the node plugin nor a pod can remove a claim. An
+//! expansion writes the claim at the new end before the filesystem grows
+//! over the old one; until it runs, the old end is found among the ends
+//! the controller's 512 MiB allocation step allows.
+
+use std::io::{Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use proxmox_csi_common::contract::{self, BlankFor};
+
+use crate::error::HostdError;
+use crate::mkfs::MkfsOptions;
+
+/// The tail a claimed volume's filesystem is made short of.
+pub const RESERVED: u64 = 1 << 20;
+/// The controller allocates and grows volumes in steps of 512 MiB.
+const STEP: u64 = 512 << 20;
+const MAGIC: &[u8; 16] = b"proxmox-csi:cl1\n";
+const BLOCK: usize = 4096;
+/// Magic and hash: what a claim is compared on.
+const KEY: usize = 16 + 32;
+
+/// What a volume's claim says when it is staged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Not created blank for a filesystem (a copy, a restore, a Go driver's
+    /// or an unmarked disk): hostd's general rules alone decide.
+    Unmarked,
+    /// Created blank for a filesystem and never claimed: this stage formats it.
+    FirstStage,
+    /// Claimed, at this byte: it has held its filesystem.
+    Held(u64),
+}
+
+impl Claim {
+    /// Reads `device`'s claim if `volume_id` names a volume created blank
+    /// for a filesystem.
+    pub fn of(volume_id: &str, device: &Path) -> Result<Self, HostdError> {
+        if !contract::disk_mark(volume_id).is_some_and(|(k, _)| k == BlankFor::Filesystem) {
+            return Ok(Self::Unmarked);
+        }
+        Ok(match find(device, volume_id)? {
+            Some(at) => Self::Held(at),
+            None => Self::FirstStage,
+        })
+    }
+
+    pub fn held_filesystem(self) -> Option<u64> {
+        match self {
+            Self::Held(at) => Some(at),
+            _ => None,
+        }
+    }
+
+    /// `opts` with the size a filesystem made on `fs_device` gets.
+    pub fn sized(self, opts: MkfsOptions, fs_device: &Path) -> Result<MkfsOptions, HostdError> {
+        if self == Self::Unmarked {
+            return Ok(opts);
+        }
+        let mut f = open(fs_device, false)?;
+        Ok(MkfsOptions {
+            size_bytes: fs_size(size_of(&mut f, fs_device)?),
+            ..opts
+        })
+    }
+
+    /// After a first stage's mkfs: claims `device` (the disk, under a LUKS
+    /// mapping too) for `volume_id`.
+    pub fn write(
+        self,
+        volume_id: &str,
+        device: &Path,
+        actions: &mut Vec<String>,
+    ) -> Result<(), HostdError> {
+        if self == Self::FirstStage {
+            let at = write(device, volume_id)?;
+            actions.push(format!("claimed at byte {at}"));
+        }
+        Ok(())
+    }
+}
+
+/// The size of a filesystem made in a claimed volume whose device (the disk,
+/// or its LUKS mapping) is `device_size` bytes: its last MiB left to the claim.
+pub fn fs_size(device_size: u64) -> u64 {
+    device_size.saturating_sub(RESERVED) & !(BLOCK as u64 - 1)
+}
+
+fn record(volume_id: &str) -> [u8; KEY] {
+    let mut r = [0u8; KEY];
+    r[..16].copy_from_slice(MAGIC);
+    r[16..].copy_from_slice(&Sha256::digest(volume_id.as_bytes()));
+    r
+}
+
+/// Where a claim would be on a disk of `size` bytes: the end it has now
+/// first, then every end it may have had before an expansion, largest first.
+fn places(size: u64) -> Vec<u64> {
+    let mut at = Vec::new();
+    if size >= 2 * RESERVED {
+        at.push(size - RESERVED);
+    }
+    let mut end = size / STEP * STEP;
+    while end >= STEP {
+        if end < size {
+            at.push(end - RESERVED);
+        }
+        end -= STEP;
+    }
+    at
+}
+
+/// A 4 KiB-aligned buffer, as O_DIRECT wants.
+struct Aligned {
+    storage: Vec<u8>,
+    start: usize,
+}
+
+impl Aligned {
+    fn new() -> Self {
+        let storage = vec![0u8; 2 * BLOCK];
+        let start = storage.as_ptr().align_offset(BLOCK);
+        Self { storage, start }
+    }
+
+    fn buf(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..self.start + BLOCK]
+    }
+}
+
+/// Opens `device` for direct I/O (the claim is read from the disk, never
+/// from a page cache another writer may have left stale); files that do not
+/// take O_DIRECT (a test's image on tmpfs) are opened plainly.
+fn open(device: &Path, write: bool) -> Result<std::fs::File, HostdError> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true).write(write);
+    let direct = o
+        .clone()
+        .custom_flags(nix::libc::O_DIRECT | if write { nix::libc::O_SYNC } else { 0 })
+        .open(device);
+    match direct {
+        Ok(f) => Ok(f),
+        Err(_) => o
+            .open(device)
+            .map_err(|e| HostdError::failed("opening", device.display(), e)),
+    }
+}
+
+fn size_of(f: &mut std::fs::File, device: &Path) -> Result<u64, HostdError> {
+    f.seek(SeekFrom::End(0))
+        .map_err(|e| HostdError::failed("sizing", device.display(), e))
+}
+
+/// The byte offset of `volume_id`'s claim on `device`, if it has one.
+pub fn find(device: &Path, volume_id: &str) -> Result<Option<u64>, HostdError> {
+    let want = record(volume_id);
+    let mut f = open(device, false)?;
+    let size = size_of(&mut f, device)?;
+    let mut block = Aligned::new();
+    for at in places(size) {
+        f.read_exact_at(block.buf(), at)
+            .map_err(|e| HostdError::failed("reading a claim on", device.display(), e))?;
+        if block.buf()[..KEY] == want {
+            return Ok(Some(at));
+        }
+    }
+    Ok(None)
+}
+
+/// Writes `volume_id`'s claim at `device`'s current end, durably; the offset.
+pub fn write(device: &Path, volume_id: &str) -> Result<u64, HostdError> {
+    let mut f = open(device, true)?;
+    let size = size_of(&mut f, device)?;
+    let at = places(size).first().copied().ok_or_else(|| {
+        HostdError::failed(
+            "claiming",
+            device.display(),
+            format!("{size} bytes leave no room for a claim"),
+        )
+    })?;
+    let mut block = Aligned::new();
+    block.buf().fill(0);
+    block.buf()[..KEY].copy_from_slice(&record(volume_id));
+    f.write_all_at(block.buf(), at)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| HostdError::failed("writing the claim on", device.display(), e))?;
+    Ok(at)
+}
+
+/// Zeroes what a first stage formats over: the first 8 MiB (partition
+/// tables, superblocks, LUKS headers and their secondary copies) and the
+/// last MiB (backup GPT, MD and ZFS labels at the end). The rest of a
+/// previous volume's bytes stay where the new filesystem does not look.
+pub fn wipe(device: &Path) -> Result<(), HostdError> {
+    const HEAD: u64 = 8 << 20;
+    let mut f = open(device, true)?;
+    let size = size_of(&mut f, device)?;
+    let zeros = vec![0u8; 2 * RESERVED as usize];
+    let start = zeros.as_ptr().align_offset(BLOCK);
+    let chunk = &zeros[start..start + RESERVED as usize];
+    let tail = size.saturating_sub(RESERVED) / BLOCK as u64 * BLOCK as u64;
+    let mut at = 0;
+    let mut ranges = Vec::new();
+    while at < HEAD.min(tail) {
+        ranges.push(at);
+        at += RESERVED;
+    }
+    ranges.push(tail);
+    for at in ranges {
+        let len = usize::try_from((size - at).min(RESERVED)).unwrap_or(0) / BLOCK * BLOCK;
+        f.write_all_at(&chunk[..len], at)
+            .map_err(|e| HostdError::failed("wiping stale bytes on", device.display(), e))?;
+    }
+    f.sync_all()
+        .map_err(|e| HostdError::failed("wiping stale bytes on", device.display(), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn claims_sit_at_the_end_and_at_every_end_an_expansion_left() {
+        assert_eq!(places(1024 * MIB), [1023 * MIB, 511 * MIB]);
+        assert_eq!(places(1536 * MIB), [1535 * MIB, 1023 * MIB, 511 * MIB]);
+        // A size off the step (a static PV) keeps its own end first.
+        assert_eq!(places(700 * MIB), [699 * MIB, 511 * MIB]);
+        assert_eq!(places(MIB), Vec::<u64>::new());
+        assert_eq!(fs_size(1024 * MIB), 1023 * MIB);
+        assert_eq!(fs_size(1024 * MIB + 100), 1023 * MIB);
+    }
+
+    #[test]
+    fn a_claim_is_found_for_its_volume_only_and_survives_growth() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk");
+        let f = std::fs::File::create(&img).unwrap();
+        f.set_len(512 * MIB).unwrap();
+        assert_eq!(find(&img, "r/z/s/vm-9999-a.csi-x").unwrap(), None);
+        assert_eq!(write(&img, "r/z/s/vm-9999-a.csi-x").unwrap(), 511 * MIB);
+        assert_eq!(
+            find(&img, "r/z/s/vm-9999-a.csi-x").unwrap(),
+            Some(511 * MIB)
+        );
+        assert_eq!(find(&img, "r/z/s/vm-9999-b.csi-x").unwrap(), None);
+        // Grown by the controller, not yet by hostd: the old end still counts.
+        f.set_len(1536 * MIB).unwrap();
+        assert_eq!(
+            find(&img, "r/z/s/vm-9999-a.csi-x").unwrap(),
+            Some(511 * MIB)
+        );
+        assert_eq!(write(&img, "r/z/s/vm-9999-a.csi-x").unwrap(), 1535 * MIB);
+        assert_eq!(
+            find(&img, "r/z/s/vm-9999-a.csi-x").unwrap(),
+            Some(1535 * MIB)
+        );
+    }
+
+    #[test]
+    fn a_wipe_clears_the_head_and_the_tail_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk");
+        std::fs::write(&img, vec![0xa5u8; (32 * MIB) as usize]).unwrap();
+        wipe(&img).unwrap();
+        let bytes = std::fs::read(&img).unwrap();
+        let mib = MIB as usize;
+        assert!(bytes[..8 * mib].iter().all(|b| *b == 0));
+        assert!(bytes[8 * mib..31 * mib].iter().all(|b| *b == 0xa5));
+        assert!(bytes[31 * mib..].iter().all(|b| *b == 0));
+    }
+}
