@@ -359,8 +359,8 @@ impl Volumes {
             made_luks = self.open_luks(
                 volume_id,
                 device,
-                name,
-                pass,
+                (name, pass),
+                claim,
                 read_only,
                 &table,
                 &mut actions,
@@ -512,8 +512,8 @@ impl Volumes {
         &self,
         volume_id: &str,
         device: &Path,
-        name: &str,
-        pass: &Secret<Vec<u8>>,
+        (name, pass): (&str, &Secret<Vec<u8>>),
+        claim: Claim,
         read_only: bool,
         table: &[mounts::MountEntry],
         actions: &mut Vec<String>,
@@ -545,7 +545,22 @@ impl Volumes {
                 });
             }
         } else {
-            match probe::probe(device)? {
+            let found = probe::probe(device)?;
+            let keyslot = matches!(&found, Contents::Filesystem(t) if t == "crypto_LUKS")
+                && luks::has_keyslot(device)?;
+            if let Some(at) = claim.held_filesystem()
+                && !keyslot
+            {
+                return Err(HostdError::HoldsData {
+                    device: device.to_path_buf(),
+                    found: format!(
+                        "{found} where its LUKS header with a key slot was, and the volume's claim at byte {at} \
+                         says it has held its filesystem: the header is damaged or was overwritten (restore a \
+                         header backup), and it is never formatted again"
+                    ),
+                });
+            }
+            match found {
                 Contents::Blank => {
                     if read_only {
                         return Err(read_only_blank(device));
@@ -565,7 +580,7 @@ impl Volumes {
                     made = true;
                 }
                 Contents::Filesystem(t) if t == "crypto_LUKS" => {
-                    if !luks::has_keyslot(device)? {
+                    if !keyslot {
                         // Only hostd's own interrupted luksFormat: a header
                         // whose slots someone removed may have a backup
                         // that opens the data still.
@@ -657,11 +672,12 @@ impl Volumes {
         // Opened, or checked to be open on this very disk.
         let table = mounts::table()?;
         device::verify_unused(device, &table, Some(&name))?;
+        // A raw volume's every byte may be data: no claim decides here.
         self.open_luks(
             volume_id,
             device,
-            &name,
-            pass,
+            (&name, pass),
+            Claim::Unmarked,
             read_only,
             &table,
             &mut actions,

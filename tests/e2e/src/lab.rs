@@ -12,6 +12,7 @@ use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::ctl::Controller;
 use proxmox_csi_controller::pve;
+use proxmox_csi_controller::volume::ClusterId;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use pvesim::{Sim, State};
 use tonic::transport::Channel;
@@ -50,6 +51,17 @@ impl Lab {
         role: &str,
         edit: impl FnOnce(String) -> String,
     ) -> Option<Self> {
+        Self::start_with(share, role, edit, None).await
+    }
+
+    /// Like `start_in`, with a controller that writes `cluster_id` into
+    /// the names of the disks it creates, as a deployed one does.
+    pub async fn start_with(
+        share: Share,
+        role: &str,
+        edit: impl FnOnce(String) -> String,
+        cluster_id: Option<&str>,
+    ) -> Option<Self> {
         if !qemu_present() {
             return None;
         }
@@ -57,7 +69,7 @@ impl Lab {
         let mut g = Guest::boot_with(share).await.expect("guest boots");
         let images = tempfile::tempdir().unwrap();
         let cluster = edit(guest_cluster(&g.qmp, role));
-        let (sim, ctl) = setup_on(&cluster, images.path()).await;
+        let (sim, ctl) = setup_marked(&cluster, images.path(), cluster_id).await;
         let node = node_client(&mut g).await;
         Some(Self {
             g,
@@ -82,6 +94,15 @@ pub async fn setup_on(
     cluster: &str,
     images: &std::path::Path,
 ) -> (pvesim::Running, ControllerService) {
+    setup_marked(cluster, images, None).await
+}
+
+/// `setup_on`, the controller's disk names carrying `cluster_id`.
+pub async fn setup_marked(
+    cluster: &str,
+    images: &std::path::Path,
+    cluster_id: Option<&str>,
+) -> (pvesim::Running, ControllerService) {
     let sim = Sim::new(State::from_yaml(cluster).unwrap())
         .plain_http()
         .volume_dir(images.to_path_buf())
@@ -100,14 +121,9 @@ pub async fn setup_on(
             Arc::new(pve::Client::new(c, Duration::from_secs(30), Default::default()).unwrap())
         })
         .collect();
-    (
-        sim,
-        ControllerService(Arc::new(Controller::new(
-            clients,
-            9999,
-            Duration::from_secs(60),
-        ))),
-    )
+    let mut controller = Controller::new(clients, 9999, Duration::from_secs(60));
+    controller.cluster_id = cluster_id.map(|id| ClusterId::parse(id).unwrap());
+    (sim, ControllerService(Arc::new(controller)))
 }
 
 /// A client of the node plugin in `g`, once its Probe says it and hostd

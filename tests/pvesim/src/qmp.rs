@@ -130,9 +130,39 @@ pub fn backing_path(dir: &Path, volid: &str) -> PathBuf {
     dir.join(format!("{name}.img"))
 }
 
-/// The file backing a volume, created sparse and at least `size` long.
+/// Where a thick LVM storage's freed extents wait for the next volume.
+fn freed_extents(dir: &Path, volid: &str) -> PathBuf {
+    let storage = volid.split(':').next().unwrap_or(volid);
+    dir.join(format!("{storage}.freed-extents.img"))
+}
+
+/// A removed volume's backing file: gone, or on thick LVM without
+/// `saferemove` kept as the extents the next volume gets, bytes and all
+/// (pve-storage src/PVE/Storage/LVMPlugin.pm: `free_lvm_volumes_locked`
+/// runs only `lvremove -f` without `saferemove`; `lvcreate` runs `lvcreate
+/// -aly -Wy`, whose zeroing, lvm2's default `--zero y`, covers the first
+/// 4 KiB only, lvcreate(8)).
+pub fn release_backing(dir: &Path, volid: &str, keep_extents: bool) {
+    let path = backing_path(dir, volid);
+    if keep_extents && path.exists() {
+        let _ = std::fs::rename(&path, freed_extents(dir, volid));
+    } else {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// The file backing a volume, created sparse and at least `size` long; on a
+/// storage whose freed extents wait, made of them.
 pub fn backing_file(dir: &Path, volid: &str, size: u64) -> Result<PathBuf, String> {
     let path = backing_path(dir, volid);
+    if !path.exists() && std::fs::rename(freed_extents(dir, volid), &path).is_ok() {
+        use std::os::unix::fs::FileExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.write_all_at(&[0u8; 4096], 0))
+            .map_err(|e| format!("zeroing the head of {}: {e}", path.display()))?;
+    }
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)

@@ -153,9 +153,19 @@ pub struct StorageSpec {
     /// `StorageSpec::online`.
     #[serde(default)]
     pub offline: bool,
+    /// LVM (thick): zero a volume's extents when it is removed (pve-storage
+    /// src/PVE/Storage/LVMPlugin.pm `saferemove`, default off).
+    #[serde(default)]
+    pub saferemove: bool,
 }
 
 impl StorageSpec {
+    /// Whether a removed volume's bytes stay for the next volume: thick LVM
+    /// without `saferemove` (see `qmp::release_backing`).
+    pub fn keeps_extents(&self) -> bool {
+        self.kind == StorageType::Lvm && !self.saferemove
+    }
+
     pub fn is_shared(&self) -> bool {
         self.shared || self.kind.always_shared()
     }

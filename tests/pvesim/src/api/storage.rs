@@ -39,6 +39,9 @@ fn config_json(st: &StorageSpec) -> Value {
         }
         StorageType::Lvm => {
             v["vgname"] = json!(vgname(st.kind));
+            if st.saferemove {
+                v["saferemove"] = json!(1);
+            }
             if st.snapshot_as_volume_chain {
                 v["snapshot-as-volume-chain"] = json!(1);
             }
@@ -602,15 +605,16 @@ pub async fn volume_delete(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError>
             .storage(&storage, shared, ctx.lock_timeout())
             .await?;
         let mut c = ctx.cluster();
+        let keeps_extents = c
+            .storages
+            .get(&storage)
+            .is_some_and(StorageSpec::keeps_extents);
         let place = c.place(&storage, &node).map_err(|e| e.to_string())?;
         let removed = c.volumes.get_mut(&place).and_then(|m| m.remove(&volname));
         if removed.is_some()
             && let Some(dir) = &ctx.volume_dir
         {
-            let _ = std::fs::remove_file(crate::qmp::backing_path(
-                dir,
-                &format!("{storage}:{volname}"),
-            ));
+            crate::qmp::release_backing(dir, &format!("{storage}:{volname}"), keeps_extents);
         }
         match (removed, kind) {
             (Some(_), _) => Ok(vec![format!("Removed volume '{storage}:{volname}'")]),

@@ -185,10 +185,15 @@ pub async fn destroy(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
                     .is_some()
             {
                 if let Some(dir) = &ctx.volume_dir {
-                    let _ = std::fs::remove_file(crate::qmp::backing_path(
+                    let keeps_extents = c
+                        .storages
+                        .get(storage)
+                        .is_some_and(crate::state::StorageSpec::keeps_extents);
+                    crate::qmp::release_backing(
                         dir,
                         &format!("{storage}:{volname}"),
-                    ));
+                        keeps_extents,
+                    );
                 }
                 log.push(format!("Removed volume '{storage}:{volname}'"));
             }
