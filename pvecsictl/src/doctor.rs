@@ -57,6 +57,7 @@ pub fn run(s: &State) -> Vec<Finding> {
     token(s, &mut out);
     nodes(s, &mut out);
     storages(s, &mut out);
+    thick_lvm(s, &mut out);
     workers(s, &mut out);
     classes(s, &mut out);
     out
@@ -242,6 +243,34 @@ fn storages(s: &State, out: &mut Vec<Finding>) {
                 format!("not available here but on other nodes: {}", missing.join(", ")),
                 "restrict StorageClasses using them with allowedTopologies, or enable the storage on this node",
             ));
+        }
+    }
+}
+
+/// Thick LVM keeps a removed volume's bytes in its extents unless the
+/// storage has `saferemove` (pve-storage src/PVE/Storage/LVMPlugin.pm
+/// `free_lvm_volumes_locked`): the driver formats its new volumes over
+/// them (hostd's claims, docs/security.md), but whoever gets those extents
+/// outside the driver, another VM's disk, can read them.
+fn thick_lvm(s: &State, out: &mut Vec<Finding>) {
+    for (region, storage, safe) in &s.thick_lvm {
+        let subject = format!("{region}/{storage}");
+        match safe {
+            Some(true) => out.push(f("saferemove", subject, Severity::Ok, "thick LVM zeroes removed volumes", "")),
+            Some(false) => out.push(f(
+                "saferemove",
+                subject,
+                Severity::Warning,
+                "thick LVM without saferemove: a deleted volume's bytes stay in its extents for the next disk allocated there",
+                format!("pvesm set {storage} --saferemove 1 (removals then zero the volume in a background task)"),
+            )),
+            None => out.push(f(
+                "saferemove",
+                subject,
+                Severity::Info,
+                "thick LVM whose config the token cannot read (GET /storage/{storage} needs Datastore.Allocate): saferemove unknown",
+                format!("check /etc/pve/storage.cfg for saferemove on {storage}"),
+            )),
         }
     }
 }

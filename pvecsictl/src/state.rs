@@ -75,6 +75,9 @@ pub struct State {
     pub regions: Vec<String>,
     pub vms: Vec<Vm>,
     pub storages: Vec<(String, StorageResource)>,
+    /// Thick LVM storages by region and whether they zero removed volumes
+    /// (`saferemove`); `None` where the storage's config could not be read.
+    pub thick_lvm: Vec<(String, String, Option<bool>)>,
     pub disks: Vec<Disk>,
     /// Volume handles of the driver's PersistentVolumes.
     pub handles: BTreeSet<String>,
@@ -124,6 +127,7 @@ impl State {
             regions: clients.iter().map(|c| c.region().to_string()).collect(),
             vms: Vec::new(),
             storages: Vec::new(),
+            thick_lvm: Vec::new(),
             disks: Vec::new(),
             handles: BTreeSet::new(),
             all_handles: BTreeSet::new(),
@@ -163,6 +167,20 @@ impl State {
             let mut shared_seen = BTreeSet::new();
             for row in c.storages(d()).await? {
                 s.storages.push((region.clone(), row.clone()));
+                if row.plugintype == "lvm"
+                    && !s
+                        .thick_lvm
+                        .iter()
+                        .any(|(r, id, _)| *r == region && *id == row.storage)
+                {
+                    let safe = c
+                        .storage_config(&row.storage, d())
+                        .await
+                        .ok()
+                        .map(|cfg| cfg.saferemove == Some(1));
+                    s.thick_lvm
+                        .push((region.clone(), row.storage.clone(), safe));
+                }
                 if row.status != "available"
                     || (row.shared == 1 && !shared_seen.insert(row.storage.clone()))
                 {

@@ -23,6 +23,8 @@ cluster: lab
 nodes: [{ name: pve1 }, { name: pve2 }]
 storages:
   - { id: local-lvm, type: lvmthin, total: 107374182400 }
+  - { id: san, type: lvm, shared: true, total: 107374182400 }
+  - { id: san-safe, type: lvm, shared: true, saferemove: true, total: 107374182400 }
 vms:
   - { vmid: 112, node: pve2, name: worker-2, config: { scsihw: virtio-scsi-single, scsi1: "local-lvm:vm-9999-pvc-bound,backup=0,size=1G" } }
   - { vmid: 113, node: pve2, name: worker-3, config: { scsihw: lsi, unused0: "local-lvm:vm-9999-pvc-unused" } }
@@ -252,6 +254,26 @@ async fn doctor_finds_what_breaks_with_remedies() {
             Severity::Ok,
             "minimal CSI role"
         ),
+        "{findings:#?}"
+    );
+    // Thick LVM: the one without saferemove leaves deleted volumes' bytes.
+    assert!(
+        has(
+            "saferemove",
+            "region-1/san",
+            Severity::Warning,
+            "pvesm set san --saferemove 1"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        has("saferemove", "region-1/san-safe", Severity::Ok, "zeroes"),
+        "{findings:#?}"
+    );
+    assert!(
+        !findings
+            .iter()
+            .any(|x| x.check == "saferemove" && x.subject == "region-1/local-lvm"),
         "{findings:#?}"
     );
     assert!(

@@ -42,6 +42,10 @@ pub struct StorageConfig {
     pub shared: Option<u8>,
     #[serde(default)]
     pub nodes: Option<String>,
+    /// LVM: a removed volume's extents are zeroed (pve-storage
+    /// src/PVE/Storage/LVMPlugin.pm `saferemove`, a boolean sent as 0/1).
+    #[serde(default)]
+    pub saferemove: Option<u8>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
