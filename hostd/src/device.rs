@@ -164,6 +164,23 @@ impl Resolver {
     }
 }
 
+impl Resolver {
+    /// Whether `device` itself names `volume_id`: its SCSI serial is the
+    /// one the controller derives from that id. A disk without one (the
+    /// Go driver's) may be used for a request, but proves no volume id.
+    /// Loop devices (tests only) are named by their backing file alone.
+    pub fn proves_volume_id(&self, device: &Path, volume_id: &str) -> bool {
+        match self {
+            Self::Sysfs { sys_block } => device.file_name().is_some_and(|name| {
+                read_vpd_serial(&sys_block.join(name).join("device/vpd_pg80"))
+                    .is_some_and(|s| s == contract::serial_for(volume_id))
+            }),
+            #[cfg(feature = "loop-resolver")]
+            Self::Loop { .. } => true,
+        }
+    }
+}
+
 /// The SCSI serial (VPD page 0x80) of the disk called `name`, if it has one.
 pub fn serial_of(name: &str) -> Option<String> {
     read_vpd_serial(&Path::new("/sys/block").join(name).join("device/vpd_pg80"))

@@ -343,7 +343,12 @@ impl Volumes {
         }
         device::verify_unused(device, &table, crypt.as_ref().map(|(n, _)| n.as_str()))?;
         let disk = DiskId::of(device)?;
-        let claim = Claim::of(volume_id, device)?;
+        // The id's mark counts only where the disk's serial proves the id.
+        let claim = if self.resolver.proves_volume_id(device, volume_id) {
+            Claim::of(volume_id, device)?
+        } else {
+            Claim::Unmarked
+        };
         if claim == Claim::FirstStage {
             self.first_stage(
                 volume_id,
@@ -1458,10 +1463,12 @@ impl Volumes {
         // A claimed volume's claim goes to the new end first: the
         // filesystem then grows up to it, over the old one.
         let raw = staged.mapping.as_ref().map_or(&staged.name, |(_, d)| d);
+        let raw = Path::new("/dev").join(raw);
         let claimed = !place.layout.is_block()
-            && Claim::of(&req.volume_id, &Path::new("/dev").join(raw))? != Claim::Unmarked;
+            && self.resolver.proves_volume_id(&raw, &req.volume_id)
+            && Claim::of(&req.volume_id, &raw)? != Claim::Unmarked;
         if claimed {
-            claim::write(&Path::new("/dev").join(raw), &req.volume_id)?;
+            claim::write(&raw, &req.volume_id)?;
         }
         if let Some((mapping, disk)) = &staged.mapping {
             // The resize may unlock a key slot: its cost is bounded first.
