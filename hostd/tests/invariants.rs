@@ -13,6 +13,11 @@
 //!   (every kubelet record and foreign file keeps its bytes);
 //! - no disk that held data was formatted (a filesystem, once made, keeps
 //!   its UUID; the disk of raw data keeps its bytes);
+//! - the volume created blank (its id marked, its disk holding a removed
+//!   volume's ext4 and noise, as thick LVM hands them over) is formatted by
+//!   its first stage, which is never refused, never mounts the filesystem
+//!   the storage left, and is never formatted again: not after its disk
+//!   grew, nor after its header was zeroed (steps of the generator too);
 //! - every call that was not cancelled wrote exactly one audit line.
 //!
 //! `PROXMOX_CSI_INVARIANT_STEPS` (default 2,000) and
@@ -47,14 +52,23 @@ impl Rng {
 }
 
 /// The volumes: three filesystems and one raw block volume. Volume 2's
-/// disk holds raw data (no signature) that no call may ever destroy.
+/// disk holds raw data (no signature) that no call may ever destroy;
+/// volume 1 was created blank, and its disk holds what a removed volume left.
 const VOLUMES: usize = 4;
 const BLOCK: usize = 3;
 const RAW_DATA: usize = 2;
+const FRESH: usize = 1;
+/// The fresh volume's disk: the controller's 512 MiB steps.
+const STEP: u64 = 512 << 20;
+const MAX_FRESH: u64 = 4 * STEP;
 const PODS: [&str; 2] = ["pod-a", "pod-b"];
 
 fn vol(i: usize) -> String {
-    format!("region-1/pve1/local-lvm/vm-9999-pvc-{i}")
+    if i == FRESH {
+        format!("region-1/pve1/san/vm-9999-pvc-{i}.csi-5bc58ec71c2d")
+    } else {
+        format!("region-1/pve1/local-lvm/vm-9999-pvc-{i}")
+    }
 }
 
 fn pv(i: usize) -> String {
@@ -107,6 +121,11 @@ enum Op {
         vol: usize,
         target: usize,
     },
+    /// The controller grows the fresh volume's disk by a step (no hostd call).
+    Grow,
+    /// The fresh volume's first 16 MiB are zeroed while nothing mounts it:
+    /// its header is gone (no hostd call).
+    Damage,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -130,6 +149,10 @@ struct World {
     uuids: HashMap<usize, String>,
     /// The raw data disk's first bytes.
     raw: Vec<u8>,
+    /// The UUID of the ext4 the storage left on the fresh volume's disk.
+    stale: Option<String>,
+    /// The fresh volume's header was zeroed.
+    damaged: bool,
     audits: usize,
 }
 
@@ -146,7 +169,7 @@ fn generate(rng: &mut Rng, steps: usize, targets: usize) -> Vec<Step> {
                     vol
                 }
             };
-            let op = match rng.below(10) {
+            let op = match rng.below(11) {
                 0..=2 => Op::Stage {
                     vol,
                     at: other(rng),
@@ -169,6 +192,13 @@ fn generate(rng: &mut Rng, steps: usize, targets: usize) -> Vec<Step> {
                     vol,
                     target: rng.below(targets),
                 },
+                9 if rng.below(4) == 0 => {
+                    if rng.below(2) == 0 {
+                        Op::Grow
+                    } else {
+                        Op::Damage
+                    }
+                }
                 _ => Op::Stats {
                     vol,
                     target: rng.below(targets),
@@ -184,8 +214,21 @@ impl World {
     async fn new() -> Self {
         let mut env = Env::start().await;
         let mut wwns = Vec::new();
+        let mut stale = None;
         for i in 0..VOLUMES {
-            let wwn = env.image_only(100 + i as u32);
+            let wwn = if i == FRESH {
+                env.image_sized(100 + i as u32, STEP)
+            } else {
+                env.image_only(100 + i as u32)
+            };
+            if i == FRESH {
+                // A removed volume's ext4, and noise past its metadata.
+                let img = env.image(&wwn);
+                support::run("mkfs.ext4", &["-q", "-F"], &img);
+                let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+                std::os::unix::fs::FileExt::write_all_at(&f, &[0xa5; 1 << 20], 64 << 20).unwrap();
+                stale = ext4_uuid(&img);
+            }
             if i == RAW_DATA {
                 // A database written to the raw disk: bytes, no signature.
                 let mut f = std::fs::OpenOptions::new()
@@ -266,7 +309,45 @@ impl World {
             initial,
             uuids: HashMap::new(),
             raw,
+            stale,
+            damaged: false,
             audits: 0,
+        }
+    }
+
+    /// Whether anything mounts or binds the fresh volume's loop device.
+    fn fresh_in_use(&self) -> bool {
+        let img = self.env.image(&self.wwns[FRESH]);
+        let dev = std::fs::read_to_string(format!(
+            "/sys/block/{}/dev",
+            loop_of(&img).file_name().unwrap().to_string_lossy()
+        ))
+        .unwrap_or_default();
+        let dev = dev.trim();
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .any(|l| l.split(' ').nth(2) == Some(dev))
+            || self.stagings[BLOCK].join("device").exists()
+    }
+
+    /// The steps that are not hostd calls.
+    fn outside(&mut self, op: Op) {
+        let img = self.env.image(&self.wwns[FRESH]);
+        match op {
+            Op::Grow => {
+                let len = std::fs::metadata(&img).unwrap().len();
+                if len < MAX_FRESH {
+                    grow(&img, &loop_of(&img), len + STEP);
+                }
+            }
+            Op::Damage if !self.fresh_in_use() => {
+                let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+                std::os::unix::fs::FileExt::write_all_at(&f, &vec![0u8; 16 << 20], 0).unwrap();
+                f.sync_all().unwrap();
+                self.damaged = true;
+            }
+            _ => {}
         }
     }
 
@@ -282,6 +363,10 @@ impl World {
     /// Runs one step: whether it ran to its answer (not cancelled), and
     /// whether that answer was OK.
     async fn apply(&mut self, step: Step) -> (bool, bool) {
+        if matches!(step.op, Op::Grow | Op::Damage) {
+            self.outside(step.op);
+            return (true, true);
+        }
         let mut node = self.node.clone();
         let this = &*self;
         let t = |i: usize| this.targets[i].path.display().to_string();
@@ -336,6 +421,7 @@ impl World {
                     })
                     .await
                     .is_ok(),
+                Op::Grow | Op::Damage => true,
             }
         };
         match step.cancel_ms {
@@ -412,6 +498,15 @@ impl World {
             } else {
                 f[2].to_string()
             };
+            if volume_of.get(&majmin) == Some(&FRESH)
+                && self.stale.is_some()
+                && ext4_uuid(&self.env.image(&self.wwns[FRESH])) == self.stale
+            {
+                return Err(format!(
+                    "the ext4 the storage left on the fresh volume's disk is mounted at {}",
+                    point.display()
+                ));
+            }
             let Some(&v) = volume_of.get(&majmin) else {
                 return Err(format!(
                     "{} holds device {majmin}, which is no volume's",
@@ -469,13 +564,15 @@ impl World {
                 }
                 continue;
             }
-            let uuid = ext4_uuid(&img);
+            // The ext4 the storage left is not the fresh volume's own.
+            let uuid = ext4_uuid(&img).filter(|u| i != FRESH || Some(u) != self.stale.as_ref());
             match (self.uuids.get(&i), uuid) {
                 (Some(before), Some(now)) if *before != now => {
                     return Err(format!(
                         "volume {i}'s filesystem was made again ({before} → {now})"
                     ));
                 }
+                (Some(_), None) if i == FRESH && self.damaged => {}
                 (Some(before), None) => {
                     return Err(format!("volume {i}'s filesystem {before} was wiped"));
                 }
@@ -549,7 +646,7 @@ fn head(img: &Path) -> Vec<u8> {
 }
 
 fn mutating(op: &Op) -> bool {
-    !matches!(op, Op::Stats { .. })
+    !matches!(op, Op::Stats { .. } | Op::Grow | Op::Damage)
 }
 
 fn op_name(op: &Op) -> &'static str {
@@ -560,6 +657,8 @@ fn op_name(op: &Op) -> &'static str {
         Op::Unstage { .. } => "Unstage",
         Op::Expand { .. } => "Expand",
         Op::Stats { .. } => "Stats",
+        Op::Grow => "Grow",
+        Op::Damage => "Damage",
     }
 }
 
@@ -571,6 +670,7 @@ fn op_volume(op: &Op) -> usize {
         | Op::Unstage { vol, .. }
         | Op::Expand { vol, .. }
         | Op::Stats { vol, .. } => vol,
+        Op::Grow | Op::Damage => FRESH,
     }
 }
 
@@ -583,9 +683,25 @@ async fn run(
     let mut w = World::new().await;
     w.check(Some(0)).map_err(|e| (0, e))?;
     for (i, step) in steps.iter().enumerate() {
+        let never_formatted = !w.uuids.contains_key(&FRESH);
         let (ran, ok) = w.apply(*step).await;
         if ok {
             *oks.entry(op_name(&step.op)).or_default() += 1;
+        }
+        // Its own stage, at its own staging path: a first stage is never
+        // refused, whatever the storage left.
+        if ran
+            && !ok
+            && never_formatted
+            && matches!(
+                step.op,
+                Op::Stage {
+                    vol: FRESH,
+                    at: FRESH
+                }
+            )
+        {
+            return Err((i, "the fresh volume's first stage was refused".into()));
         }
         let audit = if ran {
             Some(usize::from(mutating(&step.op)))
@@ -699,6 +815,35 @@ async fn regression_publish_onto_a_target_kubelet_gave_another_volume() {
             },
             cancel_ms: None,
         },
+    ])
+    .await;
+}
+
+/// What the generator found against claims searched only at the disk's
+/// current end: a disk grown by the controller before its next stage.
+#[tokio::test]
+async fn regression_a_fresh_volume_grown_before_its_next_stage_is_not_formatted_again() {
+    let stage = Step {
+        op: Op::Stage {
+            vol: FRESH,
+            at: FRESH,
+        },
+        cancel_ms: None,
+    };
+    regression(&[
+        stage,
+        Step {
+            op: Op::Unstage {
+                vol: FRESH,
+                at: FRESH,
+            },
+            cancel_ms: None,
+        },
+        Step {
+            op: Op::Grow,
+            cancel_ms: None,
+        },
+        stage,
     ])
     .await;
 }

@@ -239,7 +239,7 @@ impl Env {
         self.image_sized(n, 320 << 20)
     }
 
-    fn image_sized(&self, n: u32, size: u64) -> String {
+    pub fn image_sized(&self, n: u32, size: u64) -> String {
         let wwn = format!("5000c500{n:08x}");
         let img = self.images.join(format!("{wwn}.raw"));
         let f = std::fs::File::create(&img).unwrap();
