@@ -48,18 +48,23 @@ pub enum BlankFor {
     /// Created with block access among its capabilities: a raw disk's
     /// every byte may be data, so no stage ever formats over bytes.
     Block,
+    /// `.csi-`: written before what a volume was made for was recorded (the
+    /// Go node plugin may have formatted such a disk during a switch of
+    /// drivers): the cluster id alone, no first-stage rule.
+    Unrecorded,
 }
 
 impl BlankFor {
-    pub const ALL: [Self; 2] = [Self::Filesystem, Self::Block];
+    pub const ALL: [Self; 3] = [Self::Filesystem, Self::Block, Self::Unrecorded];
 
     /// The mark between a disk's name and its cluster id. The Go driver
     /// reads the PV name as what follows `vm-<vmid>-` up to the first `.`
     /// (pkg/utils/volume volume.go `PV`), so a suffix keeps it.
     pub fn mark(self) -> &'static str {
         match self {
-            Self::Filesystem => ".csi-",
+            Self::Filesystem => ".csf-",
             Self::Block => ".csb-",
+            Self::Unrecorded => ".csi-",
         }
     }
 }
@@ -123,10 +128,10 @@ mod tests {
     #[test]
     fn marks_read_back_from_names_volids_and_handles() {
         for name in [
-            "vm-9999-pvc-a.csi-5bc58ec71c2d",
-            "local-lvm:vm-9999-pvc-a.csi-5bc58ec71c2d",
-            "r/z/local-lvm/vm-9999-pvc-a.csi-5bc58ec71c2d",
-            "r//nfs/9999/vm-9999-pvc-a.csi-5bc58ec71c2d.qcow2",
+            "vm-9999-pvc-a.csf-5bc58ec71c2d",
+            "local-lvm:vm-9999-pvc-a.csf-5bc58ec71c2d",
+            "r/z/local-lvm/vm-9999-pvc-a.csf-5bc58ec71c2d",
+            "r//nfs/9999/vm-9999-pvc-a.csf-5bc58ec71c2d.qcow2",
         ] {
             assert_eq!(
                 disk_mark(name),
@@ -138,16 +143,25 @@ mod tests {
             disk_mark("r/z/s/vm-9999-pvc-a.csb-prod1"),
             Some((BlankFor::Block, "prod1"))
         );
+        assert_eq!(
+            disk_mark("r/z/s/vm-9999-pvc-a.csi-prod1"),
+            Some((BlankFor::Unrecorded, "prod1"))
+        );
         for unmarked in [
             "vm-9999-pvc-a",
             "r/z/s/vm-9999-pvc-a",
-            "vm-9999-a.csi-UPPER",
-            "vm-9999-a.csi-",
-            "vm-9999-a.csi-x.y",
-            "vm-9999-a.csi-01234567890123456",
+            "vm-9999-a.csf-UPPER",
+            "vm-9999-a.csf-",
+            "vm-9999-a.csf-x.y",
+            "vm-9999-a.csf-01234567890123456",
         ] {
             assert_eq!(disk_mark(unmarked), None, "{unmarked}");
         }
-        assert!(holds_mark("x.csb-1") && holds_mark("x.csi-") && !holds_mark("csi-x"));
+        assert!(
+            holds_mark("x.csb-1")
+                && holds_mark("x.csi-")
+                && holds_mark("x.csf-")
+                && !holds_mark("csi-x")
+        );
     }
 }

@@ -91,7 +91,7 @@ pub fn owner_of(disk: &str) -> Option<u32> {
 }
 
 /// The Kubernetes cluster whose controller created a disk, written into the
-/// disk's name after its mark (`vm-<vmid>-<name>.csi-<id>`, see
+/// disk's name after its mark (`vm-<vmid>-<name>.csf-<id>`, see
 /// `contract::BlankFor`), so that which cluster a disk belongs to is read
 /// from Proxmox alone: by `pvecsictl clean` on a Proxmox cluster that
 /// several Kubernetes clusters share.
@@ -140,7 +140,7 @@ impl fmt::Display for ClusterId {
 
 /// The disk name of a new volume: `vm-<vmid>-<name>`, or on file storage
 /// `vm-<vmid>-<name>.<format>` (Proxmox adds the `<vmid>/` directory); with
-/// a cluster id, its mark and the id follow the name (`.csi-<id>`).
+/// a cluster id, its mark and the id follow the name (`.csf-<id>`).
 pub fn disk_filename(
     vmid: u32,
     name: &str,
@@ -234,7 +234,7 @@ mod tests {
             false,
             "raw",
         );
-        assert_eq!(block, "vm-9999-pvc-a.csi-5bc58ec71c2d");
+        assert_eq!(block, "vm-9999-pvc-a.csf-5bc58ec71c2d");
         let file = disk_filename(
             9999,
             "pvc-a",
@@ -245,7 +245,12 @@ mod tests {
         let raw = disk_filename(9999, "pvc-b", Some((BlankFor::Block, &id)), false, "raw");
         assert_eq!(raw, "vm-9999-pvc-b.csb-5bc58ec71c2d");
         assert_eq!(cluster_of(&raw), Some(id.clone()));
-        assert_eq!(file, "vm-9999-pvc-a.csi-5bc58ec71c2d.qcow2");
+        // Disks named before what they were made for was recorded.
+        assert_eq!(
+            cluster_of("vm-9999-pvc-c.csi-5bc58ec71c2d"),
+            Some(id.clone())
+        );
+        assert_eq!(file, "vm-9999-pvc-a.csf-5bc58ec71c2d.qcow2");
         assert_eq!(
             disk_filename(9999, "pvc-a", None, false, "raw"),
             "vm-9999-pvc-a"

@@ -71,14 +71,22 @@ impl Claim {
         }
     }
 
-    /// `opts` with the size a filesystem made on `fs_device` gets.
-    pub fn sized(self, opts: MkfsOptions, fs_device: &Path) -> Result<MkfsOptions, HostdError> {
+    /// `opts` with the size a filesystem made on `fs_device` (the disk
+    /// `raw`, or its LUKS mapping) gets: ending where the claim begins.
+    pub fn sized(
+        self,
+        opts: MkfsOptions,
+        raw: &Path,
+        fs_device: &Path,
+    ) -> Result<MkfsOptions, HostdError> {
         if self == Self::Unmarked {
             return Ok(opts);
         }
-        let mut f = open(fs_device, false)?;
+        let raw_size = size_of(&mut open(raw, false)?, raw)?;
+        let fs_device_size = size_of(&mut open(fs_device, false)?, fs_device)?;
+        let at = claim_at(raw_size).unwrap_or(0);
         Ok(MkfsOptions {
-            size_bytes: fs_size(size_of(&mut f, fs_device)?),
+            size_bytes: fs_end(at, raw_size, fs_device_size),
             ..opts
         })
     }
@@ -99,10 +107,25 @@ impl Claim {
     }
 }
 
-/// The size of a filesystem made in a claimed volume whose device (the disk,
-/// or its LUKS mapping) is `device_size` bytes: its last MiB left to the claim.
-pub fn fs_size(device_size: u64) -> u64 {
-    device_size.saturating_sub(RESERVED) & !(BLOCK as u64 - 1)
+/// Where the claim goes on a disk of `size` bytes: 1 MiB before its end,
+/// the end rounded down to the controller's step, so that it is found
+/// again after the next growth (a disk grown off the step out of band
+/// loses the rest of its last step to that).
+fn claim_at(size: u64) -> Option<u64> {
+    if size >= STEP {
+        Some(size / STEP * STEP - RESERVED)
+    } else {
+        (size >= 2 * RESERVED).then(|| size - RESERVED)
+    }
+}
+
+/// The size of a claimed volume's filesystem on its device of
+/// `device_size` bytes (the disk of `raw_size` bytes, or a LUKS mapping
+/// whose data starts `raw_size - device_size` into it): up to the claim at
+/// `at`. Sizes read after a growth only move the end down, never onto the claim.
+pub fn fs_end(at: u64, raw_size: u64, device_size: u64) -> u64 {
+    let offset = raw_size.saturating_sub(device_size);
+    at.saturating_sub(offset) & !(BLOCK as u64 - 1)
 }
 
 fn record(volume_id: &str) -> [u8; KEY] {
@@ -115,13 +138,10 @@ fn record(volume_id: &str) -> [u8; KEY] {
 /// Where a claim would be on a disk of `size` bytes: the end it has now
 /// first, then every end it may have had before an expansion, largest first.
 fn places(size: u64) -> Vec<u64> {
-    let mut at = Vec::new();
-    if size >= 2 * RESERVED {
-        at.push(size - RESERVED);
-    }
+    let mut at: Vec<u64> = claim_at(size).into_iter().collect();
     let mut end = size / STEP * STEP;
     while end >= STEP {
-        if end < size {
+        if !at.contains(&(end - RESERVED)) {
             at.push(end - RESERVED);
         }
         end -= STEP;
@@ -190,7 +210,7 @@ pub fn find(device: &Path, volume_id: &str) -> Result<Option<u64>, HostdError> {
 pub fn write(device: &Path, volume_id: &str) -> Result<u64, HostdError> {
     let mut f = open(device, true)?;
     let size = size_of(&mut f, device)?;
-    let at = places(size).first().copied().ok_or_else(|| {
+    let at = claim_at(size).ok_or_else(|| {
         HostdError::failed(
             "claiming",
             device.display(),
@@ -244,11 +264,21 @@ mod tests {
     fn claims_sit_at_the_end_and_at_every_end_an_expansion_left() {
         assert_eq!(places(1024 * MIB), [1023 * MIB, 511 * MIB]);
         assert_eq!(places(1536 * MIB), [1535 * MIB, 1023 * MIB, 511 * MIB]);
-        // A size off the step (a static PV) keeps its own end first.
-        assert_eq!(places(700 * MIB), [699 * MIB, 511 * MIB]);
+        // A size off the step (a static PV, an out-of-band resize) claims
+        // at its last step's end, where the next growth still looks.
+        assert_eq!(places(700 * MIB), [511 * MIB]);
+        assert_eq!(places(1124 * MIB), [1023 * MIB, 511 * MIB]);
+        assert_eq!(places(300 * MIB), [299 * MIB]);
         assert_eq!(places(MIB), Vec::<u64>::new());
-        assert_eq!(fs_size(1024 * MIB), 1023 * MIB);
-        assert_eq!(fs_size(1024 * MIB + 100), 1023 * MIB);
+        // The filesystem ends where the claim begins, on the disk or in a
+        // LUKS mapping whose data starts 16 MiB in.
+        assert_eq!(fs_end(1023 * MIB, 1024 * MIB, 1024 * MIB), 1023 * MIB);
+        assert_eq!(fs_end(1023 * MIB, 1024 * MIB, 1008 * MIB), 1007 * MIB);
+        // The disk grew again before its size was read: the end stays put.
+        assert_eq!(
+            fs_end(1023 * MIB, 1536 * MIB, 1536 * MIB - 16 * MIB),
+            1007 * MIB
+        );
     }
 
     #[test]
@@ -257,22 +287,22 @@ mod tests {
         let img = dir.path().join("disk");
         let f = std::fs::File::create(&img).unwrap();
         f.set_len(512 * MIB).unwrap();
-        assert_eq!(find(&img, "r/z/s/vm-9999-a.csi-x").unwrap(), None);
-        assert_eq!(write(&img, "r/z/s/vm-9999-a.csi-x").unwrap(), 511 * MIB);
+        assert_eq!(find(&img, "r/z/s/vm-9999-a.csf-x").unwrap(), None);
+        assert_eq!(write(&img, "r/z/s/vm-9999-a.csf-x").unwrap(), 511 * MIB);
         assert_eq!(
-            find(&img, "r/z/s/vm-9999-a.csi-x").unwrap(),
+            find(&img, "r/z/s/vm-9999-a.csf-x").unwrap(),
             Some(511 * MIB)
         );
-        assert_eq!(find(&img, "r/z/s/vm-9999-b.csi-x").unwrap(), None);
+        assert_eq!(find(&img, "r/z/s/vm-9999-b.csf-x").unwrap(), None);
         // Grown by the controller, not yet by hostd: the old end still counts.
         f.set_len(1536 * MIB).unwrap();
         assert_eq!(
-            find(&img, "r/z/s/vm-9999-a.csi-x").unwrap(),
+            find(&img, "r/z/s/vm-9999-a.csf-x").unwrap(),
             Some(511 * MIB)
         );
-        assert_eq!(write(&img, "r/z/s/vm-9999-a.csi-x").unwrap(), 1535 * MIB);
+        assert_eq!(write(&img, "r/z/s/vm-9999-a.csf-x").unwrap(), 1535 * MIB);
         assert_eq!(
-            find(&img, "r/z/s/vm-9999-a.csi-x").unwrap(),
+            find(&img, "r/z/s/vm-9999-a.csf-x").unwrap(),
             Some(1535 * MIB)
         );
     }

@@ -344,11 +344,18 @@ impl Volumes {
         device::verify_unused(device, &table, crypt.as_ref().map(|(n, _)| n.as_str()))?;
         let disk = DiskId::of(device)?;
         // The id's mark counts only where the disk's serial proves the id.
-        let claim = if self.resolver.proves_volume_id(device, volume_id) {
+        let mut claim = if self.resolver.proves_volume_id(device, volume_id) {
             Claim::of(volume_id, device)?
         } else {
             Claim::Unmarked
         };
+        if claim == Claim::FirstStage && formatted_since_allocation(device)? {
+            // Proxmox's lvcreate wipes the signatures a removed volume
+            // left; one found now was made since (the Go node plugin during
+            // a switch of drivers): the general rules decide, unclaimed.
+            tracing::info!(%volume_id, device = %device.display(), "a volume created blank holds a signature made since: staged by the general rules");
+            claim = Claim::Unmarked;
+        }
         if claim == Claim::FirstStage {
             self.first_stage(
                 volume_id,
@@ -407,7 +414,7 @@ impl Volumes {
                     });
                 }
                 self.bindings.begin_format(volume_id, &disk)?;
-                mkfs::run(fs_type, fs_device, claim.sized(opts, fs_device)?)?;
+                mkfs::run(fs_type, fs_device, claim.sized(opts, device, fs_device)?)?;
                 timings.insert("mkfs".into(), ms(started));
                 actions.push(if resumed && claim != Claim::FirstStage {
                     format!("mkfs {} (an earlier mkfs was interrupted)", fs_type.name())
@@ -436,7 +443,7 @@ impl Volumes {
                     replace_unfinished: true,
                     ..opts
                 };
-                mkfs::run(fs_type, fs_device, claim.sized(opts, fs_device)?)?;
+                mkfs::run(fs_type, fs_device, claim.sized(opts, device, fs_device)?)?;
                 timings.insert("mkfs".into(), ms(started));
                 actions.push(format!(
                     "mkfs {} (an earlier mkfs was interrupted)",
@@ -499,6 +506,14 @@ impl Volumes {
             actions.push(format!(
                 "closed {name}, left by a first stage that did not finish"
             ));
+        }
+        // The disk under this name is still the volume's, right before
+        // the one write hostd makes over bytes it did not write.
+        if !self.resolver.proves_volume_id(device, volume_id) || DiskId::of(device)? != *disk {
+            return Err(HostdError::DeviceRefused {
+                device: device.to_path_buf(),
+                reason: "the disk changed since it was verified (detached, or another attached under its name); the stage is retried".into(),
+            });
         }
         claim::wipe(device)?;
         self.bindings.begin_format(volume_id, disk)?;
@@ -1276,6 +1291,17 @@ fn check_request_serial(serial: &str, volume_id: &str) -> Result<(), HostdError>
     Ok(())
 }
 
+/// Whether a disk created blank holds what was made on it since its
+/// allocation: a signature other than an unfinished xfs or a LUKS header
+/// without a key slot, which a first stage that did not finish leaves.
+fn formatted_since_allocation(device: &Path) -> Result<bool, HostdError> {
+    Ok(match probe::probe(device)? {
+        Contents::Blank | Contents::Unfinished(_) => false,
+        Contents::Filesystem(t) if t == "crypto_LUKS" => luks::has_keyslot(device)?,
+        _ => true,
+    })
+}
+
 /// Refuses `device` if any of its first `len` bytes is not zero.
 fn refuse_data_in(device: &Path, len: u64) -> Result<(), HostdError> {
     if let Some(at) = probe::first_data_in(device, len)? {
@@ -1463,13 +1489,17 @@ impl Volumes {
         // A claimed volume's claim goes to the new end first: the
         // filesystem then grows up to it, over the old one.
         let raw = staged.mapping.as_ref().map_or(&staged.name, |(_, d)| d);
+        // Only a volume holding its claim: one without (formatted whole by
+        // the Go node plugin) has no free tail to write into.
         let raw = Path::new("/dev").join(raw);
-        let claimed = !place.layout.is_block()
+        let held = !place.layout.is_block()
             && self.resolver.proves_volume_id(&raw, &req.volume_id)
-            && Claim::of(&req.volume_id, &raw)? != Claim::Unmarked;
-        if claimed {
-            claim::write(&raw, &req.volume_id)?;
-        }
+            && Claim::of(&req.volume_id, &raw)?.held_filesystem().is_some();
+        let claim_at = if held {
+            Some(claim::write(&raw, &req.volume_id)?)
+        } else {
+            None
+        };
         if let Some((mapping, disk)) = &staged.mapping {
             // The resize may unlock a key slot: its cost is bounded first.
             luks::check_header_costs(&Path::new("/dev").join(disk), self.kdf_bounds)?;
@@ -1482,9 +1512,16 @@ impl Volumes {
             kdf::resize(mapping, pass.as_ref())?;
         }
         if !place.layout.is_block() {
-            let size = claimed
-                .then(|| blockdev::size_of(&staged.name).map(claim::fs_size))
-                .flatten();
+            // The end is the claim's, whatever the disk grew to since.
+            let size = claim_at.and_then(|at| {
+                let raw_size =
+                    blockdev::size_of(staged.mapping.as_ref().map_or(&staged.name, |(_, d)| d))?;
+                Some(claim::fs_end(
+                    at,
+                    raw_size,
+                    blockdev::size_of(&staged.name)?,
+                ))
+            });
             grow_filesystem(&staged, size)?;
         }
         Ok(pb::ExpandResponse {

@@ -15,11 +15,12 @@ use tonic::Code;
 
 const MIB: u64 = 1 << 20;
 /// What the controller names a volume it created blank for a filesystem.
-const MARKED: &str = "r/pve1/local-lvm/vm-9999-pvc-a.csi-5bc58ec71c2d";
+const MARKED: &str = "r/pve1/local-lvm/vm-9999-pvc-a.csf-5bc58ec71c2d";
 const MAGIC: &[u8] = b"proxmox-csi:cl1\n";
 
-/// What a removed volume leaves in reused thick-LVM extents: its ext4 with
-/// a file in it, and noise everywhere else.
+/// What a removed volume leaves in reused thick-LVM extents: its ext4 and
+/// noise everywhere else, less the first 4 KiB lvcreate zeroes (and with
+/// them the ext4 signature).
 fn leave_old_bytes(img: &Path) {
     let len = std::fs::metadata(img).unwrap().len();
     let f = std::fs::OpenOptions::new().write(true).open(img).unwrap();
@@ -30,6 +31,7 @@ fn leave_old_bytes(img: &Path) {
         at += MIB;
     }
     run("mkfs.ext4", &["-q", "-F", "-L", "previous"], img);
+    zero(img, 0, 4096);
 }
 
 fn unstage(vol: &str, staging: &Path) -> pb::UnstageRequest {
@@ -99,7 +101,7 @@ async fn a_fresh_volume_holding_old_bytes_is_formatted_on_its_first_stage_and_cl
         r.actions
     );
     assert_eq!(mount_at(&staging).as_deref(), Some("ext4"));
-    // A new filesystem, not the old one, made short of the claim's MiB.
+    // A new filesystem, made short of the claim's MiB.
     assert_eq!(dumpe2fs(&img, "Filesystem volume name:"), "<none>");
     assert!(claim_at(&img, 511 * MIB));
     std::fs::write(staging.join("kept"), b"data of this volume").unwrap();
@@ -134,9 +136,11 @@ async fn a_disk_without_the_mark_keeps_the_refusal_of_old_bytes() {
     }
     let mut env = Env::start().await;
     for (i, vol) in [
-        // The Go driver's name, and a volume created with block access.
+        // The Go driver's name, a volume created with block access, and one
+        // named before what it was made for was recorded.
         "r/pve1/local-lvm/vm-9999-pvc-a",
         "r/pve1/local-lvm/vm-9999-pvc-a.csb-5bc58ec71c2d",
+        "r/pve1/local-lvm/vm-9999-pvc-a.csi-5bc58ec71c2d",
     ]
     .into_iter()
     .enumerate()
@@ -206,7 +210,7 @@ async fn an_expansion_moves_the_claim_to_the_new_end_before_the_filesystem_grows
     }
     let mut env = Env::start().await;
     for (i, fs) in ["ext4", "xfs"].into_iter().enumerate() {
-        let vol = format!("r/pve1/local-lvm/vm-9999-pvc-{fs}.csi-5bc58ec71c2d");
+        let vol = format!("r/pve1/local-lvm/vm-9999-pvc-{fs}.csf-5bc58ec71c2d");
         let wwn = env.disk_sized(30 + i as u32, 512 * MIB);
         let img = env.image(&wwn);
         let staging = env.staging(&vol);
@@ -277,4 +281,49 @@ async fn a_first_stage_read_only_mounts_nothing_the_storage_left() {
     assert!(e.message().contains("never been staged"), "{}", e.message());
     assert_eq!(sha_of(&img), before);
     assert_eq!(mount_at(&staging), None);
+}
+
+#[tokio::test]
+async fn a_volume_created_blank_that_another_node_plugin_formatted_is_staged_as_it_is() {
+    if !require_root() {
+        return;
+    }
+    // The Go node plugin formatted it while both drivers ran: a signature
+    // made after the allocation, its data, and no claim.
+    let mut env = Env::start().await;
+    let wwn = env.disk_sized(50, 512 * MIB);
+    let img = env.image(&wwn);
+    leave_old_bytes(&img);
+    run("mkfs.ext4", &["-q", "-F", "-L", "go-made"], &img);
+    let tail = {
+        let mut b = vec![0u8; MIB as usize];
+        std::fs::File::open(&img)
+            .unwrap()
+            .read_exact_at(&mut b, 511 * MIB)
+            .unwrap();
+        b
+    };
+    let staging = env.staging(MARKED);
+    let r = env
+        .client
+        .stage(stage_req(MARKED, &wwn, &staging, "ext4"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !r.actions
+            .iter()
+            .any(|a| a.contains("wiped") || a.contains("mkfs") || a.contains("claimed")),
+        "{:?}",
+        r.actions
+    );
+    assert_eq!(dumpe2fs(&img, "Filesystem volume name:"), "go-made");
+    env.client.unstage(unstage(MARKED, &staging)).await.unwrap();
+    // Its whole-disk filesystem's last MiB was not claimed over.
+    let mut now = vec![0u8; MIB as usize];
+    std::fs::File::open(&img)
+        .unwrap()
+        .read_exact_at(&mut now, 511 * MIB)
+        .unwrap();
+    assert!(now == tail, "the filesystem's last MiB changed");
 }

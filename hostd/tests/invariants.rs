@@ -65,7 +65,7 @@ const PODS: [&str; 2] = ["pod-a", "pod-b"];
 
 fn vol(i: usize) -> String {
     if i == FRESH {
-        format!("region-1/pve1/san/vm-9999-pvc-{i}.csi-5bc58ec71c2d")
+        format!("region-1/pve1/san/vm-9999-pvc-{i}.csf-5bc58ec71c2d")
     } else {
         format!("region-1/pve1/local-lvm/vm-9999-pvc-{i}")
     }
@@ -222,12 +222,14 @@ impl World {
                 env.image_only(100 + i as u32)
             };
             if i == FRESH {
-                // A removed volume's ext4, and noise past its metadata.
+                // A removed volume's ext4, and noise past its metadata; the
+                // first 4 KiB zeroed, as lvcreate does (its signature gone).
                 let img = env.image(&wwn);
                 support::run("mkfs.ext4", &["-q", "-F"], &img);
+                stale = ext4_uuid(&img);
                 let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
                 std::os::unix::fs::FileExt::write_all_at(&f, &[0xa5; 1 << 20], 64 << 20).unwrap();
-                stale = ext4_uuid(&img);
+                std::os::unix::fs::FileExt::write_all_at(&f, &[0; 4096], 0).unwrap();
             }
             if i == RAW_DATA {
                 // A database written to the raw disk: bytes, no signature.

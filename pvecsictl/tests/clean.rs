@@ -203,7 +203,7 @@ async fn clean_deletes_only_what_this_cluster_made_and_nothing_uses() {
 
     let a_bound = a.provision("pvc-a-bound", true).await;
     assert!(
-        a_bound.ends_with("/vm-9999-pvc-a-bound.csi-aaaa11112222"),
+        a_bound.ends_with("/vm-9999-pvc-a-bound.csf-aaaa11112222"),
         "the disk name carries cluster A's id: {a_bound}"
     );
     a.provision("pvc-a-orphan", false).await;
@@ -289,7 +289,7 @@ async fn clean_deletes_only_what_this_cluster_made_and_nothing_uses() {
     let after_a = disks(&sim).await;
     assert_eq!(
         gone(&before, &after_a),
-        ["local-lvm:vm-9999-pvc-a-orphan.csi-aaaa11112222"],
+        ["local-lvm:vm-9999-pvc-a-orphan.csf-aaaa11112222"],
         "{err}"
     );
 
@@ -299,7 +299,7 @@ async fn clean_deletes_only_what_this_cluster_made_and_nothing_uses() {
     let after_b = disks(&sim).await;
     assert_eq!(
         gone(&after_a, &after_b),
-        ["local-lvm:vm-9999-pvc-b-detached.csi-bbbb11112222"]
+        ["local-lvm:vm-9999-pvc-b-detached.csf-bbbb11112222"]
     );
 
     // Go volumes only when asked, and never one a VolumeSnapshotContent names.

@@ -125,7 +125,7 @@ async fn thick_lvm_disks_with_old_bytes_are_formatted_once_and_never_after_their
     // The first volume on san leaves its ext4 and 48 MiB of noise.
     let first = provision(&ctl, &sc, &Claim::new("first", "first", 1 << 30)).await;
     assert!(
-        first.handle.ends_with(&format!(".csi-{CLUSTER}")),
+        first.handle.ends_with(&format!(".csf-{CLUSTER}")),
         "{}",
         first.handle
     );
