@@ -47,6 +47,11 @@ pub enum Claim {
     Unmarked,
     /// Created blank for a filesystem and never claimed: this stage formats it.
     FirstStage,
+    /// Created blank, unclaimed, holding a signature made since its
+    /// allocation: staged by the general rules, and claimed only if its
+    /// filesystem is exactly the size a first stage makes (one whose claim
+    /// a crash kept from being written), never one covering the whole disk.
+    MadeSince,
     /// Claimed, at this byte: it has held its filesystem.
     Held(u64),
 }
@@ -79,14 +84,11 @@ impl Claim {
         raw: &Path,
         fs_device: &Path,
     ) -> Result<MkfsOptions, HostdError> {
-        if self == Self::Unmarked {
+        if self != Self::FirstStage {
             return Ok(opts);
         }
-        let raw_size = size_of(&mut open(raw, false)?, raw)?;
-        let fs_device_size = size_of(&mut open(fs_device, false)?, fs_device)?;
-        let at = claim_at(raw_size).unwrap_or(0);
         Ok(MkfsOptions {
-            size_bytes: fs_end(at, raw_size, fs_device_size),
+            size_bytes: first_stage_size(raw, fs_device)?,
             ..opts
         })
     }
@@ -99,12 +101,27 @@ impl Claim {
         device: &Path,
         actions: &mut Vec<String>,
     ) -> Result<(), HostdError> {
-        if self == Self::FirstStage {
+        if matches!(self, Self::FirstStage | Self::MadeSince) {
             let at = write(device, volume_id)?;
             actions.push(format!("claimed at byte {at}"));
         }
         Ok(())
     }
+}
+
+/// The size of the filesystem a first stage makes on `fs_device` (the disk
+/// `raw`, or its LUKS mapping): up to where the claim begins.
+pub fn first_stage_size(raw: &Path, fs_device: &Path) -> Result<u64, HostdError> {
+    let raw_size = size_of(&mut open(raw, false)?, raw)?;
+    let fs_device_size = size_of(&mut open(fs_device, false)?, fs_device)?;
+    let at = claim_at(raw_size).ok_or_else(|| {
+        HostdError::failed(
+            "claiming",
+            raw.display(),
+            format!("{raw_size} bytes leave no room for a claim"),
+        )
+    })?;
+    Ok(fs_end(at, raw_size, fs_device_size))
 }
 
 /// Where the claim goes on a disk of `size` bytes: 1 MiB before its end,
@@ -217,10 +234,13 @@ pub fn write(device: &Path, volume_id: &str) -> Result<u64, HostdError> {
             format!("{size} bytes leave no room for a claim"),
         )
     })?;
-    let mut block = Aligned::new();
-    block.buf().fill(0);
-    block.buf()[..KEY].copy_from_slice(&record(volume_id));
-    f.write_all_at(block.buf(), at)
+    // The whole reserved MiB: nothing a grown disk's new extents held
+    // (an end label of a removed volume) stays where libblkid looks.
+    let mut tail = vec![0u8; 2 * RESERVED as usize];
+    let start = tail.as_ptr().align_offset(BLOCK);
+    let tail = &mut tail[start..start + RESERVED as usize];
+    tail[..KEY].copy_from_slice(&record(volume_id));
+    f.write_all_at(tail, at)
         .and_then(|()| f.sync_all())
         .map_err(|e| HostdError::failed("writing the claim on", device.display(), e))?;
     Ok(at)

@@ -67,6 +67,38 @@ pub fn probe(device: &Path) -> Result<Contents, HostdError> {
     }
 }
 
+/// The size in bytes an ext2/3/4 or xfs filesystem on `device` says it
+/// has, from its primary superblock: ext4 `s_blocks_count_lo`/`_hi` times
+/// `1024 << s_log_block_size` (the high word only with the 64bit feature),
+/// xfs `sb_dblocks` times `sb_blocksize` (big-endian).
+pub fn fs_bytes(device: &Path) -> Result<Option<u64>, HostdError> {
+    use std::os::unix::fs::FileExt;
+    let mut head = [0u8; 2048];
+    std::fs::File::open(device)
+        .and_then(|f| f.read_exact_at(&mut head, 0))
+        .map_err(|e| HostdError::failed("reading the superblock of", device.display(), e))?;
+    let le32 = |o: usize| u32::from_le_bytes([head[o], head[o + 1], head[o + 2], head[o + 3]]);
+    if &head[0..4] == b"XFSB" {
+        let blocksize = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
+        let mut d = [0u8; 8];
+        d.copy_from_slice(&head[8..16]);
+        return Ok(u64::from_be_bytes(d).checked_mul(u64::from(blocksize)));
+    }
+    let sb = 1024;
+    if head[sb + 0x38..sb + 0x3a] == [0x53, 0xef] {
+        let incompat_64bit = le32(sb + 0x60) & 0x80 != 0;
+        let hi = if incompat_64bit {
+            u64::from(le32(sb + 0x150))
+        } else {
+            0
+        };
+        let blocks = (hi << 32) | u64::from(le32(sb + 0x04));
+        let block = 1024u64.checked_shl(le32(sb + 0x18)).unwrap_or(0);
+        return Ok(blocks.checked_mul(block));
+    }
+    Ok(None)
+}
+
 /// Reads the primary XFS superblock's `sb_inprogress` byte (offset 126),
 /// which mkfs.xfs sets first and clears last.
 fn xfs_in_progress(device: &Path) -> Result<bool, HostdError> {

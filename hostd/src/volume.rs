@@ -349,12 +349,17 @@ impl Volumes {
         } else {
             Claim::Unmarked
         };
-        if claim == Claim::FirstStage && formatted_since_allocation(device)? {
-            // Proxmox's lvcreate wipes the signatures a removed volume
-            // left; one found now was made since (the Go node plugin during
-            // a switch of drivers): the general rules decide, unclaimed.
+        // Proxmox's lvcreate wipes the signatures a removed volume left;
+        // one found now was made since: by this node's own first stage that
+        // did not finish (its note says so; nothing was mounted, so it is
+        // made again), or by another node's, or by the Go node plugin during
+        // a switch of drivers: then the general rules decide.
+        if claim == Claim::FirstStage
+            && !self.bindings.format_begun(volume_id, &disk)
+            && formatted_since_allocation(device)?
+        {
             tracing::info!(%volume_id, device = %device.display(), "a volume created blank holds a signature made since: staged by the general rules");
-            claim = Claim::Unmarked;
+            claim = Claim::MadeSince;
         }
         if claim == Claim::FirstStage {
             self.first_stage(
@@ -452,7 +457,18 @@ impl Volumes {
                 claim.write(volume_id, device, &mut actions)?;
                 self.bindings.end_format(volume_id)?;
             }
-            Contents::Filesystem(t) if t == fs_type.name() => {}
+            Contents::Filesystem(t) if t == fs_type.name() => {
+                // Made by a first stage whose claim a crash kept from being
+                // written: exactly its size, so the tail is free. A
+                // filesystem over the whole disk stays unclaimed.
+                if claim == Claim::MadeSince
+                    && probe::fs_bytes(fs_device)?
+                        == Some(claim::first_stage_size(device, fs_device)?)
+                {
+                    claim.write(volume_id, device, &mut actions)?;
+                }
+                self.bindings.end_format(volume_id)?;
+            }
             found => {
                 return Err(HostdError::HoldsData {
                     device: fs_device.to_path_buf(),

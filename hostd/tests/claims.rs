@@ -327,3 +327,58 @@ async fn a_volume_created_blank_that_another_node_plugin_formatted_is_staged_as_
         .unwrap();
     assert!(now == tail, "the filesystem's last MiB changed");
 }
+
+#[tokio::test]
+async fn a_first_stage_cut_off_before_its_claim_is_claimed_by_the_next_stage_elsewhere() {
+    if !require_root() {
+        return;
+    }
+    // Another node's first stage made the filesystem, short of the claim's
+    // MiB, and died before the claim: no note here, nothing mounted yet.
+    let mut env = Env::start().await;
+    for (i, (fs, mkfs, size_arg)) in [
+        ("ext4", "mkfs.ext4", format!("{}k", 511 * 1024)),
+        ("xfs", "mkfs.xfs", format!("size={}", 511 * MIB)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let vol = format!("r/pve1/local-lvm/vm-9999-pvc-cut-{fs}.csf-5bc58ec71c2d");
+        let wwn = env.disk_sized(60 + i as u32, 512 * MIB);
+        let img = env.image(&wwn);
+        leave_old_bytes(&img);
+        let st = if fs == "ext4" {
+            std::process::Command::new(mkfs)
+                .args(["-q", "-F"])
+                .arg(&img)
+                .arg(&size_arg)
+                .status()
+        } else {
+            std::process::Command::new(mkfs)
+                .args(["-q", "-f", "-d", &size_arg])
+                .arg(&img)
+                .status()
+        };
+        assert!(st.unwrap().success());
+        let staging = env.staging(&vol);
+        let r = env
+            .client
+            .stage(stage_req(&vol, &wwn, &staging, fs))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            r.actions
+                .iter()
+                .any(|a| a == &format!("claimed at byte {}", 511 * MIB))
+                && !r
+                    .actions
+                    .iter()
+                    .any(|a| a.contains("mkfs") || a.contains("wiped")),
+            "{fs}: {:?}",
+            r.actions
+        );
+        assert!(claim_at(&img, 511 * MIB), "{fs}");
+        env.client.unstage(unstage(&vol, &staging)).await.unwrap();
+    }
+}
