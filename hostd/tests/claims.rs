@@ -75,30 +75,41 @@ fn block_count(img: &Path) -> u64 {
     n("Block count:") * n("Block size:")
 }
 
+/// A 512 MiB disk holding what a removed volume left: its WWN and image.
+fn old_disk(env: &mut Env, n: u32) -> (String, std::path::PathBuf) {
+    let wwn = env.disk_sized(n, 512 * MIB);
+    let img = env.image(&wwn);
+    leave_old_bytes(&img);
+    (wwn, img)
+}
+
+/// A Stage that must pass: its actions.
+async fn stage_ok(env: &mut Env, vol: &str, wwn: &str, staging: &Path, fs: &str) -> Vec<String> {
+    env.client
+        .stage(stage_req(vol, wwn, staging, fs))
+        .await
+        .unwrap()
+        .into_inner()
+        .actions
+}
+
 #[tokio::test]
 async fn a_fresh_volume_holding_old_bytes_is_formatted_on_its_first_stage_and_claimed() {
     if !require_root() {
         return;
     }
     let mut env = Env::start().await;
-    let wwn = env.disk_sized(1, 512 * MIB);
-    let img = env.image(&wwn);
-    leave_old_bytes(&img);
+    let (wwn, img) = old_disk(&mut env, 1);
     let staging = env.staging(MARKED);
-    let r = env
-        .client
-        .stage(stage_req(MARKED, &wwn, &staging, "ext4"))
-        .await
-        .unwrap()
-        .into_inner();
+    let actions = stage_ok(&mut env, MARKED, &wwn, &staging, "ext4").await;
     assert!(
-        r.actions.iter().any(|a| a.starts_with("wiped"))
-            && r.actions.iter().any(|a| a == "mkfs ext4")
-            && r.actions
+        actions.iter().any(|a| a.starts_with("wiped"))
+            && actions.iter().any(|a| a == "mkfs ext4")
+            && actions
                 .iter()
                 .any(|a| a == &format!("claimed at byte {}", 511 * MIB)),
         "{:?}",
-        r.actions
+        actions
     );
     assert_eq!(mount_at(&staging).as_deref(), Some("ext4"));
     // A new filesystem, made short of the claim's MiB.
@@ -109,18 +120,13 @@ async fn a_fresh_volume_holding_old_bytes_is_formatted_on_its_first_stage_and_cl
     assert_eq!(block_count(&img), 511 * MIB);
 
     // Staged again: its own filesystem, never formatted.
-    let r = env
-        .client
-        .stage(stage_req(MARKED, &wwn, &staging, "ext4"))
-        .await
-        .unwrap()
-        .into_inner();
+    let actions = stage_ok(&mut env, MARKED, &wwn, &staging, "ext4").await;
     assert!(
-        !r.actions
+        !actions
             .iter()
             .any(|a| a.contains("mkfs") || a.contains("wiped")),
         "{:?}",
-        r.actions
+        actions
     );
     assert_eq!(
         std::fs::read(staging.join("kept")).unwrap(),
@@ -145,9 +151,7 @@ async fn a_disk_without_the_mark_keeps_the_refusal_of_old_bytes() {
     .into_iter()
     .enumerate()
     {
-        let wwn = env.disk_sized(10 + i as u32, 512 * MIB);
-        let img = env.image(&wwn);
-        leave_old_bytes(&img);
+        let (wwn, img) = old_disk(&mut env, 10 + i as u32);
         zero(&img, 0, 4 * MIB);
         let before = sha_of(&img);
         let staging = env.staging(vol);
@@ -172,14 +176,9 @@ async fn a_claimed_volume_whose_header_is_gone_is_never_formatted_again() {
         return;
     }
     let mut env = Env::start().await;
-    let wwn = env.disk_sized(20, 512 * MIB);
-    let img = env.image(&wwn);
-    leave_old_bytes(&img);
+    let (wwn, img) = old_disk(&mut env, 20);
     let staging = env.staging(MARKED);
-    env.client
-        .stage(stage_req(MARKED, &wwn, &staging, "ext4"))
-        .await
-        .unwrap();
+    stage_ok(&mut env, MARKED, &wwn, &staging, "ext4").await;
     env.client.unstage(unstage(MARKED, &staging)).await.unwrap();
     // Everything but the claim zeroed: no signature and no data sampled.
     zero(&img, 0, 511 * MIB);
@@ -214,10 +213,7 @@ async fn an_expansion_moves_the_claim_to_the_new_end_before_the_filesystem_grows
         let wwn = env.disk_sized(30 + i as u32, 512 * MIB);
         let img = env.image(&wwn);
         let staging = env.staging(&vol);
-        env.client
-            .stage(stage_req(&vol, &wwn, &staging, fs))
-            .await
-            .unwrap();
+        stage_ok(&mut env, &vol, &wwn, &staging, fs).await;
         grow(&img, &loop_of(&img), 1024 * MIB);
         let result = env
             .client
@@ -269,9 +265,7 @@ async fn a_first_stage_read_only_mounts_nothing_the_storage_left() {
         return;
     }
     let mut env = Env::start().await;
-    let wwn = env.disk_sized(40, 512 * MIB);
-    let img = env.image(&wwn);
-    leave_old_bytes(&img);
+    let (wwn, img) = old_disk(&mut env, 40);
     let before = sha_of(&img);
     let staging = env.staging(MARKED);
     let mut req = stage_req(MARKED, &wwn, &staging, "ext4");
@@ -291,9 +285,7 @@ async fn a_volume_created_blank_that_another_node_plugin_formatted_is_staged_as_
     // The Go node plugin formatted it while both drivers ran: a signature
     // made after the allocation, its data, and no claim.
     let mut env = Env::start().await;
-    let wwn = env.disk_sized(50, 512 * MIB);
-    let img = env.image(&wwn);
-    leave_old_bytes(&img);
+    let (wwn, img) = old_disk(&mut env, 50);
     run("mkfs.ext4", &["-q", "-F", "-L", "go-made"], &img);
     let tail = {
         let mut b = vec![0u8; MIB as usize];
@@ -304,18 +296,13 @@ async fn a_volume_created_blank_that_another_node_plugin_formatted_is_staged_as_
         b
     };
     let staging = env.staging(MARKED);
-    let r = env
-        .client
-        .stage(stage_req(MARKED, &wwn, &staging, "ext4"))
-        .await
-        .unwrap()
-        .into_inner();
+    let actions = stage_ok(&mut env, MARKED, &wwn, &staging, "ext4").await;
     assert!(
-        !r.actions
+        !actions
             .iter()
             .any(|a| a.contains("wiped") || a.contains("mkfs") || a.contains("claimed")),
         "{:?}",
-        r.actions
+        actions
     );
     assert_eq!(dumpe2fs(&img, "Filesystem volume name:"), "go-made");
     env.client.unstage(unstage(MARKED, &staging)).await.unwrap();
@@ -344,9 +331,7 @@ async fn a_first_stage_cut_off_before_its_claim_is_claimed_by_the_next_stage_els
     .enumerate()
     {
         let vol = format!("r/pve1/local-lvm/vm-9999-pvc-cut-{fs}.csf-5bc58ec71c2d");
-        let wwn = env.disk_sized(60 + i as u32, 512 * MIB);
-        let img = env.image(&wwn);
-        leave_old_bytes(&img);
+        let (wwn, img) = old_disk(&mut env, 60 + i as u32);
         let st = if fs == "ext4" {
             std::process::Command::new(mkfs)
                 .args(["-q", "-F"])
@@ -361,22 +346,16 @@ async fn a_first_stage_cut_off_before_its_claim_is_claimed_by_the_next_stage_els
         };
         assert!(st.unwrap().success());
         let staging = env.staging(&vol);
-        let r = env
-            .client
-            .stage(stage_req(&vol, &wwn, &staging, fs))
-            .await
-            .unwrap()
-            .into_inner();
+        let actions = stage_ok(&mut env, &vol, &wwn, &staging, fs).await;
         assert!(
-            r.actions
+            actions
                 .iter()
                 .any(|a| a == &format!("claimed at byte {}", 511 * MIB))
-                && !r
-                    .actions
+                && !actions
                     .iter()
                     .any(|a| a.contains("mkfs") || a.contains("wiped")),
             "{fs}: {:?}",
-            r.actions
+            actions
         );
         assert!(claim_at(&img, 511 * MIB), "{fs}");
         env.client.unstage(unstage(&vol, &staging)).await.unwrap();
