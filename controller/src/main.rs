@@ -39,6 +39,10 @@ struct Args {
     /// (1-16 of [a-z0-9]). Default: from the kube-system namespace's UID.
     #[arg(long, env = "PROXMOX_CSI_CLUSTER_ID", value_parser = ClusterId::parse)]
     cluster_id: Option<ClusterId>,
+    /// How often each Proxmox cluster's `GET /version` is asked, in
+    /// seconds (metric `proxmox_cluster_up`, and the log when it changes).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    cluster_check_interval: u64,
 }
 
 #[tokio::main]
@@ -55,6 +59,7 @@ async fn main() -> ExitCode {
         metrics_address: args.metrics_address,
         api_timeout: Duration::from_secs(args.api_timeout),
         cluster_id: args.cluster_id,
+        cluster_check_interval: Duration::from_secs(args.cluster_check_interval),
     };
     match server::run(opts, proxmox_csi_common::shutdown::signal_received()).await {
         Ok(()) => ExitCode::SUCCESS,

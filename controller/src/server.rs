@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use crate::config::{CloudConfig, ConfigError};
 use crate::csi::controller::ControllerService;
-use crate::csi::identity::Identity;
+use crate::csi::identity::{ClusterHealth, Identity};
 use crate::ctl::Controller;
 use crate::pve;
 use crate::volume::ClusterId;
@@ -43,6 +43,8 @@ pub struct Options {
     pub api_timeout: Duration,
     /// Set by the operator; else read from the cluster (`kube::cluster_id`).
     pub cluster_id: Option<ClusterId>,
+    /// How often each Proxmox cluster's health is checked.
+    pub cluster_check_interval: Duration,
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -75,13 +77,16 @@ pub async fn run(
     api_metrics.register(metrics.registry_mut());
     crate::warnings::register(metrics.registry_mut());
     crate::attach::register(metrics.registry_mut());
-    let metrics = Arc::new(metrics);
     let clients: Vec<Arc<pve::Client>> = clients.into_iter().map(Arc::new).collect();
-    let identity = Identity::new(
-        opts.driver_name.clone(),
+    let identity = Identity::new(opts.driver_name.clone());
+    let health = ClusterHealth::default();
+    health.register(metrics.registry_mut());
+    tokio::spawn(health.watch(
         clients.clone(),
         Duration::from_secs(5),
-    );
+        opts.cluster_check_interval,
+    ));
+    let metrics = Arc::new(metrics);
     let mut controller = Controller::new(clients, config.controller_vmid, Duration::from_secs(60));
     // Read as the Go driver reads it: exactly "true".
     controller.unsafe_mount = std::env::var("UNSAFEMOUNT").is_ok_and(|v| v == "true");

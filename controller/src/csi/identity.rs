@@ -1,10 +1,19 @@
-//! CSI Identity: who we are, what we can do, and whether every configured
-//! Proxmox cluster answers.
+//! CSI Identity: who we are, what we can do, and whether this process
+//! serves. Each configured Proxmox cluster's health is watched apart from
+//! Probe (`ClusterHealth`): one region's outage must not make the
+//! controller unready, which the liveness probe's 1 s timeout would turn
+//! into restarts and the sidecars' `ProbeForever` into a stall. The Go
+//! driver's Probe always answers ready too.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use proxmox_csi_proto::csi::v1 as csi;
 use tonic::{Request, Response, Status};
 
@@ -13,37 +22,87 @@ use crate::pve;
 #[derive(Debug)]
 pub struct Identity {
     driver_name: String,
-    clusters: Vec<Arc<pve::Client>>,
-    probe_timeout: Duration,
 }
 
 impl Identity {
-    pub fn new(
-        driver_name: String,
-        clusters: Vec<Arc<pve::Client>>,
-        probe_timeout: Duration,
-    ) -> Self {
-        Self {
-            driver_name,
-            clusters,
-            probe_timeout,
-        }
+    pub fn new(driver_name: String) -> Self {
+        Self { driver_name }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RegionLabel {
+    region: String,
+}
+
+/// Every configured cluster's answer to `GET /version`, asked every
+/// `interval`: exported as `proxmox_cluster_up{region}` (1 or 0) and
+/// logged when it changes, with the cause.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterHealth {
+    up: Family<RegionLabel, Gauge>,
+}
+
+impl ClusterHealth {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "proxmox_cluster_up",
+            "Whether the Proxmox cluster of a region answered GET /version at the last check",
+            self.up.clone(),
+        );
     }
 
-    /// Checks every cluster's `/version`; returns the failures, one line each.
-    async fn unreachable_clusters(&self) -> Vec<String> {
-        let checks = self.clusters.iter().map(|c| async move {
-            match tokio::time::timeout(self.probe_timeout, c.version()).await {
+    /// Checks every cluster once; `last` holds each region's last failure
+    /// (`None` while it answers), so that only changes are logged.
+    async fn check(
+        &self,
+        clusters: &[Arc<pve::Client>],
+        timeout: Duration,
+        last: &mut HashMap<String, Option<String>>,
+    ) {
+        let checks = clusters.iter().map(|c| async move {
+            let failure = match tokio::time::timeout(timeout, c.version()).await {
                 Ok(Ok(_)) => None,
                 Ok(Err(e)) => Some(e.to_string()),
                 Err(_) => Some(format!(
-                    "Proxmox cluster {}: GET /version: no answer within {:?}",
-                    c.region(),
-                    self.probe_timeout
+                    "Proxmox cluster {}: GET /version: no answer within {timeout:?}",
+                    c.region()
                 )),
-            }
+            };
+            (c.region().to_string(), failure)
         });
-        join_all(checks).await.into_iter().flatten().collect()
+        for (region, failure) in join_all(checks).await {
+            let labels = RegionLabel {
+                region: region.clone(),
+            };
+            self.up
+                .get_or_create(&labels)
+                .set(i64::from(failure.is_none()));
+            let before = last.insert(region.clone(), failure.clone());
+            match (before.flatten(), failure) {
+                (Some(_), None) => tracing::info!(%region, "Proxmox cluster answers again"),
+                (None, Some(cause)) => {
+                    tracing::warn!(%region, %cause, "Proxmox cluster not reachable")
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Checks every `interval` until the process ends; the first check at once.
+    pub async fn watch(
+        self,
+        clusters: Vec<Arc<pve::Client>>,
+        timeout: Duration,
+        interval: Duration,
+    ) {
+        let mut last = HashMap::new();
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.check(&clusters, timeout, &mut last).await;
+        }
     }
 }
 
@@ -69,16 +128,12 @@ impl csi::identity_server::Identity for Identity {
         }))
     }
 
+    /// Ready while this process serves: the clusters' health is
+    /// `proxmox_cluster_up` and the log, never a restart.
     async fn probe(
         &self,
         _: Request<csi::ProbeRequest>,
     ) -> Result<Response<csi::ProbeResponse>, Status> {
-        let failures = self.unreachable_clusters().await;
-        for f in &failures {
-            tracing::warn!(reason = %f, "probe: Proxmox cluster not reachable");
-        }
-        Ok(Response::new(csi::ProbeResponse {
-            ready: Some(failures.is_empty()),
-        }))
+        Ok(Response::new(csi::ProbeResponse { ready: Some(true) }))
     }
 }

@@ -196,11 +196,7 @@ async fn start(storage: &str, kind: &str) -> Target {
         .map(|c| pve::Client::new(c, Duration::from_secs(10), Default::default()).map(Arc::new))
         .collect::<Result<_, _>>()
         .expect("clients");
-    let ident = Identity::new(
-        "csi.proxmox.sinextra.dev".into(),
-        clients.clone(),
-        Duration::from_secs(5),
-    );
+    let ident = Identity::new("csi.proxmox.sinextra.dev".into());
     let ctl = ControllerService(Arc::new(Controller::new(
         clients,
         cfg.controller_vmid,
