@@ -5,13 +5,14 @@
 //! proves) may arrive holding another volume's bytes: thick LVM allocates
 //! extents as a removed volume left them unless the storage has `saferemove`
 //! (pve-storage src/PVE/Storage/LVMPlugin.pm `lvcreate` runs `lvcreate -aly
-//! -Wy`; `free_lvm_volumes_locked` zeroes only with `saferemove`). Its first
-//! stage formats it whatever it holds; no later stage ever does. A claim
-//! tells the two apart: 4 KiB that hostd writes into the disk's last MiB,
+//! -Wy`, which zeroes the first 4 KiB and wipes signatures;
+//! `free_lvm_volumes_locked` zeroes only with `saferemove`). Its first
+//! stage formats it whatever it holds, if no signature was made on it
+//! since; no later stage ever does. A claim tells the two apart: 4 KiB
+//! that hostd writes into the last MiB of the disk's last 512 MiB step,
 //! which the filesystem is made short of, after mkfs and before the first
-//! mount, so no data is ever in a volume without its claim. It names the
-//! volume by a hash of its handle: a claim in reused extents is another
-//! volume's, not this one's.
+//! mount. It names the volume by a hash of its handle: a claim in reused
+//! extents is another volume's, not this one's.
 //!
 //! Only hostd writes block devices, and the filesystem never covers the
 //! last MiB, so neither the node plugin nor a pod can remove a claim. An
