@@ -20,14 +20,14 @@
 //! over the old one; until it runs, the old end is found among the ends
 //! the controller's 512 MiB allocation step allows.
 
-use std::io::{Seek, SeekFrom};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
 use proxmox_csi_common::contract::{self, BlankFor};
 
+use crate::direct::{self, ALIGN, Aligned, open};
 use crate::error::HostdError;
 use crate::mkfs::MkfsOptions;
 
@@ -36,7 +36,6 @@ pub const RESERVED: u64 = 1 << 20;
 /// The controller allocates and grows volumes in steps of 512 MiB.
 const STEP: u64 = 512 << 20;
 const MAGIC: &[u8; 16] = b"proxmox-csi:cl1\n";
-const BLOCK: usize = 4096;
 /// Magic and hash: what a claim is compared on.
 const KEY: usize = 16 + 32;
 
@@ -113,16 +112,13 @@ impl Claim {
 /// The size of the filesystem a first stage makes on `fs_device` (the disk
 /// `raw`, or its LUKS mapping): up to where the claim begins.
 pub fn first_stage_size(raw: &Path, fs_device: &Path) -> Result<u64, HostdError> {
-    let raw_size = size_of(&mut open(raw, false)?, raw)?;
-    let fs_device_size = size_of(&mut open(fs_device, false)?, fs_device)?;
-    let at = claim_at(raw_size).ok_or_else(|| {
-        HostdError::failed(
-            "claiming",
-            raw.display(),
-            format!("{raw_size} bytes leave no room for a claim"),
-        )
-    })?;
-    Ok(fs_end(at, raw_size, fs_device_size))
+    let raw_size = direct::size(&mut open(raw, false)?, raw)?;
+    let fs_device_size = direct::size(&mut open(fs_device, false)?, fs_device)?;
+    Ok(fs_end(
+        claim_place(raw_size, raw)?,
+        raw_size,
+        fs_device_size,
+    ))
 }
 
 /// Where the claim goes on a disk of `size` bytes: 1 MiB before its end,
@@ -137,13 +133,24 @@ fn claim_at(size: u64) -> Option<u64> {
     }
 }
 
+/// [`claim_at`], or why `device` has no room for a claim.
+fn claim_place(size: u64, device: &Path) -> Result<u64, HostdError> {
+    claim_at(size).ok_or_else(|| {
+        HostdError::failed(
+            "claiming",
+            device.display(),
+            format!("{size} bytes leave no room for a claim"),
+        )
+    })
+}
+
 /// The size of a claimed volume's filesystem on its device of
 /// `device_size` bytes (the disk of `raw_size` bytes, or a LUKS mapping
 /// whose data starts `raw_size - device_size` into it): up to the claim at
 /// `at`. Sizes read after a growth only move the end down, never onto the claim.
 pub fn fs_end(at: u64, raw_size: u64, device_size: u64) -> u64 {
     let offset = raw_size.saturating_sub(device_size);
-    at.saturating_sub(offset) & !(BLOCK as u64 - 1)
+    at.saturating_sub(offset) & !(ALIGN as u64 - 1)
 }
 
 fn record(volume_id: &str) -> [u8; KEY] {
@@ -167,55 +174,14 @@ fn places(size: u64) -> Vec<u64> {
     at
 }
 
-/// A 4 KiB-aligned buffer, as O_DIRECT wants.
-struct Aligned {
-    storage: Vec<u8>,
-    start: usize,
-}
-
-impl Aligned {
-    fn new() -> Self {
-        let storage = vec![0u8; 2 * BLOCK];
-        let start = storage.as_ptr().align_offset(BLOCK);
-        Self { storage, start }
-    }
-
-    fn buf(&mut self) -> &mut [u8] {
-        &mut self.storage[self.start..self.start + BLOCK]
-    }
-}
-
-/// Opens `device` for direct I/O (the claim is read from the disk, never
-/// from a page cache another writer may have left stale); files that do not
-/// take O_DIRECT (a test's image on tmpfs) are opened plainly.
-fn open(device: &Path, write: bool) -> Result<std::fs::File, HostdError> {
-    let mut o = std::fs::OpenOptions::new();
-    o.read(true).write(write);
-    let direct = o
-        .clone()
-        .custom_flags(nix::libc::O_DIRECT | if write { nix::libc::O_SYNC } else { 0 })
-        .open(device);
-    match direct {
-        Ok(f) => Ok(f),
-        Err(_) => o
-            .open(device)
-            .map_err(|e| HostdError::failed("opening", device.display(), e)),
-    }
-}
-
-fn size_of(f: &mut std::fs::File, device: &Path) -> Result<u64, HostdError> {
-    f.seek(SeekFrom::End(0))
-        .map_err(|e| HostdError::failed("sizing", device.display(), e))
-}
-
 /// The byte offset of `volume_id`'s claim on `device`, if it has one.
 pub fn find(device: &Path, volume_id: &str) -> Result<Option<u64>, HostdError> {
     let want = record(volume_id);
     let mut f = open(device, false)?;
-    let size = size_of(&mut f, device)?;
-    let mut block = Aligned::new();
+    let size = direct::size(&mut f, device)?;
+    let mut block = Aligned::zeroed(ALIGN);
     for at in places(size) {
-        f.read_exact_at(block.buf(), at)
+        f.read_exact_at(block.buf_mut(), at)
             .map_err(|e| HostdError::failed("reading a claim on", device.display(), e))?;
         if block.buf()[..KEY] == want {
             return Ok(Some(at));
@@ -227,21 +193,13 @@ pub fn find(device: &Path, volume_id: &str) -> Result<Option<u64>, HostdError> {
 /// Writes `volume_id`'s claim at `device`'s current end, durably; the offset.
 pub fn write(device: &Path, volume_id: &str) -> Result<u64, HostdError> {
     let mut f = open(device, true)?;
-    let size = size_of(&mut f, device)?;
-    let at = claim_at(size).ok_or_else(|| {
-        HostdError::failed(
-            "claiming",
-            device.display(),
-            format!("{size} bytes leave no room for a claim"),
-        )
-    })?;
+    let size = direct::size(&mut f, device)?;
+    let at = claim_place(size, device)?;
     // The whole reserved MiB: nothing a grown disk's new extents held
     // (an end label of a removed volume) stays where libblkid looks.
-    let mut tail = vec![0u8; 2 * RESERVED as usize];
-    let start = tail.as_ptr().align_offset(BLOCK);
-    let tail = &mut tail[start..start + RESERVED as usize];
-    tail[..KEY].copy_from_slice(&record(volume_id));
-    f.write_all_at(tail, at)
+    let mut tail = Aligned::zeroed(RESERVED as usize);
+    tail.buf_mut()[..KEY].copy_from_slice(&record(volume_id));
+    f.write_all_at(tail.buf(), at)
         .and_then(|()| f.sync_all())
         .map_err(|e| HostdError::failed("writing the claim on", device.display(), e))?;
     Ok(at)
@@ -254,11 +212,10 @@ pub fn write(device: &Path, volume_id: &str) -> Result<u64, HostdError> {
 pub fn wipe(device: &Path) -> Result<(), HostdError> {
     const HEAD: u64 = 8 << 20;
     let mut f = open(device, true)?;
-    let size = size_of(&mut f, device)?;
-    let zeros = vec![0u8; 2 * RESERVED as usize];
-    let start = zeros.as_ptr().align_offset(BLOCK);
-    let chunk = &zeros[start..start + RESERVED as usize];
-    let tail = size.saturating_sub(RESERVED) / BLOCK as u64 * BLOCK as u64;
+    let size = direct::size(&mut f, device)?;
+    let zeros = Aligned::zeroed(RESERVED as usize);
+    let chunk = zeros.buf();
+    let tail = size.saturating_sub(RESERVED) / ALIGN as u64 * ALIGN as u64;
     let mut at = 0;
     let mut ranges = Vec::new();
     while at < HEAD.min(tail) {
@@ -267,7 +224,7 @@ pub fn wipe(device: &Path) -> Result<(), HostdError> {
     }
     ranges.push(tail);
     for at in ranges {
-        let len = usize::try_from((size - at).min(RESERVED)).unwrap_or(0) / BLOCK * BLOCK;
+        let len = usize::try_from((size - at).min(RESERVED)).unwrap_or(0) / ALIGN * ALIGN;
         f.write_all_at(&chunk[..len], at)
             .map_err(|e| HostdError::failed("wiping stale bytes on", device.display(), e))?;
     }

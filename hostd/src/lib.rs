@@ -5,6 +5,7 @@ pub mod bindings;
 pub mod blockdev;
 pub mod claim;
 pub mod device;
+pub mod direct;
 pub mod discovery;
 pub mod error;
 pub mod hardening;

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use libblkid_rs::{BlkidProbe, BlkidSafeprobeRet, BlkidSublks, BlkidSublksFlags};
 
+use crate::direct;
 use crate::error::HostdError;
 
 /// The signature found on a device, e.g. `ext4`, `crypto_LUKS`, `gpt`.
@@ -165,25 +166,14 @@ fn first_data_where(
     device: &Path,
     reads: impl FnOnce(u64) -> Vec<(u64, u64)>,
 ) -> Result<Option<u64>, HostdError> {
-    use std::io::{Seek, SeekFrom};
-    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    use std::os::unix::fs::FileExt;
     let fail = |e: std::io::Error| HostdError::failed("reading", device.display(), e);
-    // O_DIRECT: exactly the bytes sampled, no readahead around each sample
-    // and no page cache filled with a disk's zeros. Files that do not take
-    // it (a test's image on tmpfs) are read through the cache.
-    let direct = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_DIRECT)
-        .open(device);
-    let mut f = match direct {
-        Ok(f) => f,
-        Err(_) => std::fs::File::open(device).map_err(fail)?,
-    };
-    let size = f.seek(SeekFrom::End(0)).map_err(fail)?;
-    // O_DIRECT wants a buffer aligned to the logical block size (4 KiB covers all).
-    let mut storage = vec![0u8; (MIB + 4096) as usize];
-    let start = storage.as_ptr().align_offset(4096);
-    let buf = &mut storage[start..start + MIB as usize];
+    // Direct: exactly the bytes sampled, no readahead around each sample
+    // and no page cache filled with a disk's zeros.
+    let mut f = direct::open(device, false)?;
+    let size = direct::size(&mut f, device)?;
+    let mut storage = direct::Aligned::zeroed(MIB as usize);
+    let buf = storage.buf_mut();
     for (at, len) in reads(size) {
         let chunk = &mut buf[..usize::try_from(len).unwrap_or(0)];
         if let Err(e) = f.read_exact_at(chunk, at) {

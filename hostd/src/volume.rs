@@ -1503,11 +1503,10 @@ impl Volumes {
             });
         }
         // A claimed volume's claim goes to the new end first: the
-        // filesystem then grows up to it, over the old one.
-        let raw = staged.mapping.as_ref().map_or(&staged.name, |(_, d)| d);
-        // Only a volume holding its claim: one without (formatted whole by
-        // the Go node plugin) has no free tail to write into.
-        let raw = Path::new("/dev").join(raw);
+        // filesystem then grows up to it, over the old one. Only a volume
+        // holding its claim: one without (formatted whole by the Go node
+        // plugin) has no free tail to write into.
+        let raw = Path::new("/dev").join(&disk);
         let held = !place.layout.is_block()
             && self.resolver.proves_volume_id(&raw, &req.volume_id)
             && Claim::of(&req.volume_id, &raw)?.held_filesystem().is_some();
@@ -1530,11 +1529,9 @@ impl Volumes {
         if !place.layout.is_block() {
             // The end is the claim's, whatever the disk grew to since.
             let size = claim_at.and_then(|at| {
-                let raw_size =
-                    blockdev::size_of(staged.mapping.as_ref().map_or(&staged.name, |(_, d)| d))?;
                 Some(claim::fs_end(
                     at,
-                    raw_size,
+                    blockdev::size_of(&disk)?,
                     blockdev::size_of(&staged.name)?,
                 ))
             });
