@@ -345,6 +345,23 @@ async fn write_once(
         .filter(|p| p.pending.is_some() || p.delete.is_some())
         .map(|p| p.key.clone())
         .collect();
+    // Proxmox refuses to remove a disk of a protected VM. The controller's
+    // own VMs are unprotected for the write that removes one (and protected
+    // again by it); a worker's flag is the operator's, and is kept.
+    let own_vm = crate::vms::is_own(&cfg.values);
+    let protected = crate::vms::is_protected(&cfg.values);
+    let detaching = jobs.iter().any(|j| {
+        matches!(j.op, Op::Detach { .. })
+            && !drive::slots_with(&cfg.values, j.op.volid()).is_empty()
+    });
+    if protected && own_vm && detaching {
+        let lift = [
+            ("delete", "protection".to_string()),
+            ("digest", cfg.digest.clone()),
+        ];
+        client.update_config(node, vmid, &lift, d).await?;
+        return Ok(Round::Done);
+    }
     let mut taken: BTreeSet<String> = cfg
         .values
         .keys()
@@ -459,7 +476,14 @@ async fn write_once(
                 planned.insert(volid.clone(), Planned { slot, wwn, serial });
             }
             Op::Detach { volid } => {
-                if slots.is_empty() {
+                if protected && !slots.is_empty() {
+                    done.push((i, Err(CtlError::FailedPrecondition(format!(
+                        "VM {vmid} has Proxmox's protection flag set (protection: 1), under which Proxmox \
+                         refuses to remove its disks; {volid} stays attached as {}. Clear the flag \
+                         (qm set {vmid} --protection 0, or Options → Protection) and the detach is retried",
+                        slots.join(", ")
+                    )))));
+                } else if slots.is_empty() {
                     att.attachments
                         .record_absent(client.region(), volid, vmid)
                         .await;
@@ -486,6 +510,9 @@ async fn write_once(
     let mut form: Vec<(&str, String)> = sets.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     if !deletes.is_empty() {
         form.push(("delete", deletes.join(",")));
+    }
+    if own_vm && !protected {
+        form.push(("protection", "1".to_string()));
     }
     form.push(("digest", cfg.digest.clone()));
     att.writes

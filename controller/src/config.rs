@@ -82,6 +82,8 @@ pub struct CloudConfig {
     pub clusters: Vec<Cluster>,
     pub provider: Provider,
     pub controller_vmid: u32,
+    /// Where the controller's own VMs (holders, copy VMs) take their VMIDs.
+    pub vmid_range: VmidRange,
     /// Keys present in the file that this driver does not read, for a warning.
     pub ignored_keys: Vec<String>,
 }
@@ -103,6 +105,8 @@ struct RawFeatures {
     controller_vmid: Option<i64>,
     #[serde(rename = "controllerVMID")]
     controller_vmid_doc: Option<i64>,
+    #[serde(rename = "vmIDRange")]
+    vmid_range: Option<String>,
     #[serde(flatten)]
     other: BTreeMap<String, serde_norway::Value>,
 }
@@ -184,6 +188,15 @@ impl CloudConfig {
             }
         };
         let controller_vmid = controller_vmid(&raw.features)?;
+        let vmid_range = match raw.features.vmid_range.as_deref() {
+            None => VmidRange::above(controller_vmid),
+            Some(text) => {
+                VmidRange::parse(text, controller_vmid).map_err(|reason| ConfigError::Feature {
+                    key: "vmIDRange",
+                    reason,
+                })?
+            }
+        };
 
         let raw_clusters = raw.clusters.unwrap_or_default();
         if raw_clusters.is_empty() {
@@ -209,12 +222,89 @@ impl CloudConfig {
             clusters,
             provider,
             controller_vmid,
+            vmid_range,
             ignored_keys,
         })
     }
 
+    pub fn vmids(&self) -> VmIds {
+        VmIds {
+            controller: self.controller_vmid,
+            range: self.vmid_range,
+        }
+    }
+
     pub fn cluster(&self, region: &str) -> Option<&Cluster> {
         self.clusters.iter().find(|c| c.region == region)
+    }
+}
+
+/// The VMIDs the controller's own VMs take (`features.vmIDRange`,
+/// `LOW-HIGH`): by default every id above `controllerVmID`, where the Go
+/// driver's replication holders start (proxmox-csi-plugin pkg/csi/utils.go
+/// prepareReplication: `GetNextID(vmID+1)`), so that sites with fixed VMID
+/// ranges (Terraform, Cluster API) keep them free of the driver's VMs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmidRange {
+    pub low: u32,
+    pub high: u32,
+}
+
+/// The VMIDs the driver uses: the placeholder that owns its disks and
+/// must have no VM, and the range its own VMs take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmIds {
+    pub controller: u32,
+    pub range: VmidRange,
+}
+
+impl VmIds {
+    /// `controller` with the default range above it.
+    pub fn new(controller: u32) -> Self {
+        Self {
+            controller,
+            range: VmidRange::above(controller),
+        }
+    }
+}
+
+/// The largest VMID Proxmox accepts (pve-common JSONSchema.pm `pve-vmid`).
+pub const MAX_VMID: u32 = 999_999_999;
+
+impl VmidRange {
+    pub fn above(controller_vmid: u32) -> Self {
+        Self {
+            low: controller_vmid.saturating_add(1).min(MAX_VMID),
+            high: MAX_VMID,
+        }
+    }
+
+    pub fn parse(text: &str, controller_vmid: u32) -> Result<Self, String> {
+        let bad = || format!("{text:?} is not a VMID range: write LOW-HIGH, e.g. 10000-10999");
+        let (low, high) = text.trim().split_once('-').ok_or_else(bad)?;
+        let low: u32 = low.trim().parse().map_err(|_| bad())?;
+        let high: u32 = high.trim().parse().map_err(|_| bad())?;
+        if !(100..=MAX_VMID).contains(&low) || !(100..=MAX_VMID).contains(&high) || low > high {
+            return Err(format!(
+                "{text:?}: both ends must be VMIDs (100 to {MAX_VMID}), the first not above the second"
+            ));
+        }
+        if low == high && low == controller_vmid {
+            return Err(format!(
+                "{text:?} holds only controllerVmID {controller_vmid}, which owns the volumes and must have no VM"
+            ));
+        }
+        Ok(Self { low, high })
+    }
+
+    pub fn contains(&self, vmid: u32) -> bool {
+        (self.low..=self.high).contains(&vmid)
+    }
+}
+
+impl std::fmt::Display for VmidRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.low, self.high)
     }
 }
 

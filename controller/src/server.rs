@@ -70,6 +70,7 @@ pub async fn run(
     tracing::info!(
         ?regions,
         controller_vmid = config.controller_vmid,
+        vmid_range = %config.vmid_range,
         "cloud config loaded"
     );
 
@@ -88,6 +89,7 @@ pub async fn run(
     ));
     let metrics = Arc::new(metrics);
     let mut controller = Controller::new(clients, config.controller_vmid, Duration::from_secs(60));
+    controller.vmid_range = config.vmid_range;
     // Read as the Go driver reads it: exactly "true".
     controller.unsafe_mount = std::env::var("UNSAFEMOUNT").is_ok_and(|v| v == "true");
     if controller.unsafe_mount {

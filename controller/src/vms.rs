@@ -185,6 +185,22 @@ impl VmIndex {
     }
 }
 
+/// Every VM the controller creates carries this tag.
+pub const OWN_TAG: &str = "proxmox-csi";
+
+/// Whether a VM config is one of the controller's own VMs (its tag).
+pub fn is_own(cfg: &std::collections::BTreeMap<String, String>) -> bool {
+    cfg.get("tags")
+        .is_some_and(|t| t.split([';', ',', ' ']).any(|x| x == OWN_TAG))
+}
+
+/// Proxmox's `protection: 1` in a VM config: the VM may not be destroyed
+/// nor lose a disk while it is set (pve-guest-common
+/// src/PVE/AbstractConfig.pm check_protection).
+pub fn is_protected(cfg: &std::collections::BTreeMap<String, String>) -> bool {
+    cfg.get("protection").is_some_and(|v| v.trim() == "1")
+}
+
 /// The tag that names one of the controller's VMs: `csi-name.<name>` (a
 /// Proxmox tag, `[a-z0-9_][a-z0-9_\-+.]*`: pve-common
 /// src/PVE/JSONSchema.pm $PVE_TAG_RE; VM names are already `[a-z0-9-]`).

@@ -736,11 +736,14 @@ async fn detached_volumes_expand_through_a_holder_vm() {
         .unwrap()
         .clone();
     assert_eq!(vol["size"], 3u64 << 30);
-    // The holder VM is stopped, on the volume's node, and holds nothing afterwards.
-    let holder = e.admin("GET", "vms/100", "").await;
+    // The holder VM takes the first VMID above controllerVmID (9999), is
+    // stopped, on the volume's node, protected again after its disk left,
+    // and holds nothing afterwards.
+    let holder = e.admin("GET", "vms/10000", "").await;
     assert_eq!(holder["node"], "pve2");
     assert_eq!(holder["running"], false);
     assert_eq!(holder["config"]["name"], "proxmox-csi-holder-pve2");
+    assert_eq!(holder["config"]["protection"], "1", "{holder}");
     assert!(
         holder["config"]
             .as_object()
@@ -989,4 +992,63 @@ async fn changes_made_in_proxmox_behind_the_controllers_back() {
             .any(|v| v["volid"] == "local-lvm:vm-9999-pvc-oob3"),
         "the disk was deleted"
     );
+}
+
+#[tokio::test]
+async fn unpublish_from_a_protected_worker_names_protection_and_leaves_nothing_pending() {
+    // An operator protects worker-3 (Proxmox's `protection: 1`) while a
+    // volume is published to it.
+    let cluster = CLUSTER.replace(
+        "CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]",
+        "CSI: [VM.Audit, VM.Config.Disk, VM.Config.Options, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]",
+    );
+    let e = env_from(&cluster).await;
+    let v = create(&e, "pvc-prot", Some("pve2")).await;
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-3")))
+        .await
+        .unwrap();
+    e.api_write("PUT", "/nodes/pve2/qemu/113/config", &[("protection", "1")])
+        .await;
+
+    let err = e
+        .svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-3")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    for says in ["VM 113", "protection", "qm set 113 --protection 0"] {
+        assert!(err.message().contains(says), "{says:?}: {}", err.message());
+    }
+    let vm = e.vm(113).await;
+    assert!(
+        vm["config"]["scsi1"]
+            .as_str()
+            .is_some_and(|l| l.starts_with("local-lvm:vm-9999-pvc-prot")),
+        "the volume stays attached: {vm}"
+    );
+    assert!(
+        vm["pending"].as_object().unwrap().is_empty()
+            && vm["pending_delete"].as_object().unwrap().is_empty(),
+        "nothing left pending: {vm}"
+    );
+    assert_eq!(
+        vm["config"]["protection"], "1",
+        "the operator's flag is kept"
+    );
+
+    // Cleared by the operator: the retry detaches.
+    e.api_write(
+        "PUT",
+        "/nodes/pve2/qemu/113/config",
+        &[("delete", "protection")],
+    )
+    .await;
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-3")))
+        .await
+        .unwrap();
+    let vm = e.vm(113).await;
+    assert!(vm["config"].get("scsi1").is_none(), "{vm}");
+    assert!(vm["config"].get("protection").is_none(), "{vm}");
 }

@@ -339,6 +339,18 @@ fn workers(s: &State, out: &mut Vec<Finding>) {
                 "drain the node (the driver detaches them) before migrating its VM",
             ));
         }
+        // Proxmox refuses to remove a protected VM's disks (pve-guest-common
+        // AbstractConfig.pm check_protection, from qemu-server Qemu.pm
+        // update_vm_api): every unpublish from this worker fails.
+        if vm.config.get("protection").is_some_and(|p| p.trim() == "1") {
+            out.push(f(
+                "protection",
+                subject.as_str(),
+                Severity::Warning,
+                "protection: 1: Proxmox refuses to remove its disks, so no volume can be unpublished from it (attaching still works)",
+                format!("qm set {} --protection 0, or keep it and drain the node before protecting it", vm.res.vmid),
+            ));
+        }
         if !vm.pending.is_empty() {
             out.push(f(
                 "pending changes",

@@ -174,6 +174,7 @@ async fn run(args: Args) -> Result<bool> {
         .as_ref()
         .context("--config (the cloud config) is required for doctor, clean and migrate")?;
     let cfg = CloudConfig::load(config)?;
+    let vmids = cfg.vmids();
     let clients: Vec<Arc<Client>> = cfg
         .clusters
         .into_iter()
@@ -193,7 +194,7 @@ async fn run(args: Args) -> Result<bool> {
         let steps = pvecsictl::migrate::run(
             &k,
             &clients,
-            cfg.controller_vmid,
+            vmids,
             pvc,
             node,
             opts.options(),
@@ -208,7 +209,7 @@ async fn run(args: Args) -> Result<bool> {
         }
         return Ok(true);
     }
-    let state = State::read(&clients, &kube, cfg.controller_vmid, &args.driver_name).await?;
+    let state = State::read(&clients, &kube, vmids.controller, &args.driver_name).await?;
     match args.command {
         Command::Doctor => {
             let findings = pvecsictl::doctor::run(&state);

@@ -23,6 +23,7 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use proxmox_csi_controller::attach::Op;
+use proxmox_csi_controller::config::VmIds;
 use proxmox_csi_controller::ctl::{CSI_TAG, Controller, NewVm, VOLUME_TAG, drive_size};
 use proxmox_csi_controller::drive::{DriveLine, is_disk_key};
 use proxmox_csi_controller::pve::tasks::TaskState;
@@ -83,7 +84,7 @@ pub fn describe(p: &Plan, handle: &str) -> Vec<String> {
 pub async fn run(
     k: &Kube,
     clients: &[Arc<Client>],
-    controller_vmid: u32,
+    vmids: VmIds,
     claim: &str,
     to: &str,
     opts: Options,
@@ -181,7 +182,7 @@ pub async fn run(
     if opts.rollback {
         let ctl = Controller::new(
             vec![client.clone()],
-            controller_vmid,
+            vmids.controller,
             Duration::from_secs(60),
         );
         let d = Deadline::after(Duration::from_secs(60));
@@ -204,17 +205,7 @@ pub async fn run(
             )]);
         }
     }
-    let result = forward(
-        k,
-        client,
-        controller_vmid,
-        &mut plan,
-        &pv_name,
-        &id,
-        opts,
-        timeout,
-    )
-    .await;
+    let result = forward(k, client, vmids, &mut plan, &pv_name, &id, opts, timeout).await;
     for n in &plan.cordoned {
         let _ = k.set_unschedulable(n, false).await;
     }
@@ -225,7 +216,7 @@ pub async fn run(
 async fn forward(
     k: &Kube,
     client: Arc<Client>,
-    controller_vmid: u32,
+    vmids: VmIds,
     plan: &mut Plan,
     pv_name: &str,
     id: &VolumeId,
@@ -249,11 +240,12 @@ async fn forward(
     }
     k.remove_users(&users, &claims, &mut steps).await?;
 
-    let ctl = Controller::new(
+    let mut ctl = Controller::new(
         vec![client.clone()],
-        controller_vmid,
+        vmids.controller,
         Duration::from_secs(120),
     );
+    ctl.vmid_range = vmids.range;
     let new_volid = move_disk(&ctl, &client, plan, pv_name, id, d, &mut steps).await?;
 
     // The volume again, with its new handle and zone; then its claim.
@@ -397,8 +389,10 @@ async fn move_disk(
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
             let description = format!(
-                "Proxmox CSI volume {pv_name}, moved from {} to {} by pvecsictl. It is kept stopped, as unused0.\nDelete it through Kubernetes, not here.\n",
-                plan.from, plan.to
+                "Proxmox CSI volume {pv_name}, moved from {} to {} by pvecsictl, held as this VM's unused0.\n{}",
+                plan.from,
+                plan.to,
+                proxmox_csi_controller::ctl::OWNED_VM_NOTE
             );
             let vm = ctl
                 .new_vm(
@@ -505,16 +499,7 @@ async fn move_disk(
     }
     let cfg = client.vm_config(&plan.to, carrier.vmid, d()).await?;
     if cfg.values.contains_key("scsi0") {
-        client
-            .update_config(
-                &plan.to,
-                carrier.vmid,
-                &[
-                    ("delete", "scsi0".to_string()),
-                    ("digest", cfg.digest.clone()),
-                ],
-                d(),
-            )
+        ctl.remove_own_drives(client, &plan.to, carrier.vmid, cfg, &["scsi0"], d())
             .await?;
     }
     let cfg = client.vm_config(&plan.to, carrier.vmid, d()).await?.values;

@@ -27,7 +27,7 @@ storages:
   - { id: san-safe, type: lvm, shared: true, saferemove: true, total: 107374182400 }
 vms:
   - { vmid: 112, node: pve2, name: worker-2, config: { scsihw: virtio-scsi-single, scsi1: "local-lvm:vm-9999-pvc-bound,backup=0,size=1G" } }
-  - { vmid: 113, node: pve2, name: worker-3, config: { scsihw: lsi, unused0: "local-lvm:vm-9999-pvc-unused" } }
+  - { vmid: 113, node: pve2, name: worker-3, config: { scsihw: lsi, protection: "1", unused0: "local-lvm:vm-9999-pvc-unused" } }
 volumes:
   - { volid: "local-lvm:vm-9999-pvc-bound", node: pve2, size: 1073741824 }
   - { volid: "local-lvm:vm-9999-pvc-orphan", node: pve1, size: 2147483648 }
@@ -328,6 +328,21 @@ async fn doctor_finds_what_breaks_with_remedies() {
             Severity::Error,
             "qm set 113 --revert scsi5"
         ),
+        "{findings:#?}"
+    );
+    assert!(
+        has(
+            "protection",
+            "VM 113 (worker-3)",
+            Severity::Warning,
+            "qm set 113 --protection 0"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        !findings
+            .iter()
+            .any(|x| x.check == "protection" && x.subject == "VM 112 (worker-2)"),
         "{findings:#?}"
     );
     assert!(

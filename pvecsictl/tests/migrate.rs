@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use proxmox_csi_controller::config::CloudConfig;
+use proxmox_csi_controller::config::{CloudConfig, VmIds};
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::ctl::Controller;
 use proxmox_csi_controller::pve::Client;
@@ -87,7 +87,7 @@ async fn migrate_moves_a_local_volume_with_the_token() {
     let plan = migrate::run(
         &k,
         &clients,
-        9999,
+        VmIds::new(9999),
         "data",
         "pve1",
         Options {
@@ -110,7 +110,7 @@ async fn migrate_moves_a_local_volume_with_the_token() {
     let err = migrate::run(
         &k,
         &clients,
-        9999,
+        VmIds::new(9999),
         "data",
         "pve2",
         Options::default(),
@@ -124,7 +124,7 @@ async fn migrate_moves_a_local_volume_with_the_token() {
     let steps = migrate::run(
         &k,
         &clients,
-        9999,
+        VmIds::new(9999),
         "data",
         "pve1",
         Options::default(),
@@ -142,7 +142,10 @@ async fn migrate_moves_a_local_volume_with_the_token() {
         .cloned()
         .expect("a carrier VM");
     let cid = carrier["vmid"].as_u64().unwrap();
+    assert!(cid > 9999, "above controllerVmID: {carrier}");
     assert_eq!(carrier["node"], "pve1");
+    // Protected again after its scsi0 became unused0.
+    assert_eq!(carrier["config"]["protection"], "1", "{carrier}");
     assert_eq!(
         carrier["config"]["tags"],
         "proxmox-csi;csi-volume;csi-name.pvc-m-moved"
@@ -275,7 +278,7 @@ async fn an_interrupted_migration_is_resumed_or_rolled_back() {
         let err = migrate::run(
             &k,
             &clients,
-            9999,
+            VmIds::new(9999),
             "data",
             "pve1",
             Options::default(),
@@ -293,7 +296,7 @@ async fn an_interrupted_migration_is_resumed_or_rolled_back() {
             rollback,
             ..Default::default()
         };
-        let steps = migrate::run(&k, &clients, 9999, "data", "pve1", opts, HOURS)
+        let steps = migrate::run(&k, &clients, VmIds::new(9999), "data", "pve1", opts, HOURS)
             .await
             .unwrap();
         let pv = ks.get("persistentvolumes", "", "pvc-m").unwrap();
@@ -408,7 +411,7 @@ async fn migrate_keeps_the_disk_with_finalizers_an_attachment_and_a_lagging_bind
     let steps = migrate::run(
         &k,
         &clients,
-        9999,
+        VmIds::new(9999),
         "data",
         "pve1",
         Options::default(),

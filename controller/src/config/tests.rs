@@ -228,3 +228,39 @@ fn a_refusal_never_quotes_the_file() {
         );
     }
 }
+
+#[test]
+fn vmid_range_defaults_above_the_controller_vmid_and_names_bad_input() {
+    let c = CloudConfig::parse(GOOD).unwrap();
+    assert_eq!(
+        c.vmid_range,
+        VmidRange {
+            low: 9999,
+            high: MAX_VMID
+        }
+    );
+    let with = |r: &str| {
+        CloudConfig::parse(&GOOD.replace(
+            "  controllerVmID: 9998\n",
+            &format!("  controllerVmID: 9998\n  vmIDRange: \"{r}\"\n"),
+        ))
+    };
+    assert_eq!(
+        with("20000-20999").unwrap().vmid_range,
+        VmidRange {
+            low: 20000,
+            high: 20999
+        }
+    );
+    for (bad, says) in [
+        ("20000", "write LOW-HIGH"),
+        ("a-b", "write LOW-HIGH"),
+        ("20999-20000", "the first not above the second"),
+        ("50-200", "both ends must be VMIDs"),
+        ("9998-9998", "holds only controllerVmID 9998"),
+    ] {
+        let e = with(bad).unwrap_err().to_string();
+        assert!(e.starts_with("features.vmIDRange: "), "{bad}: {e}");
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}

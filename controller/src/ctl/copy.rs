@@ -96,14 +96,15 @@ fn describe(spec: &CopySpec, created: i64) -> String {
         "volume"
     };
     format!(
-        "Proxmox CSI {what} {name}, a copy of {src}. It is kept stopped, as unused0.\n\
-         Delete it through Kubernetes, not here.\n\
+        "Proxmox CSI {what} {name}, a copy of {src}, held as this VM's unused0.\n\
+         {owned}\
          csi-source={src}\n\
          csi-storage={storage}\n\
          csi-created={created}\n",
         name = spec.name,
         src = spec.source_handle,
         storage = spec.storage,
+        owned = super::holder::OWNED,
     )
 }
 
@@ -290,16 +291,7 @@ impl Controller {
                     continue;
                 }
                 // Without `force` the VM keeps its disk as unused0.
-                client
-                    .update_config(
-                        &vm.node,
-                        vm.vmid,
-                        &[
-                            ("delete", "scsi0".to_string()),
-                            ("digest", cfg.digest.clone()),
-                        ],
-                        d,
-                    )
+                self.remove_own_drives(client, &vm.node, vm.vmid, cfg, &["scsi0"], d)
                     .await?;
                 continue;
             }
@@ -384,13 +376,16 @@ impl Controller {
         }
     }
 
-    /// Destroys a copy VM and the volume it owns.
+    /// Destroys a copy VM and the volume it owns: the only place its
+    /// protection is lifted for good.
     pub async fn destroy_copy(
         &self,
         client: &Client,
         vm: &VmResource,
         d: Deadline,
     ) -> Result<(), CtlError> {
+        let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
+        self.unprotect(client, &vm.node, vm.vmid, &cfg, d).await?;
         client.destroy_vm(&vm.node, vm.vmid, d).await.map_err(|e| {
             match e.status().map(|s| s.as_u16()) {
                 Some(403) => CtlError::FailedPrecondition(format!(

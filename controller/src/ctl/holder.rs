@@ -6,21 +6,30 @@
 //! Creating one needs `NEW_VM_PRIVILEGES` beyond the minimal role; the
 //! error says so.
 
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
 use reqwest::Method;
 use serde_json::Value;
 
 use super::Controller;
 use crate::error::CtlError;
-use crate::pve::api::VmResource;
+use crate::pve::api::{VmConfig, VmResource};
 use crate::pve::{Client, Deadline, ErrorKind, PveError};
-use crate::vms::name_tag;
+use crate::vms::{is_protected, name_tag};
 
 /// Every VM the controller creates carries this tag.
-pub const TAG: &str = "proxmox-csi";
+pub const TAG: &str = crate::vms::OWN_TAG;
 
 pub fn holder_name(node: &str) -> String {
     format!("proxmox-csi-holder-{node}")
 }
+
+/// The close of every description the controller writes: who owns the VM
+/// and what destroying it costs, for whoever finds it in the UI.
+pub const OWNED: &str = "Owned by the Proxmox CSI driver: destroying this VM destroys the volume data it holds. \
+It is kept stopped and protected (protection: 1); the driver removes it when its Kubernetes object is deleted. \
+Delete that object, not this VM.\n";
 
 /// A new VM's identity and notes.
 #[derive(Debug)]
@@ -43,8 +52,9 @@ impl Controller {
         let vm = NewVm {
             name: &name,
             kind: "csi-holder",
-            description: "Holds Proxmox CSI disks while they are changed offline. Keep it stopped."
-                .into(),
+            description: format!(
+                "Proxmox CSI holder VM of node {node}: volumes visit it while Proxmox changes them offline (a resize).\n{OWNED}"
+            ),
         };
         let vmid = self.new_vm(client, node, &vm, d).await?.vmid;
         tracing::info!(node, vmid, "holder VM created");
@@ -82,6 +92,13 @@ impl Controller {
                 ("cores", "1".to_string()),
                 ("scsihw", "virtio-scsi-single".to_string()),
                 ("description", vm.description.clone()),
+                // Proxmox then refuses to destroy the VM or remove its
+                // disks until the flag is lifted (pve-guest-common
+                // AbstractConfig.pm check_protection, from qemu-server
+                // Qemu.pm destroy_vm and update_vm_api): a VM holding a
+                // volume's data is not lost to a click or to IaC that
+                // prunes unknown VMs.
+                ("protection", "1".to_string()),
             ];
             match client.create_vm(node, &form, d).await {
                 Ok(()) => {
@@ -107,27 +124,93 @@ impl Controller {
         )))
     }
 
-    /// The next free VMID, never the placeholder's: `/cluster/nextid`
-    /// picks the lowest free id of the datacenter's next-id range
-    /// (pve-manager PVE/API2/Cluster.pm nextid), and the placeholder VMID
-    /// usually has no VM, so it may well be that one. A VM under it would
-    /// own every CSI disk, and destroying it would free them all. Proxmox
-    /// answers the id as a JSON string; a number is taken too.
+    /// Lifts `protection` from one of the controller's own VMs, for its own
+    /// destroy or disk removal (both refused while it is set; a change of
+    /// the flag itself is not, and needs `VM.Config.Options`: qemu-server
+    /// Qemu.pm $generaloptions). `cfg` is the config as last read; the
+    /// answer says whether the flag was lifted (the config changed).
+    pub async fn unprotect(
+        &self,
+        client: &Client,
+        node: &str,
+        vmid: u32,
+        cfg: &VmConfig,
+        d: Deadline,
+    ) -> Result<bool, CtlError> {
+        if !is_protected(&cfg.values) {
+            return Ok(false);
+        }
+        let form = [
+            ("delete", "protection".to_string()),
+            ("digest", cfg.digest.clone()),
+        ];
+        client
+            .update_config(node, vmid, &form, d)
+            .await
+            .map_err(|e| match e.kind() {
+                ErrorKind::PermissionDenied => CtlError::FailedPrecondition(format!(
+                    "lifting the protection of the driver's own VM {vmid} before changing its disks: {}; \
+                     grant VM.Config.Options on /vms/{vmid} to the CSI role",
+                    e.message()
+                )),
+                _ => CtlError::from(e),
+            })?;
+        Ok(true)
+    }
+
+    /// Removes drive `keys` from one of the controller's own VMs (without
+    /// `force`, so a disk the VM owns stays as `unusedN`), and protects the
+    /// VM again in the same write: qemu-server's update_vm_api checks each
+    /// delete against the config as it is, then applies the new options.
+    pub async fn remove_own_drives(
+        &self,
+        client: &Client,
+        node: &str,
+        vmid: u32,
+        cfg: VmConfig,
+        keys: &[&str],
+        d: Deadline,
+    ) -> Result<(), CtlError> {
+        let cfg = if self.unprotect(client, node, vmid, &cfg, d).await? {
+            client.vm_config(node, vmid, d).await?
+        } else {
+            cfg
+        };
+        let form = [
+            ("delete", keys.join(",")),
+            ("protection", "1".to_string()),
+            ("digest", cfg.digest.clone()),
+        ];
+        Ok(client.update_config(node, vmid, &form, d).await?)
+    }
+
+    /// The lowest free VMID of `vmid_range`, never the placeholder's: a VM
+    /// under `controllerVmID` would own every CSI disk, and destroying it
+    /// would free them all. The cluster's VM list gives the candidates;
+    /// `/cluster/nextid?vmid=N` confirms each against VMs the token may not
+    /// see (pve-manager PVE/API2/Cluster.pm nextid: 400 "VM N already
+    /// exists"), as the Go driver's go-proxmox GetNextID probes. An id handed
+    /// out lately is skipped while a create under it may still be running.
     async fn next_vmid(&self, client: &Client, d: Deadline) -> Result<u32, CtlError> {
         let parse = |v: &Value| match v {
             Value::String(s) => s.parse::<u32>().ok(),
             Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
             _ => None,
         };
-        let first: Value = client.call(Method::GET, "/cluster/nextid", &[], d).await?;
-        let id = parse(&first)
-            .ok_or_else(|| CtlError::Unavailable(format!("/cluster/nextid answered {first}")))?;
-        if id != self.controller_vmid {
-            return Ok(id);
-        }
-        // The placeholder's id is free: ask for the ids after it, one by one
-        // (`vmid` makes nextid check that id: 400 "VM N already exists").
-        for candidate in (id + 1..).take(100) {
+        // The list may be old: nextid below has the last word.
+        let listed: HashSet<u32> = self
+            .vms
+            .all(client, d)
+            .await?
+            .into_iter()
+            .map(|v| v.vmid)
+            .collect();
+        let range = self.vmid_range;
+        let candidates = (range.low..=range.high)
+            .filter(|id| *id != self.controller_vmid && !listed.contains(id))
+            .filter(|id| !self.recent_vmids.recent(*id));
+        for candidate in candidates.take(100) {
+            self.recent_vmids.hand_out(candidate);
             match client
                 .call::<Value>(
                     Method::GET,
@@ -137,19 +220,42 @@ impl Controller {
                 )
                 .await
             {
+                Ok(v) if parse(&v) == Some(candidate) => return Ok(candidate),
                 Ok(v) => {
-                    return parse(&v).ok_or_else(|| {
-                        CtlError::Unavailable(format!("/cluster/nextid answered {v}"))
-                    });
+                    return Err(CtlError::Unavailable(format!(
+                        "/cluster/nextid?vmid={candidate} answered {v}"
+                    )));
                 }
                 Err(e) if e.status().is_some_and(|s| s.as_u16() == 400) => continue,
                 Err(e) => return Err(e.into()),
             }
         }
         Err(CtlError::ResourceExhausted(format!(
-            "no free VMID after the placeholder VMID {}: the next 100 are taken",
-            self.controller_vmid
+            "no free VMID in features.vmIDRange {range} (the cloud config's range for the driver's own VMs): \
+             widen it or free one"
         )))
+    }
+}
+
+/// VMIDs handed to creates in the last five minutes (the Go driver's
+/// go-proxmox GetNextID keeps the same window).
+#[derive(Debug, Default)]
+pub struct RecentVmids(std::sync::Mutex<HashMap<u32, Instant>>);
+
+const RECENT: Duration = Duration::from_secs(300);
+
+impl RecentVmids {
+    fn recent(&self, vmid: u32) -> bool {
+        self.0
+            .lock()
+            .is_ok_and(|m| m.get(&vmid).is_some_and(|at| at.elapsed() < RECENT))
+    }
+
+    fn hand_out(&self, vmid: u32) {
+        if let Ok(mut m) = self.0.lock() {
+            m.retain(|_, at| at.elapsed() < RECENT);
+            m.insert(vmid, Instant::now());
+        }
     }
 }
 

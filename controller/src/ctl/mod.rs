@@ -31,7 +31,7 @@ use crate::volume::VolumeId;
 pub use capability::check_capabilities;
 pub use clone::VOLUME_TAG;
 pub use copy::{drive_size, vm_name};
-pub use holder::{NewVm, TAG as CSI_TAG};
+pub use holder::{NewVm, OWNED as OWNED_VM_NOTE, TAG as CSI_TAG};
 pub use replicate::REPLICATED_TAG;
 pub use snapshot::{SNAPSHOT_TAG, SnapshotId, snapshot_class_warnings};
 
@@ -40,6 +40,11 @@ pub use snapshot::{SNAPSHOT_TAG, SnapshotId, snapshot_class_warnings};
 pub struct Controller {
     pub clients: HashMap<String, Arc<Client>>,
     pub controller_vmid: u32,
+    /// Where the controller's own VMs take their VMIDs.
+    pub vmid_range: crate::config::VmidRange,
+    /// VMIDs handed to a create lately, kept from the next one while
+    /// Proxmox may not list them yet.
+    recent_vmids: holder::RecentVmids,
     pub vms: Arc<VmIndex>,
     pub attacher: Arc<Attacher>,
     imports: copy::Imports,
@@ -81,6 +86,8 @@ impl Controller {
                 .map(|c| (c.region().to_string(), c))
                 .collect(),
             controller_vmid,
+            vmid_range: crate::config::VmidRange::above(controller_vmid),
+            recent_vmids: holder::RecentVmids::default(),
             vms: vms.clone(),
             attacher: Arc::new(Attacher::new(vms)),
             imports: copy::Imports::default(),

@@ -130,10 +130,10 @@ impl Controller {
                     name: &name,
                     kind: REPLICATED_TAG,
                     description: format!(
-                        "Proxmox CSI volume {}, replicated to {}. It is kept stopped and moves to the node that uses the volume.\n\
-                         Delete it through Kubernetes, not here.\n",
+                        "Proxmox CSI volume {}, replicated to {}: this VM holds it as scsi0 and moves to the node that uses it.\n{}",
                         r.name,
-                        params.replicate_zones.join(", ")
+                        params.replicate_zones.join(", "),
+                        super::holder::OWNED
                     ),
                 };
                 self.new_vm(client, node, &new, d).await?

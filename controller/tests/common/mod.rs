@@ -65,6 +65,11 @@ pub async fn env_with_role(privileges: &str) -> Env {
     .await
 }
 
+/// A controller built by `f` on a cluster of the caller's own (pvesim state YAML).
+pub async fn env_from_with(cluster: &str, f: impl FnOnce(Controller) -> Controller) -> Env {
+    build(cluster, f).await
+}
+
 /// A controller on a cluster of the caller's own (pvesim state YAML).
 pub async fn env_from(cluster: &str) -> Env {
     build(cluster, |c| c).await

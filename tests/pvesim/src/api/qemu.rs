@@ -436,6 +436,26 @@ fn stage_update(
 
     for key in delete_list(call) {
         let vm = common::vm_mut(c, node, vmid)?;
+        // Each delete is checked against the config as it stands, before
+        // any new option of the same request (`protection` included) is
+        // applied; deletes done before the refusal stay written
+        // (qemu-server src/PVE/API2/Qemu.pm $update_vm_api, the `@delete`
+        // loop; pve-guest-common src/PVE/AbstractConfig.pm check_protection).
+        if vm.config.get("protection").is_some_and(|p| p == "1") {
+            if drive::is_unused_key(&key)
+                && let Some(v) = vm.config.get(&key)
+            {
+                let file = v.split(',').next().unwrap_or_default();
+                return Err(ApiError::die(format!(
+                    "can't remove unused disk '{file}' - protection mode enabled"
+                )));
+            }
+            if drive::is_drive_key(&key) {
+                return Err(ApiError::die(format!(
+                    "can't remove drive '{key}' - protection mode enabled"
+                )));
+            }
+        }
         if drive::is_unused_key(&key) {
             if let Some(v) = vm.config.remove(&key) {
                 let (storage, volname) = common::split_volid(&v)?;

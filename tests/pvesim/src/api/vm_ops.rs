@@ -129,6 +129,12 @@ pub async fn destroy(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     {
         let c = ctx.cluster();
         let vm = common::vm(&c, &node, vmid)?;
+        // qemu-server src/PVE/API2/Qemu.pm destroy_vm $early_checks.
+        if vm.config.get("protection").is_some_and(|p| p == "1") {
+            return Err(ApiError::die(format!(
+                "can't remove VM {vmid} - protection mode enabled"
+            )));
+        }
         if vm.running {
             return Err(ApiError::die(format!(
                 "VM {vmid} is running - destroy failed"
