@@ -125,16 +125,18 @@ fn capability<'a>(
     }
 }
 
-/// ext4 (the default), xfs, and ext3 and ext2, which the Go driver formats
-/// too (it hands any type to mkfs.<type>; its image has e2fsprogs and
-/// xfsprogs only).
+/// One of `contract::FS_TYPES`; none given is the first (ext4).
 fn fs_type(field: &str, v: &str) -> Result<String, AgentError> {
+    use proxmox_csi_common::contract::{FS_TYPES, fs_types_allowed};
     match v {
-        "" | "ext4" => Ok("ext4".into()),
-        "xfs" | "ext3" | "ext2" => Ok(v.into()),
+        "" => Ok(FS_TYPES[0].into()),
+        v if FS_TYPES.contains(&v) => Ok(v.into()),
         other => Err(AgentError::invalid(
             field,
-            format!("{other:?} is not supported; allowed: ext4, xfs, ext3, ext2"),
+            format!(
+                "{other:?} is not supported; allowed: {}",
+                fs_types_allowed()
+            ),
         )),
     }
 }

@@ -14,6 +14,17 @@ pub const CTX_LUN: &str = "lun";
 /// Publish context the Go driver's node plugin reads: `/dev/disk/by-id/wwn-<wwn>`.
 pub const CTX_GO_DEVICE_PATH: &str = "DevicePath";
 
+/// The filesystems a volume may be formatted with, the default first: ext4
+/// and xfs, and ext2 and ext3, which the Go driver formats too (it hands any
+/// type to mkfs.<type>, and its image has e2fsprogs and xfsprogs only). The
+/// controller, the node plugin and hostd accept exactly these.
+pub const FS_TYPES: [&str; 4] = ["ext4", "xfs", "ext3", "ext2"];
+
+/// `FS_TYPES` as an error message lists them.
+pub fn fs_types_allowed() -> String {
+    FS_TYPES.join(", ")
+}
+
 /// Prefix of every serial [`serial_for`] makes: a disk whose serial starts
 /// with it was attached by this driver, and belongs to exactly one handle.
 pub const SERIAL_PREFIX: &str = "csi-";

@@ -114,7 +114,7 @@ struct RawFeatures {
 #[derive(Deserialize, Default)]
 struct RawCluster {
     url: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "yaml11_bool")]
     insecure: bool,
     token_id: Option<String>,
     token_id_file: Option<PathBuf>,
@@ -205,7 +205,7 @@ impl CloudConfig {
         let mut clusters: Vec<Cluster> = Vec::with_capacity(raw_clusters.len());
         for (index, rc) in raw_clusters.into_iter().enumerate() {
             ignored_keys.extend(rc.other.keys().map(|k| format!("clusters[{index}].{k}")));
-            let cluster = parse_cluster(index, rc)?;
+            let cluster = parse_cluster(index, rc, &mut ignored_keys)?;
             if let Some(first) = clusters.iter().position(|c| c.region == cluster.region) {
                 return Err(ConfigError::Cluster {
                     index,
@@ -308,6 +308,32 @@ impl std::fmt::Display for VmidRange {
     }
 }
 
+/// A boolean as the Go driver's yaml.v3 reads one into a `bool` field:
+/// YAML 1.2's true/false, and YAML 1.1's y/yes/on and n/no/off in their
+/// three spellings (go-yaml/yaml v3 decode.go `unmarshal`, reflect.Bool:
+/// "This offers some compatibility with the 1.1 spec").
+fn yaml11_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Bool(bool),
+        Text(String),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Bool(b) => Ok(b),
+        Raw::Text(t) => match t.as_str() {
+            "true" | "True" | "TRUE" | "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => {
+                Ok(true)
+            }
+            "false" | "False" | "FALSE" | "n" | "N" | "no" | "No" | "NO" | "off" | "Off"
+            | "OFF" => Ok(false),
+            other => Err(serde::de::Error::custom(format!(
+                "{other:?} is not a boolean: write true or false"
+            ))),
+        },
+    }
+}
+
 fn controller_vmid(f: &RawFeatures) -> Result<u32, ConfigError> {
     let value = match (f.controller_vmid, f.controller_vmid_doc) {
         (Some(a), Some(b)) if a != b => {
@@ -333,7 +359,12 @@ fn controller_vmid(f: &RawFeatures) -> Result<u32, ConfigError> {
     Ok(value as u32)
 }
 
-fn parse_cluster(index: usize, rc: RawCluster) -> Result<Cluster, ConfigError> {
+/// One `clusters[]` entry; keys it leaves unread are added to `ignored`.
+fn parse_cluster(
+    index: usize,
+    rc: RawCluster,
+    ignored: &mut Vec<String>,
+) -> Result<Cluster, ConfigError> {
     let err = |key: &'static str, reason: String| ConfigError::Cluster { index, key, reason };
 
     let url = match rc.url.as_deref().map(str::trim) {
@@ -363,6 +394,20 @@ fn parse_cluster(index: usize, rc: RawCluster) -> Result<Cluster, ConfigError> {
     let username = rc.username.filter(|u| !u.trim().is_empty());
 
     let uses_token = token_id.is_some() || token_secret.is_some();
+    // As the Go driver: only a username with a password counts as a login
+    // (pkg/config/config.go ReadCloudConfig `hasUserAuth`); beside a token,
+    // a lone one of them is left unread, and said so.
+    let (username, password) = match (uses_token, &username, &password) {
+        (true, Some(_), None) => {
+            ignored.push(format!("clusters[{index}].username"));
+            (None, None)
+        }
+        (true, None, Some(_)) => {
+            ignored.push(format!("clusters[{index}].password"));
+            (None, None)
+        }
+        _ => (username, password),
+    };
     let uses_user = username.is_some() || password.is_some();
     let credentials = match (uses_token, uses_user) {
         (true, true) => {

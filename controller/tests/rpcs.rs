@@ -1052,3 +1052,50 @@ async fn unpublish_from_a_protected_worker_names_protection_and_leaves_nothing_p
     assert!(vm["config"].get("scsi1").is_none(), "{vm}");
     assert!(vm["config"].get("protection").is_none(), "{vm}");
 }
+
+#[tokio::test]
+async fn go_era_classes_with_ext2_and_ext3_provision_and_publish() {
+    // The Go driver formats any fsType its image has a mkfs for; classes
+    // with ext3 or ext2 exist (docs/migrating.md).
+    let e = env().await;
+    for fs in ["ext3", "ext2"] {
+        let name = format!("pvc-{fs}");
+        let v = e
+            .svc
+            .create_volume(Request::new(create_req(
+                &name,
+                1 << 30,
+                &[("storage", "local-lvm"), ("csi.storage.k8s.io/fstype", fs)],
+                Some("pve2"),
+            )))
+            .await
+            .unwrap_or_else(|s| panic!("{fs}: {s:?}"))
+            .into_inner()
+            .volume
+            .unwrap();
+        e.svc
+            .controller_publish_volume(Request::new(publish_req(&v, "worker-2")))
+            .await
+            .unwrap_or_else(|s| panic!("{fs}: {s:?}"));
+    }
+    let err = e
+        .svc
+        .create_volume(Request::new(create_req(
+            "pvc-btrfs",
+            1 << 30,
+            &[
+                ("storage", "local-lvm"),
+                ("csi.storage.k8s.io/fstype", "btrfs"),
+            ],
+            Some("pve2"),
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message()
+            .contains("\"btrfs\" is not supported; allowed: ext4, xfs, ext3, ext2"),
+        "{}",
+        err.message()
+    );
+}

@@ -32,7 +32,10 @@ impl FsType {
             "xfs" => Ok(Self::Xfs),
             other => Err(HostdError::invalid(
                 "filesystem.fs_type",
-                format!("{other:?} is not supported; allowed: ext4, xfs, ext3, ext2"),
+                format!(
+                    "{other:?} is not supported; allowed: {}",
+                    proxmox_csi_common::contract::fs_types_allowed()
+                ),
             )),
         }
     }

@@ -264,3 +264,71 @@ fn vmid_range_defaults_above_the_controller_vmid_and_names_bad_input() {
         assert!(e.contains(says), "{bad}: {e}");
     }
 }
+
+#[test]
+fn go_era_configs_keep_working() {
+    // yaml.v3 reads YAML 1.1 booleans into Go's `Insecure bool`.
+    for (spelling, want) in [
+        ("yes", true),
+        ("on", true),
+        ("y", true),
+        ("Yes", true),
+        ("ON", true),
+        ("no", false),
+        ("off", false),
+        ("N", false),
+        ("\"true\"", true),
+    ] {
+        let c =
+            CloudConfig::parse(&GOOD.replace("insecure: true", &format!("insecure: {spelling}")))
+                .unwrap_or_else(|e| panic!("{spelling}: {e}"));
+        assert_eq!(c.clusters[0].insecure, want, "{spelling}");
+    }
+    let e = CloudConfig::parse(&GOOD.replace("insecure: true", "insecure: maybe")).unwrap_err();
+    // The value itself is not echoed: syntax errors never print values.
+    assert!(
+        e.to_string()
+            .contains("is not a boolean: write true or false"),
+        "{e}"
+    );
+
+    // A token with a stray username (or password): Go logs in with the
+    // token; so does this driver, and it says what it left unread.
+    let stray = GOOD.replace(
+        "    token_secret: \"s3cr3t-token\"\n",
+        "    token_secret: \"s3cr3t-token\"\n    username: kubernetes-csi@pve\n",
+    );
+    let c = CloudConfig::parse(&stray).unwrap();
+    assert!(matches!(
+        c.clusters[0].credentials,
+        Credentials::Token { .. }
+    ));
+    assert_eq!(c.ignored_keys, ["clusters[0].username"]);
+    let stray = GOOD.replace(
+        "    token_secret: \"s3cr3t-token\"\n",
+        "    token_secret: \"s3cr3t-token\"\n    password: pw\n",
+    );
+    let c = CloudConfig::parse(&stray).unwrap();
+    assert!(matches!(
+        c.clusters[0].credentials,
+        Credentials::Token { .. }
+    ));
+    assert_eq!(c.ignored_keys, ["clusters[0].password"]);
+    // A token and a whole login are still refused, with Go's text.
+    let both = GOOD.replace(
+        "    token_secret: \"s3cr3t-token\"\n",
+        "    token_secret: \"s3cr3t-token\"\n    username: root@pam\n    password: pw\n",
+    );
+    let e = CloudConfig::parse(&both).unwrap_err().to_string();
+    assert!(e.contains("not multiple"), "{e}");
+}
+
+#[test]
+fn two_entries_for_one_region_are_refused_naming_both() {
+    // Go keeps the last; which cluster then holds a volume's disk would
+    // depend on the order of the entries, so this driver refuses.
+    let dup = GOOD.replace("region: Region-2", "region: Region-1");
+    let e = CloudConfig::parse(&dup).unwrap_err().to_string();
+    assert!(e.contains("cluster #1: region"), "{e}");
+    assert!(e.contains("already used by cluster #0"), "{e}");
+}

@@ -1,6 +1,7 @@
 //! Volume capabilities a Proxmox disk can honour: one VM at a time, mount
-//! (ext4, xfs) or block.
+//! (`contract::FS_TYPES`) or block.
 
+use proxmox_csi_common::contract;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::volume_capability::AccessType;
 use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
@@ -34,10 +35,11 @@ pub fn check_capabilities(field: &str, caps: &[csi::VolumeCapability]) -> Result
         match &cap.access_type {
             Some(AccessType::Block(_)) => {}
             Some(AccessType::Mount(m)) => {
-                if !matches!(m.fs_type.as_str(), "" | "ext4" | "xfs") {
+                if !m.fs_type.is_empty() && !contract::FS_TYPES.contains(&m.fs_type.as_str()) {
                     return Err(format!(
-                        "{field}[{i}].mount.fs_type: {:?} is not supported; allowed: ext4, xfs",
-                        m.fs_type
+                        "{field}[{i}].mount.fs_type: {:?} is not supported; allowed: {}",
+                        m.fs_type,
+                        contract::fs_types_allowed()
                     ));
                 }
             }
