@@ -132,7 +132,22 @@ impl StorageParams {
                     )?)
                 }
                 "ssd" => p.ssd = Some(parse_bool(key, v, &mut p.warnings)),
-                "discard" => p.discard = Some(one_of(key, v, &["on", "ignore"])?),
+                // Go never read `discard`: a value it would have ignored
+                // must not fail a publish of an old PV.
+                "discard" => {
+                    const ALLOWED: &[&str] = &["on", "ignore"];
+                    if ALLOWED.contains(&v) {
+                        p.discard = Some(v.to_string());
+                    } else {
+                        p.warnings.push(ParamWarning::new(
+                            key,
+                            Reason::ValueIgnored {
+                                value: v.to_string(),
+                                allowed: ALLOWED,
+                            },
+                        ));
+                    }
+                }
                 "aio" => p.aio = Some(one_of(key, v, &["native", "threads", "io_uring"])?),
                 "iothread" => p.iothread = parse_bool(key, v, &mut p.warnings),
                 "backup" => p.backup = parse_bool(key, v, &mut p.warnings),
@@ -379,6 +394,19 @@ mod tests {
         assert_eq!(
             (o["ssd"].as_str(), o["discard"].as_str(), o["ro"].as_str()),
             ("1", "ignore", "1")
+        );
+    }
+
+    #[test]
+    fn a_discard_go_never_read_is_a_warning_not_a_refusal() {
+        let p = StorageParams::parse(&map(&[("storage", "s"), ("discard", "true")])).unwrap();
+        assert_eq!(p.discard, None);
+        assert_eq!(
+            p.warnings
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            ["discard: \"true\" is not one of on, ignore; left unset, as the Go driver leaves it"]
         );
     }
 

@@ -45,6 +45,13 @@ pub enum Reason {
     ZeroKeepsLimit,
     /// A key the Go driver reads and does not act on.
     NotActedOn,
+    /// A value outside what the key allows, for a key the Go driver never
+    /// read: left unset, as Go leaves it (`discard`, which old PVs' volume
+    /// contexts carry as their class had it).
+    ValueIgnored {
+        value: String,
+        allowed: &'static [&'static str],
+    },
 }
 
 impl Reason {
@@ -54,6 +61,7 @@ impl Reason {
             Self::NotABoolean { .. } => "not_a_boolean",
             Self::ZeroKeepsLimit => "zero_keeps_limit",
             Self::NotActedOn => "not_acted_on",
+            Self::ValueIgnored { .. } => "value_ignored",
         }
     }
 }
@@ -89,6 +97,11 @@ impl std::fmt::Display for ParamWarning {
                 )
             }
             Reason::NotActedOn => write!(f, "{key}: accepted and not acted on"),
+            Reason::ValueIgnored { value, allowed } => write!(
+                f,
+                "{key}: {value:?} is not one of {}; left unset, as the Go driver leaves it",
+                allowed.join(", ")
+            ),
         }
     }
 }

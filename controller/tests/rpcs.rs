@@ -1099,3 +1099,27 @@ async fn go_era_classes_with_ext2_and_ext3_provision_and_publish() {
         err.message()
     );
 }
+
+#[tokio::test]
+async fn an_old_pv_with_its_class_parameters_in_the_volume_context_publishes() {
+    // Go ≤ v0.9 copied the class's parameters into the volume context,
+    // `discard` among them with whatever value the class had; Go never read it.
+    let e = env().await;
+    let mut v = create(&e, "pvc-old", Some("pve2")).await;
+    v.volume_context.insert("discard".into(), "true".into());
+    let ok = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ok.publish_context.contains_key("wwn"), "{ok:?}");
+    let line = e.vm(112).await["config"]["scsi1"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(line.starts_with("local-lvm:vm-9999-pvc-old"), "{line}");
+    // The class's ssd=1 brings discard=on; the context's "true" is left unset.
+    assert!(line.contains(",discard=on,"), "{line}");
+    assert!(!line.contains("discard=true"), "{line}");
+}
