@@ -92,9 +92,9 @@ def kustomize():
     return docs(out.stdout)
 
 
-def helm(values):
+def helm(values, namespace=NAMESPACE):
     with Chart.load(CHART) as chart:
-        rendered = chart.render(values=values, name=RELEASE, namespace=NAMESPACE)
+        rendered = chart.render(values=values, name=RELEASE, namespace=namespace)
     objs = []
     for text in rendered.values():
         objs.extend(docs(text))
@@ -273,6 +273,13 @@ def go_values(r, version):
         images = [c["image"] for o in (ctl, node) for c in o["spec"]["template"]["spec"]["containers"]]
         r.check(not any("sergelogvinov" in i for i in images), f"{f}: no Go driver image", ", ".join(images))
         if f == "go-chart-values.yaml":
+            # Go's chart renders no Namespace for kube-system, where its
+            # users install with createNamespace: true; neither does this one.
+            for ns, want in (("kube-system", False), ("default", False), ("csi-proxmox", True)):
+                made = helm({**values, "createNamespace": True}, namespace=ns)
+                names = [o["metadata"]["name"] for o in made if o["kind"] == "Namespace"]
+                r.check(names == ([ns] if want else []),
+                        f"{f} with createNamespace in {ns}: {'the' if want else 'no'} Namespace rendered", str(names))
             r.check(all("--log-level=debug" in c["args"] for o in (ctl, node)
                         for c in o["spec"]["template"]["spec"]["containers"][:1]),
                     f"{f}: logVerbosityLevel 5 is debug logging of both plugins, as in the Go chart")
