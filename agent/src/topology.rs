@@ -8,8 +8,11 @@ use crate::error::AgentError;
 
 pub const REGION: &str = "topology.kubernetes.io/region";
 pub const ZONE: &str = "topology.kubernetes.io/zone";
-const REGION_FALLBACK: &str = "topology.proxmox.sinextra.dev/region";
-const ZONE_FALLBACK: &str = "topology.proxmox.sinextra.dev/node";
+/// Labels that override the standard ones, as in the Go driver
+/// (pkg/csi/helper.go GetNodeTopology: `ProxmoxRegion`, `ProxmoxNode` first),
+/// for nodes whose standard labels another controller owns.
+const REGION_OVERRIDE: &str = "topology.proxmox.sinextra.dev/region";
+const ZONE_OVERRIDE: &str = "topology.proxmox.sinextra.dev/node";
 pub use proxmox_csi_common::{MAX_VOLUMES_LABEL, SCSI_SLOTS};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,27 +36,27 @@ pub fn from_labels(
     node: &str,
     labels: std::collections::BTreeMap<String, String>,
 ) -> Result<Topology, AgentError> {
-    let get = |primary: &str, fallback: &str, what: &str, how: &str| {
-        labels
-            .get(primary)
-            .or_else(|| labels.get(fallback))
-            .filter(|v| !v.is_empty())
+    let get = |standard: &str, over: &str, what: &str, how: &str| {
+        [over, standard]
+            .iter()
+            .filter_map(|k| labels.get(*k))
+            .find(|v| !v.is_empty())
             .cloned()
             .ok_or_else(|| {
                 AgentError::Topology(format!(
-                    "Node {node} has no label {primary} (nor {fallback}), which names its Proxmox {what}. \
+                    "Node {node} has no label {standard} (nor {over}), which names its Proxmox {what}. \
                      The Proxmox cloud controller manager or Talos' nodeLabels set it; by hand: \
-                     kubectl label node {node} {primary}={how}"
+                     kubectl label node {node} {standard}={how}"
                 ))
             })
     };
     let region = get(
         REGION,
-        REGION_FALLBACK,
+        REGION_OVERRIDE,
         "cluster",
         "<region of the cluster in the cloud config>",
     )?;
-    let zone = get(ZONE, ZONE_FALLBACK, "node", "<Proxmox node the VM runs on>")?;
+    let zone = get(ZONE, ZONE_OVERRIDE, "node", "<Proxmox node the VM runs on>")?;
     let max_volumes = labels
         .get(MAX_VOLUMES_LABEL)
         .and_then(|v| proxmox_csi_common::max_volumes_label(v));
@@ -88,24 +91,27 @@ mod tests {
     }
 
     #[test]
-    fn standard_labels_win_over_the_fallbacks() {
+    fn the_proxmox_labels_override_the_standard_ones_as_in_go() {
         let t = from_labels(
             "w2",
             labels(&[
                 (REGION, "r1"),
                 (ZONE, "pve2"),
-                (REGION_FALLBACK, "x"),
-                (ZONE_FALLBACK, "y"),
+                (REGION_OVERRIDE, "cluster-9"),
+                (ZONE_OVERRIDE, "pve9"),
             ]),
         )
         .unwrap();
+        assert_eq!((t.region.as_str(), t.zone.as_str()), ("cluster-9", "pve9"));
+        let t = from_labels("w2", labels(&[(REGION, "r1"), (ZONE, "pve2")])).unwrap();
         assert_eq!((t.region.as_str(), t.zone.as_str()), ("r1", "pve2"));
+        // An empty override is no override (Go: `if region == ""`).
         let t = from_labels(
             "w2",
-            labels(&[(REGION_FALLBACK, "r9"), (ZONE_FALLBACK, "pve9")]),
+            labels(&[(REGION, "r1"), (ZONE, "pve2"), (ZONE_OVERRIDE, "")]),
         )
         .unwrap();
-        assert_eq!((t.region.as_str(), t.zone.as_str()), ("r9", "pve9"));
+        assert_eq!(t.zone, "pve2");
     }
 
     #[test]
