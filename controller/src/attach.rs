@@ -108,6 +108,10 @@ pub struct Attacher {
     index: Arc<crate::vms::VmIndex>,
     /// Config writes made, for benchmarks and tests.
     pub writes: std::sync::atomic::AtomicU64,
+    /// The controller's own VMs (holders) by region and VMID, as the
+    /// controller found or made them: only these have their `protection`
+    /// lifted for a write; a tag alone proves nothing (anyone may tag).
+    own: std::sync::Mutex<std::collections::HashSet<(String, u32)>>,
 }
 
 impl std::fmt::Debug for Attacher {
@@ -123,7 +127,23 @@ impl Attacher {
             attachments: Arc::default(),
             index,
             writes: std::sync::atomic::AtomicU64::new(0),
+            own: std::sync::Mutex::default(),
         }
+    }
+
+    /// Marks VM `vmid` of `region` as one of the controller's own.
+    pub fn own_vm(&self, region: &str, vmid: u32) {
+        if let Ok(mut own) = self.own.lock() {
+            own.insert((region.to_string(), vmid));
+        }
+    }
+
+    fn is_own(&self, region: &str, vmid: u32, cfg: &BTreeMap<String, String>) -> bool {
+        crate::vms::is_own(cfg)
+            && self
+                .own
+                .lock()
+                .is_ok_and(|own| own.contains(&(region.to_string(), vmid)))
     }
 
     /// Queues `op` for VM `vmid` on `node` and waits for its outcome.
@@ -348,7 +368,7 @@ async fn write_once(
     // Proxmox refuses to remove a disk of a protected VM. The controller's
     // own VMs are unprotected for the write that removes one (and protected
     // again by it); a worker's flag is the operator's, and is kept.
-    let own_vm = crate::vms::is_own(&cfg.values);
+    let own_vm = att.is_own(client.region(), vmid, &cfg.values);
     let protected = crate::vms::is_protected(&cfg.values);
     let detaching = jobs.iter().any(|j| {
         matches!(j.op, Op::Detach { .. })
@@ -420,6 +440,19 @@ async fn write_once(
                     continue;
                 }
                 if planned.contains_key(volid) || sets.len() + deletes.len() >= per_write {
+                    continue;
+                }
+                // Proxmox would take the disk, but neither a detach nor the
+                // revert of a failed hot-plug (a delete, qemu-server
+                // update_vm_api `revert`) could take it off again while the
+                // operator's flag is set.
+                if protected && !own_vm {
+                    done.push((i, Err(CtlError::FailedPrecondition(format!(
+                        "VM {vmid} has Proxmox's protection flag set (protection: 1), under which Proxmox \
+                         refuses to remove its disks: {volid} is not attached, as it could not be detached \
+                         again. Clear the flag (qm set {vmid} --protection 0, or Options → Protection) and \
+                         the attach is retried"
+                    )))));
                     continue;
                 }
                 // Volumes of this driver on the VM (disks another VMID owns:
@@ -503,6 +536,15 @@ async fn write_once(
     // Answer what needed no write.
     answer(jobs, done);
     if sets.is_empty() && deletes.is_empty() {
+        // An own VM left unprotected (a lift whose removal found nothing
+        // left to remove, or a VM of an earlier version) is protected now.
+        if own_vm && !protected {
+            let protect = [
+                ("protection", "1".to_string()),
+                ("digest", cfg.digest.clone()),
+            ];
+            client.update_config(node, vmid, &protect, d).await?;
+        }
         return Ok(Round::Done);
     }
     let multi = sets.len() + deletes.len() > 1;
@@ -573,9 +615,22 @@ async fn write_once(
         .filter(|k| still_pending.contains(k))
         .collect();
     if !ours.is_empty() {
+        // Reverting a pending disk is a delete, which a protected VM
+        // refuses: the controller's own VM is unprotected for it and
+        // protected again after.
+        let lifted = own_vm && crate::vms::is_protected(&after.values) && {
+            let lift = [("delete", "protection".to_string())];
+            client.update_config(node, vmid, &lift, d).await.is_ok()
+        };
         let revert = [("revert", ours.join(","))];
         if let Err(e) = client.update_config(node, vmid, &revert, d).await {
             tracing::error!(vmid, keys = %ours.join(","), error = %e, "reverting a change Proxmox left pending failed");
+        }
+        if lifted {
+            let protect = [("protection", "1".to_string())];
+            if let Err(e) = client.update_config(node, vmid, &protect, d).await {
+                tracing::error!(vmid, error = %e, "protecting the driver's own VM again failed");
+            }
         }
     }
     let failed = hotplug_failure.is_some();

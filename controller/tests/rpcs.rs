@@ -1037,6 +1037,20 @@ async fn unpublish_from_a_protected_worker_names_protection_and_leaves_nothing_p
         "the operator's flag is kept"
     );
 
+    // A new attach would be a disk the driver could not take off again
+    // (nor revert, were its hot-plug to fail): refused as well.
+    let other = create(&e, "pvc-prot-2", Some("pve2")).await;
+    let err = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&other, "worker-3")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("protection"), "{}", err.message());
+    let vm = e.vm(113).await;
+    assert!(vm["config"].get("scsi2").is_none(), "{vm}");
+    assert!(vm["pending"].as_object().unwrap().is_empty(), "{vm}");
+
     // Cleared by the operator: the retry detaches.
     e.api_write(
         "PUT",

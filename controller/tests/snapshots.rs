@@ -876,6 +876,15 @@ async fn copy_vms_are_protected_numbered_in_their_range_and_say_what_they_hold()
         .unwrap();
     assert!(vms_named(&e, "snapshot-p").await.is_empty());
     assert!(vms_named(&e, "pvc-r").await.is_empty());
+    // Their VMIDs are not handed out again at once: a late retry of either
+    // delete must not find a new copy under the old VMID.
+    let err = e
+        .svc
+        .create_snapshot(Request::new(snap_req("snapshot-z", &v.volume_id)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(vms_named(&e, "snapshot-z").await.is_empty());
     assert!(
         !volumes(&e).await.iter().any(|v| v.contains("vm-2000")),
         "{:?}",

@@ -59,8 +59,29 @@ pub fn run(s: &State) -> Vec<Finding> {
     storages(s, &mut out);
     thick_lvm(s, &mut out);
     workers(s, &mut out);
+    own_vms(s, &mut out);
     classes(s, &mut out);
     out
+}
+
+/// The driver's own VMs (copy VMs, holders) that hold volume data without
+/// Proxmox's protection: made by an earlier version, or left so by a
+/// failed write. A click or an IaC run that prunes unknown VMs would
+/// destroy their volumes.
+fn own_vms(s: &State, out: &mut Vec<Finding>) {
+    use proxmox_csi_controller::vms::{OWN_TAG, is_protected};
+    for vm in s.vms.iter().filter(|v| v.res.has_tag(OWN_TAG)) {
+        if is_protected(&vm.config) {
+            continue;
+        }
+        out.push(f(
+            "own VM protection",
+            format!("VM {} ({})", vm.res.vmid, vm.res.name.as_deref().unwrap_or_default()).as_str(),
+            Severity::Warning,
+            "a VM of the driver without protection: destroying it destroys the volume data it holds",
+            format!("qm set {} --protection 1", vm.res.vmid),
+        ));
+    }
 }
 
 /// Classes whose parameters the driver takes with the Go driver's meaning

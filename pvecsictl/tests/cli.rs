@@ -28,6 +28,8 @@ storages:
 vms:
   - { vmid: 112, node: pve2, name: worker-2, config: { scsihw: virtio-scsi-single, scsi1: "local-lvm:vm-9999-pvc-bound,backup=0,size=1G" } }
   - { vmid: 113, node: pve2, name: worker-3, config: { scsihw: lsi, protection: "1", unused0: "local-lvm:vm-9999-pvc-unused" } }
+  - { vmid: 10000, node: pve1, name: snapshot-old, config: { tags: "proxmox-csi;csi-snapshot;csi-name.snapshot-old", unused0: "local-lvm:vm-10000-disk-0" } }
+  - { vmid: 10001, node: pve1, name: snapshot-new, config: { tags: "proxmox-csi;csi-snapshot;csi-name.snapshot-new", protection: "1", unused0: "local-lvm:vm-10001-disk-0" } }
 volumes:
   - { volid: "local-lvm:vm-9999-pvc-bound", node: pve2, size: 1073741824 }
   - { volid: "local-lvm:vm-9999-pvc-orphan", node: pve1, size: 2147483648 }
@@ -328,6 +330,20 @@ async fn doctor_finds_what_breaks_with_remedies() {
             Severity::Error,
             "qm set 113 --revert scsi5"
         ),
+        "{findings:#?}"
+    );
+    // A copy VM of an earlier version, unprotected; the new one is fine.
+    assert!(
+        has(
+            "own VM protection",
+            "VM 10000 (snapshot-old)",
+            Severity::Warning,
+            "qm set 10000 --protection 1"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        !findings.iter().any(|x| x.subject.starts_with("VM 10001")),
         "{findings:#?}"
     );
     assert!(

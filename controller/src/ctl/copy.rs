@@ -280,6 +280,14 @@ impl Controller {
                 progress,
             };
             if let Some(info) = self.copy_info(client, &vm, &cfg.values, d).await? {
+                // A copy VM of an earlier version holds its data unprotected.
+                if !crate::vms::is_protected(&cfg.values) {
+                    let form = [
+                        ("protection", "1".to_string()),
+                        ("digest", cfg.digest.clone()),
+                    ];
+                    client.update_config(&vm.node, vm.vmid, &form, d).await?;
+                }
                 return Ok(CopyState::Ready(info));
             }
             if let Some(scsi0) = cfg.values.get("scsi0") {
@@ -385,17 +393,24 @@ impl Controller {
         d: Deadline,
     ) -> Result<(), CtlError> {
         let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
-        self.unprotect(client, &vm.node, vm.vmid, &cfg, d).await?;
-        client.destroy_vm(&vm.node, vm.vmid, d).await.map_err(|e| {
-            match e.status().map(|s| s.as_u16()) {
-                Some(403) => CtlError::FailedPrecondition(format!(
-                    "destroying VM {} ({}): {}; grant VM.Allocate to the CSI role",
-                    vm.vmid,
-                    vm.name.as_deref().unwrap_or_default(),
-                    e.message()
-                )),
-                _ => CtlError::from(e),
+        self.retire_vmid(vm.vmid);
+        let lifted = self.unprotect(client, &vm.node, vm.vmid, &cfg, d).await?;
+        let destroyed = client.destroy_vm(&vm.node, vm.vmid, d).await;
+        if destroyed.is_err() && lifted {
+            // Still there (a backup's lock, a refusal): protected again,
+            // unless the answer was lost and the VM may be gone.
+            if client.vm_config(&vm.node, vm.vmid, d).await.is_ok() {
+                self.protect_again(client, &vm.node, vm.vmid, d).await;
             }
+        }
+        destroyed.map_err(|e| match e.status().map(|s| s.as_u16()) {
+            Some(403) => CtlError::FailedPrecondition(format!(
+                "destroying VM {} ({}): {}; grant VM.Allocate to the CSI role",
+                vm.vmid,
+                vm.name.as_deref().unwrap_or_default(),
+                e.message()
+            )),
+            _ => CtlError::from(e),
         })?;
         self.imports
             .0

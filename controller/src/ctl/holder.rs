@@ -47,6 +47,7 @@ impl Controller {
         if let Some(vm) = self.vms.own(client, &name, "csi-holder", d).await?
             && vm.node == node
         {
+            self.attacher.own_vm(client.region(), vm.vmid);
             return Ok(vm.vmid);
         }
         let vm = NewVm {
@@ -57,6 +58,7 @@ impl Controller {
             ),
         };
         let vmid = self.new_vm(client, node, &vm, d).await?.vmid;
+        self.attacher.own_vm(client.region(), vmid);
         tracing::info!(node, vmid, "holder VM created");
         Ok(vmid)
     }
@@ -115,7 +117,13 @@ impl Controller {
                 // A concurrent create took the VMID (qemu-server create_vm:
                 // "unable to create VM N - VM N already exists on node 'x'").
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => last = e.message(),
-                Err(e) => return Err(denied(e)),
+                // Nothing under the id, unless the answer was lost (then the
+                // create may have happened and the id stays kept).
+                Err(e) if e.is_transient() => return Err(denied(e)),
+                Err(e) => {
+                    self.recent_vmids.forget(vmid);
+                    return Err(denied(e));
+                }
             }
         }
         Err(CtlError::Unavailable(format!(
@@ -171,17 +179,42 @@ impl Controller {
         keys: &[&str],
         d: Deadline,
     ) -> Result<(), CtlError> {
-        let cfg = if self.unprotect(client, node, vmid, &cfg, d).await? {
-            client.vm_config(node, vmid, d).await?
-        } else {
-            cfg
-        };
-        let form = [
-            ("delete", keys.join(",")),
-            ("protection", "1".to_string()),
-            ("digest", cfg.digest.clone()),
-        ];
-        Ok(client.update_config(node, vmid, &form, d).await?)
+        let lifted = self.unprotect(client, node, vmid, &cfg, d).await?;
+        let removed = async {
+            let cfg = if lifted {
+                client.vm_config(node, vmid, d).await?
+            } else {
+                cfg
+            };
+            let form = [
+                ("delete", keys.join(",")),
+                ("protection", "1".to_string()),
+                ("digest", cfg.digest.clone()),
+            ];
+            client.update_config(node, vmid, &form, d).await
+        }
+        .await;
+        if removed.is_err() && lifted {
+            self.protect_again(client, node, vmid, d).await;
+        }
+        Ok(removed?)
+    }
+
+    /// Sets `protection` again on one of the controller's own VMs after a
+    /// lift whose work failed; a failure is logged (the next write to the
+    /// VM protects it, and `pvecsictl doctor` lists it).
+    pub async fn protect_again(&self, client: &Client, node: &str, vmid: u32, d: Deadline) {
+        let form = [("protection", "1".to_string())];
+        if let Err(e) = client.update_config(node, vmid, &form, d).await {
+            tracing::error!(vmid, error = %e, "protecting the driver's own VM again failed");
+        }
+    }
+
+    /// Keeps `vmid` from the next creates for a while: a VM being destroyed
+    /// must not give its VMID to a new copy that a retried delete of the
+    /// old one (answered late, or not at all) would then destroy.
+    pub fn retire_vmid(&self, vmid: u32) {
+        self.recent_vmids.hand_out(vmid);
     }
 
     /// The lowest free VMID of `vmid_range`, never the placeholder's: a VM
@@ -231,14 +264,15 @@ impl Controller {
             }
         }
         Err(CtlError::ResourceExhausted(format!(
-            "no free VMID in features.vmIDRange {range} (the cloud config's range for the driver's own VMs): \
-             widen it or free one"
+            "no free VMID in features.vmIDRange {range} (the cloud config's range for the driver's own VMs; \
+             the VMIDs of VMs it destroyed in the last 5 minutes are not reused yet): widen it or free one"
         )))
     }
 }
 
-/// VMIDs handed to creates in the last five minutes (the Go driver's
-/// go-proxmox GetNextID keeps the same window).
+/// VMIDs handed to creates, or of VMs destroyed, in the last five minutes
+/// (the Go driver's go-proxmox GetNextID keeps the same window for ids it
+/// handed out).
 #[derive(Debug, Default)]
 pub struct RecentVmids(std::sync::Mutex<HashMap<u32, Instant>>);
 
@@ -255,6 +289,12 @@ impl RecentVmids {
         if let Ok(mut m) = self.0.lock() {
             m.retain(|_, at| at.elapsed() < RECENT);
             m.insert(vmid, Instant::now());
+        }
+    }
+
+    fn forget(&self, vmid: u32) {
+        if let Ok(mut m) = self.0.lock() {
+            m.remove(&vmid);
         }
     }
 }

@@ -441,7 +441,9 @@ fn stage_update(
         // applied; deletes done before the refusal stay written
         // (qemu-server src/PVE/API2/Qemu.pm $update_vm_api, the `@delete`
         // loop; pve-guest-common src/PVE/AbstractConfig.pm check_protection).
-        if vm.config.get("protection").is_some_and(|p| p == "1") {
+        // An unset key is skipped (with a warning) before that check.
+        let set = vm.config.contains_key(&key) || vm.pending.contains_key(&key);
+        if set && vm.config.get("protection").is_some_and(|p| p == "1") {
             if drive::is_unused_key(&key)
                 && let Some(v) = vm.config.get(&key)
             {
@@ -587,6 +589,18 @@ fn stage_update(
         .filter(|k| !k.is_empty())
     {
         let vm = common::vm_mut(c, node, vmid)?;
+        // Reverting a key that is only pending deletes it, with the
+        // delete's checks (qemu-server Qemu.pm $load_and_check_config:
+        // `push @delete, $opt`), protection among them.
+        if drive::is_drive_key(key)
+            && !vm.config.contains_key(key)
+            && vm.pending.contains_key(key)
+            && vm.config.get("protection").is_some_and(|p| p == "1")
+        {
+            return Err(ApiError::die(format!(
+                "can't remove drive '{key}' - protection mode enabled"
+            )));
+        }
         vm.pending.remove(key);
         vm.pending_delete.remove(key);
     }
