@@ -3,8 +3,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use proxmox_csi_common::Endpoint;
+use proxmox_csi_common::goflags;
 use proxmox_csi_common::logging::{self, LogFormat};
 use proxmox_csi_node::server::{self, Options};
 use proxmox_csi_node::topology::Topology;
@@ -22,8 +23,8 @@ struct Args {
     /// CSI driver name.
     #[arg(long, default_value = "csi.proxmox.sinextra.dev")]
     driver_name: String,
-    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:8081).
-    #[arg(long)]
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:8081, or :8081).
+    #[arg(long, value_parser = goflags::listen_addr)]
     metrics_address: Option<SocketAddr>,
     /// Kubernetes node name (node id without the VM id).
     #[arg(long, env = "NODE_NAME")]
@@ -56,10 +57,26 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
-    if let Err(e) = logging::init(args.log_format, args.log_level.as_deref()) {
+    let own: Vec<String> = Args::command()
+        .get_arguments()
+        .filter_map(|a| a.get_long().map(String::from))
+        .collect();
+    let own: Vec<&str> = own.iter().map(String::as_str).collect();
+    let (argv, go) = match goflags::translate(std::env::args_os(), &own) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("proxmox-csi-node: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let args = Args::parse_from(argv);
+    let level = args.log_level.as_deref().or(go.log_level());
+    if let Err(e) = logging::init(args.log_format, level) {
         eprintln!("proxmox-csi-node: {e}");
         return ExitCode::FAILURE;
+    }
+    for flag in &go.ignored {
+        tracing::warn!(%flag, "a flag of the Go driver is accepted and has no effect");
     }
     // The node name is the part before a '/vmid', as the Go driver accepts it.
     let node = match proxmox_csi_common::NodeId::parse(&args.node_id) {
@@ -88,6 +105,7 @@ async fn main() -> ExitCode {
         max_volumes: args.max_volumes,
         fixed_topology,
         hostd_timeout: Duration::from_secs(args.hostd_timeout),
+        kubeconfig: go.kubeconfig,
     };
     match server::run(opts, proxmox_csi_common::shutdown::signal_received()).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -44,6 +44,8 @@ pub struct Options {
     pub fixed_topology: Option<Topology>,
     /// hostd calls may wait for a hot-plugged disk and run mkfs.
     pub hostd_timeout: Duration,
+    /// A kubeconfig instead of the in-cluster configuration (Go's `--kubeconfig`).
+    pub kubeconfig: Option<PathBuf>,
 }
 
 pub async fn run(
@@ -54,9 +56,9 @@ pub async fn run(
     let topology = match opts.fixed_topology.clone() {
         Some(t) => TopologySource::Fixed(t),
         None => TopologySource::Kubernetes(
-            kube::Client::try_default()
+            proxmox_csi_common::kubeclient::client(opts.kubeconfig.as_deref())
                 .await
-                .map_err(|e| StartError::Kubernetes(e.to_string()))?,
+                .map_err(StartError::Kubernetes)?,
         ),
     };
     let node = Node {

@@ -77,15 +77,17 @@ async fn probe_is_ready_only_while_hostd_answers() {
     );
     assert_eq!(mode & 0o777, 0o660);
 
+    // The Go driver's node arguments (docs/deploy manifests, Helm chart:
+    // `-v=5 --csi-address=… --node-id=$(NODE_NAME)`) with ours.
     let _agent = spawn(
         env!("CARGO_BIN_EXE_proxmox-csi-node"),
         &[
-            "--csi-address",
-            &format!("unix://{}", csi_sock.display()),
+            "-v=5",
+            &format!("--csi-address=unix://{}", csi_sock.display()),
+            "--node-id=worker-1",
+            "-logtostderr=true",
             "--hostd-socket",
             &hostd_sock_s,
-            "--node-id",
-            "worker-1",
             "--region",
             "r1",
             "--zone",
@@ -122,6 +124,7 @@ async fn probe_is_ready_only_while_hostd_answers() {
     assert_eq!(probe.ready, Some(false));
     let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap();
     assert!(log.contains("probe: hostd did not answer Health"), "{log}");
+    assert!(log.contains("-logtostderr=true: klog's"), "{log}");
 }
 
 #[test]

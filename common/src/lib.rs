@@ -5,7 +5,10 @@
 pub mod client;
 pub mod contract;
 pub mod endpoint;
+pub mod goflags;
 pub mod ids;
+#[cfg(feature = "kube")]
+pub mod kubeclient;
 pub mod logging;
 pub mod metrics;
 pub mod mount_options;

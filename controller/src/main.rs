@@ -3,8 +3,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use proxmox_csi_common::Endpoint;
+use proxmox_csi_common::goflags;
 use proxmox_csi_common::logging::{self, LogFormat};
 use proxmox_csi_controller::server::{self, Options};
 use proxmox_csi_controller::volume::ClusterId;
@@ -22,8 +23,9 @@ struct Args {
     /// CSI driver name.
     #[arg(long, default_value = "csi.proxmox.sinextra.dev")]
     driver_name: String,
-    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:8080).
-    #[arg(long)]
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:8080, or
+    /// :8080 as the Go driver's chart writes it).
+    #[arg(long, value_parser = goflags::listen_addr)]
     metrics_address: Option<SocketAddr>,
     /// Timeout of one Proxmox API call, in seconds.
     #[arg(long, default_value_t = 30)]
@@ -47,10 +49,26 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
-    if let Err(e) = logging::init(args.log_format, args.log_level.as_deref()) {
+    let own: Vec<String> = Args::command()
+        .get_arguments()
+        .filter_map(|a| a.get_long().map(String::from))
+        .collect();
+    let own: Vec<&str> = own.iter().map(String::as_str).collect();
+    let (argv, go) = match goflags::translate(std::env::args_os(), &own) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("proxmox-csi-controller: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let args = Args::parse_from(argv);
+    let level = args.log_level.as_deref().or(go.log_level());
+    if let Err(e) = logging::init(args.log_format, level) {
         eprintln!("proxmox-csi-controller: {e}");
         return ExitCode::FAILURE;
+    }
+    for flag in &go.ignored {
+        tracing::warn!(%flag, "a flag of the Go driver is accepted and has no effect");
     }
     let opts = Options {
         driver_name: args.driver_name,
@@ -60,6 +78,7 @@ async fn main() -> ExitCode {
         api_timeout: Duration::from_secs(args.api_timeout),
         cluster_id: args.cluster_id,
         cluster_check_interval: Duration::from_secs(args.cluster_check_interval),
+        kubeconfig: go.kubeconfig,
     };
     match server::run(opts, proxmox_csi_common::shutdown::signal_received()).await {
         Ok(()) => ExitCode::SUCCESS,

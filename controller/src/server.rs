@@ -45,6 +45,8 @@ pub struct Options {
     pub cluster_id: Option<ClusterId>,
     /// How often each Proxmox cluster's health is checked.
     pub cluster_check_interval: Duration,
+    /// A kubeconfig instead of the in-cluster configuration (Go's `--kubeconfig`).
+    pub kubeconfig: Option<PathBuf>,
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -98,7 +100,7 @@ pub async fn run(
              (backup=1) puts them in vzdump backups"
         );
     }
-    match kube::Client::try_default().await {
+    match proxmox_csi_common::kubeclient::client(opts.kubeconfig.as_deref()).await {
         Ok(k) => controller = controller.with_kube(crate::kube::Kube::new(k), &opts.driver_name),
         Err(e) => tracing::warn!(
             error = %e,

@@ -34,22 +34,36 @@ impl Drop for Controller {
 }
 
 fn start_controller(dir: &Path, config: &str, extra: &[&str]) -> Controller {
-    let cfg = dir.join("cloud-config.yaml");
-    std::fs::write(&cfg, config).unwrap();
     let socket = dir.join("csi.sock");
+    let cfg = dir.join("cloud-config.yaml");
+    let mut args = vec![
+        "--csi-address".to_string(),
+        format!("unix://{}", socket.display()),
+        "--cloud-config".into(),
+        cfg.display().to_string(),
+        "--log-level".into(),
+        "debug".into(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    start_controller_with(dir, config, &args)
+}
+
+/// The controller with exactly `args`; the cloud config is written to
+/// `<dir>/cloud-config.yaml` and the socket is `<dir>/csi.sock`.
+fn start_controller_with(dir: &Path, config: &str, args: &[String]) -> Controller {
+    std::fs::write(dir.join("cloud-config.yaml"), config).unwrap();
     let log = dir.join("controller.log");
     let child = Command::new(env!("CARGO_BIN_EXE_proxmox-csi-controller"))
-        .arg("--csi-address")
-        .arg(format!("unix://{}", socket.display()))
-        .arg("--cloud-config")
-        .arg(&cfg)
-        .args(["--log-level", "debug"])
-        .args(extra)
+        .args(args)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    Controller { child, socket, log }
+    Controller {
+        child,
+        socket: dir.join("csi.sock"),
+        log,
+    }
 }
 
 async fn connect(socket: &Path) -> IdentityClient<Channel> {
@@ -269,6 +283,64 @@ async fn serves_metrics_and_stops_on_sigterm() {
     };
     assert!(status.success(), "{status:?}");
     assert!(!ctl.socket.exists(), "socket left behind after shutdown");
+}
+
+/// The Go driver's Helm chart (charts/proxmox-csi-plugin/templates/
+/// controller-deployment.yaml, metrics enabled) passes `-v=5`,
+/// `--csi-address=…`, `--cloud-config=…` and `--metrics-address=:PORT`;
+/// its binary also takes klog's flags, `--kubeconfig` and `--metrics-path`
+/// (cmd/controller/main.go). An image swap keeps those arguments.
+#[tokio::test]
+async fn starts_with_the_go_charts_arguments() {
+    let sim = Sim::new(state())
+        .plain_http()
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    // A kubeconfig naming an API server that does not answer.
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:9\n\
+         contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n\
+         users:\n- name: u\n  user: {}\n",
+    )
+    .unwrap();
+    let d = dir.path().display();
+    let ctl = start_controller_with(
+        dir.path(),
+        &cluster_config(&sim.api_url(), None, TOKEN_SECRET),
+        &[
+            "-v=5".into(),
+            format!("--csi-address=unix://{d}/csi.sock"),
+            format!("--cloud-config={d}/cloud-config.yaml"),
+            format!("--metrics-address=:{port}"),
+            "--metrics-path=/metrics".into(),
+            "-logtostderr=true".into(),
+            format!("-kubeconfig={}", kubeconfig.display()),
+        ],
+    );
+    let mut client = connect(&ctl.socket).await;
+    let probe = client.probe(callers::identity::probe()).await.unwrap();
+    assert_eq!(probe.into_inner().ready, Some(true));
+    assert!(
+        http_get(port, "/metrics")
+            .await
+            .contains("proxmox_csi_build_info")
+    );
+    // The kubeconfig was the one read: its server is the one that failed.
+    let log = log_with(&ctl.log, "server=http://127.0.0.1:9/").await;
+    assert!(
+        log.contains("-logtostderr=true: klog's") && log.contains("has no effect"),
+        "{log}"
+    );
+    // -v=5 is the Go manifests' everyday level: info, not debug.
+    assert!(!log.contains("DEBUG"), "{log}");
 }
 
 async fn http_get(port: u16, path: &str) -> String {

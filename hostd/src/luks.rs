@@ -267,19 +267,33 @@ pub fn mapping_name(volume_id: &str) -> String {
     format!("pvecsi-{hex}")
 }
 
-/// The name the Go driver gives a disk's mapping: `<kernel name>-encrypted`,
-/// e.g. `sdb-encrypted` (siderolabs/go-blockdevice v0.4.8
-/// blockdevice/util/util.go PartPathEncrypted, called by luks.go Open).
-pub fn go_mapping_name(disk: &str) -> String {
-    format!("{disk}-encrypted")
+/// The names the Go driver gives a disk's mapping: the base name of the
+/// path it opened, with `-encrypted` (siderolabs/go-blockdevice v0.4.8
+/// blockdevice/encryption/luks/luks.go Open, util.go PartPathEncrypted).
+/// That path is `/dev/<kernel name>` when the Go node plugin found the disk
+/// in sysfs, else its `/dev/disk/by-id/wwn-0x<wwn>` link
+/// (proxmox-csi-plugin pkg/csi/helper.go getDevicePath): `sdb-encrypted`
+/// or `wwn-0x5056432d49443031-encrypted`.
+pub fn go_mapping_names(disk: &str) -> Vec<String> {
+    let mut names = vec![format!("{disk}-encrypted")];
+    let wwid = std::fs::read_to_string(Path::new("/sys/block").join(disk).join("device/wwid"));
+    if let Some(wwn) = wwid
+        .ok()
+        .as_deref()
+        .and_then(|w| w.trim().strip_prefix("naa."))
+    {
+        names.push(format!("wwn-0x{}-encrypted", wwn.to_ascii_lowercase()));
+    }
+    names
 }
 
 /// The Go driver's mapping of `disk`, if one is active and sits on that
 /// disk alone: its name and kernel name (`dm-N`).
 pub fn go_mapping_on(disk: &str) -> Option<(String, String)> {
-    let name = go_mapping_name(disk);
-    let dm = active(&name)?;
-    (crate::blockdev::slaves(&dm) == [disk.to_string()]).then_some((name, dm))
+    go_mapping_names(disk).into_iter().find_map(|name| {
+        let dm = active(&name)?;
+        (crate::blockdev::slaves(&dm) == [disk.to_string()]).then_some((name, dm))
+    })
 }
 
 pub fn mapper_path(name: &str) -> PathBuf {

@@ -1,26 +1,32 @@
-//! Mount options hostd passes to the kernel: an allow-list per filesystem.
+//! Mount options hostd passes to the kernel.
 //!
-//! The node plugin is not trusted to filter them: `logdev=` and `rtdev=`
-//! (xfs), `journal_path=`/`journal_dev=` (ext4) open another block device,
-//! and `errors=panic` panics the node. What is allowed is what the kernel's
-//! own option tables accept and is harmless (fs/ext4/super.c
-//! `ext4_param_specs`, fs/xfs/xfs_super.c `xfs_fs_parameters`), the generic
-//! flags of mount(2), the SELinux `context=` kubelet adds, and the options
-//! only mount(8) reads (`nofail`, `_netdev`, `x-*`, …), which the Go
-//! driver's users have in StorageClasses and which mean nothing to the
-//! kernel: those are dropped.
+//! The node plugin is not trusted to filter them. Refused are only the
+//! options that name a device or a path, or act on the journal or on errors
+//! beyond the volume: `logdev=` and `rtdev=` (xfs), `journal_dev=`,
+//! `journal_path=`, `abort` and `errors=panic` (ext4), mount(8)'s device
+//! set-ups (`loop`, `verity.*`), and the flags that change what the call
+//! does rather than how the filesystem behaves (`bind`, `remount`, `move`,
+//! propagation). Every other option the kernel's own tables list is
+//! accepted with a value of the kind the table declares, so that
+//! StorageClasses written for mount(8) keep working: fs/ext4/super.c
+//! `ext4_param_specs`, fs/xfs/xfs_super.c `xfs_fs_parameters` (Linux 6.17),
+//! and util-linux libmount/src/optmap.c `linux_flags_map` for the generic
+//! flags. Options only mount(8) reads (`nofail`, `_netdev`, `x-*`, …,
+//! `userspace_opts_map` there) mean nothing to the kernel and are dropped.
 
 use nix::mount::MsFlags;
 
 use crate::error::HostdError;
 
-/// Generic options, as mount(8) maps them to mount(2) flags.
+/// Generic options, as util-linux's `linux_flags_map` maps them to mount(2)
+/// flags. The `no…` forms of flags a new mount does not set are no-ops
+/// (`norelatime`: a new mount is relatime unless told otherwise).
 fn generic(o: &str) -> Option<MsFlags> {
     Some(match o {
         "ro" => MsFlags::MS_RDONLY,
-        "rw" | "defaults" | "async" | "exec" | "suid" | "dev" | "atime" | "diratime" => {
-            MsFlags::empty()
-        }
+        "rw" | "defaults" | "async" | "exec" | "suid" | "dev" | "atime" | "diratime"
+        | "norelatime" | "nostrictatime" | "nolazytime" | "nomand" | "noiversion" | "loud"
+        | "symfollow" => MsFlags::empty(),
         "noatime" => MsFlags::MS_NOATIME,
         "nodiratime" => MsFlags::MS_NODIRATIME,
         "relatime" => MsFlags::MS_RELATIME,
@@ -31,14 +37,20 @@ fn generic(o: &str) -> Option<MsFlags> {
         "noexec" => MsFlags::MS_NOEXEC,
         "sync" => MsFlags::MS_SYNCHRONOUS,
         "dirsync" => MsFlags::MS_DIRSYNC,
+        "mand" => MsFlags::MS_MANDLOCK,
+        "silent" => MsFlags::MS_SILENT,
+        "iversion" => MsFlags::MS_I_VERSION,
+        "nosymfollow" => MsFlags::from_bits_retain(nix::libc::MS_NOSYMFOLLOW),
         _ => return None,
     })
 }
 
-/// Options only mount(8) and fstab readers act on.
+/// Options only mount(8) and fstab readers act on (`userspace_opts_map`),
+/// but for those that set up a device (`loop`, `verity.*`: refused).
 fn userspace_only(o: &str) -> bool {
+    let name = o.split('=').next().unwrap_or(o);
     matches!(
-        o,
+        name,
         "auto"
             | "noauto"
             | "nofail"
@@ -46,11 +58,16 @@ fn userspace_only(o: &str) -> bool {
             | "user"
             | "nouser"
             | "users"
+            | "nousers"
             | "owner"
+            | "noowner"
             | "group"
+            | "nogroup"
             | "comment"
+            | "uhelper"
+            | "helper"
     ) || o.starts_with("x-")
-        || o.starts_with("comment=")
+        || o.starts_with("X-")
 }
 
 fn selinux(o: &str) -> bool {
@@ -59,92 +76,230 @@ fn selinux(o: &str) -> bool {
         .any(|p| o.starts_with(p))
 }
 
+/// Why an option is refused whatever its filesystem, if it is.
+fn refused(o: &str) -> Option<&'static str> {
+    let name = o.split('=').next().unwrap_or(o);
+    Some(match name {
+        "logdev" | "rtdev" | "journal_dev" | "journal_path" => {
+            "it names a device other than the volume's"
+        }
+        "loop" | "offset" | "sizelimit" | "encryption" => {
+            "it asks mount(8) to set up a loop device"
+        }
+        n if n.starts_with("verity.") => "it asks mount(8) to set up a verity device",
+        "errors" if o == "errors=panic" => "it panics the node on a filesystem error",
+        "abort" => "it aborts the journal, as a test of error handling",
+        "bind" | "rbind" | "move" | "remount" | "shared" | "rshared" | "slave" | "rslave"
+        | "private" | "rprivate" | "unbindable" | "runbindable" => {
+            "it changes what the mount call does, not how the filesystem behaves"
+        }
+        _ => return None,
+    })
+}
+
+/// What a table entry takes after `=`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Value {
+    /// A flag: nothing.
+    Flag,
+    /// `fsparam_u32`/`fsparam_s32`/`fsparam_uid`/`fsparam_gid`: digits.
+    Number,
+    /// A size with an optional k, m or g (xfs's `suffix_kstrtoint`).
+    Size,
+    /// `fsparam_enum`: one of these.
+    OneOf(&'static [&'static str]),
+    /// A file name in the filesystem's root (ext4's journaled quota files:
+    /// the kernel refuses a `/`), or empty to clear it.
+    RootFile,
+    /// `fsparam_string` of an option the kernel ignores (`check=`).
+    Word,
+}
+
+/// One entry of a kernel option table.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    pub name: &'static str,
+    pub value: Value,
+}
+
+const fn e(name: &'static str, value: Value) -> Entry {
+    Entry { name, value }
+}
+
+use Value::{Flag, Number, OneOf, RootFile, Size, Word};
+
+const DAX: &[&str] = &["always", "inode", "never"];
+
+/// fs/ext4/super.c `ext4_param_specs` (Linux 6.17), in its order, without
+/// what `refused` names. Entries the kernel marks `Opt_removed` (`oldalloc`,
+/// `bh`, `i_version`, `check=`, …) are still accepted and ignored by it.
+pub const EXT4: &[Entry] = &[
+    e("bsddf", Flag),
+    e("minixdf", Flag),
+    e("grpid", Flag),
+    e("bsdgroups", Flag),
+    e("nogrpid", Flag),
+    e("sysvgroups", Flag),
+    e("resgid", Number),
+    e("resuid", Number),
+    e("sb", Number),
+    e("errors", OneOf(&["continue", "remount-ro"])),
+    e("nouid32", Flag),
+    e("debug", Flag),
+    e("oldalloc", Flag),
+    e("orlov", Flag),
+    e("user_xattr", Flag),
+    e("acl", Flag),
+    e("norecovery", Flag),
+    e("noload", Flag),
+    e("bh", Flag),
+    e("nobh", Flag),
+    e("commit", Number),
+    e("min_batch_time", Number),
+    e("max_batch_time", Number),
+    e("journal_checksum", Flag),
+    e("nojournal_checksum", Flag),
+    e("journal_async_commit", Flag),
+    e("data", OneOf(&["journal", "ordered", "writeback"])),
+    e("data_err", OneOf(&["abort", "ignore"])),
+    e("usrjquota", RootFile),
+    e("grpjquota", RootFile),
+    e("jqfmt", OneOf(&["vfsold", "vfsv0", "vfsv1"])),
+    e("grpquota", Flag),
+    e("quota", Flag),
+    e("noquota", Flag),
+    e("usrquota", Flag),
+    e("prjquota", Flag),
+    e("barrier", Flag),
+    e("barrier", Number),
+    e("nobarrier", Flag),
+    e("i_version", Flag),
+    e("dax", Flag),
+    e("dax", OneOf(DAX)),
+    e("stripe", Number),
+    e("delalloc", Flag),
+    e("nodelalloc", Flag),
+    e("warn_on_error", Flag),
+    e("nowarn_on_error", Flag),
+    e("debug_want_extra_isize", Number),
+    e("mblk_io_submit", Flag),
+    e("nomblk_io_submit", Flag),
+    e("block_validity", Flag),
+    e("noblock_validity", Flag),
+    e("inode_readahead_blks", Number),
+    e("journal_ioprio", Number),
+    e("auto_da_alloc", Number),
+    e("auto_da_alloc", Flag),
+    e("noauto_da_alloc", Flag),
+    e("dioread_nolock", Flag),
+    e("nodioread_nolock", Flag),
+    e("dioread_lock", Flag),
+    e("discard", Flag),
+    e("nodiscard", Flag),
+    e("init_itable", Number),
+    e("init_itable", Flag),
+    e("noinit_itable", Flag),
+    e("fc_debug_force", Flag),
+    e("fc_debug_max_replay", Number),
+    e("max_dir_size_kb", Number),
+    e("test_dummy_encryption", Flag),
+    e("test_dummy_encryption", OneOf(&["v1", "v2"])),
+    e("inlinecrypt", Flag),
+    e("nombcache", Flag),
+    e("no_mbcache", Flag),
+    e("prefetch_block_bitmaps", Flag),
+    e("no_prefetch_block_bitmaps", Flag),
+    e("mb_optimize_scan", OneOf(&["0", "1"])),
+    e("check", Word),
+    e("nocheck", Flag),
+    e("reservation", Flag),
+    e("noreservation", Flag),
+    e("journal", Number),
+];
+
+/// fs/xfs/xfs_super.c `xfs_fs_parameters` (Linux 6.17), without `logdev`
+/// and `rtdev`. `norecovery` the kernel takes only on a read-only mount.
+pub const XFS: &[Entry] = &[
+    e("logbufs", Number),
+    e("logbsize", Size),
+    e("wsync", Flag),
+    e("noalign", Flag),
+    e("swalloc", Flag),
+    e("sunit", Number),
+    e("swidth", Number),
+    e("nouuid", Flag),
+    e("grpid", Flag),
+    e("nogrpid", Flag),
+    e("bsdgroups", Flag),
+    e("sysvgroups", Flag),
+    e("allocsize", Size),
+    e("norecovery", Flag),
+    e("inode64", Flag),
+    e("inode32", Flag),
+    e("ikeep", Flag),
+    e("noikeep", Flag),
+    e("largeio", Flag),
+    e("nolargeio", Flag),
+    e("attr2", Flag),
+    e("noattr2", Flag),
+    e("filestreams", Flag),
+    e("quota", Flag),
+    e("noquota", Flag),
+    e("usrquota", Flag),
+    e("grpquota", Flag),
+    e("prjquota", Flag),
+    e("uquota", Flag),
+    e("gquota", Flag),
+    e("pquota", Flag),
+    e("uqnoenforce", Flag),
+    e("gqnoenforce", Flag),
+    e("pqnoenforce", Flag),
+    e("qnoenforce", Flag),
+    e("discard", Flag),
+    e("nodiscard", Flag),
+    e("dax", Flag),
+    e("dax", OneOf(DAX)),
+    e("max_open_zones", Number),
+    e("lifetime", Flag),
+    e("nolifetime", Flag),
+    e("max_atomic_write", Size),
+];
+
 fn number(v: &str) -> bool {
     !v.is_empty() && v.len() <= 20 && v.bytes().all(|b| b.is_ascii_digit())
 }
 
-/// A size as xfs takes it: digits with an optional k, m or g.
-fn size(v: &str) -> bool {
-    number(v.trim_end_matches(['k', 'K', 'm', 'M', 'g', 'G']))
-}
-
-fn ext4_data(o: &str) -> bool {
-    let (k, v) = o.split_once('=').unwrap_or((o, ""));
-    match (k, v) {
-        (
-            "discard"
-            | "nodiscard"
-            | "barrier"
-            | "nobarrier"
-            | "user_xattr"
-            | "acl"
-            | "noacl"
-            | "delalloc"
-            | "nodelalloc"
-            | "auto_da_alloc"
-            | "noauto_da_alloc"
-            | "dioread_lock"
-            | "dioread_nolock"
-            | "journal_checksum"
-            | "nojournal_checksum"
-            | "journal_async_commit"
-            | "init_itable"
-            | "noinit_itable"
-            | "quota"
-            | "noquota"
-            | "usrquota"
-            | "grpquota"
-            | "prjquota"
-            | "i_version"
-            | "nombcache"
-            | "block_validity"
-            | "noblock_validity"
-            | "grpid"
-            | "bsdgroups"
-            | "nogrpid"
-            | "sysvgroups"
-            | "nouid32"
-            | "debug"
-            | "dax",
-            "",
-        ) => true,
-        ("data", "ordered" | "writeback" | "journal") => true,
-        ("errors", "remount-ro" | "continue") => true,
-        ("dax", "always" | "never" | "inode") => true,
-        (
-            "commit"
-            | "barrier"
-            | "init_itable"
-            | "stripe"
-            | "max_batch_time"
-            | "min_batch_time"
-            | "inode_readahead_blks"
-            | "resuid"
-            | "resgid"
-            | "journal_ioprio"
-            | "max_dir_size_kb",
-            v,
-        ) => number(v),
-        _ => false,
+impl Value {
+    /// Whether `v` (`None`: no `=`) is a value of this kind.
+    fn takes(self, v: Option<&str>) -> bool {
+        match (self, v) {
+            (Flag, None) => true,
+            (Number, Some(v)) => number(v),
+            (Size, Some(v)) => number(v.trim_end_matches(['k', 'K', 'm', 'M', 'g', 'G'])),
+            (OneOf(set), Some(v)) => set.contains(&v),
+            (RootFile, Some(v)) => !v.contains('/') && v.len() <= 255,
+            (Word, Some(v)) => v.len() <= 64 && v.bytes().all(|b| b.is_ascii_alphanumeric()),
+            _ => false,
+        }
     }
 }
 
-fn xfs_data(o: &str) -> bool {
-    let (k, v) = o.split_once('=').unwrap_or((o, ""));
-    match (k, v) {
-        (
-            "nouuid" | "discard" | "nodiscard" | "wsync" | "noalign" | "swalloc" | "inode32"
-            | "inode64" | "largeio" | "nolargeio" | "filestreams" | "ikeep" | "noikeep" | "grpid"
-            | "bsdgroups" | "nogrpid" | "sysvgroups" | "quota" | "usrquota" | "uquota"
-            | "uqnoenforce" | "qnoenforce" | "gquota" | "grpquota" | "gqnoenforce" | "pquota"
-            | "prjquota" | "pqnoenforce" | "noquota" | "attr2" | "noattr2" | "dax",
-            "",
-        ) => true,
-        ("dax", "always" | "never" | "inode") => true,
-        ("logbufs" | "sunit" | "swidth", v) => number(v),
-        ("logbsize" | "allocsize" | "biosize", v) => size(v),
-        _ => false,
+/// The option table of a filesystem hostd makes or mounts: ext2 and ext3
+/// are mounted by the kernel's ext4 driver, with its options.
+pub fn table(fs: &str) -> Option<&'static [Entry]> {
+    match fs {
+        "ext2" | "ext3" | "ext4" => Some(EXT4),
+        "xfs" => Some(XFS),
+        _ => None,
     }
+}
+
+fn in_table(table: &[Entry], o: &str) -> bool {
+    let (name, value) = match o.split_once('=') {
+        Some((n, v)) => (n, Some(v)),
+        None => (o, None),
+    };
+    table.iter().any(|e| e.name == name && e.value.takes(value))
 }
 
 /// What to hand to mount(2): its flags and the filesystem's data string.
@@ -174,8 +329,11 @@ pub fn check(
 ) -> Result<Checked, HostdError> {
     let mut out = Checked::default();
     let mut data = Vec::new();
-    let ext = fs.is_none_or(|f| matches!(f, "ext2" | "ext3" | "ext4"));
-    let xfs = fs.is_none_or(|f| f == "xfs");
+    // A bind mount (no filesystem) checks the options against both tables.
+    let tables: Vec<&[Entry]> = match fs {
+        Some(f) => table(f).into_iter().collect(),
+        None => vec![EXT4, XFS],
+    };
     for o in proxmox_csi_common::mount_options::split(flags) {
         if o.contains(['\n', '\0']) {
             return Err(HostdError::invalid(
@@ -183,20 +341,24 @@ pub fn check(
                 format!("{o:?} holds a control character"),
             ));
         }
+        if let Some(why) = refused(&o) {
+            return Err(HostdError::invalid(
+                field,
+                format!("mount option {o:?} is refused: {why}"),
+            ));
+        }
         if let Some(f) = generic(&o) {
             out.flags |= f;
         } else if userspace_only(&o) {
             continue;
-        } else if selinux(&o) || (ext && ext4_data(&o)) || (xfs && xfs_data(&o)) {
+        } else if selinux(&o) || tables.iter().any(|t| in_table(t, &o)) {
             data.push(o);
         } else {
             return Err(HostdError::invalid(
                 field,
                 format!(
-                    "mount option {o:?} is not allowed{}: it is not one of the {} options hostd accepts \
-                     (device options such as logdev= and errors=panic never are)",
-                    fs.map(|f| format!(" for {f}")).unwrap_or_default(),
-                    fs.unwrap_or("ext4 and xfs")
+                    "mount option {o:?} is not one the kernel's {} driver takes (or not with that value)",
+                    fs.unwrap_or("ext4 or xfs")
                 ),
             ));
         }
@@ -271,28 +433,100 @@ mod tests {
     }
 
     #[test]
-    fn refuses_device_options_and_panics() {
+    fn takes_what_stock_classes_carry() {
+        // Options of StorageClasses written for mount(8) and the Go driver.
         for (fs, o) in [
-            ("xfs", "logdev=/dev/sda"),
-            ("xfs", "rtdev=/dev/sda"),
-            ("ext4", "journal_path=/dev/sda"),
-            ("ext4", "journal_dev=8"),
-            ("ext4", "errors=panic"),
-            ("ext4", "noatime,errors=panic"),
-            ("ext4", "nouuid"),
-            ("xfs", "data=journal"),
-            ("ext4", "commit=5s"),
+            ("ext4", "data_err=abort"),
+            ("ext4", "sb=131072"),
+            ("ext4", "usrquota"),
+            (
+                "ext4",
+                "usrjquota=aquota.user,grpjquota=aquota.group,jqfmt=vfsv0",
+            ),
+            ("ext4", "errors=continue"),
+            (
+                "ext4",
+                "nodelalloc,journal_ioprio=3,barrier=0,mb_optimize_scan=1",
+            ),
+            ("ext3", "data=journal"),
+            ("xfs", "norecovery,ro"),
+            ("xfs", "logbsize=256k,allocsize=64m,prjquota,uqnoenforce"),
+            ("xfs", "iversion,nomand,norelatime,silent,nosymfollow"),
+        ] {
+            let c = check("f", Some(fs), &v(&[o]));
+            assert!(c.is_ok(), "{fs} {o}: {c:?}");
+        }
+        let c = check(
+            "f",
+            Some("ext4"),
+            &v(&["iversion,silent,nosymfollow,nomand"]),
+        )
+        .unwrap();
+        assert_eq!(
+            c.flags,
+            MsFlags::MS_I_VERSION
+                | MsFlags::MS_SILENT
+                | MsFlags::from_bits_retain(nix::libc::MS_NOSYMFOLLOW)
+        );
+        assert_eq!(c.data, "");
+    }
+
+    #[test]
+    fn every_table_entry_is_accepted_with_a_value_of_its_kind() {
+        fn example(v: Value) -> Option<&'static str> {
+            match v {
+                Value::Flag => None,
+                Value::Number => Some("1"),
+                Value::Size => Some("64k"),
+                Value::OneOf(set) => Some(set[0]),
+                Value::RootFile => Some("aquota.user"),
+                Value::Word => Some("none"),
+            }
+        }
+        for fs in ["ext2", "ext3", "ext4", "xfs"] {
+            for e in table(fs).unwrap() {
+                let o = match example(e.value) {
+                    Some(v) => format!("{}={v}", e.name),
+                    None => e.name.to_string(),
+                };
+                let c = check("f", Some(fs), &v(&[&o])).unwrap();
+                assert_eq!(c.data, o, "{fs}");
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_devices_paths_panics_and_other_calls() {
+        for (fs, o, why) in [
+            ("xfs", "logdev=/dev/sda", "names a device"),
+            ("xfs", "rtdev=/dev/sda", "names a device"),
+            ("ext4", "journal_path=/dev/sda", "names a device"),
+            ("ext4", "journal_dev=8", "names a device"),
+            ("ext4", "errors=panic", "panics the node"),
+            ("ext4", "noatime,errors=panic", "panics the node"),
+            ("ext4", "abort", "aborts the journal"),
+            ("ext4", "loop=/dev/loop0", "loop device"),
+            ("xfs", "verity.hashdevice=/dev/sdb", "verity device"),
+            ("ext4", "bind", "what the mount call does"),
+            ("xfs", "remount", "what the mount call does"),
+            ("ext4", "usrjquota=/etc/shadow", "not one the kernel's ext4"),
+            ("ext4", "nouuid", "not one the kernel's ext4"),
+            ("xfs", "data=journal", "not one the kernel's xfs"),
+            ("ext4", "commit=5s", "not one the kernel's ext4"),
+            ("ext4", "data_err=panic", "not one the kernel's ext4"),
+            ("ext4", "mb_optimize_scan=2", "not one the kernel's ext4"),
         ] {
             let e = check("volume_capability.mount_flags", Some(fs), &v(&[o]))
                 .unwrap_err()
                 .to_string();
             assert!(
-                e.starts_with("volume_capability.mount_flags: mount option"),
-                "{e}"
+                e.starts_with("volume_capability.mount_flags: mount option") && e.contains(why),
+                "{fs} {o}: {e}"
             );
         }
         // A bind mount checks them too, and hands on only the generic flags.
         assert!(check("f", None, &v(&["logdev=/dev/sda"])).is_err());
+        assert!(check("f", None, &v(&["nouuid", "data_err=abort"])).is_ok());
         assert_eq!(
             check("f", None, &v(&["discard", "ro"])).unwrap(),
             Checked {

@@ -1007,10 +1007,11 @@ impl Volumes {
             file.remove_only(Kind::File)?;
         } else if let Some(mm) = mounted {
             // A volume the Go driver staged sits on its mapping
-            // `<disk>-encrypted`, which is closed below with the mount gone.
+            // `<disk>-encrypted` or `wwn-0x…-encrypted`, which is closed
+            // below with the mount gone.
             go_mapping = staged_at(&staging)?
                 .and_then(|s| s.mapping)
-                .filter(|(dm, disk)| *dm == luks::go_mapping_name(disk));
+                .filter(|(dm, disk)| luks::go_mapping_names(disk).contains(dm));
             unmount_all(&staging)?;
             flushed = Some(mm);
         }
@@ -1350,7 +1351,8 @@ fn read_only_blank(device: &Path) -> HostdError {
     }
 }
 
-/// A mapping the Go driver left on `device` (`<disk>-encrypted`) that
+/// A mapping the Go driver left on `device` (`<disk>-encrypted`,
+/// `wwn-0x…-encrypted`) that
 /// nothing mounts or holds: what a switch of drivers leaves when the Go
 /// driver's unstage never ran to its close. It is only a view of this very
 /// disk, just verified as the volume's, so it is closed for the stage.

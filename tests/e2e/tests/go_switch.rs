@@ -51,6 +51,10 @@ struct GoVolume {
     /// Its class names the LUKS passphrase Secret (the Go driver encrypts
     /// filesystem volumes only).
     encrypted: bool,
+    /// The Go node plugin opened the disk by its `/dev/disk/by-id/wwn-0x…`
+    /// link (getDevicePath's fallback when sysfs had no match yet), so its
+    /// mapping is `wwn-0x…-encrypted`, not `<kernel name>-encrypted`.
+    by_id: bool,
     /// The Go driver's publish context.
     context: HashMap<String, String>,
 }
@@ -258,6 +262,12 @@ async fn go_node_stage_and_publish(g: &mut Guest, k: &Kubelet, v: &GoVolume, pod
         "set -e; udevadm settle; dev=$(readlink -f {link}); kname=$(basename $dev); \
          mkdir -p {staging} $(dirname {vol_data}); printf '%s' '{json}' > {vol_data}; "
     );
+    // What luks.go Open names the mapping after: the path it was given.
+    script += &if v.by_id {
+        format!("name=$(basename {link}); ")
+    } else {
+        "name=$kname; ".to_string()
+    };
     if v.pv.volume_mode == VolumeMode::Block {
         // Stage: nothing, whatever the class's secrets. Publish: the by-id
         // path bound onto a file.
@@ -273,9 +283,9 @@ async fn go_node_stage_and_publish(g: &mut Guest, k: &Kubelet, v: &GoVolume, pod
         if v.encrypted {
             script += &format!(
                 "printf '%s' '{PASSPHRASE}' | cryptsetup luksFormat --type luks2 --key-file=- -c aes-xts-plain64 $dev --key-size=512; \
-                 printf '%s' '{PASSPHRASE}' | cryptsetup luksOpen $dev $kname-encrypted --key-file=-; "
+                 printf '%s' '{PASSPHRASE}' | cryptsetup luksOpen $dev $name-encrypted --key-file=-; "
             );
-            device = "/dev/mapper/$kname-encrypted".into();
+            device = "/dev/mapper/$name-encrypted".into();
         }
         let (mkfs, opts) = match fs.as_str() {
             "xfs" => (format!("mkfs.xfs -f {device}"), "defaults,nouuid"),
@@ -349,6 +359,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     let claims = [
         (Claim::new("go-ext4", "go-ext4", 1 << 30), &ext4, false),
         (Claim::new("go-xfs", "go-xfs", 1 << 30), &xfs, true),
+        (Claim::new("go-byid", "go-byid", 1 << 30), &ext4, true),
         (
             // Of a LUKS class: the Go driver left it unencrypted.
             Claim::new("go-blk", "go-blk", 1 << 30).block(),
@@ -366,6 +377,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
             pv: go.create(claim, sc).await,
             lun: 0,
             encrypted: *encrypted,
+            by_id: claim.name == "go-byid",
             context: HashMap::new(),
         };
         go.attach(&mut v).await;
@@ -384,6 +396,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         pv: go.create_replicated(&claim, &replicated).await,
         lun: 0,
         encrypted: false,
+        by_id: false,
         context: HashMap::new(),
     };
     go.attach(&mut v).await;
@@ -400,12 +413,17 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         pv,
         lun: 0,
         encrypted: false,
+        by_id: false,
         context,
     };
     sums.push(go_node_stage_and_publish(&mut g, &k, &v, &old_pod).await);
     volumes.push(v);
     let mapped = g.sh("ls /dev/mapper").await.unwrap();
-    assert!(mapped.contains("-encrypted"), "{mapped}");
+    assert!(
+        mapped.contains("sd") && mapped.contains("-encrypted"),
+        "{mapped}"
+    );
+    assert!(mapped.contains("wwn-0x"), "{mapped}");
 
     // The switch: this driver's node plugin and controller from here on.
     // A new pod on each volume while the Go driver's staging stands: a
@@ -481,11 +499,13 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     // A Go node plugin that died in NodeUnstageVolume between its unmount
     // and its luksClose leaves the mapping open on the disk; this driver's
     // next stage of that disk closes it instead of refusing the disk.
+    // Its mapping is the by-id one (`wwn-0x…-encrypted`).
     let claim = Claim::new("go-idle", "go-idle", 1 << 30);
     let mut idle = GoVolume {
         pv: go.create(&claim, &ext4).await,
         lun: 0,
         encrypted: true,
+        by_id: true,
         context: HashMap::new(),
     };
     go.attach(&mut idle).await;
@@ -498,7 +518,10 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     .await
     .unwrap();
     let open = g.sh("ls /dev/mapper").await.unwrap();
-    assert!(open.contains("-encrypted"), "{open}");
+    assert!(
+        open.contains("wwn-0x") && open.contains("-encrypted"),
+        "{open}"
+    );
     mkdirs(&mut g, k.stage_dirs(&idle.pv)).await;
     node.node_stage_volume(k.node_stage(&idle.pv, &idle.context, luks()))
         .await
