@@ -86,6 +86,9 @@ pub struct CloudConfig {
     pub vmid_range: VmidRange,
     /// Keys present in the file that this driver does not read, for a warning.
     pub ignored_keys: Vec<String>,
+    /// `features.controllerVMID`, the spelling the Go driver's docs show and
+    /// its parser never matched: kept only for the warning.
+    pub unread_controller_vmid: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -160,6 +163,14 @@ impl CloudConfig {
                 ));
             }
         }
+        if let Some(v) = self.unread_controller_vmid {
+            out.push(format!(
+                "features.controllerVMID: {v} is not read: the Go driver's parser never matched this \
+                 spelling (gopkg.in/yaml.v3 compares keys exactly), so its disks are under {}; \
+                 disks stay there. Write controllerVmID to change the owner VMID",
+                self.controller_vmid
+            ));
+        }
         out
     }
 
@@ -224,6 +235,7 @@ impl CloudConfig {
             controller_vmid,
             vmid_range,
             ignored_keys,
+            unread_controller_vmid: raw.features.controller_vmid_doc,
         })
     }
 
@@ -334,18 +346,12 @@ fn yaml11_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error>
     }
 }
 
+/// The owner VMID of unattached disks: `controllerVmID`, as the Go driver
+/// reads it (pkg/config/config.go ClustersFeatures, yaml tag
+/// `controllerVmID`, default 9999); `controllerVMID` is not read there.
 fn controller_vmid(f: &RawFeatures) -> Result<u32, ConfigError> {
-    let value = match (f.controller_vmid, f.controller_vmid_doc) {
-        (Some(a), Some(b)) if a != b => {
-            return Err(ConfigError::Feature {
-                key: "controllerVmID",
-                reason: format!(
-                    "given twice with different values ({a} as controllerVmID, {b} as controllerVMID); keep one"
-                ),
-            });
-        }
-        (Some(v), _) | (None, Some(v)) => v,
-        (None, None) => return Ok(DEFAULT_CONTROLLER_VMID),
+    let Some(value) = f.controller_vmid else {
+        return Ok(DEFAULT_CONTROLLER_VMID);
     };
     // Proxmox VMIDs run from 100 to 999999999; the Go driver demands more than 100.
     if !(101..=999_999_999).contains(&value) {

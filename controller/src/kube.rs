@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume};
-use k8s_openapi::api::storage::v1::{CSINode, VolumeAttributesClass};
+use k8s_openapi::api::storage::v1::CSINode;
 use kube::Api;
-use kube::api::ListParams;
+use kube::api::{ApiResource, DynamicObject, ListParams};
 
 use crate::error::CtlError;
 
@@ -17,6 +17,8 @@ pub const LIFECYCLE: &str = "csi.proxmox.sinextra.dev/lifecycle";
 #[derive(Clone)]
 pub struct Kube {
     client: kube::Client,
+    /// The VolumeAttributesClass version the API server serves, found once.
+    vac_version: std::sync::Arc<tokio::sync::OnceCell<&'static str>>,
 }
 
 impl std::fmt::Debug for Kube {
@@ -78,7 +80,10 @@ pub async fn cluster_id(
 
 impl Kube {
     pub fn new(client: kube::Client) -> Self {
-        Self { client }
+        Self {
+            client,
+            vac_version: Default::default(),
+        }
     }
 
     pub fn client(&self) -> &kube::Client {
@@ -178,13 +183,65 @@ impl Kube {
         }))
     }
 
+    /// The version of `storage.k8s.io` that serves VolumeAttributesClasses:
+    /// `v1` from Kubernetes 1.34, `v1beta1` on 1.31–1.33 (where the feature
+    /// gate and the API must be switched on), asked of the server's
+    /// discovery (`/apis/storage.k8s.io/<version>`), once.
+    async fn vac_version(&self) -> Result<&'static str, CtlError> {
+        self.vac_version
+            .get_or_try_init(|| async {
+                for version in ["v1", "v1beta1"] {
+                    let served = match self
+                        .client
+                        .list_api_group_resources(&format!("storage.k8s.io/{version}"))
+                        .await
+                    {
+                        Ok(list) => list
+                            .resources
+                            .iter()
+                            .any(|r| r.name == "volumeattributesclasses"),
+                        Err(kube::Error::Api(e)) if e.code == 404 => false,
+                        Err(e) => return Err(unavailable("discovering storage.k8s.io", e)),
+                    };
+                    if served {
+                        return Ok(version);
+                    }
+                }
+                Err(CtlError::FailedPrecondition(
+                    "the PV names a VolumeAttributesClass, but the API server serves none \
+                     (storage.k8s.io v1 or v1beta1): enable the VolumeAttributesClass feature \
+                     gate and API, or remove volumeAttributesClassName"
+                        .into(),
+                ))
+            })
+            .await
+            .copied()
+    }
+
+    /// A VolumeAttributesClass's parameters, in the version the server serves.
     pub async fn attributes_class(&self, name: &str) -> Result<HashMap<String, String>, CtlError> {
-        let vacs: Api<VolumeAttributesClass> = Api::all(self.client.clone());
+        let version = self.vac_version().await?;
+        let resource = ApiResource {
+            group: "storage.k8s.io".into(),
+            version: version.into(),
+            api_version: format!("storage.k8s.io/{version}"),
+            kind: "VolumeAttributesClass".into(),
+            plural: "volumeattributesclasses".into(),
+        };
+        let vacs: Api<DynamicObject> = Api::all_with(self.client.clone(), &resource);
         let vac = vacs
             .get(name)
             .await
             .map_err(|e| unavailable(&format!("reading VolumeAttributesClass {name}"), e))?;
-        Ok(vac.parameters.unwrap_or_default().into_iter().collect())
+        // `parameters` is a map of strings in both versions.
+        Ok(vac.data["parameters"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 }
 

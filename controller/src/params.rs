@@ -38,6 +38,16 @@ const KEYS: &[&str] = &[
     "replicateZones",
 ];
 
+/// The VolumeAttributesClass keys `apply_mutable` reads.
+pub const MUTABLE_KEYS: &[&str] = &[
+    "diskIOPS",
+    "diskMBps",
+    "backup",
+    "cache",
+    "replicateSchedule",
+    "replicateZones",
+];
+
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StorageParams {
     pub storage: String,
@@ -178,6 +188,25 @@ impl StorageParams {
             });
         }
         Ok(p)
+    }
+
+    /// A VolumeAttributesClass applied at attach: as `apply_mutable`, but a
+    /// key no driver reads is left out and returned, never refused (the Go
+    /// driver ignores it, pkg/csi/parameters.go ExtractModifyVolumeParameters
+    /// reads only its own fields; a class cannot be changed, so a refusal
+    /// would fail every attach of the PV).
+    pub fn apply_mutable_at_attach(
+        &mut self,
+        params: &HashMap<String, String>,
+    ) -> Result<Vec<String>, ParamError> {
+        let (known, unknown): (HashMap<_, _>, HashMap<_, _>) = params
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .partition(|(k, _)| MUTABLE_KEYS.contains(&k.as_str()));
+        self.apply_mutable(&known)?;
+        let mut unknown: Vec<String> = unknown.into_keys().collect();
+        unknown.sort();
+        Ok(unknown)
     }
 
     /// Applies VolumeAttributesClass values on top; returns the class's

@@ -150,3 +150,42 @@ async fn a_class_limit_of_zero_keeps_the_disks_limit() {
         "{line}"
     );
 }
+
+/// A static PV on shared storage whose handle names the node it was made
+/// on (the Go driver's FAQ writes `region/zone/storage/disk`), used by a VM
+/// on another node: the zone is a hint there, as in Go's checkVolume.
+#[tokio::test]
+async fn a_shared_volume_follows_a_vm_on_another_node_than_its_handles_zone() {
+    let cluster = CLUSTER.replace(
+        "volumes:\n",
+        "volumes:\n  - { volid: \"nfs:vm-9999-pvc-static\", size: 1073741824 }\n",
+    );
+    let e = env_from(&cluster).await;
+    let v = csi::Volume {
+        volume_id: "region-1/pve1/nfs/vm-9999-pvc-static".into(),
+        capacity_bytes: 1 << 30,
+        ..Default::default()
+    };
+    // worker-2 (VM 112) runs on pve2.
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
+    assert!(drive_of(&e.vm(112).await, "vm-9999-pvc-static").starts_with("nfs:vm-9999-pvc-static"));
+    // On local storage the zone stays a fact.
+    let local = csi::Volume {
+        volume_id: "region-1/pve1/local-lvm/vm-9999-pvc-local".into(),
+        capacity_bytes: 1 << 30,
+        ..Default::default()
+    };
+    let err = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&local, "worker-2/112")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("local storage of Proxmox node pve1"),
+        "{err:?}"
+    );
+}

@@ -80,7 +80,8 @@ async fn vac(Path(name): Path<String>) -> (StatusCode, Json<Value>) {
     (
         StatusCode::OK,
         Json(
-            json!({"kind": "VolumeAttributesClass", "apiVersion": "storage.k8s.io/v1", "metadata": {"name": "fast"}, "driverName": "csi.proxmox.sinextra.dev", "parameters": {"diskIOPS": "500"}}),
+            // `tier`: a key no driver reads, in a class made for another.
+            json!({"kind": "VolumeAttributesClass", "apiVersion": "storage.k8s.io/v1", "metadata": {"name": "fast"}, "driverName": "csi.proxmox.sinextra.dev", "parameters": {"diskIOPS": "500", "tier": "gold"}}),
         ),
     )
 }
@@ -95,17 +96,48 @@ async fn csinodes() -> Json<Value> {
     }))
 }
 
+/// Discovery of `storage.k8s.io/<version>` (kube-apiserver's
+/// APIResourceList), with VolumeAttributesClasses where `vacs` says.
+fn resources(version: &'static str, vacs: bool) -> Json<Value> {
+    let mut resources = vec![
+        json!({"name": "csinodes", "singularName": "csinode", "namespaced": false, "kind": "CSINode", "verbs": ["get", "list"]}),
+    ];
+    if vacs {
+        resources.push(json!({"name": "volumeattributesclasses", "singularName": "volumeattributesclass", "namespaced": false, "kind": "VolumeAttributesClass", "verbs": ["get", "list"]}));
+    }
+    Json(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("storage.k8s.io/{version}"), "resources": resources}),
+    )
+}
+
 async fn kube_api() -> kube::Client {
+    kube_api_serving("v1").await
+}
+
+/// The API server of Kubernetes 1.34 (`vac_version` "v1") or of 1.31–1.33
+/// with the feature on ("v1beta1": storage.k8s.io/v1 serves no
+/// VolumeAttributesClass).
+async fn kube_api_serving(vac_version: &'static str) -> kube::Client {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = axum::Router::new()
+    let mut app = axum::Router::new()
         .route("/api/v1/nodes/{name}", get(node))
         .route("/api/v1/persistentvolumes", get(pvs))
         .route(
-            "/apis/storage.k8s.io/v1/volumeattributesclasses/{name}",
+            &format!("/apis/storage.k8s.io/{vac_version}/volumeattributesclasses/{{name}}"),
             get(vac),
         )
+        .route(
+            "/apis/storage.k8s.io/v1",
+            get(move || async move { resources("v1", vac_version == "v1") }),
+        )
         .route("/apis/storage.k8s.io/v1/csinodes", get(csinodes));
+    if vac_version == "v1beta1" {
+        app = app.route(
+            "/apis/storage.k8s.io/v1beta1",
+            get(|| async { resources("v1beta1", true) }),
+        );
+    }
     tokio::spawn(async move { axum::serve(listener, app).await });
     let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
     kube::Client::try_from(config).unwrap()
@@ -348,4 +380,29 @@ async fn two_vms_with_a_nodes_name_are_not_guessed_between() {
         .controller_publish_volume(Request::new(publish_req(&vol, "worker-2/114")))
         .await
         .unwrap();
+}
+
+/// Kubernetes 1.31–1.33 serve VolumeAttributesClasses as v1beta1 only: the
+/// class still applies at attach (found by discovery), and its key no driver
+/// reads (`tier`) is left out with a warning, as the Go driver ignores it.
+#[tokio::test]
+async fn a_class_served_as_v1beta1_applies_at_attach() {
+    let k = kube_api_serving("v1beta1").await;
+    let e = env_with(|c| c.with_kube(Kube::new(k), "csi.proxmox.sinextra.dev")).await;
+    let fast = create(&e, "pvc-fast", Some("pve2")).await;
+    let ctx = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&fast, "worker-y")))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    let line = e.vm(112).await["config"][format!("scsi{}", ctx["lun"])]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        line.contains("iops_rd=500") && !line.contains("tier"),
+        "{line}"
+    );
 }

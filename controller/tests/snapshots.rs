@@ -736,12 +736,14 @@ async fn calls_per_snapshot_operation() {
         .unwrap();
     n.push(("delete snapshot", e.calls().await - b, 1));
     eprintln!("CALLS {n:?}");
-    // Budgets: snapshot ≤ 18 over its calls (the first one also builds the
+    // Budgets: snapshot ≤ 21 over its calls (the first one also builds the
     // attachment index, one config read per VM, to tell whether the source
-    // is attached), restore ≤ 22, deletes ≤ 8 and 6. A copy VM is
+    // is attached), restore ≤ 25, deletes ≤ 8 and 6. A copy VM is
     // protected: releasing its disk and destroying it each cost a config
-    // read and the write that lifts the flag.
-    let budget = [18, 3, 22, 8, 6];
+    // read and the write that lifts the flag. A new copy VM first lists the
+    // disks on the node's storages (3 calls here): a VMID that owns a disk
+    // is never taken.
+    let budget = [21, 3, 25, 8, 6];
     for ((name, used, _), max) in n.iter().zip(budget) {
         assert!(*used <= max, "{name}: {used} calls > {max}");
     }
@@ -763,6 +765,49 @@ async fn api_answer(e: &Env, method: &str, path: &str) -> (u16, Value) {
         .unwrap();
     let status = r.status().as_u16();
     (status, r.json::<Value>().await.unwrap_or(Value::Null))
+}
+
+/// Another Kubernetes cluster on the same Proxmox keeps its detached disks
+/// under its controllerVmID, 20001, which has no VM: `/cluster/nextid`
+/// calls 20001 free. A copy VM there would own those disks, and its destroy
+/// (`destroy-unreferenced-disks`, qemu-server destroy_vm) would free them.
+#[tokio::test]
+async fn a_vmid_that_owns_disks_is_never_given_to_a_copy_vm() {
+    let cluster = CLUSTER
+        .replace(
+            "CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]",
+            &format!("CSI: {COPY_ROLE}"),
+        )
+        .replace(
+            "volumes:\n",
+            "volumes:\n  - { volid: \"local-lvm:vm-20001-pvc-other-cluster\", node: pve2, size: 1073741824 }\n",
+        );
+    let e = env_from_with(&cluster, |mut c| {
+        c.vmid_range = proxmox_csi_controller::config::VmidRange {
+            low: 20001,
+            high: 20003,
+        };
+        c
+    })
+    .await;
+    let v = create(&e, "pvc-a", Some("pve2")).await;
+    let s = until_ready(&e, "snapshot-p", &v.volume_id).await;
+    let snap = s.last().unwrap().clone();
+    let vm = vms_named(&e, "snapshot-p").await;
+    assert_eq!(vm[0]["vmid"], 20002, "{vm:?}");
+    e.svc
+        .delete_snapshot(Request::new(callers::snapshotter::delete_snapshot(
+            &snap.snapshot_id,
+        )))
+        .await
+        .unwrap();
+    assert!(vms_named(&e, "snapshot-p").await.is_empty());
+    let left = volumes(&e).await;
+    assert!(
+        left.iter()
+            .any(|v| v == "local-lvm:vm-20001-pvc-other-cluster"),
+        "the other cluster's disk is gone: {left:?}"
+    );
 }
 
 #[tokio::test]

@@ -83,9 +83,13 @@ impl Controller {
             _ => CtlError::from(e),
         };
         let tags = format!("{TAG};{};{}", vm.kind, name_tag(vm.name));
+        // A VMID that owns disks (another cluster's controllerVmID, a Go
+        // driver's 9999, a deleted VM's leftovers) is never taken: the
+        // destroy of this VM frees every disk its VMID owns.
+        let owners = client.disk_owners(node, d).await.map_err(denied)?;
         let mut last = String::new();
         for _ in 0..5 {
-            let vmid = self.next_vmid(client, d).await?;
+            let vmid = self.next_vmid(client, &owners, d).await?;
             let form = [
                 ("vmid", vmid.to_string()),
                 ("name", vm.name.to_string()),
@@ -224,7 +228,12 @@ impl Controller {
     /// see (pve-manager PVE/API2/Cluster.pm nextid: 400 "VM N already
     /// exists"), as the Go driver's go-proxmox GetNextID probes. An id handed
     /// out lately is skipped while a create under it may still be running.
-    async fn next_vmid(&self, client: &Client, d: Deadline) -> Result<u32, CtlError> {
+    async fn next_vmid(
+        &self,
+        client: &Client,
+        disk_owners: &HashSet<u32>,
+        d: Deadline,
+    ) -> Result<u32, CtlError> {
         let parse = |v: &Value| match v {
             Value::String(s) => s.parse::<u32>().ok(),
             Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
@@ -241,6 +250,7 @@ impl Controller {
         let range = self.vmid_range;
         let candidates = (range.low..=range.high)
             .filter(|id| *id != self.controller_vmid && !listed.contains(id))
+            .filter(|id| !disk_owners.contains(id))
             .filter(|id| !self.recent_vmids.recent(*id));
         for candidate in candidates.take(100) {
             self.recent_vmids.hand_out(candidate);

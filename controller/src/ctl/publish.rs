@@ -127,8 +127,11 @@ impl Controller {
             && let Some(pv) = k.pv_for_handle(&self.driver_name, &r.volume_id).await?
             && let Some(vac) = &pv.attributes_class
         {
-            // Its warnings were logged at create or modify; not again per attach.
-            params.apply_mutable(&k.attributes_class(vac).await?)?;
+            // Its warnings were logged at create or modify; not again per
+            // attach. A key no driver reads is no reason to fail the attach.
+            for key in params.apply_mutable_at_attach(&k.attributes_class(vac).await?)? {
+                tracing::warn!(class = %vac, key, "VolumeAttributesClass key no driver reads: ignored");
+            }
         }
 
         let facts = self.node_facts(&node_id).await?;
@@ -141,8 +144,24 @@ impl Controller {
                     id.region
                 ))
             })?;
-        if let Some(zone) = &id.zone
-            && *zone != vm.node
+        // On shared storage the handle's zone is where the volume was
+        // made, a hint: the VM reaches it from any node (static PVs written
+        // as the Go driver's FAQ shows, a VM moved since). Go compares it
+        // with no VM's node either (pkg/csi/controller.go checkVolume).
+        let mut zone = id.zone.as_deref();
+        if let Some(z) = zone
+            && z != vm.node
+            && self
+                .storage_rows(&client, &id.storage, d)
+                .await?
+                .iter()
+                .any(|r| r.shared == 1)
+        {
+            tracing::debug!(zone = z, node = %vm.node, "shared storage: the handle's zone is a hint");
+            zone = None;
+        }
+        if let Some(zone) = zone
+            && zone != vm.node
         {
             return Err(CtlError::FailedPrecondition(format!(
                 "volume {} is on local storage of Proxmox node {zone}, but VM {} ({node_id}) runs on {}; \
@@ -156,7 +175,7 @@ impl Controller {
         if let Some(other) = self
             .attacher
             .attachments
-            .confirmed(&client, &self.vms, &id.volid(), id.zone.as_deref(), d)
+            .confirmed(&client, &self.vms, &id.volid(), zone, d)
             .await?
             && other != vm.vmid
         {

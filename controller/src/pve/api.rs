@@ -267,6 +267,48 @@ impl Client {
             .collect())
     }
 
+    /// The VMIDs that own a disk on a storage enabled on `node`: what a
+    /// destroy of a VM with that VMID there would free with
+    /// `destroy-unreferenced-disks` (qemu-server QemuServer.pm destroy_vm →
+    /// pve-storage Storage.pm vdisk_list over the storages enabled on the
+    /// node, content `images`). A storage whose content cannot be read is
+    /// left out, as vdisk_list leaves it.
+    pub async fn disk_owners(
+        &self,
+        node: &str,
+        d: Deadline,
+    ) -> Result<std::collections::HashSet<u32>, PveError> {
+        let images = || ("content", "images".to_string());
+        let storages: Vec<Value> = self
+            .call(
+                Method::GET,
+                &format!("/nodes/{node}/storage"),
+                &[("enabled", "1".to_string()), images()],
+                d,
+            )
+            .await?;
+        let mut owners = std::collections::HashSet::new();
+        for st in &storages {
+            let Some(id) = st["storage"].as_str() else {
+                continue;
+            };
+            let path = format!("/nodes/{node}/storage/{id}/content");
+            match self
+                .call::<Vec<Value>>(Method::GET, &path, &[images()], d)
+                .await
+            {
+                Ok(list) => owners.extend(
+                    list.iter()
+                        .filter_map(|v| v["vmid"].as_u64())
+                        .filter_map(|v| u32::try_from(v).ok()),
+                ),
+                Err(e) if e.is_transient() => return Err(e),
+                Err(e) => tracing::debug!(storage = id, error = %e, "storage content not readable"),
+            }
+        }
+        Ok(owners)
+    }
+
     pub async fn storages(&self, d: Deadline) -> Result<Vec<StorageResource>, PveError> {
         self.call(
             Method::GET,

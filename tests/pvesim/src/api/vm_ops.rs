@@ -12,7 +12,7 @@ use super::qemu::spawn_task;
 use crate::drive::{self, Drive};
 use crate::reply::ApiError;
 use crate::server::Ctx;
-use crate::state::{Cluster, StorageType, Vm, Volume, owner_of};
+use crate::state::{Cluster, Place, StorageType, Vm, Volume, owner_of};
 use crate::tasks::Task;
 
 pub async fn index(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
@@ -157,6 +157,7 @@ pub async fn destroy(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             return Err(ApiError::die(format!("VM is locked ({l})")));
         }
     }
+    let unreferenced = call.flag("destroy-unreferenced-disks");
     let task = Task::new(&node, "qmdestroy", &vmid.to_string(), &call.caller);
     let upid = task.upid.clone();
     spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
@@ -202,6 +203,40 @@ pub async fn destroy(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
                     );
                 }
                 log.push(format!("Removed volume '{storage}:{volname}'"));
+            }
+        }
+        // qemu-server QemuServer.pm destroy_vm with $purge_unreferenced:
+        // every disk the VMID owns on the storages enabled on the node
+        // (pve-storage Storage.pm vdisk_list, content `images`), referenced
+        // or not.
+        if unreferenced {
+            let places: Vec<Place> = c
+                .storages
+                .values()
+                .filter(|st| st.enabled_on(&vm.node) && st.content.iter().any(|x| x == "images"))
+                .filter_map(|st| c.place(&st.id, &vm.node).ok())
+                .collect();
+            for place in places {
+                let keeps_extents = c
+                    .storages
+                    .get(&place.0)
+                    .is_some_and(crate::state::StorageSpec::keeps_extents);
+                let Some(vols) = c.volumes.get_mut(&place) else {
+                    continue;
+                };
+                let owned: Vec<String> = vols
+                    .iter()
+                    .filter(|(_, v)| v.owner == vmid)
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                for volname in owned {
+                    vols.remove(&volname);
+                    let volid = format!("{}:{volname}", place.0);
+                    if let Some(dir) = &ctx.volume_dir {
+                        crate::qmp::release_backing(dir, &volid, keeps_extents);
+                    }
+                    log.push(format!("Removed volume '{volid}'"));
+                }
             }
         }
         c.replication.retain(|_, j| j.guest != vmid);
