@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every fuzz target (fuzz/fuzz_targets, libFuzzer through the
-# libfuzzer-sys crate) for a bounded time (FUZZ_SECONDS each, 10 by default)
+# libfuzzer-sys crate) for a bounded time (FUZZ_SECONDS each, 5 by default)
 # from the committed corpus in fuzz/corpus; new inputs go to a scratch
 # directory, crashes to fuzz/artifacts. Built with the stable toolchain and
 # the coverage instrumentation libFuzzer needs (the flags cargo-fuzz passes,
@@ -9,7 +9,7 @@
 # build scripts and proc macros stay uninstrumented.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
-seconds=${FUZZ_SECONDS:-10}
+seconds=${FUZZ_SECONDS:-5}
 host=$(rustc -vV | sed -n 's/^host: //p')
 export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \

@@ -769,8 +769,11 @@ async fn api_answer(e: &Env, method: &str, path: &str) -> (u16, Value) {
 
 /// Another Kubernetes cluster on the same Proxmox keeps its detached disks
 /// under its controllerVmID, 20001, which has no VM: `/cluster/nextid`
-/// calls 20001 free. A copy VM there would own those disks, and its destroy
-/// (`destroy-unreferenced-disks`, qemu-server destroy_vm) would free them.
+/// calls 20001 free. A copy VM there would have those disks listed under
+/// it. And a disk allocated under the copy VM's VMID after it was made
+/// (another cluster whose controllerVmID it is) survives its destroy, which
+/// frees only what the VM's config names (no `destroy-unreferenced-disks`,
+/// which frees every disk of the VMID: qemu-server destroy_vm).
 #[tokio::test]
 async fn a_vmid_that_owns_disks_is_never_given_to_a_copy_vm() {
     let cluster = CLUSTER
@@ -795,6 +798,19 @@ async fn a_vmid_that_owns_disks_is_never_given_to_a_copy_vm() {
     let snap = s.last().unwrap().clone();
     let vm = vms_named(&e, "snapshot-p").await;
     assert_eq!(vm[0]["vmid"], 20002, "{vm:?}");
+    {
+        let mut c = e.sim.ctx.cluster();
+        let place = c.place("local-lvm", "pve2").unwrap();
+        c.volumes.entry(place).or_default().insert(
+            "vm-20002-pvc-later".into(),
+            pvesim::state::Volume {
+                size: 1 << 30,
+                format: "raw".into(),
+                owner: 20002,
+                ctime: 0,
+            },
+        );
+    }
     e.svc
         .delete_snapshot(Request::new(callers::snapshotter::delete_snapshot(
             &snap.snapshot_id,
@@ -803,11 +819,12 @@ async fn a_vmid_that_owns_disks_is_never_given_to_a_copy_vm() {
         .unwrap();
     assert!(vms_named(&e, "snapshot-p").await.is_empty());
     let left = volumes(&e).await;
-    assert!(
-        left.iter()
-            .any(|v| v == "local-lvm:vm-20001-pvc-other-cluster"),
-        "the other cluster's disk is gone: {left:?}"
-    );
+    for other in [
+        "local-lvm:vm-20001-pvc-other-cluster",
+        "local-lvm:vm-20002-pvc-later",
+    ] {
+        assert!(left.iter().any(|v| v == other), "{other} is gone: {left:?}");
+    }
 }
 
 #[tokio::test]

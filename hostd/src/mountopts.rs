@@ -76,6 +76,21 @@ fn selinux(o: &str) -> bool {
         .any(|p| o.starts_with(p))
 }
 
+/// An SELinux context as mount(8) and kubelet write it: `user:role:type:level`
+/// characters, quoted (`"…"`, the only place a comma or a quote may be,
+/// as the kernel's SELinux option parser reads quotes) or not.
+fn selinux_value(v: &str) -> bool {
+    let context = |c: &str, comma: bool| {
+        !c.is_empty()
+            && c.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b) || (comma && b == b','))
+    };
+    match v.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
+        Some(inner) => context(inner, true),
+        None => context(v, false),
+    }
+}
+
 /// Why an option is refused whatever its filesystem, if it is.
 fn refused(o: &str) -> Option<&'static str> {
     let name = o.split('=').next().unwrap_or(o);
@@ -277,7 +292,13 @@ impl Value {
             (Number, Some(v)) => number(v),
             (Size, Some(v)) => number(v.trim_end_matches(['k', 'K', 'm', 'M', 'g', 'G'])),
             (OneOf(set), Some(v)) => set.contains(&v),
-            (RootFile, Some(v)) => !v.contains('/') && v.len() <= 255,
+            // A plain file name: the kernel refuses `/`, and the data
+            // string it is joined into is split at every comma.
+            (RootFile, Some(v)) => {
+                v.len() <= 255
+                    && v.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            }
             (Word, Some(v)) => v.len() <= 64 && v.bytes().all(|b| b.is_ascii_alphanumeric()),
             _ => false,
         }
@@ -347,11 +368,36 @@ pub fn check(
                 format!("mount option {o:?} is refused: {why}"),
             ));
         }
+        // The kernel splits the data string at every comma, quotes or not
+        // (fs_context.c vfs_parse_comma_sep): only an SELinux context, whose
+        // own parser reads quotes, may hold one, and only quoted whole.
+        if selinux(&o) {
+            let value = o.split_once('=').map(|(_, v)| v).unwrap_or_default();
+            if !selinux_value(value) {
+                return Err(HostdError::invalid(
+                    field,
+                    format!(
+                        "mount option {o:?} is refused: an SELinux context is user:role:type:level \
+                         of letters, digits and _.:- (a comma only inside one pair of double quotes)"
+                    ),
+                ));
+            }
+            data.push(o);
+            continue;
+        }
+        if o.contains(['"', ' ', '\t']) {
+            return Err(HostdError::invalid(
+                field,
+                format!(
+                    "mount option {o:?} is refused: only an SELinux context's value may be quoted"
+                ),
+            ));
+        }
         if let Some(f) = generic(&o) {
             out.flags |= f;
         } else if userspace_only(&o) {
             continue;
-        } else if selinux(&o) || tables.iter().any(|t| in_table(t, &o)) {
+        } else if tables.iter().any(|t| in_table(t, &o)) {
             data.push(o);
         } else {
             return Err(HostdError::invalid(
@@ -362,6 +408,14 @@ pub fn check(
                 ),
             ));
         }
+    }
+    // ext4 keeps an error behaviour in its superblock (tune2fs -e), which
+    // may be `panic` on a disk written elsewhere: a volume's errors never
+    // panic the node, so the mount says what happens unless the class did.
+    if fs.is_some_and(|f| matches!(f, "ext2" | "ext3" | "ext4"))
+        && !data.iter().any(|o| o.starts_with("errors="))
+    {
+        data.push("errors=remount-ro".into());
     }
     if fs.is_some() {
         out.data = data.join(",");
@@ -414,7 +468,7 @@ mod tests {
             c,
             Checked {
                 flags: MsFlags::MS_NOATIME,
-                data: "discard".into()
+                data: "discard,errors=remount-ro".into()
             }
         );
         let c = check(
@@ -468,7 +522,16 @@ mod tests {
                 | MsFlags::MS_SILENT
                 | MsFlags::from_bits_retain(nix::libc::MS_NOSYMFOLLOW)
         );
-        assert_eq!(c.data, "");
+        assert_eq!(c.data, "errors=remount-ro");
+    }
+
+    #[test]
+    fn an_ext_superblocks_error_behaviour_never_panics_the_node() {
+        let c = check("f", Some("ext4"), &v(&["noatime"])).unwrap();
+        assert_eq!(c.data, "errors=remount-ro");
+        let c = check("f", Some("ext3"), &v(&["errors=continue"])).unwrap();
+        assert_eq!(c.data, "errors=continue");
+        assert_eq!(check("f", Some("xfs"), &v(&["noatime"])).unwrap().data, "");
     }
 
     #[test]
@@ -490,7 +553,13 @@ mod tests {
                     None => e.name.to_string(),
                 };
                 let c = check("f", Some(fs), &v(&[&o])).unwrap();
-                assert_eq!(c.data, o, "{fs}");
+                let ext = fs != "xfs" && !o.starts_with("errors=");
+                let want = if ext {
+                    format!("{o},errors=remount-ro")
+                } else {
+                    o
+                };
+                assert_eq!(c.data, want, "{fs}");
             }
         }
     }
@@ -515,6 +584,25 @@ mod tests {
             ("ext4", "commit=5s", "not one the kernel's ext4"),
             ("ext4", "data_err=panic", "not one the kernel's ext4"),
             ("ext4", "mb_optimize_scan=2", "not one the kernel's ext4"),
+            // The kernel splits at every comma, quotes or not: a quoted
+            // value must not carry options past the check.
+            (
+                "ext4",
+                "usrjquota=\"aquota.user,jqfmt=vfsv0,errors=panic",
+                "only an SELinux context's value may be quoted",
+            ),
+            (
+                "ext4",
+                "grpjquota=a\"b",
+                "only an SELinux context's value may be quoted",
+            ),
+            (
+                "ext4",
+                "context=\"system_u:object_r:x:s0",
+                "an SELinux context is",
+            ),
+            ("xfs", "context=\"a:b\",logdev=/dev/sda\"", "names a device"),
+            ("ext4", "fscontext=a:b;c", "an SELinux context is"),
         ] {
             let e = check("volume_capability.mount_flags", Some(fs), &v(&[o]))
                 .unwrap_err()

@@ -1011,7 +1011,9 @@ impl Volumes {
             // below with the mount gone.
             go_mapping = staged_at(&staging)?
                 .and_then(|s| s.mapping)
-                .filter(|(dm, disk)| luks::go_mapping_names(disk).contains(dm));
+                .filter(|(dm, disk)| {
+                    luks::go_mapping_on(disk).is_some_and(|(name, _)| name == *dm)
+                });
             unmount_all(&staging)?;
             flushed = Some(mm);
         }
@@ -1020,7 +1022,7 @@ impl Volumes {
         }
         if let Some((name, disk)) = go_mapping {
             let table = mounts::table()?;
-            if luks::active(&name).is_some_and(|dm| !device_has_mount(&table, &dm)) {
+            if luks::active(&name).is_some_and(|dm| !device_has_mount(&table, &dm) && !held(&dm)) {
                 tracing::info!(mapping = %name, disk, "closing the Go driver's mapping of the volume");
                 luks::close(&name, !blockdev::backing_present(&name))?;
             }
@@ -1366,15 +1368,19 @@ fn close_idle_go_mapping(
     let Some((name, dm)) = luks::go_mapping_on(&disk) else {
         return Ok(None);
     };
-    let held = std::fs::read_dir(Path::new("/sys/block").join(&dm).join("holders"))
-        .map(|d| d.flatten().next().is_some())
-        .unwrap_or(false);
-    if device_has_mount(table, &dm) || held {
+    if device_has_mount(table, &dm) || held(&dm) {
         return Ok(None);
     }
     tracing::warn!(mapping = %name, dm, disk, "closing the Go driver's idle mapping of the disk");
     luks::close(&name, false)?;
     Ok(Some(format!("closed the Go driver's mapping {name}")))
+}
+
+/// Whether another device sits on the block device `name` (`holders/`).
+fn held(name: &str) -> bool {
+    std::fs::read_dir(Path::new("/sys/block").join(name).join("holders"))
+        .map(|d| d.flatten().next().is_some())
+        .unwrap_or(false)
 }
 
 /// Whether the block device `name` (e.g. `dm-0`) is mounted anywhere, or

@@ -84,8 +84,9 @@ impl Controller {
         };
         let tags = format!("{TAG};{};{}", vm.kind, name_tag(vm.name));
         // A VMID that owns disks (another cluster's controllerVmID, a Go
-        // driver's 9999, a deleted VM's leftovers) is never taken: the
-        // destroy of this VM frees every disk its VMID owns.
+        // driver's 9999, a deleted VM's leftovers) is never taken: they
+        // would be listed under this VM, and a destroy from the UI with
+        // "destroy unreferenced disks" would free them.
         let owners = client.disk_owners(node, d).await.map_err(denied)?;
         let mut last = String::new();
         for _ in 0..5 {

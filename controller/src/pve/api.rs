@@ -267,12 +267,11 @@ impl Client {
             .collect())
     }
 
-    /// The VMIDs that own a disk on a storage enabled on `node`: what a
-    /// destroy of a VM with that VMID there would free with
-    /// `destroy-unreferenced-disks` (qemu-server QemuServer.pm destroy_vm →
-    /// pve-storage Storage.pm vdisk_list over the storages enabled on the
-    /// node, content `images`). A storage whose content cannot be read is
-    /// left out, as vdisk_list leaves it.
+    /// The VMIDs that own a disk on a storage of `node` the token sees
+    /// (content `images`): a new VM of the driver takes none of them, so
+    /// that no disk of another owner is ever listed under it (and freed by
+    /// a destroy with `destroy-unreferenced-disks` from the UI, where the
+    /// flag is lifted). A storage whose content cannot be read is left out.
     pub async fn disk_owners(
         &self,
         node: &str,
@@ -429,13 +428,15 @@ impl Client {
         self.wait_task(&upid, d).await
     }
 
-    /// Destroys a stopped VM with every disk it owns and its replication
-    /// jobs (`purge`); waits for the task.
+    /// Destroys a stopped VM with the disks its configuration references
+    /// and its replication jobs (`purge`); waits for the task. Never with
+    /// `destroy-unreferenced-disks`: that frees every disk named after the
+    /// VMID on the storages of the node (qemu-server QemuServer.pm
+    /// destroy_vm → pve-storage vdisk_list), whoever made it: another
+    /// cluster's volumes under the same VMID, on storages the token cannot
+    /// see or that appeared after the VM was made.
     pub async fn destroy_vm(&self, node: &str, vmid: u32, d: Deadline) -> Result<(), PveError> {
-        let q = [
-            ("purge", "1".to_string()),
-            ("destroy-unreferenced-disks", "1".to_string()),
-        ];
+        let q = [("purge", "1".to_string())];
         let upid: String = self
             .call(Method::DELETE, &format!("/nodes/{node}/qemu/{vmid}"), &q, d)
             .await?;
