@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{CommandFactory, Parser};
+use clap::Parser;
 use proxmox_csi_common::Endpoint;
 use proxmox_csi_common::goflags;
 use proxmox_csi_common::logging::{self, LogFormat};
@@ -57,27 +57,19 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let own: Vec<String> = Args::command()
-        .get_arguments()
-        .filter_map(|a| a.get_long().map(String::from))
-        .collect();
-    let own: Vec<&str> = own.iter().map(String::as_str).collect();
-    let (argv, go) = match goflags::translate(std::env::args_os(), &own) {
-        Ok(t) => t,
+    let (args, go) = match goflags::parse_args::<Args>() {
+        Ok(parsed) => parsed,
         Err(e) => {
             eprintln!("proxmox-csi-node: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let args = Args::parse_from(argv);
     let level = args.log_level.as_deref().or(go.log_level());
     if let Err(e) = logging::init(args.log_format, level) {
         eprintln!("proxmox-csi-node: {e}");
         return ExitCode::FAILURE;
     }
-    for flag in &go.ignored {
-        tracing::warn!(%flag, "a flag of the Go driver is accepted and has no effect");
-    }
+    go.warn_ignored();
     // The node name is the part before a '/vmid', as the Go driver accepts it.
     let node = match proxmox_csi_common::NodeId::parse(&args.node_id) {
         Ok(n) => n,

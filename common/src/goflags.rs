@@ -139,6 +139,24 @@ pub fn translate(
     Ok((out, go))
 }
 
+/// `A` from this process's arguments, the Go driver's flags read first
+/// (`A`'s own long flags may be spelled with one dash, as Go's are).
+pub fn parse_args<A: clap::Parser>() -> Result<(A, GoFlags), String> {
+    let cmd = A::command();
+    let own: Vec<&str> = cmd.get_arguments().filter_map(|a| a.get_long()).collect();
+    let (argv, go) = translate(std::env::args_os(), &own)?;
+    Ok((A::parse_from(argv), go))
+}
+
+impl GoFlags {
+    /// Logs each Go flag that was given and has no effect here.
+    pub fn warn_ignored(&self) {
+        for flag in &self.ignored {
+            tracing::warn!(%flag, "a flag of the Go driver is accepted and has no effect");
+        }
+    }
+}
+
 /// A listen address as Go writes it too: `:8080` is every IPv4 address.
 pub fn listen_addr(s: &str) -> Result<SocketAddr, String> {
     if let Some(port) = s.strip_prefix(':') {

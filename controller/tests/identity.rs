@@ -208,16 +208,7 @@ async fn a_wrong_token_or_an_untrusted_tls_is_logged_and_probe_stays_ready() {
 
 #[tokio::test]
 async fn serves_metrics_and_stops_on_sigterm() {
-    let sim = Sim::new(state())
-        .plain_http()
-        .start("127.0.0.1:0")
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let (sim, dir, port) = plain_sim_and_port().await;
     let mut ctl = start_controller(
         dir.path(),
         &cluster_config(&sim.api_url(), None, TOKEN_SECRET),
@@ -292,16 +283,7 @@ async fn serves_metrics_and_stops_on_sigterm() {
 /// (cmd/controller/main.go). An image swap keeps those arguments.
 #[tokio::test]
 async fn starts_with_the_go_charts_arguments() {
-    let sim = Sim::new(state())
-        .plain_http()
-        .start("127.0.0.1:0")
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let (sim, dir, port) = plain_sim_and_port().await;
     // A kubeconfig naming an API server that does not answer.
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(
@@ -341,6 +323,21 @@ async fn starts_with_the_go_charts_arguments() {
     );
     // -v=5 is the Go manifests' everyday level: info, not debug.
     assert!(!log.contains("DEBUG"), "{log}");
+}
+
+/// pvesim over plain HTTP, a scratch directory, and a free port for metrics.
+async fn plain_sim_and_port() -> (pvesim::Running, tempfile::TempDir, u16) {
+    let sim = Sim::new(state())
+        .plain_http()
+        .start("127.0.0.1:0")
+        .await
+        .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    (sim, tempfile::tempdir().unwrap(), port)
 }
 
 async fn http_get(port: u16, path: &str) -> String {

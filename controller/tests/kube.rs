@@ -16,6 +16,7 @@ use axum::routing::get;
 use common::*;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::kube::Kube;
+use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use serde_json::{Value, json};
 use tonic::Request;
@@ -108,6 +109,21 @@ fn resources(version: &'static str, vacs: bool) -> Json<Value> {
     Json(
         json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("storage.k8s.io/{version}"), "resources": resources}),
     )
+}
+
+/// ControllerPublish of `v` to `node`, then the drive line VM `vmid` got.
+async fn publish_and_read(e: &Env, v: &csi::Volume, node: &str, vmid: u32) -> String {
+    let ctx = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(v, node)))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    e.vm(vmid).await["config"][format!("scsi{}", ctx["lun"])]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 async fn kube_api() -> kube::Client {
@@ -243,17 +259,7 @@ async fn nodes_pvs_and_classes_from_kubernetes() {
         .await
         .unwrap();
     // No VM id on the Node: its system UUID is found in VM 113's smbios1.
-    let ctx = e
-        .svc
-        .controller_publish_volume(Request::new(publish_req(&keep, "worker")))
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context;
-    let line = e.vm(113).await["config"][format!("scsi{}", ctx["lun"])]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let line = publish_and_read(&e, &keep, "worker", 113).await;
     assert!(line.contains("pvc-keep"), "{line}");
     assert!(
         e.vm(112).await["config"]
@@ -390,17 +396,7 @@ async fn a_class_served_as_v1beta1_applies_at_attach() {
     let k = kube_api_serving("v1beta1").await;
     let e = env_with(|c| c.with_kube(Kube::new(k), "csi.proxmox.sinextra.dev")).await;
     let fast = create(&e, "pvc-fast", Some("pve2")).await;
-    let ctx = e
-        .svc
-        .controller_publish_volume(Request::new(publish_req(&fast, "worker-y")))
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context;
-    let line = e.vm(112).await["config"][format!("scsi{}", ctx["lun"])]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let line = publish_and_read(&e, &fast, "worker-y", 112).await;
     assert!(
         line.contains("iops_rd=500") && !line.contains("tier"),
         "{line}"

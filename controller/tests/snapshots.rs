@@ -767,6 +767,34 @@ async fn api_answer(e: &Env, method: &str, path: &str) -> (u16, Value) {
     (status, r.json::<Value>().await.unwrap_or(Value::Null))
 }
 
+/// A snapshot `snapshot-p` of a new volume `pvc-a` on pve2 (both returned), made by a
+/// controller whose token may copy and whose `vmIDRange` is `range`, on the
+/// common cluster with `volumes:\n` replaced by `extra` (a VM or a volume
+/// of someone else's).
+async fn snapshot_in_range(
+    extra: &str,
+    range: std::ops::RangeInclusive<u32>,
+) -> (Env, csi::Volume, csi::Snapshot) {
+    let cluster = CLUSTER
+        .replace(
+            "CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]",
+            &format!("CSI: {COPY_ROLE}"),
+        )
+        .replace("volumes:\n", extra);
+    let e = env_from_with(&cluster, |mut c| {
+        c.vmid_range = proxmox_csi_controller::config::VmidRange {
+            low: *range.start(),
+            high: *range.end(),
+        };
+        c
+    })
+    .await;
+    let v = create(&e, "pvc-a", Some("pve2")).await;
+    let s = until_ready(&e, "snapshot-p", &v.volume_id).await;
+    let snap = s.last().unwrap().clone();
+    (e, v, snap)
+}
+
 /// Another Kubernetes cluster on the same Proxmox keeps its detached disks
 /// under its controllerVmID, 20001, which has no VM: `/cluster/nextid`
 /// calls 20001 free. A copy VM there would have those disks listed under
@@ -776,26 +804,11 @@ async fn api_answer(e: &Env, method: &str, path: &str) -> (u16, Value) {
 /// which frees every disk of the VMID: qemu-server destroy_vm).
 #[tokio::test]
 async fn a_vmid_that_owns_disks_is_never_given_to_a_copy_vm() {
-    let cluster = CLUSTER
-        .replace(
-            "CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]",
-            &format!("CSI: {COPY_ROLE}"),
-        )
-        .replace(
-            "volumes:\n",
-            "volumes:\n  - { volid: \"local-lvm:vm-20001-pvc-other-cluster\", node: pve2, size: 1073741824 }\n",
-        );
-    let e = env_from_with(&cluster, |mut c| {
-        c.vmid_range = proxmox_csi_controller::config::VmidRange {
-            low: 20001,
-            high: 20003,
-        };
-        c
-    })
+    let (e, _, snap) = snapshot_in_range(
+        "volumes:\n  - { volid: \"local-lvm:vm-20001-pvc-other-cluster\", node: pve2, size: 1073741824 }\n",
+        20001..=20003,
+    )
     .await;
-    let v = create(&e, "pvc-a", Some("pve2")).await;
-    let s = until_ready(&e, "snapshot-p", &v.volume_id).await;
-    let snap = s.last().unwrap().clone();
     let vm = vms_named(&e, "snapshot-p").await;
     assert_eq!(vm[0]["vmid"], 20002, "{vm:?}");
     {
@@ -831,26 +844,11 @@ async fn a_vmid_that_owns_disks_is_never_given_to_a_copy_vm() {
 async fn copy_vms_are_protected_numbered_in_their_range_and_say_what_they_hold() {
     // A site that keeps 20000 for its own VM (Terraform's) and gives the
     // driver 20000-20002.
-    let cluster = CLUSTER
-        .replace(
-            "CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]",
-            &format!("CSI: {COPY_ROLE}"),
-        )
-        .replace(
-            "volumes:\n",
-            "  - { vmid: 20000, node: pve1, name: terraform-managed, config: { scsihw: virtio-scsi-pci } }\nvolumes:\n",
-        );
-    let e = env_from_with(&cluster, |mut c| {
-        c.vmid_range = proxmox_csi_controller::config::VmidRange {
-            low: 20000,
-            high: 20002,
-        };
-        c
-    })
+    let (e, v, snap) = snapshot_in_range(
+        "  - { vmid: 20000, node: pve1, name: terraform-managed, config: { scsihw: virtio-scsi-pci } }\nvolumes:\n",
+        20000..=20002,
+    )
     .await;
-    let v = create(&e, "pvc-a", Some("pve2")).await;
-    let s = until_ready(&e, "snapshot-p", &v.volume_id).await;
-    let snap = s.last().unwrap().clone();
 
     let vm = vms_named(&e, "snapshot-p").await;
     assert_eq!(vm.len(), 1, "{vm:?}");
