@@ -368,6 +368,10 @@ pub fn check(
                 format!("mount option {o:?} is refused: {why}"),
             ));
         }
+        // mount(8)'s own options never reach the kernel, whatever they hold.
+        if userspace_only(&o) {
+            continue;
+        }
         // The kernel splits the data string at every comma, quotes or not
         // (fs_context.c vfs_parse_comma_sep): only an SELinux context, whose
         // own parser reads quotes, may hold one, and only quoted whole.
@@ -395,8 +399,6 @@ pub fn check(
         }
         if let Some(f) = generic(&o) {
             out.flags |= f;
-        } else if userspace_only(&o) {
-            continue;
         } else if tables.iter().any(|t| in_table(t, &o)) {
             data.push(o);
         } else {
@@ -458,6 +460,7 @@ mod tests {
                 "nofail",
                 "_netdev",
                 "x-systemd.automount",
+                "x-systemd.requires=\"a b\"",
                 "auto",
                 "exec",
                 "async",
