@@ -187,6 +187,13 @@ pub fn serial_of(name: &str) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// The NAA WWN of the disk called `name` (sysfs `wwid` is `naa.<hex>`),
+/// lower-case hex without a prefix, if it has one.
+pub fn wwn_of(name: &str) -> Option<String> {
+    let wwid = read_trim(&Path::new("/sys/block").join(name).join("device/wwid"))?;
+    Some(wwid.strip_prefix("naa.")?.to_ascii_lowercase())
+}
+
 /// The unit serial number from a raw VPD page 0x80: a 4-byte header, the
 /// length in byte 3, then the serial (space-padded).
 fn read_vpd_serial(path: &Path) -> Option<String> {

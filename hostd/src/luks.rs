@@ -276,13 +276,8 @@ pub fn mapping_name(volume_id: &str) -> String {
 /// or `wwn-0x5056432d49443031-encrypted`.
 pub fn go_mapping_names(disk: &str) -> Vec<String> {
     let mut names = vec![format!("{disk}-encrypted")];
-    let wwid = std::fs::read_to_string(Path::new("/sys/block").join(disk).join("device/wwid"));
-    if let Some(wwn) = wwid
-        .ok()
-        .as_deref()
-        .and_then(|w| w.trim().strip_prefix("naa."))
-    {
-        names.push(format!("wwn-0x{}-encrypted", wwn.to_ascii_lowercase()));
+    if let Some(wwn) = crate::device::wwn_of(disk) {
+        names.push(format!("wwn-0x{wwn}-encrypted"));
     }
     names
 }

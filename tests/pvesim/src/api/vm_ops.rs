@@ -167,77 +167,58 @@ pub async fn destroy(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             .vms
             .remove(&vmid)
             .ok_or(format!("VM {vmid} does not exist"))?;
-        let mut log = Vec::new();
         // Every owned volume referenced anywhere in the config is freed.
-        let values = vm
+        let mut freed: Vec<(Place, String)> = vm
             .config
             .values()
             .chain(vm.pending.values())
-            .cloned()
-            .collect::<Vec<_>>();
-        for value in values {
-            let Ok(d) = Drive::parse(&value) else {
-                continue;
-            };
-            let Some((storage, volname)) = d.volid() else {
-                continue;
-            };
-            if owner_of(volname) != Some(vmid) {
-                continue;
-            }
-            if let Ok(place) = c.place(storage, &vm.node)
-                && c.volumes
-                    .get_mut(&place)
-                    .and_then(|m| m.remove(volname))
-                    .is_some()
-            {
-                if let Some(dir) = &ctx.volume_dir {
-                    let keeps_extents = c
-                        .storages
-                        .get(storage)
-                        .is_some_and(crate::state::StorageSpec::keeps_extents);
-                    crate::qmp::release_backing(
-                        dir,
-                        &format!("{storage}:{volname}"),
-                        keeps_extents,
-                    );
+            .filter_map(|value| {
+                let d = Drive::parse(value).ok()?;
+                let (storage, volname) = d.volid()?;
+                if owner_of(volname) != Some(vmid) {
+                    return None;
                 }
-                log.push(format!("Removed volume '{storage}:{volname}'"));
-            }
-        }
+                Some((c.place(storage, &vm.node).ok()?, volname.to_string()))
+            })
+            .collect();
         // qemu-server QemuServer.pm destroy_vm with $purge_unreferenced:
         // every disk the VMID owns on the storages enabled on the node
         // (pve-storage Storage.pm vdisk_list, content `images`), referenced
         // or not.
         if unreferenced {
-            let places: Vec<Place> = c
-                .storages
-                .values()
-                .filter(|st| st.enabled_on(&vm.node) && st.content.iter().any(|x| x == "images"))
-                .filter_map(|st| c.place(&st.id, &vm.node).ok())
-                .collect();
-            for place in places {
+            for st in c.storages.values() {
+                if !st.enabled_on(&vm.node) || !st.content.iter().any(|x| x == "images") {
+                    continue;
+                }
+                let Ok(place) = c.place(&st.id, &vm.node) else {
+                    continue;
+                };
+                let owned = c.volumes.get(&place).into_iter().flatten();
+                let owned: Vec<String> = owned
+                    .filter(|(_, v)| v.owner == vmid)
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                freed.extend(owned.into_iter().map(|n| (place.clone(), n)));
+            }
+        }
+        let mut log = Vec::new();
+        for (place, volname) in freed {
+            if c.volumes
+                .get_mut(&place)
+                .and_then(|m| m.remove(&volname))
+                .is_none()
+            {
+                continue;
+            }
+            let volid = format!("{}:{volname}", place.0);
+            if let Some(dir) = &ctx.volume_dir {
                 let keeps_extents = c
                     .storages
                     .get(&place.0)
                     .is_some_and(crate::state::StorageSpec::keeps_extents);
-                let Some(vols) = c.volumes.get_mut(&place) else {
-                    continue;
-                };
-                let owned: Vec<String> = vols
-                    .iter()
-                    .filter(|(_, v)| v.owner == vmid)
-                    .map(|(n, _)| n.clone())
-                    .collect();
-                for volname in owned {
-                    vols.remove(&volname);
-                    let volid = format!("{}:{volname}", place.0);
-                    if let Some(dir) = &ctx.volume_dir {
-                        crate::qmp::release_backing(dir, &volid, keeps_extents);
-                    }
-                    log.push(format!("Removed volume '{volid}'"));
-                }
+                crate::qmp::release_backing(dir, &volid, keeps_extents);
             }
+            log.push(format!("Removed volume '{volid}'"));
         }
         c.replication.retain(|_, j| j.guest != vmid);
         Ok(log)
