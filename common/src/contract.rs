@@ -13,6 +13,15 @@ pub const CTX_SERIAL: &str = "serial";
 pub const CTX_LUN: &str = "lun";
 /// Publish context the Go driver's node plugin reads: `/dev/disk/by-id/wwn-<wwn>`.
 pub const CTX_GO_DEVICE_PATH: &str = "DevicePath";
+/// Volume and publish context of the Go driver's restore larger than its
+/// snapshot: its CreateVolume copies the snapshot as it is and records the
+/// size asked for (`resizeSizeBytes`), its ControllerPublishVolume grows
+/// the disk to it and tells the node plugin (`resizeRequired`) to grow the
+/// filesystem at stage (proxmox-csi-plugin pkg/csi/controller.go
+/// CreateVolume and ControllerPublishVolume, pkg/csi/node.go
+/// NodeStageVolume).
+pub const CTX_GO_RESIZE_REQUIRED: &str = "resizeRequired";
+pub const CTX_GO_RESIZE_SIZE_BYTES: &str = "resizeSizeBytes";
 
 /// The filesystems a volume may be formatted with, the default first: ext4
 /// and xfs, and ext2 and ext3, which the Go driver formats too (it hands any

@@ -189,3 +189,82 @@ async fn a_shared_volume_follows_a_vm_on_another_node_than_its_handles_zone() {
         "{err:?}"
     );
 }
+
+/// The Go driver's restore larger than its snapshot, made and never
+/// published before the switch: a copy of the snapshot's size whose context
+/// asks for more (pkg/csi/controller.go CreateVolume: `resizeRequired`,
+/// `resizeSizeBytes`). Its first attach grows the disk, once, and tells the
+/// node to grow the filesystem; a value that is no size is ignored.
+#[tokio::test]
+async fn a_go_restore_not_yet_published_grows_at_its_first_attach() {
+    let cluster = CLUSTER.replace(
+        "volumes:\n",
+        "volumes:\n  - { volid: \"local-lvm:vm-9999-pvc-restored\", node: pve2, size: 1073741824 }\n  - { volid: \"local-lvm:vm-9999-pvc-odd\", node: pve2, size: 1073741824 }\n",
+    );
+    let e = env_from(&cluster).await;
+    let go_restore = |disk: &str, wanted: &str| csi::Volume {
+        volume_id: format!("region-1/pve2/local-lvm/{disk}"),
+        capacity_bytes: 2 << 30,
+        // StorageParameters.ToMap of the class, then the two keys.
+        volume_context: [
+            ("storage", "local-lvm"),
+            ("backup", "0"),
+            ("iothread", "1"),
+            ("replicate", "0"),
+            ("resizeRequired", "true"),
+            ("resizeSizeBytes", wanted),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+        ..Default::default()
+    };
+    let size_of = |volumes: &serde_json::Value, volid: &str| {
+        volumes
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["volid"] == volid)
+            .unwrap()["size"]
+            .as_u64()
+            .unwrap()
+    };
+    let restored = go_restore("vm-9999-pvc-restored", "2147483648");
+    e.admin("DELETE", "counters", "").await;
+    let ctx = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&restored, "worker-2/112")))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    assert_eq!(
+        ctx.get("resizeRequired").map(String::as_str),
+        Some("true"),
+        "{ctx:?}"
+    );
+    let volumes = e.admin("GET", "volumes", "").await;
+    assert_eq!(size_of(&volumes, "local-lvm:vm-9999-pvc-restored"), 2 << 30);
+    // The attacher's retry: attached and grown already, nothing more.
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&restored, "worker-2/112")))
+        .await
+        .unwrap();
+    let counters = e.admin("GET", "counters", "").await;
+    let resizes: u64 = counters
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.contains("/resize"))
+        .map(|(_, v)| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(resizes, 1, "{counters}");
+
+    let odd = go_restore("vm-9999-pvc-odd", "2Gi");
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&odd, "worker-2/112")))
+        .await
+        .unwrap();
+    let volumes = e.admin("GET", "volumes", "").await;
+    assert_eq!(size_of(&volumes, "local-lvm:vm-9999-pvc-odd"), 1 << 30);
+}

@@ -8,6 +8,7 @@ pub mod device;
 pub mod direct;
 pub mod discovery;
 pub mod error;
+pub mod grow;
 pub mod hardening;
 pub mod health;
 pub mod identity;

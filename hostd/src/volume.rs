@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use proxmox_csi_common::Secret;
+use proxmox_csi_common::contract;
 use proxmox_csi_proto::hostd::v1 as pb;
 
 use crate::bindings::{self, Binding, Bindings, DiskId, Tie};
@@ -23,6 +24,7 @@ use crate::claim::{self, Claim};
 use crate::device::{self, Resolver, Wwn};
 use crate::discovery::{self, DeviceIndex};
 use crate::error::HostdError;
+use crate::grow;
 use crate::kdf;
 use crate::luks;
 use crate::mkfs::{self, FsType, MkfsOptions};
@@ -303,6 +305,14 @@ impl Volumes {
             flags.push("nouuid".into());
         }
         let mount_opts = mountopts::check("filesystem.mount_flags", Some(fs_type.name()), &flags)?;
+        // A volume without a mark (a copy, a restore, a Go driver's disk)
+        // has no claim its filesystem must stop short of: its disk may have
+        // grown past its filesystem, at its copy or at publish, where the
+        // kernel may not have seen it yet.
+        let grows = !read_only && contract::disk_mark(volume_id).is_none();
+        if grows && let Some(name) = blockdev::kernel_name(device) {
+            blockdev::rescan(&name);
+        }
         let table = mounts::table()?;
         // What gets the filesystem: the disk, or its LUKS mapping.
         let mapping = crypt.as_ref().map(|(name, _)| luks::mapper_path(name));
@@ -310,7 +320,11 @@ impl Volumes {
         if let Some(m) = table.iter().rev().find(|m| m.mount_point == staging.path) {
             let mm = device::majmin(fs_device).ok();
             if mm.as_deref() == Some(m.majmin.as_str()) && m.fs_type == fs_type.name() {
-                return Ok((vec!["already staged".into()], m.majmin.clone()));
+                let mut actions = vec!["already staged".to_string()];
+                if grows {
+                    grow_to_disk(device, fs_device, fs_type, staging, crypt, &mut actions)?;
+                }
+                return Ok((actions, m.majmin.clone()));
             }
             // Staged by the Go driver, on its mapping of this very disk.
             let go = blockdev::kernel_name(device)
@@ -492,6 +506,15 @@ impl Volumes {
             fs_device.display(),
             staging.path.display()
         ));
+        if grows {
+            let t = Instant::now();
+            if let Err(e) = grow_to_disk(device, fs_device, fs_type, staging, crypt, &mut actions) {
+                // Unmounted, so that the retry grows it before it is used.
+                unmount_all(staging)?;
+                return Err(e);
+            }
+            timings.insert("grow".into(), ms(t));
+        }
         Ok((actions, device::majmin(fs_device)?))
     }
 
@@ -1602,59 +1625,56 @@ impl Volumes {
     }
 }
 
+/// Grows the filesystem of a volume without a claim, just mounted at
+/// `staging` from `fs_device` (the disk `device` or its LUKS mapping), to
+/// its disk when the disk is larger: a LUKS mapping opened before the disk
+/// grew first.
+fn grow_to_disk(
+    device: &Path,
+    fs_device: &Path,
+    fs_type: FsType,
+    staging: &Place,
+    crypt: Option<(String, &Secret<Vec<u8>>)>,
+    actions: &mut Vec<String>,
+) -> Result<(), HostdError> {
+    if let Some((name, pass)) = crypt {
+        let size = |p: &Path| {
+            blockdev::kernel_name(p)
+                .and_then(|n| blockdev::size_of(&n))
+                .unwrap_or(0)
+        };
+        if size(fs_device) + grow::LUKS_OFFSET + grow::SLACK < size(device) {
+            kdf::resize(&name, Some(pass))?;
+            actions.push(format!("grew mapping {name} to its disk"));
+        }
+    }
+    // The mount's root, opened for the filesystem's ioctls.
+    let root = std::fs::File::open(staging.open()?.proc_path())
+        .map_err(|e| HostdError::failed("opening", staging.path.display(), e))?;
+    let Some((from, to)) = grow::short_of_device(fs_type.name(), fs_device, &root)? else {
+        return Ok(());
+    };
+    grow::mounted(fs_type.name(), fs_device, &staging.path, None)?;
+    tracing::info!(device = %fs_device.display(), from, to, "grew the filesystem to its disk");
+    actions.push(format!(
+        "grew the {} filesystem of {from} bytes to its disk of {to}",
+        fs_type.name()
+    ));
+    Ok(())
+}
+
 /// Grows the mounted filesystem to `size` bytes, or to its whole device.
 fn grow_filesystem(staged: &Staged, size: Option<u64>) -> Result<(), HostdError> {
     let m = &staged.entry;
     // resize2fs gets the kernel's own node of the mounted device, checked
     // to be it, never the mount table's source text.
-    let node = || -> Result<String, HostdError> {
-        let node = Path::new("/dev").join(&staged.name);
-        if staged.name.is_empty() || device::majmin(&node)? != staged.majmin {
-            return Err(HostdError::failed(
-                "growing the filesystem at",
-                m.mount_point.display(),
-                format!("/dev has no node of its device {}", staged.majmin),
-            ));
-        }
-        Ok(node.display().to_string())
-    };
-    let (tool, arg) = match m.fs_type.as_str() {
-        "ext4" | "ext3" | "ext2" => ("resize2fs", node()?),
-        "xfs" => ("xfs_growfs", m.mount_point.display().to_string()),
-        other => {
-            return Err(HostdError::Unsupported(format!(
-                "growing a {other} filesystem is not supported"
-            )));
-        }
-    };
-    let mut cmd = std::process::Command::new(tool);
-    match (tool, size) {
-        ("resize2fs", Some(bytes)) => {
-            cmd.arg(&arg).arg(format!("{}K", bytes / 1024));
-        }
-        // xfs_growfs counts the new size in the filesystem's blocks.
-        (_, Some(bytes)) => {
-            let block = nix::sys::statvfs::statvfs(&m.mount_point)
-                .map_err(|e| HostdError::failed("inspecting", m.mount_point.display(), e))?
-                .fragment_size()
-                .max(512);
-            cmd.arg("-D").arg((bytes / block).to_string()).arg(&arg);
-        }
-        (_, None) => {
-            cmd.arg(&arg);
-        }
-    }
-    let out = crate::tool::run(cmd, tool)?;
-    if !out.status.success() {
+    let node = Path::new("/dev").join(&staged.name);
+    if staged.name.is_empty() || device::majmin(&node)? != staged.majmin {
         return Err(HostdError::failed(
-            "growing the filesystem on",
-            &arg,
-            format!(
-                "{tool}: {}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
+            "growing the filesystem at",
+            m.mount_point.display(),
+            format!("/dev has no node of its device {}", staged.majmin),
         ));
     }
-    Ok(())
+    grow::mounted(&m.fs_type, &node, &m.mount_point, size)
 }

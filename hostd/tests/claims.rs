@@ -361,3 +361,96 @@ async fn a_first_stage_cut_off_before_its_claim_is_claimed_by_the_next_stage_els
         env.client.unstage(unstage(&vol, &staging)).await.unwrap();
     }
 }
+
+/// A restore asked for more than its source: the source's disk copied into
+/// a larger one, as Proxmox's import copies it. Its stage grows the
+/// filesystem to the disk; the claimed source's stage, on a disk grown
+/// offline, never grows over its claim (expand moves the claim first).
+#[tokio::test]
+async fn a_restore_larger_than_its_source_grows_at_stage_and_a_claimed_volume_does_not() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    for (i, fs) in ["ext4", "xfs"].into_iter().enumerate() {
+        let source = format!("r/pve1/local-lvm/vm-9999-pvc-src-{fs}.csf-5bc58ec71c2d");
+        let wwn = env.disk_sized(40 + i as u32, 512 * MIB);
+        let img = env.image(&wwn);
+        let staging = env.staging(&source);
+        stage_ok(&mut env, &source, &wwn, &staging, fs).await;
+        std::fs::write(staging.join("data"), vec![9u8; MIB as usize]).unwrap();
+        env.client
+            .unstage(unstage(&source, &staging))
+            .await
+            .unwrap();
+        let source_fs = probe_fs_bytes(&img);
+        assert!(source_fs <= 511 * MIB, "{fs}: {source_fs}");
+
+        // The copy: the source's bytes in a 1 GiB disk, no mark.
+        let restore = format!("r/pve1/local-lvm/vm-9999-pvc-restore-{fs}");
+        let copy = env.image_sized(50 + i as u32, 1024 * MIB);
+        std::fs::copy(&img, env.image(&copy)).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(env.image(&copy))
+            .unwrap()
+            .set_len(1024 * MIB)
+            .unwrap();
+        env.attach(&copy);
+        let copy_staging = env.staging(&restore);
+        let result = env
+            .client
+            .stage(stage_req(&restore, &copy, &copy_staging, fs))
+            .await;
+        if fs == "ext4" && !has_cap_sys_resource() {
+            // Online growth needs CAP_SYS_RESOURCE, which some sandboxes
+            // withhold from root: the stage fails with resize2fs's cause and
+            // leaves nothing mounted (the guest VM test covers the growth).
+            let e = result.unwrap_err();
+            assert!(e.message().contains("resize2fs"), "{e:?}");
+            assert_eq!(mount_at(&copy_staging), None);
+            eprintln!("NOTE: ext4 online grow not checked here: CAP_SYS_RESOURCE is missing");
+        } else {
+            let actions = result.unwrap().into_inner().actions;
+            assert!(
+                actions.iter().any(|a| a.starts_with("grew the")),
+                "{fs}: {actions:?}"
+            );
+            let v = nix::sys::statvfs::statvfs(&copy_staging).unwrap();
+            let total = v.blocks() * v.fragment_size();
+            assert!(total > 900 * MIB, "{fs}: {total} bytes after the stage");
+            assert_eq!(
+                std::fs::read(copy_staging.join("data")).unwrap(),
+                vec![9u8; MIB as usize],
+                "{fs}"
+            );
+            // Staged again: nothing more to grow.
+            let again = stage_ok(&mut env, &restore, &copy, &copy_staging, fs).await;
+            assert_eq!(again, vec!["already staged".to_string()], "{fs}");
+            env.client
+                .unstage(unstage(&restore, &copy_staging))
+                .await
+                .unwrap();
+        }
+
+        // The claimed source on a disk the controller grew offline: staged
+        // as it is, its claim where it was.
+        grow(&img, &loop_of(&img), 1024 * MIB);
+        let actions = stage_ok(&mut env, &source, &wwn, &staging, fs).await;
+        assert!(
+            !actions.iter().any(|a| a.starts_with("grew")),
+            "{fs}: {actions:?}"
+        );
+        assert_eq!(probe_fs_bytes(&img), source_fs, "{fs}");
+        assert!(claim_at(&img, 511 * MIB), "{fs}: the claim moved or went");
+        env.client
+            .unstage(unstage(&source, &staging))
+            .await
+            .unwrap();
+    }
+}
+
+/// The size a filesystem's superblock gives, read from its image.
+fn probe_fs_bytes(img: &Path) -> u64 {
+    proxmox_csi_hostd::probe::fs_bytes(img).unwrap().unwrap()
+}

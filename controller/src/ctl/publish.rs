@@ -5,7 +5,10 @@
 use std::collections::HashMap;
 
 use proxmox_csi_common::NodeId;
-use proxmox_csi_common::contract::{CTX_GO_DEVICE_PATH, CTX_LUN, CTX_SERIAL, CTX_WWN};
+use proxmox_csi_common::contract::{
+    CTX_GO_DEVICE_PATH, CTX_GO_RESIZE_REQUIRED, CTX_GO_RESIZE_SIZE_BYTES, CTX_LUN, CTX_SERIAL,
+    CTX_WWN,
+};
 use proxmox_csi_proto::csi::v1 as csi;
 
 use super::{Controller, check_capabilities};
@@ -185,16 +188,15 @@ impl Controller {
             )));
         }
         self.follow_replica(&client, &id, &vm.node, d).await?;
-        if client
+        let Some(info) = client
             .volume_info(&vm.node, &id.storage, &id.disk, d)
             .await?
-            .is_none()
-        {
+        else {
             return Err(CtlError::NotFound(format!(
                 "volume {} does not exist",
                 r.volume_id
             )));
-        }
+        };
         let limit = facts
             .and_then(|f| f.max_volumes)
             .unwrap_or(proxmox_csi_common::DEFAULT_MAX_VOLUMES);
@@ -213,8 +215,30 @@ impl Controller {
             .submit(client.clone(), &vm.node, vm.vmid, op, d)
             .await?
             .ok_or_else(|| CtlError::Unavailable("attach returned no slot; retry".into()))?;
+        let go_resize = go_resize_bytes(&r.volume_context);
+        if let Some(want) = go_resize
+            && info.size < want
+        {
+            // The Go driver's restore, not yet published: grown where its
+            // own ControllerPublishVolume would have grown it, after the
+            // attach, through the VM that now holds it.
+            client
+                .resize(&vm.node, vm.vmid, &attached.slot, want, d)
+                .await?;
+            tracing::info!(
+                volume_id = r.volume_id,
+                from = info.size,
+                to = want,
+                "grew the Go driver's restore to the size it was asked for"
+            );
+        }
         self.remember_node_id(&id.region, vm.vmid, &r.node_id);
-        Ok(publish_context(&attached))
+        let mut ctx = publish_context(&attached);
+        if go_resize.is_some() {
+            // For a Go node plugin still staging during a switch of drivers.
+            ctx.insert(CTX_GO_RESIZE_REQUIRED.into(), "true".into());
+        }
+        Ok(ctx)
     }
 
     pub async fn unpublish(
@@ -268,6 +292,23 @@ impl Controller {
             )
             .await?;
         Ok(())
+    }
+}
+
+/// The size a Go driver's restore was asked for, in bytes rounded up to a
+/// MiB (the Go driver grows it in MiB), from its volume context; the Go
+/// driver's publish compares it with the disk's size alone, whatever
+/// `resizeRequired` says. A value that is not a size is warned about and
+/// ignored: the volume attaches at the size it has.
+fn go_resize_bytes(ctx: &HashMap<String, String>) -> Option<u64> {
+    let raw = ctx.get(CTX_GO_RESIZE_SIZE_BYTES)?;
+    match raw.parse::<u64>() {
+        Ok(bytes) if bytes > 0 => Some(bytes.div_ceil(1 << 20) << 20),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(key = CTX_GO_RESIZE_SIZE_BYTES, value = raw, error = %e, "not a size in bytes: ignored");
+            None
+        }
     }
 }
 
