@@ -571,7 +571,8 @@ async fn whole_life(lab: &Lab, storage: &str) -> Result<(), String> {
     let restored = provision(
         &mut ctl,
         &sc,
-        &provisioner::Claim::new("restored", "7a9c1e3b-5d7f-4a9c-8e3b-5d7f9a1c3e5b", 3 << 30)
+        // Larger than its source: its filesystem grows at stage.
+        &provisioner::Claim::new("restored", "7a9c1e3b-5d7f-4a9c-8e3b-5d7f9a1c3e5b", 4 << 30)
             .from_snapshot(&snapshot.snapshot_id),
         &term,
     )
@@ -594,6 +595,15 @@ async fn whole_life(lab: &Lab, storage: &str) -> Result<(), String> {
         stage_and_publish(&mut node, &kubelet, copy, &pod, &pc).await?;
         if digest(&kubelet, copy, &pod)? != payload {
             return Err(format!("{} does not have the source's bytes", copy.name));
+        }
+        let fs = nix::sys::statvfs::statvfs(Path::new(&kubelet.target_path(&pod, copy)))
+            .map_err(|e| e.to_string())?;
+        let bytes = fs.blocks() * fs.fragment_size();
+        if bytes + (512 << 20) < copy.capacity_bytes as u64 {
+            return Err(format!(
+                "{}: a filesystem of {bytes} bytes on a volume of {}",
+                copy.name, copy.capacity_bytes
+            ));
         }
         take_down(&mut ctl, &mut node, &kubelet, copy, &pod, &info.node_id).await?;
     }
