@@ -38,8 +38,9 @@ struct Args {
     /// Volumes per node when the Node has no csi.proxmox.sinextra.dev/max-volume-attachments label.
     #[arg(long, default_value_t = proxmox_csi_common::DEFAULT_MAX_VOLUMES, value_parser = clap::value_parser!(i64).range(1..=30))]
     max_volumes: i64,
-    /// Region, instead of reading the Node's labels (needs --zone).
-    #[arg(long, requires = "zone")]
+    /// Region, instead of reading the Node's labels (with --zone, or
+    /// alone for a node that reaches shared storage only).
+    #[arg(long)]
     region: Option<String>,
     /// Zone (Proxmox node), instead of reading the Node's labels (needs --region).
     #[arg(long, requires = "region")]
@@ -78,14 +79,11 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let fixed_topology = match (args.region, args.zone) {
-        (Some(region), Some(zone)) => Some(Topology {
-            region,
-            zone,
-            max_volumes: None,
-        }),
-        _ => None,
-    };
+    let fixed_topology = args.region.map(|region| Topology {
+        region,
+        zone: args.zone,
+        max_volumes: None,
+    });
     let opts = Options {
         driver_name: args.driver_name,
         csi_address: args.csi_address,

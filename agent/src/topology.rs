@@ -18,7 +18,9 @@ pub use proxmox_csi_common::{MAX_VOLUMES_LABEL, SCSI_SLOTS};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topology {
     pub region: String,
-    pub zone: String,
+    /// The Proxmox node; a Node without the label reaches volumes on
+    /// shared storage only (their topology names the region alone).
+    pub zone: Option<String>,
     /// From the node label, when set and valid.
     pub max_volumes: Option<i64>,
 }
@@ -56,7 +58,7 @@ pub fn from_labels(
         "cluster",
         "<region of the cluster in the cloud config>",
     )?;
-    let zone = get(ZONE, ZONE_OVERRIDE, "node", "<Proxmox node the VM runs on>")?;
+    let zone = get(ZONE, ZONE_OVERRIDE, "node", "<Proxmox node the VM runs on>").ok();
     let max_volumes = labels
         .get(MAX_VOLUMES_LABEL)
         .and_then(|v| proxmox_csi_common::max_volumes_label(v));
@@ -102,31 +104,40 @@ mod tests {
             ]),
         )
         .unwrap();
-        assert_eq!((t.region.as_str(), t.zone.as_str()), ("cluster-9", "pve9"));
+        assert_eq!(
+            (t.region.as_str(), t.zone.as_deref()),
+            ("cluster-9", Some("pve9"))
+        );
         let t = from_labels("w2", labels(&[(REGION, "r1"), (ZONE, "pve2")])).unwrap();
-        assert_eq!((t.region.as_str(), t.zone.as_str()), ("r1", "pve2"));
+        assert_eq!((t.region.as_str(), t.zone.as_deref()), ("r1", Some("pve2")));
         // An empty override is no override (Go: `if region == ""`).
         let t = from_labels(
             "w2",
             labels(&[(REGION, "r1"), (ZONE, "pve2"), (ZONE_OVERRIDE, "")]),
         )
         .unwrap();
-        assert_eq!(t.zone, "pve2");
+        assert_eq!(t.zone.as_deref(), Some("pve2"));
     }
 
     #[test]
-    fn a_missing_label_says_which_and_how_to_set_it() {
-        let e = from_labels("w2", labels(&[(REGION, "r1")]))
+    fn a_missing_region_says_which_label_and_how_to_set_it() {
+        let e = from_labels("w2", labels(&[(ZONE, "pve2")]))
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("Node w2 has no label topology.kubernetes.io/zone"),
+            e.contains("Node w2 has no label topology.kubernetes.io/region"),
             "{e}"
         );
         assert!(
-            e.contains("kubectl label node w2 topology.kubernetes.io/zone="),
+            e.contains("kubectl label node w2 topology.kubernetes.io/region="),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_node_without_a_zone_has_the_region_alone() {
+        let t = from_labels("w2", labels(&[(REGION, "r1")])).unwrap();
+        assert_eq!((t.region.as_str(), t.zone), ("r1", None));
     }
 
     #[test]

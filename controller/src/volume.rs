@@ -138,22 +138,21 @@ impl fmt::Display for ClusterId {
     }
 }
 
-/// The disk name of a new volume: `vm-<vmid>-<name>`, or on file storage
-/// `vm-<vmid>-<name>.<format>` (Proxmox adds the `<vmid>/` directory); with
-/// a cluster id, its mark and the id follow the name (`.csf-<id>`).
+/// The disk name of a new volume: `vm-<vmid>-<name>`, with the format as
+/// its extension where the storage names formats so (file storage, where
+/// Proxmox adds the `<vmid>/` directory; qcow2 on thick LVM); with a
+/// cluster id, its mark and the id follow the name (`.csf-<id>`).
 pub fn disk_filename(
     vmid: u32,
     name: &str,
     mark: Option<(BlankFor, &ClusterId)>,
-    file_storage: bool,
-    format: &str,
+    extension: Option<&str>,
 ) -> String {
     let name = disk_name(name);
     let mark = mark.map_or_else(String::new, |(kind, c)| format!("{}{c}", kind.mark()));
-    if file_storage {
-        format!("vm-{vmid}-{name}{mark}.{format}")
-    } else {
-        format!("vm-{vmid}-{name}{mark}")
+    match extension {
+        Some(format) => format!("vm-{vmid}-{name}{mark}.{format}"),
+        None => format!("vm-{vmid}-{name}{mark}"),
     }
 }
 
@@ -227,22 +226,15 @@ mod tests {
         let id = ClusterId::from_namespace_uid("5BC58EC7-1c2d-4e5f-8a9b-0c1d2e3f4a5b").unwrap();
         assert_eq!(id.as_str(), "5bc58ec71c2d");
         assert_eq!(ClusterId::from_namespace_uid("12ab"), None);
-        let block = disk_filename(
-            9999,
-            "pvc-a",
-            Some((BlankFor::Filesystem, &id)),
-            false,
-            "raw",
-        );
+        let block = disk_filename(9999, "pvc-a", Some((BlankFor::Filesystem, &id)), None);
         assert_eq!(block, "vm-9999-pvc-a.csf-5bc58ec71c2d");
         let file = disk_filename(
             9999,
             "pvc-a",
             Some((BlankFor::Filesystem, &id)),
-            true,
-            "qcow2",
+            Some("qcow2"),
         );
-        let raw = disk_filename(9999, "pvc-b", Some((BlankFor::Block, &id)), false, "raw");
+        let raw = disk_filename(9999, "pvc-b", Some((BlankFor::Block, &id)), None);
         assert_eq!(raw, "vm-9999-pvc-b.csb-5bc58ec71c2d");
         assert_eq!(cluster_of(&raw), Some(id.clone()));
         // Disks named before what they were made for was recorded.
@@ -251,10 +243,7 @@ mod tests {
             Some(id.clone())
         );
         assert_eq!(file, "vm-9999-pvc-a.csf-5bc58ec71c2d.qcow2");
-        assert_eq!(
-            disk_filename(9999, "pvc-a", None, false, "raw"),
-            "vm-9999-pvc-a"
-        );
+        assert_eq!(disk_filename(9999, "pvc-a", None, None), "vm-9999-pvc-a");
         for name in [
             block.clone(),
             format!("local-lvm:{block}"),
@@ -275,7 +264,7 @@ mod tests {
         assert_eq!(cluster_of("vm-9999-a.csi-UPPER"), None);
         // A volume named like a marked disk is not taken for that cluster's.
         for name in ["x.csi-aaaa11112222", "x.csb-aaaa11112222"] {
-            let forged = disk_filename(9999, name, None, false, "raw");
+            let forged = disk_filename(9999, name, None, None);
             assert_eq!(cluster_of(&forged), None, "{forged}");
         }
         assert!(ClusterId::parse("").is_err() && ClusterId::parse("a-b").is_err());

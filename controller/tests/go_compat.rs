@@ -268,3 +268,49 @@ async fn a_go_restore_not_yet_published_grows_at_its_first_attach() {
     let volumes = e.admin("GET", "volumes", "").await;
     assert_eq!(size_of(&volumes, "local-lvm:vm-9999-pvc-odd"), 1 << 30);
 }
+
+/// A Kubernetes node without a zone label (Go driver PR #641): its
+/// requirement names the region alone; a volume on shared storage gets the
+/// region alone as its topology and attaches to it.
+#[tokio::test]
+async fn a_node_without_a_zone_label_gets_shared_volumes() {
+    let cluster = CLUSTER.replace(
+        "  - { id: nfs,",
+        "  - { id: ceph, type: rbd, total: 1099511627776, shared: true }\n  - { id: nfs,",
+    );
+    let e = env_from(&cluster).await;
+    let v = create_with_zone(&e, "pvc-nz", &[("storage", "ceph")], None).await;
+    assert_eq!(v.accessible_topology.len(), 1, "{v:?}");
+    assert_eq!(
+        v.accessible_topology[0].segments,
+        [(
+            "topology.kubernetes.io/region".to_string(),
+            "region-1".to_string()
+        )]
+        .into()
+    );
+    assert!(
+        v.volume_id.starts_with("region-1//ceph/"),
+        "{}",
+        v.volume_id
+    );
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
+        .await
+        .unwrap();
+}
+
+async fn create_with_zone(
+    e: &Env,
+    name: &str,
+    params: &[(&str, &str)],
+    zone: Option<&str>,
+) -> csi::Volume {
+    e.svc
+        .create_volume(Request::new(create_req(name, 1 << 30, params, zone)))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+}

@@ -229,16 +229,21 @@ impl csi::node_server::Node for Node {
                 name: self.node_name.clone(),
                 vmid,
             };
+            let mut segments = std::collections::HashMap::from([(topology::REGION.to_string(), topo.region)]);
+            match topo.zone {
+                Some(zone) => {
+                    segments.insert(topology::ZONE.to_string(), zone);
+                }
+                None => tracing::warn!(
+                    node = %self.node_name,
+                    "the Node has no {} label: it reaches volumes on shared storage only (their topology names the region alone); label it with its Proxmox node for local storage",
+                    topology::ZONE
+                ),
+            }
             Ok(Response::new(csi::NodeGetInfoResponse {
                 node_id: node_id.to_string(),
                 max_volumes_per_node: topology::max_volumes(topo.max_volumes, self.max_volumes, identity.other_scsi_disks),
-                accessible_topology: Some(csi::Topology {
-                    segments: [
-                        (topology::REGION.to_string(), topo.region),
-                        (topology::ZONE.to_string(), topo.zone),
-                    ]
-                    .into(),
-                }),
+                accessible_topology: Some(csi::Topology { segments }),
             }))
         })
         .await

@@ -41,6 +41,8 @@ impl Controller {
         let field = "volume_content_source";
         let volume = |id: VolumeId, raw: String| async move {
             let client = self.client_of("volume", &raw, &id.region)?;
+            self.refuse_chain_source(&client, "the source volume", &id.storage, &id.disk, d)
+                .await?;
             let (node, info) = self.existing(&client, &id, d).await?;
             let owner = self.owner_node(&client, &id.disk, d).await?;
             Ok::<_, CtlError>(Resolved {

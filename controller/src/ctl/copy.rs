@@ -333,10 +333,22 @@ impl Controller {
                     }
                 }
             }
+            // Thick LVM with volume chains makes a new disk qcow2, an LV
+            // whose size Proxmox reads only where it is active; a raw one
+            // it reads anywhere (pve-storage LVMPlugin.pm get_formats,
+            // volume_size_info): a copy there is raw.
+            let format = if self.is_thick_lvm(client, &spec.storage, d).await? {
+                ",format=raw"
+            } else {
+                ""
+            };
             let form = [
                 (
                     "scsi0",
-                    format!("{}:0,import-from={},backup=0", spec.storage, spec.source),
+                    format!(
+                        "{}:0,import-from={},backup=0{format}",
+                        spec.storage, spec.source
+                    ),
                 ),
                 ("digest", cfg.digest.clone()),
             ];

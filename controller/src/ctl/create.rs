@@ -181,6 +181,15 @@ impl Controller {
             available[0].plugintype.as_str(),
             "dir" | "nfs" | "cifs" | "cephfs" | "btrfs"
         );
+        if zones.is_empty() && !shared {
+            // Nodes without a zone label reach shared storage only; a
+            // local volume is then placed as the Go driver places it.
+            tracing::warn!(
+                storage = params.storage,
+                "the request names no {ZONE}: a volume on local storage is placed on the Proxmox node with most free space, \
+                 and only Kubernetes nodes labelled with that node as their zone can use it"
+            );
+        }
         // Local storage: the requested zone, else the node with most free space.
         let node = if zones.is_empty() {
             available
@@ -206,6 +215,15 @@ impl Controller {
                 .await;
         }
         let format = params.format.clone().unwrap_or_else(|| "raw".into());
+        // qcow2 on thick LVM: PVE 9's volume chains, where the name carries
+        // the format (pve-storage LVMPlugin.pm verify_volname_format), as
+        // the Go driver names them since its volume-chain support.
+        let qcow2_on_lvm = available[0].plugintype == "lvm" && format == "qcow2";
+        if qcow2_on_lvm {
+            self.require_volume_chains(&client, &params.storage, d)
+                .await?;
+        }
+        let extension = (file_storage || qcow2_on_lvm).then_some(format.as_str());
         let in_dir = |f: String| {
             if file_storage {
                 format!("{}/{f}", self.controller_vmid)
@@ -229,8 +247,7 @@ impl Controller {
             self.controller_vmid,
             &r.name,
             self.cluster_id.as_ref().map(|c| (blank_for, c)),
-            file_storage,
-            &format,
+            extension,
         );
         let volname = in_dir(filename.clone());
         // Idempotent by name: the same disk is the same answer. A disk named
@@ -245,8 +262,7 @@ impl Controller {
                 self.controller_vmid,
                 &r.name,
                 None,
-                file_storage,
-                &format,
+                extension,
             ));
             existing = client
                 .volume_info(&node, &params.storage, &legacy, d)
@@ -255,16 +271,22 @@ impl Controller {
         }
         let (disk, capacity) = match existing {
             Some((found, existing)) => {
+                // An LV's upper bound stands for the size this request allocates.
+                let existing_size = if existing.approximate {
+                    size.min(existing.size)
+                } else {
+                    existing.size
+                };
                 let (req, lim) = r
                     .capacity_range
                     .as_ref()
                     .map(|c| (c.required_bytes.max(0) as u64, c.limit_bytes.max(0) as u64))
                     .unwrap_or((DEFAULT_SIZE, 0));
-                if existing.size < req || (lim > 0 && existing.size > lim) {
+                if existing_size < req || (lim > 0 && existing_size > lim) {
                     return Err(CtlError::AlreadyExists(format!(
                         "volume {} already exists with {} bytes, outside the requested range {req}..{}",
                         r.name,
-                        existing.size,
+                        existing_size,
                         if lim > 0 {
                             lim.to_string()
                         } else {
@@ -272,7 +294,7 @@ impl Controller {
                         }
                     )));
                 }
-                (found, existing.size)
+                (found, existing_size)
             }
             None => {
                 let volid = client
@@ -280,7 +302,7 @@ impl Controller {
                         &node,
                         &params.storage,
                         &filename,
-                        if file_storage { &format } else { "raw" },
+                        extension.unwrap_or("raw"),
                         self.controller_vmid,
                         size,
                         d,
@@ -309,6 +331,28 @@ impl Controller {
             content_source: None,
             accessible_topology: topology,
         })
+    }
+
+    /// qcow2 on thick LVM needs the storage's `snapshot-as-volume-chain`
+    /// (pve-storage LVMPlugin.pm alloc_lvm_image refuses it otherwise):
+    /// refused here with the parameter and the option named.
+    async fn require_volume_chains(
+        &self,
+        client: &Client,
+        storage: &str,
+        d: Deadline,
+    ) -> Result<(), CtlError> {
+        let cfg = client.storage_config(storage, d).await?;
+        if cfg.snapshot_as_volume_chain != Some(1) {
+            return Err(CtlError::invalid(
+                "parameters.storageFormat",
+                format!(
+                    "\"qcow2\" on thick LVM storage {storage:?} needs its snapshot-as-volume-chain option \
+                     (Proxmox VE 9); without it only raw is allowed there"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Local storage: the node. Shared: the storage's `nodes`, or the region.

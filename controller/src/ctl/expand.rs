@@ -36,7 +36,9 @@ impl Controller {
                 .and_then(|c| c.access_type.as_ref()),
             Some(AccessType::Block(_))
         );
-        if info.size >= size {
+        // An approximate size (an inactive LV's) may hide a disk still too
+        // small: Proxmox's resize to the size it has is a no-op.
+        if !info.approximate && info.size >= size {
             return Ok((info.size, fs));
         }
         let attached = self

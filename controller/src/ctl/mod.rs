@@ -135,6 +135,44 @@ impl Controller {
     /// rrd_entry_is_old), while a node's own row follows the cluster
     /// membership at once (extract_node_stats): the storages of a node that
     /// is not online are taken as `unknown`, so that nothing is sent there.
+    /// Whether `storage` is thick LVM (`lvm`), from the cached rows.
+    pub async fn is_thick_lvm(
+        &self,
+        client: &Client,
+        storage: &str,
+        d: Deadline,
+    ) -> Result<bool, CtlError> {
+        Ok(self
+            .storage_rows(client, storage, d)
+            .await?
+            .first()
+            .is_some_and(|r| r.plugintype == "lvm"))
+    }
+
+    /// A qcow2 volume of a thick LVM volume chain is refused as the source
+    /// of a snapshot or clone: Proxmox reads its size, before any copy,
+    /// only on the node where its LV is active (qemu-server API2/Qemu.pm
+    /// `$import_from_volid`; pve-storage LVMPlugin.pm volume_size_info),
+    /// and the Go driver refuses qcow2 copies altogether
+    /// (proxmox-csi-plugin pkg/csi/utils.go copyVolume).
+    pub async fn refuse_chain_source(
+        &self,
+        client: &Client,
+        what: &str,
+        storage: &str,
+        disk: &str,
+        d: Deadline,
+    ) -> Result<(), CtlError> {
+        if disk.ends_with(".qcow2") && self.is_thick_lvm(client, storage, d).await? {
+            return Err(CtlError::FailedPrecondition(format!(
+                "{what} {storage}:{disk} is a qcow2 volume on thick LVM (a volume chain): Proxmox reads \
+                 its size only on the node where it is active, so it is not copied into snapshots or \
+                 clones; volumes of a class without storageFormat: qcow2 (raw) are"
+            )));
+        }
+        Ok(())
+    }
+
     pub async fn storage_rows(
         &self,
         client: &Client,

@@ -140,7 +140,7 @@ impl Controller {
             }
         };
         // Under the holder's VMID, which says whose it is: no cluster id.
-        let filename = disk_filename(holder.vmid, &r.name, None, false, "raw");
+        let filename = disk_filename(holder.vmid, &r.name, None, None);
         let volid = format!("{}:{filename}", params.storage);
         let capacity = match client
             .volume_info(&holder.node, &params.storage, &filename, d)

@@ -182,6 +182,8 @@ impl Controller {
                 ),
             ));
         }
+        self.refuse_chain_source(&client, "volume", &src.storage, &src.disk, d)
+            .await?;
         let (node, info) = self.existing(&client, &src, d).await?;
         let node = self
             .owner_node(&client, &src.disk, d)

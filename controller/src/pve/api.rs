@@ -32,6 +32,11 @@ pub struct VolumeInfo {
     pub size: u64,
     #[serde(default)]
     pub format: String,
+    /// `size` is an upper bound: a qcow2 volume of a thick LVM volume chain
+    /// listed where its LV is inactive has only the LV's `approximate-size`
+    /// (pve-storage LVMPlugin.pm list_images).
+    #[serde(default)]
+    pub approximate: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -46,6 +51,10 @@ pub struct StorageConfig {
     /// src/PVE/Storage/LVMPlugin.pm `saferemove`, a boolean sent as 0/1).
     #[serde(default)]
     pub saferemove: Option<u8>,
+    /// LVM: qcow2 volumes as volume chains (PVE 9; pve-storage
+    /// LVMPlugin.pm `snapshot-as-volume-chain`, a boolean sent as 0/1).
+    #[serde(default, rename = "snapshot-as-volume-chain")]
+    pub snapshot_as_volume_chain: Option<u8>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -121,6 +130,19 @@ fn text(v: &Value) -> String {
     }
 }
 
+/// A volume's row of a storage listing.
+fn listed_info(row: &Value) -> VolumeInfo {
+    let (size, approximate) = match row["size"].as_u64() {
+        Some(size) => (size, false),
+        None => (row["approximate-size"].as_u64().unwrap_or(0), true),
+    };
+    VolumeInfo {
+        size,
+        format: row["format"].as_str().unwrap_or_default().to_string(),
+        approximate,
+    }
+}
+
 impl Client {
     pub async fn storage_status(
         &self,
@@ -154,6 +176,13 @@ impl Client {
         let path = format!("/nodes/{node}/storage/{storage}/content/{storage}:{volname}");
         match self.call(Method::GET, &path, &[], d).await {
             Ok(v) => Ok(Some(v)),
+            // A qcow2 volume of a thick LVM volume chain whose LV is not
+            // active on `node` answers as a missing one (Content.pm info:
+            // "volume_size_info on '…' failed - no format"): the listing,
+            // which has it either way, settles it.
+            Err(e) if e.is_not_found() && volname.ends_with(".qcow2") => {
+                self.listed_volume(node, storage, volname, d).await
+            }
             Err(e) if e.is_not_found() => Ok(None),
             Err(e)
                 if e.kind() == ErrorKind::Other
@@ -191,10 +220,7 @@ impl Client {
         Ok(listed
             .iter()
             .find(|v| v["volid"].as_str() == Some(volid.as_str()))
-            .map(|v| VolumeInfo {
-                size: v["size"].as_u64().unwrap_or(0),
-                format: v["format"].as_str().unwrap_or_default().to_string(),
-            }))
+            .map(|v| listed_info(v)))
     }
 
     /// Allocates `filename` (size in bytes, sent in KiB) owned by `vmid`

@@ -356,6 +356,12 @@ pub struct Cluster {
     /// When each VM created through the API was created (its RRD lag).
     pub created: BTreeMap<u32, std::time::Instant>,
     pub next_id: Option<NextId>,
+    /// The nodes a qcow2 volume of a thick LVM volume chain is active on,
+    /// by volid: where it was allocated and where a VM took it (pve-storage
+    /// LVMPlugin.pm alloc_image `lvcreate -aly`, activate_volume; nothing
+    /// here deactivates). Elsewhere Proxmox cannot read its size (see
+    /// `Cluster::lv_inactive`). A volume not in the map is active everywhere.
+    pub lv_active: BTreeMap<String, std::collections::BTreeSet<String>>,
 }
 
 /// A storage replication job (`/cluster/replication`).
@@ -403,6 +409,7 @@ impl Cluster {
             acl: s.acl,
             knobs: s.knobs,
             next_id: s.next_id,
+            lv_active: BTreeMap::new(),
             ..Default::default()
         };
         for n in s.nodes {
@@ -480,6 +487,28 @@ impl Cluster {
 
     pub fn volume(&self, place: &Place, volname: &str) -> Option<&Volume> {
         self.volumes.get(place)?.get(volname)
+    }
+
+    /// Whether `storage:volname` is a qcow2 volume of a thick LVM volume
+    /// chain that is not active on `node`: there its size is read from the
+    /// qcow2 header of an LV that has no device node, which fails
+    /// (LVMPlugin.pm volume_size_info → Plugin.pm file_size_info).
+    pub fn lv_inactive(&self, storage: &str, volname: &str, node: &str) -> bool {
+        self.storages
+            .get(storage)
+            .is_some_and(|s| s.kind == StorageType::Lvm)
+            && volname.ends_with(".qcow2")
+            && self
+                .lv_active
+                .get(&format!("{storage}:{volname}"))
+                .is_some_and(|nodes| !nodes.contains(node))
+    }
+
+    /// Activates `storage:volname` on `node` (a no-op for other volumes).
+    pub fn lv_activate(&mut self, storage: &str, volname: &str, node: &str) {
+        if let Some(nodes) = self.lv_active.get_mut(&format!("{storage}:{volname}")) {
+            nodes.insert(node.to_string());
+        }
     }
 
     pub fn count(&mut self, key: String) {

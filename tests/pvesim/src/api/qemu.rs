@@ -347,33 +347,49 @@ struct Update {
 }
 
 /// Allocates `vm-<vmid>-disk-<N>` for a `<storage>:<GiB>` drive value.
+/// A new disk of a config write: the drive's `format`, else the storage's
+/// default (qemu-server API2/Qemu.pm create_disks: `$disk->{format} ||
+/// $defformat`, the drive's `format` then dropped, "no longer needed"),
+/// which on thick LVM with volume chains is qcow2 (pve-storage
+/// LVMPlugin.pm get_formats), named with `.qcow2` (find_free_diskname).
 fn allocate_for(
     c: &mut Cluster,
     vm_node: &str,
     vmid: u32,
     storage: &str,
     gib: f64,
+    format: Option<&str>,
 ) -> Result<(String, u64), ApiError> {
     let st = common::storage(c, vm_node, storage)?.clone();
     let place = c
         .place(storage, vm_node)
         .map_err(|e| ApiError::die(e.to_string()))?;
     let existing = c.volumes.get(&place).cloned().unwrap_or_default();
-    let format = if st.kind.file_based() {
-        st.format.clone().unwrap_or_else(|| "raw".into())
-    } else {
-        "raw".into()
+    let chain = st.kind == StorageType::Lvm && st.snapshot_as_volume_chain;
+    let format = match format {
+        Some(f) => f.to_string(),
+        None if st.kind.file_based() => st.format.clone().unwrap_or_else(|| "raw".into()),
+        None if chain => "qcow2".into(),
+        None => "raw".into(),
     };
     let name = (0..)
         .map(|n| {
             if st.kind.file_based() {
                 format!("{vmid}/vm-{vmid}-disk-{n}.{format}")
+            } else if chain && format == "qcow2" {
+                format!("vm-{vmid}-disk-{n}.qcow2")
             } else {
                 format!("vm-{vmid}-disk-{n}")
             }
         })
         .find(|n| !existing.contains_key(n))
         .unwrap_or_default();
+    if chain && format == "qcow2" {
+        c.lv_active.insert(
+            format!("{storage}:{name}"),
+            std::collections::BTreeSet::from([vm_node.to_string()]),
+        );
+    }
     let size = st.kind.round((gib * (1u64 << 30) as f64) as u64);
     c.volumes.entry(place).or_default().insert(
         name.clone(),
@@ -520,6 +536,14 @@ fn stage_update(
                                 "cannot import from '{src}' - owner VM {owner} not on local node"
                             )));
                         }
+                        // $import_from_volid reads the source's size before
+                        // anything activates it: "could not get size of
+                        // $src_volid", wrapped as "cannot import from …".
+                        if c.lv_inactive(s, n, &vm_node) {
+                            return Err(ApiError::die(format!(
+                                "cannot import from '{src}' - could not get size of {src}"
+                            )));
+                        }
                         let place = c
                             .place(s, &vm_node)
                             .map_err(|e| ApiError::die(e.to_string()))?;
@@ -533,7 +557,9 @@ fn stage_update(
                     }
                     None => gib,
                 };
-                let (volid, size) = allocate_for(c, &vm_node, vmid, &storage, gib)?;
+                let format = d.opts.remove("format");
+                let (volid, size) =
+                    allocate_for(c, &vm_node, vmid, &storage, gib, format.as_deref())?;
                 // create_disks copies into the new volume before the key
                 // reaches the config (qemu-server Qemu.pm: clone_disk, then
                 // the drive line): nobody sees the disk half-copied.
@@ -556,6 +582,7 @@ fn stage_update(
                     .storages
                     .get(storage)
                     .map_or(StorageType::Lvmthin, |s| s.kind);
+                c.lv_activate(storage, volname, &vm_node);
                 let size = match c.volume(&place, volname).map(|v| v.size) {
                     Some(size) if size > 0 => size,
                     Some(_) => {
@@ -1142,6 +1169,7 @@ pub async fn resize(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
                 .ok_or("no storage")?;
             // Qemu.pm resize_vm: activate_volumes, then volume_size_info,
             // inside the worker.
+            c.lv_activate(&storage, &volname, &node);
             let current = match c.volume(&place, &volname).map(|v| v.size) {
                 Some(size) => size,
                 None => {

@@ -160,11 +160,25 @@ pub async fn status(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     Ok(v)
 }
 
-fn volume_row(storage: &str, volname: &str, v: &Volume) -> Value {
-    json!({
+/// A listing's row. A qcow2 volume of a thick LVM volume chain that is
+/// inactive on the listing node has no `size`, only the LV's
+/// `approximate-size`, an upper bound (pve-storage LVMPlugin.pm
+/// list_images, since fix #6819 in libpve-storage-perl 9.1.5).
+fn volume_row(storage: &str, volname: &str, v: &Volume, inactive: bool) -> Value {
+    let mut row = json!({
         "volid": format!("{storage}:{volname}"), "content": "images", "format": v.format,
         "size": v.size, "vmid": v.owner, "ctime": v.ctime,
-    })
+    });
+    if inactive && let Some(o) = row.as_object_mut() {
+        o.remove("size");
+        // The LV holds the qcow2 metadata too (calculate_lvm_size: qemu-img
+        // measure), in 4 MiB extents.
+        o.insert(
+            "approximate-size".into(),
+            json!((v.size + (v.size >> 13)).div_ceil(4 << 20) * (4 << 20)),
+        );
+    }
+    row
 }
 
 pub async fn content_list(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
@@ -186,7 +200,13 @@ pub async fn content_list(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> 
         .map(|m| {
             m.iter()
                 .filter(|(_, v)| vmid.is_none_or(|id| v.owner == id))
-                .map(|(n, v)| (format!("{id}:{n}").to_lowercase(), volume_row(id, n, v)))
+                .map(|(n, v)| {
+                    let inactive = c.lv_inactive(id, n, node);
+                    (
+                        format!("{id}:{n}").to_lowercase(),
+                        volume_row(id, n, v, inactive),
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default();
@@ -359,6 +379,12 @@ pub async fn allocate(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             total.saturating_sub(c.used(&place))
         )));
     }
+    if kind == StorageType::Lvm && format == "qcow2" {
+        c.lv_active.insert(
+            format!("{id}:{volname}"),
+            std::collections::BTreeSet::from([node.clone()]),
+        );
+    }
     c.volumes.entry(place).or_default().insert(
         volname.clone(),
         Volume {
@@ -506,6 +532,13 @@ pub async fn volume_get(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             ApiError::die(unknown.clone())
         }
     })?;
+    if c.lv_inactive(&storage, &volname, node) {
+        // API2/Storage/Content.pm info: `die "volume_size_info on '$volid'
+        // failed - no format\n" if !$format`, the text of a missing volume.
+        return Err(ApiError::die(format!(
+            "volume_size_info on '{storage}:{volname}' failed - no format"
+        )));
+    }
     let path = match st.kind {
         StorageType::Dir | StorageType::Nfs => format!("/var/lib/vz-{storage}/images/{volname}"),
         StorageType::Zfspool => format!("/dev/zvol/rpool/data/{volname}"),
