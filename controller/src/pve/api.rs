@@ -220,7 +220,7 @@ impl Client {
         Ok(listed
             .iter()
             .find(|v| v["volid"].as_str() == Some(volid.as_str()))
-            .map(|v| listed_info(v)))
+            .map(listed_info))
     }
 
     /// Allocates `filename` (size in bytes, sent in KiB) owned by `vmid`
