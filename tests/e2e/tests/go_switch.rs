@@ -137,8 +137,47 @@ impl GoController {
     /// CreateVolume: the disk allocated; the answer's volume, as the
     /// provisioner writes its PV (context: StorageParameters.ToMap).
     async fn create(&self, claim: &Claim, sc: &StorageClass) -> PersistentVolume {
+        self.create_on("local-lvm", claim, sc).await
+    }
+
+    async fn create_on(&self, storage: &str, claim: &Claim, sc: &StorageClass) -> PersistentVolume {
         let disk = format!("vm-9999-{}", claim.volume_name());
-        self.allocate("local-lvm", 9999, &disk, claim).await;
+        self.allocate(storage, 9999, &disk, claim).await;
+        let volume = go_answer(
+            &format!("region-1/pve2/{storage}/{disk}"),
+            claim,
+            &[
+                ("storage", storage),
+                ("backup", "0"),
+                ("iothread", "1"),
+                ("replicate", "0"),
+            ],
+        );
+        provisioner::persistent_volume(sc, claim, &volume)
+    }
+
+    /// CreateVolume from a snapshot smaller than the claim (copyVolume,
+    /// then `size < volSizeBytes`): the snapshot's bytes at the snapshot's
+    /// size, the size asked for left to ControllerPublishVolume in the
+    /// context (`resizeRequired`, `resizeSizeBytes`). The copy's bytes are
+    /// `source`'s backing file, copied as Proxmox's copy would.
+    async fn restore_smaller(
+        &self,
+        images: &std::path::Path,
+        source: &PersistentVolume,
+        claim: &Claim,
+        sc: &StorageClass,
+    ) -> PersistentVolume {
+        let disk = format!("vm-9999-{}", claim.volume_name());
+        let copied = Claim::new(&claim.name, &claim.uid, 1 << 30);
+        self.allocate("local-lvm", 9999, &disk, &copied).await;
+        let from = source.handle.rsplit('/').next().unwrap();
+        std::fs::copy(
+            pvesim::qmp::backing_path(images, &format!("local-lvm:{from}")),
+            pvesim::qmp::backing_path(images, &format!("local-lvm:{disk}")),
+        )
+        .unwrap();
+        let wanted = claim.request_bytes.to_string();
         let volume = go_answer(
             &format!("region-1/pve2/local-lvm/{disk}"),
             claim,
@@ -147,6 +186,8 @@ impl GoController {
                 ("backup", "0"),
                 ("iothread", "1"),
                 ("replicate", "0"),
+                ("resizeRequired", "true"),
+                ("resizeSizeBytes", wanted.as_str()),
             ],
         );
         provisioner::persistent_volume(sc, claim, &volume)
@@ -317,6 +358,17 @@ async fn sum_at(g: &mut Guest, k: &Kubelet, pv: &PersistentVolume, pod: &Pod) ->
     g.sh(&cmd).await.unwrap().trim().to_string()
 }
 
+/// The size of the filesystem mounted at `path`, from BusyBox's df (KiB).
+async fn df_bytes(g: &mut Guest, path: &str) -> u64 {
+    g.sh(&format!("df -P -k {path} | tail -1 | awk '{{print $2}}'"))
+        .await
+        .unwrap()
+        .trim()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
 #[tokio::test]
 async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     let Some(Lab {
@@ -324,13 +376,20 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         ctl,
         mut node,
         sim,
-        images: _images,
-    }) = Lab::start_in(Share::Shared, ROLE, |cluster| {
-        cluster.replace(
-            "storages: [{ id: local-lvm, type: lvmthin, total: 107374182400 }]",
-            "storages: [{ id: local-lvm, type: lvmthin, total: 107374182400 }, { id: local-zfs, type: zfspool, total: 107374182400 }]",
-        )
-    })
+        images,
+    }) = Lab::start_with(
+        Share::Shared,
+        ROLE,
+        |cluster| {
+            cluster.replace(
+                "storages: [{ id: local-lvm, type: lvmthin, total: 107374182400 }]",
+                "storages: [{ id: local-lvm, type: lvmthin, total: 107374182400 }, { id: local-zfs, type: zfspool, total: 107374182400 }, \
+                 { id: san, type: lvm, total: 107374182400 }]",
+            )
+        },
+        // As deployed: this driver's disks carry the cluster's id.
+        Some("e2eguest1"),
+    )
     .await
     else {
         return;
@@ -470,6 +529,41 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         vm.config
     );
 
+    // The Go driver's restore of go-ext4 into a 2 GiB claim, made before
+    // the switch and never published: its first attach grows the disk,
+    // its stage the filesystem; the bytes are go-ext4's.
+    let claim = Claim::new("go-restore", "go-restore", 2 << 30);
+    let go_restore = go
+        .restore_smaller(images.path(), &volumes[0].pv, &claim, &ext4)
+        .await;
+    let pc = attach(&ctl, &go_restore, WORKER_2).await;
+    assert_eq!(
+        pc.get("resizeRequired").map(String::as_str),
+        Some("true"),
+        "{pc:?}"
+    );
+    let restore_pod = Pod::new("2c3d4e5f-6071-4283-94a5-b6c7d8e9f0a1");
+    mkdirs(&mut g, k.stage_dirs(&go_restore)).await;
+    node.node_stage_volume(k.node_stage(&go_restore, &pc, HashMap::new()))
+        .await
+        .unwrap_or_else(|e| panic!("NodeStage of the Go restore: {e:?}"));
+    mkdirs(&mut g, k.publish_dirs(&restore_pod, &go_restore)).await;
+    node.node_publish_volume(k.node_publish(&go_restore, &restore_pod, &pc))
+        .await
+        .unwrap();
+    assert_eq!(sum_at(&mut g, &k, &go_restore, &restore_pod).await, sums[0]);
+    assert!(
+        df_bytes(&mut g, &k.target_path(&restore_pod, &go_restore)).await > 3 << 29,
+        "the Go restore's filesystem did not grow to its 2 GiB"
+    );
+    node.node_unpublish_volume(k.node_unpublish(&go_restore, &restore_pod))
+        .await
+        .unwrap();
+    node.node_unstage_volume(k.node_unstage(&go_restore))
+        .await
+        .unwrap();
+    detach(&ctl, &go_restore, WORKER_2).await;
+
     // Attached, staged and published again by this driver: the same bytes,
     // nothing formatted.
     let pod = Pod::new("1b2c3d4e-5f60-4172-8394-a5b6c7d8e9f0");
@@ -544,6 +638,66 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         .unwrap();
     detach(&ctl, &idle.pv, WORKER_2).await;
 
+    // Thick LVM without saferemove: a Go volume deleted leaves its ext4
+    // and data in the extents the next volume gets. This driver's new
+    // volume there is formatted on its first stage; nothing of the Go
+    // volume shows through.
+    let thick = StorageClass::new(&[("storage", "san"), ("csi.storage.k8s.io/fstype", "ext4")]);
+    let claim = Claim::new("go-thick", "go-thick", 1 << 30);
+    let mut old = GoVolume {
+        pv: go.create_on("san", &claim, &thick).await,
+        lun: 0,
+        encrypted: false,
+        by_id: false,
+        context: HashMap::new(),
+    };
+    go.attach(&mut old).await;
+    go_node_stage_and_publish(&mut g, &k, &old, &old_pod).await;
+    g.sh(&format!(
+        "umount {} && umount {}",
+        k.target_path(&old_pod, &old.pv),
+        k.staging_path(&old.pv)
+    ))
+    .await
+    .unwrap();
+    detach(&ctl, &old.pv, WORKER_2).await;
+    ctl.delete_volume(Request::new(provisioner::delete_volume(&old.pv)))
+        .await
+        .unwrap();
+    let fresh = provision(&ctl, &thick, &Claim::new("thick-new", "thick-new", 1 << 30)).await;
+    let pc = attach(&ctl, &fresh, WORKER_2).await;
+    mkdirs(&mut g, k.stage_dirs(&fresh)).await;
+    node.node_stage_volume(k.node_stage(&fresh, &pc, HashMap::new()))
+        .await
+        .unwrap_or_else(|e| panic!("first stage over the Go volume's extents: {e:?}"));
+    let staged = g
+        .sh("grep 'volume staged' /run/node.log | tail -1")
+        .await
+        .unwrap();
+    assert!(
+        staged.contains("wiped the head and tail") && staged.contains("mkfs ext4"),
+        "{staged}"
+    );
+    mkdirs(&mut g, k.publish_dirs(&pod, &fresh)).await;
+    node.node_publish_volume(k.node_publish(&fresh, &pod, &pc))
+        .await
+        .unwrap();
+    let listed = g
+        .sh(&format!("ls -A {}", k.target_path(&pod, &fresh)))
+        .await
+        .unwrap();
+    assert_eq!(listed.trim(), "lost+found", "the Go volume shows through");
+    node.node_unpublish_volume(k.node_unpublish(&fresh, &pod))
+        .await
+        .unwrap();
+    node.node_unstage_volume(k.node_unstage(&fresh))
+        .await
+        .unwrap();
+    detach(&ctl, &fresh, WORKER_2).await;
+    ctl.delete_volume(Request::new(provisioner::delete_volume(&fresh)))
+        .await
+        .unwrap();
+
     // Growth, online, of the filesystems (LUKS too).
     for v in volumes
         .iter()
@@ -556,18 +710,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         node.node_expand_volume(k.node_expand(&v.pv, &pod, 2 << 30, secrets))
             .await
             .unwrap_or_else(|e| panic!("NodeExpand of {}: {e:?}", v.pv.name));
-        // KiB, from BusyBox's df.
-        let size: u64 = g
-            .sh(&format!(
-                "df -P -k {} | tail -1 | awk '{{print $2}}'",
-                k.target_path(&pod, &v.pv)
-            ))
-            .await
-            .unwrap()
-            .trim()
-            .parse::<u64>()
-            .unwrap()
-            * 1024;
+        let size = df_bytes(&mut g, &k.target_path(&pod, &v.pv)).await;
         assert!(size > 3 << 29, "{}: {size} bytes after growth", v.pv.name);
     }
 
@@ -590,7 +733,8 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     for v in &volumes {
         detach(&ctl, &v.pv, WORKER_2).await;
     }
-    let claim = Claim::new("go-restored", "go-restored", 2 << 30).from_snapshot(&snap.snapshot_id);
+    // Larger than its 2 GiB source: the filesystem grows at stage.
+    let claim = Claim::new("go-restored", "go-restored", 3 << 30).from_snapshot(&snap.snapshot_id);
     let restored = provision(&ctl, &ext4, &claim).await;
     let pc = attach(&ctl, &restored, WORKER_2).await;
     mkdirs(&mut g, k.stage_dirs(&restored)).await;
@@ -602,6 +746,11 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         .await
         .unwrap();
     assert_eq!(sum_at(&mut g, &k, &restored, &pod).await, sums[0]);
+    let size = df_bytes(&mut g, &k.target_path(&pod, &restored)).await;
+    assert!(
+        size > 5 << 29,
+        "the restore's filesystem is {size} bytes on 3 GiB"
+    );
     node.node_unpublish_volume(k.node_unpublish(&restored, &pod))
         .await
         .unwrap();
@@ -658,7 +807,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     for pv in volumes
         .iter()
         .map(|v| &v.pv)
-        .chain([&restored, &sealed, &idle.pv])
+        .chain([&restored, &sealed, &idle.pv, &go_restore])
     {
         ctl.delete_volume(Request::new(provisioner::delete_volume(pv)))
             .await
