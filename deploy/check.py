@@ -254,6 +254,38 @@ def broken(ds):
     return bad
 
 
+def dotted(o, path):
+    for part in path.split(".") if path else []:
+        o = o.get(part) if isinstance(o, dict) else None
+    return o
+
+
+def go_upgrade(r):
+    """`helm upgrade` of a Go chart release to this chart, in place: every
+    object the Go chart made is rendered again under its kind and name, with
+    the fields Kubernetes does not let an update change unchanged
+    (testdata/go-chart-release.yaml says which and where they come from)."""
+    testdata = os.path.join(HERE, "testdata")
+    with open(os.path.join(testdata, "go-chart-values.yaml")) as fh:
+        values = yaml.safe_load(fh)
+    with open(os.path.join(testdata, "go-chart-release.yaml")) as fh:
+        release = yaml.safe_load(fh)
+    values = {**values, **release["values"]}
+    for ns in ("kube-system", "csi-proxmox"):
+        ours = {key(o): o for o in helm({**values, "createNamespace": ns != "kube-system"}, namespace=ns)}
+        for want in release["objects"]:
+            k = (want["kind"], ns if want.get("namespaced") else "", want["name"])
+            got = ours.get(k)
+            if got is None:
+                r.check(False, f"upgrade from the Go chart in {ns}: {want['kind']} {want['name']} rendered again",
+                        "helm would delete it: " + ", ".join(sorted(f"{a}/{c}" for a, _, c in ours)))
+                continue
+            changed = [f"{p}: Go {v!r}, here {dotted(got, p)!r}" for p, v in want["immutable"].items()
+                       if dotted(got, p) != v]
+            r.check(not changed, f"upgrade from the Go chart in {ns}: {want['kind']} {want['name']} keeps "
+                    + ", ".join(want["immutable"]), "; ".join(changed))
+
+
 def go_values(r, version):
     """The Go chart's own values.yaml and a Go user's file setting every key
     render this chart, validate, and land where the Go chart puts them."""
@@ -361,6 +393,7 @@ def main():
 
     validate(r, base, "kustomize", args.kubernetes_version)
     go_values(r, args.kubernetes_version)
+    go_upgrade(r)
     monitoring(r, args.kubernetes_version)
     for name, values in VARIANTS.items():
         try:
