@@ -28,8 +28,9 @@ pub struct Attachments {
 struct Region {
     found: HashMap<String, u32>,
     /// VMs whose config could not be read (their node down, answering
-    /// 595): vmid → (node, why). Read again at each lookup.
-    unreadable: BTreeMap<u32, (String, String)>,
+    /// 595): vmid → (node, why, when last tried). Tried again by a lookup
+    /// that misses, at most every `RETRY_UNREADABLE`.
+    unreadable: BTreeMap<u32, (String, String, std::time::Instant)>,
     /// VMs read at least once. While one is unreadable its last-known disks
     /// stand: its config cannot change while its node does not answer.
     read_once: BTreeSet<u32>,
@@ -43,6 +44,11 @@ struct Region {
 /// How long one VM's config read may take while the index is built: a VM
 /// on a node that is down must not hold up every other.
 const READ_ONE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// How often a lookup that misses tries again the config of a VM whose
+/// node Proxmox reports offline: a ListVolumes looks up every volume, and
+/// a node that is down must cost it one wait, not one per volume.
+const RETRY_UNREADABLE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Config reads in flight while the index is built: a region of hundreds
 /// of VMs is read in a few round trips, not one VM after another.
@@ -102,6 +108,29 @@ impl Region {
         Ok(())
     }
 
+    /// Like `read_all`, without asking a node Proxmox reports offline
+    /// (every call there answers 595 after a wait): its VMs are unreadable.
+    async fn read_all_up(
+        &mut self,
+        client: &Client,
+        vms: Vec<VmResource>,
+        d: Deadline,
+    ) -> Result<(), PveError> {
+        let offline = client.offline_nodes(d).await?;
+        let (down, up): (Vec<_>, Vec<_>) = vms.into_iter().partition(|v| offline.contains(&v.node));
+        for vm in down {
+            self.unreadable.insert(
+                vm.vmid,
+                (
+                    vm.node.clone(),
+                    format!("its node {} is offline", vm.node),
+                    std::time::Instant::now(),
+                ),
+            );
+        }
+        self.read_all(client, &up, d).await
+    }
+
     /// VM `vm`'s config read into the index. A node that does not answer
     /// leaves the VM unreadable instead of failing the whole index; a VM
     /// deleted since the VM list was read holds nothing.
@@ -136,8 +165,10 @@ impl Region {
             }
             Err(e) if e.is_transient() => {
                 tracing::warn!(vmid = vm.vmid, node = vm.node, error = %e, "VM config unreadable; its disks are the last ones read until its node answers");
-                self.unreadable
-                    .insert(vm.vmid, (vm.node.clone(), e.to_string()));
+                self.unreadable.insert(
+                    vm.vmid,
+                    (vm.node.clone(), e.to_string(), std::time::Instant::now()),
+                );
                 Ok(())
             }
             Err(e) => Err(e),
@@ -157,7 +188,7 @@ impl Region {
             generation: self.generation + 1,
             ..Region::default()
         };
-        fresh.read_all(client, &vms, d).await?;
+        fresh.read_all_up(client, vms, d).await?;
         for vmid in fresh.unreadable.keys() {
             if self.read_once.contains(vmid) {
                 fresh.read_once.insert(*vmid);
@@ -177,10 +208,10 @@ impl Region {
     fn unknown(&self, zone: Option<&str>) -> Vec<String> {
         self.unreadable
             .iter()
-            .filter(|(vmid, (node, _))| {
+            .filter(|(vmid, (node, _, _))| {
                 !self.read_once.contains(vmid) && zone.is_none_or(|z| z == node)
             })
-            .map(|(vmid, (node, why))| format!("VM {vmid} on {node} ({why})"))
+            .map(|(vmid, (node, why, _))| format!("VM {vmid} on {node} ({why})"))
             .collect()
     }
 }
@@ -215,7 +246,22 @@ impl Attachments {
             return Ok((Some(*vmid), region.generation));
         }
         let mut retry = Vec::new();
-        for vmid in region.unreadable.keys().copied().collect::<Vec<_>>() {
+        // A VM on a node Proxmox still reports offline is tried again only
+        // now and then; one whose node is back, at once.
+        let offline = if region.unreadable.is_empty() {
+            Default::default()
+        } else {
+            client.offline_nodes(d).await?
+        };
+        let due: Vec<u32> = region
+            .unreadable
+            .iter()
+            .filter(|(_, (node, _, tried))| {
+                !offline.contains(node) || tried.elapsed() >= RETRY_UNREADABLE
+            })
+            .map(|(vmid, _)| *vmid)
+            .collect();
+        for vmid in due {
             if let Some(vm) = index.node_of(client, vmid, d).await? {
                 retry.push(vm);
             }
@@ -295,7 +341,7 @@ impl Attachments {
     ) -> Result<Option<u32>, PveError> {
         let vms = candidates(client, index, zone, d).await?;
         let mut now = Region::default();
-        now.read_all(client, &vms, d).await?;
+        now.read_all_up(client, vms, d).await?;
         let mut map = self.map.lock().await;
         let known = map.get(client.region());
         // A VM that does not answer now holds what it held when last read
@@ -313,7 +359,7 @@ impl Attachments {
             .unreadable
             .iter()
             .filter(|(vmid, _)| !known.is_some_and(|r| r.read_once.contains(vmid)))
-            .map(|(vmid, (node, why))| format!("VM {vmid} on {node} ({why})"))
+            .map(|(vmid, (node, why, _))| format!("VM {vmid} on {node} ({why})"))
             .collect();
         if held.is_none() && !never_read.is_empty() {
             return Err(PveError::Unknown {

@@ -6,6 +6,10 @@ use crate::pve::api::VolumeInfo;
 use crate::pve::{Client, Deadline, PveError};
 use crate::volume::VolumeId;
 
+/// How long one node of a shared storage may take to answer while others
+/// could answer instead.
+const NODE_TRY: std::time::Duration = std::time::Duration::from_secs(3);
+
 impl Controller {
     /// Before an untagged (Go driver's) holder is destroyed: it holds no
     /// disk but the volume's, so nothing else goes with it.
@@ -85,7 +89,16 @@ impl Controller {
             Vec::new()
         };
         let mut last = None;
-        for node in std::iter::once(first).chain(others) {
+        let tries = 1 + others.len();
+        for (i, node) in std::iter::once(first).chain(others).enumerate() {
+            // A node that does not answer keeps the others waiting only
+            // briefly: the storage rows may still call a node up that has
+            // gone down since they were read.
+            let d = if i + 1 < tries {
+                Deadline(d.0.min(std::time::Instant::now() + NODE_TRY))
+            } else {
+                d
+            };
             match client.volume_info(&node, &id.storage, &id.disk, d).await {
                 Ok(info) => return Ok(Some((node, info))),
                 Err(e) if e.is_transient() && id.zone.is_none() => {
