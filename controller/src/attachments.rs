@@ -341,7 +341,10 @@ impl Attachments {
     ) -> Result<Option<u32>, PveError> {
         let vms = candidates(client, index, zone, d).await?;
         let mut now = Region::default();
-        now.read_all_up(client, vms, d).await?;
+        // Every VM asked, its node offline or not: this read is the truth
+        // of what cannot be undone (a VM on a node that is down costs one
+        // READ_ONE wait).
+        now.read_all(client, &vms, d).await?;
         let mut map = self.map.lock().await;
         let known = map.get(client.region());
         // A VM that does not answer now holds what it held when last read

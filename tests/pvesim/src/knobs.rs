@@ -23,6 +23,9 @@ pub struct Knobs {
     /// 'virtioscsiN' - still busy in guest?` (QemuServer.pm
     /// qemu_devicedelverify, vm_deviceunplug, qemu_deletescsihw).
     pub guest_eject_ms: u64,
+    /// qemu-server's interval between those checks (1 s), scaled down by
+    /// tests that exercise the 15 s limit without waiting it out.
+    pub eject_poll_ms: u64,
     /// How long an `import-from` copy takes per GiB (qemu-img), holding
     /// the VM's config lock as Proxmox does.
     pub copy_ms_per_gib: u64,
@@ -87,6 +90,7 @@ impl Default for Knobs {
             hotplug_latency_ms: 0,
             hotplug_ms_per_disk: 0,
             guest_eject_ms: 0,
+            eject_poll_ms: 1000,
             copy_ms_per_gib: 0,
             lock_timeout_ms: 10_000,
             fail_hotplugs: 0,

@@ -735,7 +735,7 @@ async fn hotplug(
     if latency > 0 {
         tokio::time::sleep(Duration::from_millis(latency)).await;
     }
-    let (per_disk, eject, single, v8) = {
+    let (per_disk, eject, poll, single, v8) = {
         let c = ctx.cluster();
         let single = c
             .vms
@@ -745,6 +745,7 @@ async fn hotplug(
         (
             c.knobs.hotplug_ms_per_disk,
             c.knobs.guest_eject_ms,
+            c.knobs.eject_poll_ms.max(1),
             single,
             c.version.starts_with('8'),
         )
@@ -762,10 +763,10 @@ async fn hotplug(
         if single && matches!(plug, Plug::Remove { .. }) && key.starts_with("scsi") {
             // The controller's unplug, checked once a second (the first
             // check at once), up to the timeout of this qemu-server version.
-            let timeout_s: u64 = if v8 { 5 } else { 15 };
-            let polls = eject.div_ceil(1000);
-            if polls > timeout_s {
-                tokio::time::sleep(Duration::from_secs(timeout_s + 1)).await;
+            let timeout_polls: u64 = if v8 { 5 } else { 15 };
+            let polls = eject.div_ceil(poll);
+            if polls > timeout_polls {
+                tokio::time::sleep(Duration::from_millis((timeout_polls + 1) * poll)).await;
                 let n = key.trim_start_matches("scsi");
                 let suffix = if v8 { "" } else { " - still busy in guest?" };
                 errors.insert(
@@ -776,7 +777,7 @@ async fn hotplug(
                 );
                 continue;
             }
-            tokio::time::sleep(Duration::from_secs(polls)).await;
+            tokio::time::sleep(Duration::from_millis(polls * poll)).await;
         }
         let failed = {
             let mut c = ctx.cluster();
