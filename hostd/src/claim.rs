@@ -176,14 +176,30 @@ fn places(size: u64) -> Vec<u64> {
 
 /// The byte offset of `volume_id`'s claim on `device`, if it has one.
 pub fn find(device: &Path, volume_id: &str) -> Result<Option<u64>, HostdError> {
-    let want = record(volume_id);
+    find_from(device, Some(volume_id), 0)
+}
+
+/// The byte offset of the first claim at or beyond byte `from` of
+/// `device`: `volume_id`'s, or with `None` any volume's. Where a mounted
+/// filesystem ends is `from`: a record inside the filesystem is a file's
+/// bytes, which a pod may write, never a claim.
+pub fn find_from(
+    device: &Path,
+    volume_id: Option<&str>,
+    from: u64,
+) -> Result<Option<u64>, HostdError> {
+    let want = volume_id.map(record);
     let mut f = open(device, false)?;
     let size = direct::size(&mut f, device)?;
     let mut block = Aligned::zeroed(ALIGN);
-    for at in places(size) {
+    for at in places(size).into_iter().filter(|at| *at >= from) {
         f.read_exact_at(block.buf_mut(), at)
             .map_err(|e| HostdError::failed("reading a claim on", device.display(), e))?;
-        if block.buf()[..KEY] == want {
+        let found = match &want {
+            Some(w) => block.buf()[..KEY] == *w,
+            None => block.buf()[..MAGIC.len()] == *MAGIC,
+        };
+        if found {
             return Ok(Some(at));
         }
     }
@@ -192,9 +208,24 @@ pub fn find(device: &Path, volume_id: &str) -> Result<Option<u64>, HostdError> {
 
 /// Writes `volume_id`'s claim at `device`'s current end, durably; the offset.
 pub fn write(device: &Path, volume_id: &str) -> Result<u64, HostdError> {
+    write_beyond(device, volume_id, 0)
+}
+
+/// [`write`], refused before anything is written when the claim's place
+/// lies before byte `floor` (where a mounted filesystem ends).
+pub fn write_beyond(device: &Path, volume_id: &str, floor: u64) -> Result<u64, HostdError> {
     let mut f = open(device, true)?;
     let size = direct::size(&mut f, device)?;
     let at = claim_place(size, device)?;
+    if at < floor {
+        return Err(HostdError::failed(
+            "claiming",
+            device.display(),
+            format!(
+                "the claim's place at byte {at} lies inside the filesystem, which ends at {floor}"
+            ),
+        ));
+    }
     // The whole reserved MiB: nothing a grown disk's new extents held
     // (an end label of a removed volume) stays where libblkid looks.
     let mut tail = Aligned::zeroed(RESERVED as usize);

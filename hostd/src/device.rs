@@ -168,7 +168,9 @@ impl Resolver {
     /// Whether `device` itself names `volume_id`: its SCSI serial is the
     /// one the controller derives from that id. A disk without one (the
     /// Go driver's) may be used for a request, but proves no volume id.
-    /// Loop devices (tests only) are named by their backing file alone.
+    /// Loop devices (tests only) are named by their backing file alone,
+    /// which proves the volume unless a `<image>.noserial` file beside it
+    /// says the disk stands for one attached without a serial.
     pub fn proves_volume_id(&self, device: &Path, volume_id: &str) -> bool {
         match self {
             Self::Sysfs { sys_block } => device.file_name().is_some_and(|name| {
@@ -176,7 +178,10 @@ impl Resolver {
                     .is_some_and(|s| s == contract::serial_for(volume_id))
             }),
             #[cfg(feature = "loop-resolver")]
-            Self::Loop { .. } => true,
+            Self::Loop { .. } => device.file_name().is_some_and(|name| {
+                read_trim(&Path::new("/sys/block").join(name).join("loop/backing_file"))
+                    .is_some_and(|b| !Path::new(&format!("{b}.noserial")).exists())
+            }),
         }
     }
 }

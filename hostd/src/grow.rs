@@ -32,20 +32,30 @@ pub fn short_of_device(
     fs_device: &Path,
     root: &impl AsFd,
 ) -> Result<Option<(u64, u64)>, HostdError> {
-    // XFS keeps its superblock in its own buffers: the one on the device
-    // trails a grow until the log is written back. ext4's is the device's.
-    let fs = if fs_type == "xfs" {
-        Some(xfs_data_bytes(root, fs_device)?)
-    } else {
-        probe::fs_bytes(fs_device)?
-    };
-    let Some(fs) = fs else {
+    let Some(fs) = mounted_bytes(fs_type, fs_device, root)? else {
         return Ok(None);
     };
     let device = blockdev::kernel_name(fs_device)
         .and_then(|n| blockdev::size_of(&n))
         .unwrap_or(0);
     Ok((device > fs.saturating_add(SLACK)).then_some((fs, device)))
+}
+
+/// The size of the filesystem of type `fs_type` mounted from `fs_device`,
+/// `root` its root directory, opened; `None` for a type hostd does not
+/// read. XFS keeps its superblock in its own buffers: the one on the device
+/// trails a grow until the log is written back, so the kernel is asked.
+/// ext4's superblock is the device's.
+pub fn mounted_bytes(
+    fs_type: &str,
+    fs_device: &Path,
+    root: &impl AsFd,
+) -> Result<Option<u64>, HostdError> {
+    if fs_type == "xfs" {
+        Ok(Some(xfs_data_bytes(root, fs_device)?))
+    } else {
+        probe::fs_bytes(fs_device)
+    }
 }
 
 /// Grows the filesystem of type `fs_type` mounted at `mount_point` from the

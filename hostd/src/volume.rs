@@ -32,6 +32,7 @@ use crate::mountopts;
 use crate::mounts;
 use crate::paths::{Kind, KubeletPaths, Layout, Place};
 use crate::probe::{self, Contents};
+use proxmox_csi_common::contract::BlankFor;
 
 /// File inside a raw block volume's staging directory onto which the device
 /// node is bound, so publish can bind it again without naming a device. It
@@ -308,8 +309,12 @@ impl Volumes {
         // A volume without a mark (a copy, a restore, a Go driver's disk)
         // has no claim its filesystem must stop short of: its disk may have
         // grown past its filesystem, at its copy or at publish, where the
-        // kernel may not have seen it yet.
-        let grows = !read_only && contract::disk_mark(volume_id).is_none();
+        // kernel may not have seen it yet. Only a disk whose serial names
+        // the volume: a serial-less disk taken over from the Go driver may
+        // be a claimed volume's under another name.
+        let grows = !read_only
+            && contract::disk_mark(volume_id).is_none()
+            && self.resolver.proves_volume_id(device, volume_id);
         if grows && let Some(name) = blockdev::kernel_name(device) {
             blockdev::rescan(&name);
         }
@@ -1533,19 +1538,6 @@ impl Volumes {
                 ),
             });
         }
-        // A claimed volume's claim goes to the new end first: the
-        // filesystem then grows up to it, over the old one. Only a volume
-        // holding its claim: one without (formatted whole by the Go node
-        // plugin) has no free tail to write into.
-        let raw = Path::new("/dev").join(&disk);
-        let held = !place.layout.is_block()
-            && self.resolver.proves_volume_id(&raw, &req.volume_id)
-            && Claim::of(&req.volume_id, &raw)?.held_filesystem().is_some();
-        let claim_at = if held {
-            Some(claim::write(&raw, &req.volume_id)?)
-        } else {
-            None
-        };
         if let Some((mapping, disk)) = &staged.mapping {
             // The resize may unlock a key slot: its cost is bounded first.
             luks::check_header_costs(&Path::new("/dev").join(disk), self.kdf_bounds)?;
@@ -1558,6 +1550,7 @@ impl Volumes {
             kdf::resize(mapping, pass.as_ref())?;
         }
         if !place.layout.is_block() {
+            let claim_at = self.move_claim(&req.volume_id, &place, &staged, &disk)?;
             // The end is the claim's, whatever the disk grew to since.
             let size = claim_at.and_then(|at| {
                 Some(claim::fs_end(
@@ -1571,6 +1564,52 @@ impl Volumes {
         Ok(pb::ExpandResponse {
             size_bytes: blockdev::size_of(&staged.name).unwrap_or(disk_size),
         })
+    }
+
+    /// Before a mounted filesystem grows on the disk `raw` (its mapping
+    /// already grown): a claimed volume's claim goes to the disk's new end,
+    /// and the filesystem then grows up to it, over the old one; the new
+    /// claim's offset. Only claims beyond where the filesystem ends count
+    /// (inside it, a record is a file's bytes). A volume without its claim
+    /// there (formatted whole by the Go node plugin, or never claimed)
+    /// grows over the whole disk, unless another volume's claim lies beyond
+    /// the filesystem on a disk whose serial does not name this volume (a
+    /// disk taken over from the Go driver): then nothing grows.
+    fn move_claim(
+        &self,
+        volume_id: &str,
+        place: &Place,
+        staged: &Staged,
+        disk: &str,
+    ) -> Result<Option<u64>, HostdError> {
+        let raw = &Path::new("/dev").join(disk);
+        let fs_device = Path::new("/dev").join(&staged.name);
+        let root = std::fs::File::open(place.open()?.proc_path())
+            .map_err(|e| HostdError::failed("opening", place.path.display(), e))?;
+        let Some(fs_bytes) = grow::mounted_bytes(&staged.entry.fs_type, &fs_device, &root)? else {
+            return Ok(None);
+        };
+        // A LUKS mapping's data starts this far into the disk.
+        let offset = blockdev::size_of(disk)
+            .unwrap_or(0)
+            .saturating_sub(blockdev::size_of(&staged.name).unwrap_or(0));
+        let fs_end = fs_bytes.saturating_add(offset);
+        let marked = contract::disk_mark(volume_id).is_some_and(|(k, _)| k == BlankFor::Filesystem);
+        if marked && claim::find_from(raw, Some(volume_id), fs_end)?.is_some() {
+            return Ok(Some(claim::write_beyond(raw, volume_id, fs_end)?));
+        }
+        if !self.resolver.proves_volume_id(raw, volume_id)
+            && let Some(at) = claim::find_from(raw, None, fs_end)?
+        {
+            return Err(HostdError::DeviceRefused {
+                device: raw.to_path_buf(),
+                reason: format!(
+                    "a volume's claim lies at byte {at}, beyond this filesystem's end ({fs_end}), and the disk's serial \
+                     does not name volume {volume_id}: it is not grown over it"
+                ),
+            });
+        }
+        Ok(None)
     }
 
     pub fn stats(&self, req: &pb::StatsRequest) -> Result<pb::StatsResponse, HostdError> {

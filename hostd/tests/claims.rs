@@ -454,3 +454,113 @@ async fn a_restore_larger_than_its_source_grows_at_stage_and_a_claimed_volume_do
 fn probe_fs_bytes(img: &Path) -> u64 {
     proxmox_csi_hostd::probe::fs_bytes(img).unwrap().unwrap()
 }
+
+/// A disk that stands for one attached without a serial (the Go driver's
+/// attach, taken over): its serial proves no volume id.
+fn without_serial(img: &Path) {
+    std::fs::write(format!("{}.noserial", img.display()), "").unwrap();
+}
+
+/// A claimed volume's disk attached without a serial, grown by the
+/// controller, then staged and expanded by a node plugin under another,
+/// unmarked volume id: its filesystem is not grown at stage, and an expand
+/// refuses to grow over the claim beyond it; the claim stays.
+#[tokio::test]
+async fn a_claimed_disk_without_a_serial_is_not_grown_under_another_name() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let owner = "r/pve1/local-lvm/vm-9999-pvc-owner.csf-5bc58ec71c2d";
+    let wwn = env.disk_sized(60, 1024 * MIB);
+    let img = env.image(&wwn);
+    let staging = env.staging(owner);
+    stage_ok(&mut env, owner, &wwn, &staging, "xfs").await;
+    env.client.unstage(unstage(owner, &staging)).await.unwrap();
+    assert!(claim_at(&img, 1023 * MIB));
+    without_serial(&img);
+    grow(&img, &loop_of(&img), 1536 * MIB);
+
+    let other = "r/pve1/local-lvm/vm-9999-pvc-other";
+    let other_staging = env.staging(other);
+    let actions = stage_ok(&mut env, other, &wwn, &other_staging, "xfs").await;
+    assert!(
+        !actions.iter().any(|a| a.starts_with("grew")),
+        "{actions:?}"
+    );
+    assert!(claim_at(&img, 1023 * MIB), "the stage grew over the claim");
+    let e = env
+        .client
+        .expand(pb::ExpandRequest {
+            volume_id: other.into(),
+            volume_path: other_staging.display().to_string(),
+            required_bytes: 1536 * MIB,
+            encryption: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("claim lies at byte"), "{e:?}");
+    assert!(claim_at(&img, 1023 * MIB), "the expand grew over the claim");
+    env.client
+        .unstage(unstage(other, &other_staging))
+        .await
+        .unwrap();
+}
+
+/// A claim record inside a mounted filesystem is a file's bytes (a pod's):
+/// an expand never takes it for the volume's claim, and writes nothing
+/// into the filesystem.
+#[tokio::test]
+async fn an_expand_ignores_a_claim_record_inside_the_filesystem() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start().await;
+    let vol = "r/pve1/local-lvm/vm-9999-pvc-whole.csf-5bc58ec71c2d";
+    let wwn = env.disk_sized(61, 1024 * MIB);
+    let img = env.image(&wwn);
+    // Formatted whole by another node plugin before its first stage here.
+    run("mkfs.xfs", &["-q", "-f"], &img);
+    let staging = env.staging(vol);
+    stage_ok(&mut env, vol, &wwn, &staging, "xfs").await;
+    assert!(!claim_at(&img, 1023 * MIB));
+    // A pod's bytes that read as the volume's claim, where the claim of a
+    // 1 GiB disk would be.
+    let mut forged = MAGIC.to_vec();
+    forged.extend_from_slice(&sha2_of(vol));
+    forged.resize(4096, 0x5a);
+    let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+    f.write_all_at(&forged, 1023 * MIB).unwrap();
+    f.sync_all().unwrap();
+    let before = read_at(&img, 1023 * MIB, MIB);
+    env.client
+        .expand(pb::ExpandRequest {
+            volume_id: vol.into(),
+            volume_path: staging.display().to_string(),
+            required_bytes: 0,
+            encryption: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        read_at(&img, 1023 * MIB, MIB),
+        before,
+        "the expand wrote into the filesystem"
+    );
+    env.client.unstage(unstage(vol, &staging)).await.unwrap();
+}
+
+fn sha2_of(s: &str) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::digest(s.as_bytes()).to_vec()
+}
+
+fn read_at(img: &Path, at: u64, len: u64) -> Vec<u8> {
+    let mut buf = vec![0u8; len as usize];
+    std::fs::File::open(img)
+        .unwrap()
+        .read_exact_at(&mut buf, at)
+        .unwrap();
+    buf
+}

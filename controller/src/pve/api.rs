@@ -181,7 +181,11 @@ impl Client {
             // "volume_size_info on '…' failed - no format"): the listing,
             // which has it either way, settles it.
             Err(e) if e.is_not_found() && volname.ends_with(".qcow2") => {
-                self.listed_volume(node, storage, volname, d).await
+                match self.listed_volume(node, storage, volname, d).await {
+                    // The storage itself is not there: nor is the volume.
+                    Err(e) if e.is_not_found() => Ok(None),
+                    other => other,
+                }
             }
             Err(e) if e.is_not_found() => Ok(None),
             Err(e)
