@@ -25,29 +25,15 @@ fn drive_of(cfg: &serde_json::Value, volume: &str) -> String {
         .to_string()
 }
 
-async fn create_with(e: &Env, name: &str, params: &[(&str, &str)]) -> csi::Volume {
-    e.svc
-        .create_volume(Request::new(create_req(
-            name,
-            1 << 30,
-            params,
-            Some("pve2"),
-        )))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-}
-
 #[tokio::test]
 async fn go_booleans_take_gos_meaning_at_attach() {
     let e = env().await;
     // `True` is ParseBool's; `yes` is not, and Go takes it as false.
-    let v = create_with(
+    let v = create_in(
         &e,
         "pvc-b",
         &[("storage", "local-lvm"), ("ssd", "True"), ("backup", "yes")],
+        Some("pve2"),
     )
     .await;
     e.svc
@@ -116,7 +102,7 @@ async fn a_read_only_pv_attaches_as_the_go_driver_attached_it() {
 #[tokio::test]
 async fn a_class_limit_of_zero_keeps_the_disks_limit() {
     let e = env().await;
-    let v = create_with(
+    let v = create_in(
         &e,
         "pvc-z",
         &[
@@ -124,6 +110,7 @@ async fn a_class_limit_of_zero_keeps_the_disks_limit() {
             ("diskIOPS", "300"),
             ("diskMBps", "40"),
         ],
+        Some("pve2"),
     )
     .await;
     e.svc
@@ -279,7 +266,7 @@ async fn a_node_without_a_zone_label_gets_shared_volumes() {
         "  - { id: ceph, type: rbd, total: 1099511627776, shared: true }\n  - { id: nfs,",
     );
     let e = env_from(&cluster).await;
-    let v = create_with_zone(&e, "pvc-nz", &[("storage", "ceph")], None).await;
+    let v = create_in(&e, "pvc-nz", &[("storage", "ceph")], None).await;
     assert_eq!(v.accessible_topology.len(), 1, "{v:?}");
     assert_eq!(
         v.accessible_topology[0].segments,
@@ -298,19 +285,4 @@ async fn a_node_without_a_zone_label_gets_shared_volumes() {
         .controller_publish_volume(Request::new(publish_req(&v, "worker-2/112")))
         .await
         .unwrap();
-}
-
-async fn create_with_zone(
-    e: &Env,
-    name: &str,
-    params: &[(&str, &str)],
-    zone: Option<&str>,
-) -> csi::Volume {
-    e.svc
-        .create_volume(Request::new(create_req(name, 1 << 30, params, zone)))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
 }

@@ -52,15 +52,7 @@ fn volume_on(volumes: &serde_json::Value, volid: &str) -> Option<serde_json::Val
 async fn qcow2_volumes_live_on_a_shared_volume_chain() {
     let e = env_from(&cluster()).await;
     let qcow2 = [("storage", "san"), ("storageFormat", "qcow2")];
-    let req = create_req("pvc-q", 1 << 30, &qcow2, Some("pve1"));
-    let v = e
-        .svc
-        .create_volume(Request::new(req.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let v = create_in(&e, "pvc-q", &qcow2, Some("pve1")).await;
     assert!(
         v.volume_id.starts_with("region-1//san/vm-9999-pvc-q") && v.volume_id.ends_with(".qcow2"),
         "{}",
@@ -70,14 +62,7 @@ async fn qcow2_volumes_live_on_a_shared_volume_chain() {
     let listed = volume_on(&e.admin("GET", "volumes", "").await, &volid).unwrap();
     assert_eq!(listed["format"], "qcow2", "{listed}");
     // The provisioner's retry: the same volume.
-    let again = e
-        .svc
-        .create_volume(Request::new(req))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let again = create_in(&e, "pvc-q", &qcow2, Some("pve1")).await;
     assert_eq!(again.volume_id, v.volume_id);
     assert_eq!(again.capacity_bytes, 1 << 30);
 
@@ -202,19 +187,7 @@ async fn a_go_drivers_qcow2_volume_attaches() {
 #[tokio::test]
 async fn a_snapshot_on_a_volume_chain_is_raw() {
     let e = env_from(&cluster()).await;
-    let v = e
-        .svc
-        .create_volume(Request::new(create_req(
-            "pvc-r",
-            1 << 30,
-            &[("storage", "san")],
-            Some("pve1"),
-        )))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let v = create_in(&e, "pvc-r", &[("storage", "san")], Some("pve1")).await;
     assert!(!v.volume_id.ends_with(".qcow2"), "{}", v.volume_id);
     let seen = until_ready(&e, "snapshot-r", &v.volume_id).await;
     let snap = seen.last().unwrap();

@@ -255,6 +255,22 @@ fn provision_req(
     )
 }
 
+/// A 1 GiB volume of a class of `params`, the pod's node in `zone`.
+pub async fn create_in(
+    e: &Env,
+    name: &str,
+    params: &[(&str, &str)],
+    zone: Option<&str>,
+) -> csi::Volume {
+    e.svc
+        .create_volume(Request::new(create_req(name, 1 << 30, params, zone)))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+}
+
 pub async fn create(e: &Env, name: &str, zone: Option<&str>) -> csi::Volume {
     e.svc
         .create_volume(Request::new(create_req(
