@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use proxmox_csi_common::Secret;
-use proxmox_csi_common::contract;
+use proxmox_csi_common::contract::{self, BlankFor};
 use proxmox_csi_proto::hostd::v1 as pb;
 
 use crate::bindings::{self, Binding, Bindings, DiskId, Tie};
@@ -32,7 +32,6 @@ use crate::mountopts;
 use crate::mounts;
 use crate::paths::{Kind, KubeletPaths, Layout, Place};
 use crate::probe::{self, Contents};
-use proxmox_csi_common::contract::BlankFor;
 
 /// File inside a raw block volume's staging directory onto which the device
 /// node is bound, so publish can bind it again without naming a device. It
@@ -1566,8 +1565,8 @@ impl Volumes {
         })
     }
 
-    /// Before a mounted filesystem grows on the disk `raw` (its mapping
-    /// already grown): a claimed volume's claim goes to the disk's new end,
+    /// Before a mounted filesystem grows on the disk called `disk` (its
+    /// mapping already grown): a claimed volume's claim goes to the disk's new end,
     /// and the filesystem then grows up to it, over the old one; the new
     /// claim's offset. Only claims beyond where the filesystem ends count
     /// (inside it, a record is a file's bytes). A volume without its claim
