@@ -136,6 +136,14 @@ fn load_header(device: &Path) -> Result<(libcryptsetup_rs::CryptDevice, u32), Ho
     Ok((cd, max))
 }
 
+/// Where the data of the LUKS2 volume on `device` starts, in bytes, from
+/// its header (crypt_get_data_offset): fixed, whatever the disk's or the
+/// mapping's size read at another moment.
+pub fn data_offset(device: &Path) -> Result<u64, HostdError> {
+    let (mut cd, _) = load_header(device)?;
+    Ok(cd.status_handle().get_data_offset().saturating_mul(512))
+}
+
 /// Where libcryptsetup looks for a LUKS2 header: the primary at 0 and the
 /// secondary at any of the offsets a header size allows (cryptsetup
 /// lib/luks2/luks2_disk_metadata.c `hdr2_offsets`).

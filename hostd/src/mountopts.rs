@@ -98,6 +98,9 @@ fn refused(o: &str) -> Option<&'static str> {
         "logdev" | "rtdev" | "journal_dev" | "journal_path" => {
             "it names a device other than the volume's"
         }
+        // A superblock from a block inside the filesystem, which a pod
+        // can write: the kernel would parse its geometry and metadata.
+        "sb" => "it names a block to read the superblock from, which a pod can write",
         "loop" | "offset" | "sizelimit" | "encryption" => {
             "it asks mount(8) to set up a loop device"
         }
@@ -157,7 +160,6 @@ pub const EXT4: &[Entry] = &[
     e("sysvgroups", Flag),
     e("resgid", Number),
     e("resuid", Number),
-    e("sb", Number),
     e("errors", OneOf(&["continue", "remount-ro"])),
     e("nouid32", Flag),
     e("debug", Flag),
@@ -494,7 +496,6 @@ mod tests {
         // Options of StorageClasses written for mount(8) and the Go driver.
         for (fs, o) in [
             ("ext4", "data_err=abort"),
-            ("ext4", "sb=131072"),
             ("ext4", "usrquota"),
             (
                 "ext4",
@@ -574,6 +575,7 @@ mod tests {
             ("xfs", "rtdev=/dev/sda", "names a device"),
             ("ext4", "journal_path=/dev/sda", "names a device"),
             ("ext4", "journal_dev=8", "names a device"),
+            ("ext4", "sb=131072", "superblock from"),
             ("ext4", "errors=panic", "panics the node"),
             ("ext4", "noatime,errors=panic", "panics the node"),
             ("ext4", "abort", "aborts the journal"),

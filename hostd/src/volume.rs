@@ -324,6 +324,22 @@ impl Volumes {
         if let Some(m) = table.iter().rev().find(|m| m.mount_point == staging.path) {
             let mm = device::majmin(fs_device).ok();
             if mm.as_deref() == Some(m.majmin.as_str()) && m.fs_type == fs_type.name() {
+                // This volume's mapping, on this very disk.
+                if let Some((name, _)) = &crypt {
+                    let disk = blockdev::kernel_name(device).unwrap_or_default();
+                    let under = luks::active(name)
+                        .map(|dm| blockdev::slaves(&dm))
+                        .unwrap_or_default();
+                    if under != [disk.clone()] {
+                        return Err(HostdError::StagedDifferently {
+                            path: staging.path.clone(),
+                            what: "a mount point",
+                            detail: format!(
+                                "mapping {name} mounted there is open on {under:?}, not on this disk ({disk})"
+                            ),
+                        });
+                    }
+                }
                 let mut actions = vec!["already staged".to_string()];
                 if grows {
                     grow_to_disk(device, fs_device, fs_type, staging, crypt, &mut actions)?;
@@ -1586,12 +1602,18 @@ impl Volumes {
         let root = std::fs::File::open(place.open()?.proc_path())
             .map_err(|e| HostdError::failed("opening", place.path.display(), e))?;
         let Some(fs_bytes) = grow::mounted_bytes(&staged.entry.fs_type, &fs_device, &root)? else {
-            return Ok(None);
+            return Err(HostdError::Unsupported(format!(
+                "growing a {} filesystem is not supported",
+                staged.entry.fs_type
+            )));
         };
-        // A LUKS mapping's data starts this far into the disk.
-        let offset = blockdev::size_of(disk)
-            .unwrap_or(0)
-            .saturating_sub(blockdev::size_of(&staged.name).unwrap_or(0));
+        // A LUKS mapping's data starts this far into the disk: from its
+        // header, never from sizes the disk's rescan may change between reads.
+        let offset = if staged.mapping.is_some() {
+            luks::data_offset(raw)?
+        } else {
+            0
+        };
         let fs_end = fs_bytes.saturating_add(offset);
         let marked = contract::disk_mark(volume_id).is_some_and(|(k, _)| k == BlankFor::Filesystem);
         if marked && claim::find_from(raw, Some(volume_id), fs_end)?.is_some() {

@@ -318,6 +318,103 @@ async fn a_disk_without_this_drivers_serial_is_staged_under_no_volume() {
     assert_eq!(mounted.trim(), "0", "a stage mounted the disk");
 }
 
+/// Under `--go-takeover` a serial-less disk may be staged under any volume
+/// id: a volume's LUKS mapping opened on such a disk and mounted at its
+/// staging path is not taken for that volume's staging when the volume's
+/// own disk (its serial naming it) comes: the stage is refused, nothing
+/// grows over the other disk.
+#[tokio::test]
+async fn a_mapping_on_another_disk_is_not_this_volumes_staging() {
+    let Some(Lab {
+        mut g,
+        ctl,
+        mut node,
+        sim,
+        images: _images,
+    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    else {
+        return;
+    };
+    let restarted = g
+        .sh("echo --go-takeover > /run/hostd.args; kill $(pidof proxmox-csi-hostd); \
+             while pidof proxmox-csi-hostd >/dev/null; do sleep 0.1; done; start-hostd & \
+             n=0; until [ $(grep -c 'serving hostd' /run/hostd.log) -ge 2 ]; do sleep 0.1; n=$((n+1)); [ $n -gt 300 ] && break; done; \
+             tr '\\0' ' ' < /proc/$(pidof proxmox-csi-hostd)/cmdline")
+        .await
+        .unwrap();
+    assert!(restarted.contains("--go-takeover"), "hostd: {restarted}");
+    let k = Kubelet::new("/var/lib/kubelet");
+    let class = StorageClass::new(&[
+        ("storage", "local-lvm"),
+        ("csi.storage.k8s.io/fstype", "ext4"),
+    ]);
+    // The volume, attached by this driver (its serial names it).
+    let pv = provision(&ctl, &class, &Claim::new("own", "own", 1 << 30)).await;
+    let own = attach(&ctl, &pv, WORKER_2).await;
+    // Another disk, attached as the Go driver attaches (no serial), with
+    // a LUKS volume the same passphrase opens.
+    let foreign = provision(&ctl, &class, &Claim::new("foreign", "foreign", 1 << 30)).await;
+    let cfg = CloudConfig::parse(&format!(
+        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
+        sim.api_url()
+    ))
+    .unwrap();
+    let client = pve::Client::new(
+        cfg.clusters.into_iter().next().unwrap(),
+        Duration::from_secs(30),
+        Default::default(),
+    )
+    .unwrap();
+    let d = || Deadline::after(Duration::from_secs(60));
+    let parts: Vec<&str> = foreign.handle.split('/').collect();
+    let wwn = "0x5056432d49443036";
+    let upid: String = client
+        .call(
+            reqwest::Method::POST,
+            "/nodes/pve2/qemu/112/config",
+            &[(
+                "scsi6",
+                format!("{}:{},backup=0,wwn={wwn}", parts[2], parts[3]),
+            )],
+            d(),
+        )
+        .await
+        .unwrap();
+    client.wait_task(&upid, d()).await.unwrap();
+    let made = g
+        .sh(&format!(
+            "(set -e; dev=/dev/disk/by-id/wwn-{wwn}; \
+             n=0; until [ -e $dev ]; do sleep 0.1; n=$((n+1)); [ $n -gt 300 ] && break; done; \
+             printf '%s' '{PASSPHRASE}' | cryptsetup luksFormat --batch-mode --type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file=- $dev; \
+             printf '%s' '{PASSPHRASE}' | cryptsetup luksOpen $dev made --key-file=-; \
+             mkfs.ext4 -q /dev/mapper/made; cryptsetup close made; echo made)"
+        ))
+        .await
+        .unwrap();
+    assert!(made.contains("made"), "{made}");
+
+    // Staged under the volume's id on the foreign disk (a node plugin's
+    // request), then asked with the volume's own disk.
+    let on_foreign = HashMap::from([
+        (CTX_WWN.to_string(), wwn.to_string()),
+        ("lun".to_string(), "6".to_string()),
+    ]);
+    mkdirs(&mut g, k.stage_dirs(&pv)).await;
+    node.node_stage_volume(k.node_stage(&pv, &on_foreign, luks()))
+        .await
+        .unwrap();
+    let e = node
+        .node_stage_volume(k.node_stage(&pv, &own, luks()))
+        .await
+        .unwrap_err();
+    assert!(
+        e.message().contains("not on this disk"),
+        "the volume's stage took the foreign disk's mapping: {e:?}"
+    );
+    node.node_unstage_volume(k.node_unstage(&pv)).await.unwrap();
+    assert_eq!(mappings(&mut g).await, 0);
+}
+
 /// One volume's costly key derivation holds no other volume's LUKS call:
 /// each derivation runs in a process of its own (hostd's `kdf`).
 #[tokio::test]
