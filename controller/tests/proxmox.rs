@@ -482,3 +482,38 @@ async fn quorum_loss_is_unavailable_and_passes() {
         .unwrap();
     assert_eq!(e.vm(112).await["pending"], serde_json::json!({}));
 }
+
+/// A password session lives longer than its login ticket (2 hours on
+/// Proxmox, a second here): the client logs in again before the ticket
+/// expires, so no call in between meets an expired one.
+#[tokio::test]
+async fn a_password_session_renews_its_ticket_before_it_expires() {
+    use proxmox_csi_controller::config::CloudConfig;
+    use proxmox_csi_controller::pve::{self, Deadline};
+    let cluster = CLUSTER.replace(
+        "  - userid: kubernetes-csi@pve\n",
+        "  - userid: kubernetes-csi@pve\n    password: s3cret-pw\n",
+    );
+    let e = env_from(&cluster).await;
+    e.knobs(r#"{"ticket_lifetime_ms": 1000}"#).await;
+    let cfg = CloudConfig::parse(&format!(
+        "clusters:\n  - url: {}\n    username: kubernetes-csi@pve\n    password: s3cret-pw\n    region: region-1\n",
+        e.sim.api_url()
+    ))
+    .unwrap();
+    let client = pve::Client::new(
+        cfg.clusters.into_iter().next().unwrap(),
+        Duration::from_secs(10),
+        Default::default(),
+    )
+    .unwrap()
+    .with_session_renewal(Duration::from_millis(500));
+    for i in 0..8 {
+        let d = Deadline(std::time::Instant::now());
+        client
+            .vms(d)
+            .await
+            .unwrap_or_else(|err| panic!("call {i}, {} ms into the session: {err}", i * 250));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

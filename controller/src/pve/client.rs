@@ -163,7 +163,13 @@ struct Ticket {
 struct Session {
     cookie: Secret<String>,
     csrf: Secret<String>,
+    issued: Instant,
 }
+
+/// A login ticket is renewed this long after it was issued: Proxmox
+/// accepts one for 2 hours (pve-access-control AccessControl.pm
+/// `$ticket_lifetime`), so no call meets an expired one.
+const SESSION_RENEWAL: Duration = Duration::from_secs(3600);
 
 /// A client for one cluster (region).
 #[derive(Debug)]
@@ -171,6 +177,8 @@ pub struct Client {
     cluster: Cluster,
     http: reqwest::Client,
     session: Mutex<Option<Session>>,
+    /// See `SESSION_RENEWAL`.
+    session_renewal: Duration,
     metrics: ApiMetrics,
 }
 
@@ -218,8 +226,16 @@ impl Client {
             cluster,
             http,
             session: Mutex::new(None),
+            session_renewal: SESSION_RENEWAL,
             metrics,
         })
+    }
+
+    /// A client that renews its login ticket after `every` (tests, against
+    /// a simulator whose tickets live a few seconds).
+    pub fn with_session_renewal(mut self, every: Duration) -> Self {
+        self.session_renewal = every;
+        self
     }
 
     pub fn region(&self) -> &str {
@@ -444,6 +460,13 @@ impl Client {
             )),
             Credentials::Password { username, password } => {
                 let mut session = self.session.lock().await;
+                if session
+                    .as_ref()
+                    .is_some_and(|s| s.issued.elapsed() >= self.session_renewal)
+                {
+                    tracing::debug!(region = self.cluster.region, "renewing the login ticket");
+                    *session = None;
+                }
                 let s = match &mut *session {
                     Some(s) => &*s,
                     slot @ None => &*slot.insert(self.login(username, password).await?),
@@ -500,6 +523,7 @@ impl Client {
         Ok(Session {
             cookie: Secret::new(t.data.ticket),
             csrf: Secret::new(t.data.csrf),
+            issued: Instant::now(),
         })
     }
 }

@@ -20,8 +20,8 @@ impl Caller {
 
 #[derive(Debug, Default)]
 pub struct Tickets {
-    // ticket -> (userid, csrf token)
-    issued: HashMap<String, (String, String)>,
+    // ticket -> (userid, csrf token, when issued)
+    issued: HashMap<String, (String, String, std::time::Instant)>,
     counter: u64,
 }
 
@@ -30,8 +30,10 @@ impl Tickets {
         self.counter += 1;
         let ticket = format!("PVE:{userid}:{:08X}::simsig{}", self.counter, self.counter);
         let csrf = format!("{:08X}:simcsrf{}", self.counter, self.counter);
-        self.issued
-            .insert(ticket.clone(), (userid.to_string(), csrf.clone()));
+        self.issued.insert(
+            ticket.clone(),
+            (userid.to_string(), csrf.clone(), std::time::Instant::now()),
+        );
         (ticket, csrf)
     }
 }
@@ -71,7 +73,15 @@ pub fn authenticate(
     let Some(ticket) = cookie else {
         return Err(unauthorized("No ticket"));
     };
-    let Some((userid, csrf)) = tickets.issued.get(&ticket) else {
+    // A ticket older than its lifetime is refused as a forged one is
+    // (pve-access-control AccessControl.pm verify_ticket: `$ticket_lifetime`,
+    // 2 hours; PVE::Ticket verify_rsa_ticket).
+    let lifetime = std::time::Duration::from_millis(state.knobs.ticket_lifetime_ms);
+    let Some((userid, csrf, _)) = tickets
+        .issued
+        .get(&ticket)
+        .filter(|(_, _, issued)| issued.elapsed() < lifetime)
+    else {
         return Err(unauthorized("authentication failure"));
     };
     if *method != Method::GET {

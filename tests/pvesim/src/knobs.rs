@@ -31,6 +31,8 @@ pub struct Knobs {
     pub copy_ms_per_gib: u64,
     /// How long a caller waits for a VM's config lock (Proxmox: 10 s).
     pub lock_timeout_ms: u64,
+    /// How long a login ticket is accepted (Proxmox: 2 hours).
+    pub ticket_lifetime_ms: u64,
     /// The next N disk hot-plugs fail with `hotplug problem - …`.
     pub fail_hotplugs: u32,
     /// The next N tasks fail after their UPID was returned, having done nothing.
@@ -93,6 +95,7 @@ impl Default for Knobs {
             eject_poll_ms: 1000,
             copy_ms_per_gib: 0,
             lock_timeout_ms: 10_000,
+            ticket_lifetime_ms: 7_200_000,
             fail_hotplugs: 0,
             fail_tasks: 0,
             fail_tasks_after_work: 0,
