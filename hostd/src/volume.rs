@@ -325,20 +325,14 @@ impl Volumes {
             let mm = device::majmin(fs_device).ok();
             if mm.as_deref() == Some(m.majmin.as_str()) && m.fs_type == fs_type.name() {
                 // This volume's mapping, on this very disk.
-                if let Some((name, _)) = &crypt {
-                    let disk = blockdev::kernel_name(device).unwrap_or_default();
-                    let under = luks::active(name)
-                        .map(|dm| blockdev::slaves(&dm))
-                        .unwrap_or_default();
-                    if under != [disk.clone()] {
-                        return Err(HostdError::StagedDifferently {
-                            path: staging.path.clone(),
-                            what: "a mount point",
-                            detail: format!(
-                                "mapping {name} mounted there is open on {under:?}, not on this disk ({disk})"
-                            ),
-                        });
-                    }
+                if let Some((name, _)) = &crypt
+                    && let Err(elsewhere) = mapping_on(name, device)
+                {
+                    return Err(HostdError::StagedDifferently {
+                        path: staging.path.clone(),
+                        what: "a mount point",
+                        detail: format!("{elsewhere}, mounted there"),
+                    });
                 }
                 let mut actions = vec!["already staged".to_string()];
                 if grows {
@@ -611,16 +605,10 @@ impl Volumes {
         }
         if luks::is_open(name) {
             // An open mapping is used only if it sits on the disk just verified.
-            let disk = blockdev::kernel_name(device).unwrap_or_default();
-            let under = luks::active(name)
-                .map(|dm| blockdev::slaves(&dm))
-                .unwrap_or_default();
-            if under != [disk.clone()] {
+            if let Err(reason) = mapping_on(name, device) {
                 return Err(HostdError::DeviceRefused {
                     device: device.to_path_buf(),
-                    reason: format!(
-                        "mapping {name} is open on {under:?}, not on this disk ({disk})"
-                    ),
+                    reason,
                 });
             }
         } else {
@@ -1682,6 +1670,21 @@ impl Volumes {
             },
         });
         Ok(resp)
+    }
+}
+
+/// Whether the LUKS mapping `name` sits on `device` alone; if not, where.
+fn mapping_on(name: &str, device: &Path) -> Result<(), String> {
+    let disk = blockdev::kernel_name(device).unwrap_or_default();
+    let under = luks::active(name)
+        .map(|dm| blockdev::slaves(&dm))
+        .unwrap_or_default();
+    if under == [disk.clone()] {
+        Ok(())
+    } else {
+        Err(format!(
+            "mapping {name} is open on {under:?}, not on this disk ({disk})"
+        ))
     }
 }
 

@@ -236,3 +236,66 @@ pub async fn provision(
         .unwrap();
     provisioner::persistent_volume(sc, claim, &volume)
 }
+
+/// A Proxmox client with the CSI token, as the Go driver's controller
+/// calls the API (the test's hand behind this driver's back).
+pub fn token_client(sim: &pvesim::Running) -> pve::Client {
+    let cfg = CloudConfig::parse(&format!(
+        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
+        sim.api_url()
+    ))
+    .unwrap();
+    pve::Client::new(
+        cfg.clusters.into_iter().next().unwrap(),
+        Duration::from_secs(30),
+        Default::default(),
+    )
+    .unwrap()
+}
+
+/// `pv`'s disk attached to the guest (VM 112) at `scsi<slot>` as the Go
+/// driver attaches it (its pkg/csi/utils.go attachVolume: the LUN's WWN
+/// `wwn`, no serial); the publish context the Go controller answers.
+pub async fn attach_without_serial(
+    sim: &pvesim::Running,
+    pv: &callers::PersistentVolume,
+    slot: u32,
+    wwn: &str,
+) -> std::collections::HashMap<String, String> {
+    let client = token_client(sim);
+    let d = pve::Deadline::after(Duration::from_secs(60));
+    let parts: Vec<&str> = pv.handle.split('/').collect();
+    let upid: String = client
+        .call(
+            reqwest::Method::POST,
+            "/nodes/pve2/qemu/112/config",
+            &[(
+                format!("scsi{slot}").as_str(),
+                format!("{}:{},backup=0,wwn={wwn}", parts[2], parts[3]),
+            )],
+            d,
+        )
+        .await
+        .unwrap();
+    client.wait_task(&upid, d).await.unwrap();
+    std::collections::HashMap::from([
+        (
+            proxmox_csi_common::contract::CTX_WWN.to_string(),
+            wwn.to_string(),
+        ),
+        ("lun".to_string(), slot.to_string()),
+    ])
+}
+
+/// hostd restarted in the guest with `args` (its `/run/hostd.args`); its
+/// command line once it serves again.
+pub async fn restart_hostd(g: &mut Guest, args: &str) -> String {
+    g.sh(&format!(
+        "echo '{args}' > /run/hostd.args; kill $(pidof proxmox-csi-hostd); \
+         while pidof proxmox-csi-hostd >/dev/null; do sleep 0.1; done; start-hostd & \
+         n=0; until [ $(grep -c 'serving hostd' /run/hostd.log) -ge 2 ]; do sleep 0.1; n=$((n+1)); [ $n -gt 300 ] && break; done; \
+         pidof proxmox-csi-hostd && tr '\\0' ' ' < /proc/$(pidof proxmox-csi-hostd)/cmdline"
+    ))
+    .await
+    .unwrap()
+}

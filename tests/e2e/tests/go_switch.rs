@@ -23,9 +23,10 @@ use std::time::Duration;
 use callers::kubelet::{Kubelet, Pod};
 use callers::provisioner::{self, Claim, StorageClass};
 use callers::{PersistentVolume, VolumeMode, resizer, snapshotter};
-use e2e::guest::{Guest, SECRET, Share};
-use e2e::lab::{Lab, attach, detach, mkdirs, provision, snapshot_when_ready};
-use proxmox_csi_controller::config::CloudConfig;
+use e2e::guest::{Guest, Share};
+use e2e::lab::{
+    Lab, attach, detach, mkdirs, provision, restart_hostd, snapshot_when_ready, token_client,
+};
 use proxmox_csi_controller::pve::{self, Deadline};
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
@@ -100,14 +101,8 @@ struct GoController {
 
 impl GoController {
     fn new(sim: &pvesim::Running) -> Self {
-        let cfg = CloudConfig::parse(&format!(
-            "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
-            sim.api_url()
-        ))
-        .unwrap();
-        let cluster = cfg.clusters.into_iter().next().unwrap();
         Self {
-            client: pve::Client::new(cluster, Duration::from_secs(30), Default::default()).unwrap(),
+            client: token_client(sim),
         }
     }
 
@@ -396,13 +391,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     };
     // The switch runs with hostd's --go-takeover, as docs/migrating.md
     // says: the Go driver's disks carry no serial that ties them to a volume.
-    let restarted = g
-        .sh("echo --go-takeover > /run/hostd.args; kill $(pidof proxmox-csi-hostd); \
-             while pidof proxmox-csi-hostd >/dev/null; do sleep 0.1; done; start-hostd & \
-             n=0; until [ $(grep -c 'serving hostd' /run/hostd.log) -ge 2 ]; do sleep 0.1; n=$((n+1)); [ $n -gt 300 ] && break; done; \
-             pidof proxmox-csi-hostd && tr '\\0' ' ' < /proc/$(pidof proxmox-csi-hostd)/cmdline")
-        .await
-        .unwrap();
+    let restarted = restart_hostd(&mut g, "--go-takeover").await;
     assert!(restarted.contains("--go-takeover"), "hostd: {restarted}");
     let k = Kubelet::new("/var/lib/kubelet");
     let go = GoController::new(&sim);

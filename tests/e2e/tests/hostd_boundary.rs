@@ -7,17 +7,16 @@
 // Test code: a failed unwrap is the test failing, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::collections::HashMap;
-use std::time::Duration;
 
 use callers::kubelet::{Kubelet, Pod};
 use callers::provisioner::{Claim, StorageClass};
 use callers::{PersistentVolume, VolumeMode};
-use e2e::guest::{Guest, SECRET, Share};
-use e2e::lab::{Lab, MINIMAL_ROLE, attach, mkdirs, provision};
+use e2e::guest::{Guest, Share};
+use e2e::lab::{
+    Lab, MINIMAL_ROLE, attach, attach_without_serial, mkdirs, provision, restart_hostd,
+};
 use proxmox_csi_common::contract::CTX_WWN;
-use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
-use proxmox_csi_controller::pve::{self, Deadline};
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use tonic::Code;
 use tonic::transport::Channel;
@@ -260,39 +259,8 @@ async fn a_disk_without_this_drivers_serial_is_staged_under_no_volume() {
         ("csi.storage.k8s.io/fstype", "ext4"),
     ]);
     let pv = provision(&ctl, &class, &Claim::new("m1", "m1", 1 << 30)).await;
-    // Attached as the Go driver attaches (pkg/proxmox: the LUN's WWN, no
-    // serial), through the API with the driver's token.
-    let cfg = CloudConfig::parse(&format!(
-        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
-        sim.api_url()
-    ))
-    .unwrap();
-    let client = pve::Client::new(
-        cfg.clusters.into_iter().next().unwrap(),
-        Duration::from_secs(30),
-        Default::default(),
-    )
-    .unwrap();
-    let d = || Deadline::after(Duration::from_secs(60));
-    let parts: Vec<&str> = pv.handle.split('/').collect();
-    let wwn = "0x5056432d49443035";
-    let upid: String = client
-        .call(
-            reqwest::Method::POST,
-            "/nodes/pve2/qemu/112/config",
-            &[(
-                "scsi5",
-                format!("{}:{},backup=0,wwn={wwn}", parts[2], parts[3]),
-            )],
-            d(),
-        )
-        .await
-        .unwrap();
-    client.wait_task(&upid, d()).await.unwrap();
-    let pc = HashMap::from([
-        (CTX_WWN.to_string(), wwn.to_string()),
-        ("lun".to_string(), "5".to_string()),
-    ]);
+    // Attached as the Go driver attaches, through the API with the driver's token.
+    let pc = attach_without_serial(&sim, &pv, 5, "0x5056432d49443035").await;
     let other = PersistentVolume {
         name: "pvc-m2".into(),
         handle: pv.handle.replace("pvc-m1", "pvc-m2"),
@@ -335,13 +303,7 @@ async fn a_mapping_on_another_disk_is_not_this_volumes_staging() {
     else {
         return;
     };
-    let restarted = g
-        .sh("echo --go-takeover > /run/hostd.args; kill $(pidof proxmox-csi-hostd); \
-             while pidof proxmox-csi-hostd >/dev/null; do sleep 0.1; done; start-hostd & \
-             n=0; until [ $(grep -c 'serving hostd' /run/hostd.log) -ge 2 ]; do sleep 0.1; n=$((n+1)); [ $n -gt 300 ] && break; done; \
-             tr '\\0' ' ' < /proc/$(pidof proxmox-csi-hostd)/cmdline")
-        .await
-        .unwrap();
+    let restarted = restart_hostd(&mut g, "--go-takeover").await;
     assert!(restarted.contains("--go-takeover"), "hostd: {restarted}");
     let k = Kubelet::new("/var/lib/kubelet");
     let class = StorageClass::new(&[
@@ -354,33 +316,8 @@ async fn a_mapping_on_another_disk_is_not_this_volumes_staging() {
     // Another disk, attached as the Go driver attaches (no serial), with
     // a LUKS volume the same passphrase opens.
     let foreign = provision(&ctl, &class, &Claim::new("foreign", "foreign", 1 << 30)).await;
-    let cfg = CloudConfig::parse(&format!(
-        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
-        sim.api_url()
-    ))
-    .unwrap();
-    let client = pve::Client::new(
-        cfg.clusters.into_iter().next().unwrap(),
-        Duration::from_secs(30),
-        Default::default(),
-    )
-    .unwrap();
-    let d = || Deadline::after(Duration::from_secs(60));
-    let parts: Vec<&str> = foreign.handle.split('/').collect();
     let wwn = "0x5056432d49443036";
-    let upid: String = client
-        .call(
-            reqwest::Method::POST,
-            "/nodes/pve2/qemu/112/config",
-            &[(
-                "scsi6",
-                format!("{}:{},backup=0,wwn={wwn}", parts[2], parts[3]),
-            )],
-            d(),
-        )
-        .await
-        .unwrap();
-    client.wait_task(&upid, d()).await.unwrap();
+    let on_foreign = attach_without_serial(&sim, &foreign, 6, wwn).await;
     let made = g
         .sh(&format!(
             "(set -e; dev=/dev/disk/by-id/wwn-{wwn}; \
@@ -395,10 +332,6 @@ async fn a_mapping_on_another_disk_is_not_this_volumes_staging() {
 
     // Staged under the volume's id on the foreign disk (a node plugin's
     // request), then asked with the volume's own disk.
-    let on_foreign = HashMap::from([
-        (CTX_WWN.to_string(), wwn.to_string()),
-        ("lun".to_string(), "6".to_string()),
-    ]);
     mkdirs(&mut g, k.stage_dirs(&pv)).await;
     node.node_stage_volume(k.node_stage(&pv, &on_foreign, luks()))
         .await
