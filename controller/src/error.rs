@@ -54,11 +54,34 @@ impl From<PveError> for CtlError {
         // "in progress").
         let unknown_task_failure =
             matches!(e, PveError::Task { .. }) && e.kind() == crate::pve::errors::ErrorKind::Other;
-        if e.is_transient() || unknown_task_failure {
+        if e.kind() == crate::pve::errors::ErrorKind::PermissionDenied {
+            Self::FailedPrecondition(permission_remedy(&e))
+        } else if e.is_transient() || unknown_task_failure {
             Self::Unavailable(e.to_string())
         } else {
             Self::Proxmox(e)
         }
+    }
+}
+
+/// A refused privilege, however it came (an HTTP 403, or a task's exit
+/// status when Proxmox checks in the worker): not worth retrying until
+/// someone grants it, so the sidecar's backoff is FailedPrecondition, and
+/// the text names what to grant where.
+fn permission_remedy(e: &PveError) -> String {
+    let message = e.message();
+    match crate::pve::errors::denied_privilege(&message) {
+        Some((_, privs)) if privs.contains("for modifying tag") => format!(
+            "{e}: the cluster's tag policy (datacenter.cfg user-tag-access or registered-tags) keeps the API token \
+             from setting a tag of the driver's VMs; allow the driver's tags (pvecsictl doctor lists them) or grant \
+             Sys.Modify on / to the CSI role"
+        ),
+        Some((path, privs)) => format!(
+            "{e}: the API token lacks {privs} on {path}; grant it to the CSI role (docs/proxmox-role.md)"
+        ),
+        None => format!(
+            "{e}: Proxmox refused the API token a privilege it did not name; compare the CSI role with docs/proxmox-role.md"
+        ),
     }
 }
 

@@ -106,13 +106,12 @@ impl VmIndex {
         Ok(Vec::new())
     }
 
-    /// One of the controller's own VMs, `name`d and tagged `kind`. Found by
-    /// its identity tag (`name_tag`), which `/cluster/resources` shows as
-    /// soon as the VM exists, unlike its name: that comes from RRD data
-    /// pvestatd writes about every 10 s (pve-manager PVE/API2Tools.pm
-    /// extract_vm_stats; PVE/Service/pvestatd.pm update_qemu_status), so a
-    /// VM made a moment ago has none yet. VMs made before identity tags are
-    /// still found by name.
+    /// One of the controller's own VMs, `name`d and tagged `kind`. Its
+    /// name comes into `/cluster/resources` from RRD data pvestatd writes
+    /// about every 10 s (pve-manager PVE/API2Tools.pm extract_vm_stats;
+    /// PVE/Service/pvestatd.pm update_qemu_status), its tags at once: a VM
+    /// of the kind listed without a name yet is asked for its config. VMs
+    /// made by earlier versions carry a `csi-name.<name>` tag as well.
     pub async fn own(
         &self,
         client: &Client,
@@ -128,6 +127,22 @@ impl VmIndex {
                 .find(|v| v.has_tag(kind) && (v.has_tag(&tag) || v.name.as_deref() == Some(name)))
             {
                 return Ok(Some(v.clone()));
+            }
+            if !refresh {
+                continue;
+            }
+            for v in rows.iter().filter(|v| v.has_tag(kind) && v.name.is_none()) {
+                match client.vm_config(&v.node, v.vmid, d).await {
+                    Ok(cfg) if cfg.values.get("name").map(String::as_str) == Some(name) => {
+                        return Ok(Some(VmResource {
+                            name: Some(name.to_string()),
+                            ..v.clone()
+                        }));
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
         Ok(None)
@@ -201,7 +216,8 @@ pub fn is_protected(cfg: &std::collections::BTreeMap<String, String>) -> bool {
     cfg.get("protection").is_some_and(|v| v.trim() == "1")
 }
 
-/// The tag that names one of the controller's VMs: `csi-name.<name>` (a
+/// The tag that named one of the controller's VMs before fixed tags:
+/// `csi-name.<name>` (a
 /// Proxmox tag, `[a-z0-9_][a-z0-9_\-+.]*`: pve-common
 /// src/PVE/JSONSchema.pm $PVE_TAG_RE; VM names are already `[a-z0-9-]`).
 pub fn name_tag(name: &str) -> String {

@@ -75,10 +75,7 @@ async fn replicated_volume_lives_in_a_holder_that_follows_the_pod() {
     assert_eq!(holder["node"], "pve1");
     assert_eq!(holder["running"], false);
     assert_eq!(holder["config"]["name"], "pvc-r");
-    assert_eq!(
-        holder["config"]["tags"],
-        "proxmox-csi;csi-replicated;csi-name.pvc-r"
-    );
+    assert_eq!(holder["config"]["tags"], "proxmox-csi;csi-replicated");
     assert_eq!(
         holder["config"]["scsi0"],
         format!("local-zfs:vm-{h}-pvc-r,backup=1,replicate=1,size=1G")

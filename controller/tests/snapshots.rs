@@ -110,10 +110,7 @@ async fn snapshot_restore_and_clone_with_a_token() {
     let vm = e.vm(vmid).await;
     assert_eq!(vm["running"], false);
     assert_eq!(vm["config"]["name"], "snapshot-1");
-    assert_eq!(
-        vm["config"]["tags"],
-        "proxmox-csi;csi-snapshot;csi-name.snapshot-1"
-    );
+    assert_eq!(vm["config"]["tags"], "proxmox-csi;csi-snapshot");
     assert_eq!(
         vm["config"]["unused0"],
         format!("local-lvm:vm-{vmid}-disk-0")
@@ -186,10 +183,7 @@ async fn snapshot_restore_and_clone_with_a_token() {
     );
     assert_eq!(r.capacity_bytes, 2 << 30);
     assert_eq!(r.content_source, restore.volume_content_source);
-    assert_eq!(
-        rvm[0]["config"]["tags"],
-        "proxmox-csi;csi-volume;csi-name.pvc-r"
-    );
+    assert_eq!(rvm[0]["config"]["tags"], "proxmox-csi;csi-volume");
     assert_eq!(
         rvm[0]["config"]["unused0"],
         format!("local-lvm:vm-{rid}-disk-0")

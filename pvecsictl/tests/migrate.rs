@@ -146,10 +146,7 @@ async fn migrate_moves_a_local_volume_with_the_token() {
     assert_eq!(carrier["node"], "pve1");
     // Protected again after its scsi0 became unused0.
     assert_eq!(carrier["config"]["protection"], "1", "{carrier}");
-    assert_eq!(
-        carrier["config"]["tags"],
-        "proxmox-csi;csi-volume;csi-name.pvc-m-moved"
-    );
+    assert_eq!(carrier["config"]["tags"], "proxmox-csi;csi-volume");
     assert_eq!(
         carrier["config"]["unused0"],
         format!("local-lvm:vm-{cid}-disk-0")

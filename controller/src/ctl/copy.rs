@@ -20,7 +20,7 @@ use super::holder::NewVm;
 use crate::drive::DriveLine;
 use crate::error::CtlError;
 use crate::pve::api::VmResource;
-use crate::pve::errors::classify;
+use crate::pve::errors::{Origin, classify, task_type};
 use crate::pve::tasks::TaskState;
 use crate::pve::{Client, Deadline, ErrorKind};
 
@@ -321,7 +321,8 @@ impl Controller {
                         // import from before a restart) or the source's owner
                         // VM's (qemu-server locks it for the whole import).
                         // Still copying, as far as the caller is concerned.
-                        if classify(None, &exit) == ErrorKind::Busy {
+                        if classify(None, &exit, Origin::Task(task_type(&upid))) == ErrorKind::Busy
+                        {
                             return Ok(copying(format!(
                                 "the last import waited for a lock in vain ({exit}); the next call starts it again"
                             )));

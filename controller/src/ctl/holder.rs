@@ -16,7 +16,7 @@ use super::Controller;
 use crate::error::CtlError;
 use crate::pve::api::{VmConfig, VmResource};
 use crate::pve::{Client, Deadline, ErrorKind, PveError};
-use crate::vms::{is_protected, name_tag};
+use crate::vms::is_protected;
 
 /// Every VM the controller creates carries this tag.
 pub const TAG: &str = crate::vms::OWN_TAG;
@@ -38,6 +38,13 @@ pub struct NewVm<'a> {
     /// Its kind, tagged beside `proxmox-csi`: `csi-holder`, `csi-snapshot`, `csi-volume`.
     pub kind: &'a str,
     pub description: String,
+}
+
+/// Proxmox refused a tag (its tag policy), as opposed to another privilege.
+fn is_tag_refusal(e: &PveError) -> bool {
+    e.kind() == ErrorKind::PermissionDenied
+        && crate::pve::errors::denied_privilege(&e.message())
+            .is_some_and(|(_, privs)| privs.contains("for modifying tag"))
 }
 
 impl Controller {
@@ -73,16 +80,22 @@ impl Controller {
         d: Deadline,
     ) -> Result<VmResource, CtlError> {
         let denied = |e: PveError| match e.kind() {
-            ErrorKind::PermissionDenied => CtlError::FailedPrecondition(format!(
-                "the controller needs a VM of its own on {node} ({}) and the API token may not create one ({}); \
+            ErrorKind::PermissionDenied if !is_tag_refusal(&e) => {
+                CtlError::FailedPrecondition(format!(
+                    "the controller needs a VM of its own on {node} ({}) and the API token may not create one ({}); \
                  grant {} to the CSI role",
-                vm.name,
-                e.message(),
-                NEW_VM_PRIVILEGES.join(", ")
-            )),
+                    vm.name,
+                    e.message(),
+                    NEW_VM_PRIVILEGES.join(", ")
+                ))
+            }
             _ => CtlError::from(e),
         };
-        let tags = format!("{TAG};{};{}", vm.kind, name_tag(vm.name));
+        // Two fixed tags, the same on every VM of a kind: a cluster whose tag
+        // policy (datacenter.cfg user-tag-access, registered-tags) admits
+        // them once admits every later VM (pve-guest-common GuestHelpers.pm
+        // assert_tag_permissions checks only tags that change).
+        let tags = format!("{TAG};{}", vm.kind);
         // A VMID that owns disks (another cluster's controllerVmID, a Go
         // driver's 9999, a deleted VM's leftovers) is never taken: they
         // would be listed under this VM, and a destroy from the UI with
@@ -91,14 +104,16 @@ impl Controller {
         let mut last = String::new();
         for _ in 0..5 {
             let vmid = self.next_vmid(client, &owners, d).await?;
-            let form = [
+            let form = vec![
                 ("vmid", vmid.to_string()),
                 ("name", vm.name.to_string()),
-                ("tags", tags.clone()),
                 ("memory", "128".to_string()),
                 ("cores", "1".to_string()),
                 ("scsihw", "virtio-scsi-single".to_string()),
                 ("description", vm.description.clone()),
+            ];
+            let identity = [
+                ("tags", tags.clone()),
                 // Proxmox then refuses to destroy the VM or remove its
                 // disks until the flag is lifted (pve-guest-common
                 // AbstractConfig.pm check_protection, from qemu-server
@@ -107,7 +122,27 @@ impl Controller {
                 // prunes unknown VMs.
                 ("protection", "1".to_string()),
             ];
-            match client.create_vm(node, &form, d).await {
+            let with_identity: Vec<(&str, String)> = form
+                .iter()
+                .cloned()
+                .chain(identity.iter().cloned())
+                .collect();
+            let created = match client.create_vm(node, &with_identity, d).await {
+                // qemu-server 9.2's create_vm checks the tags of a new VM
+                // against an old tag list of `{}` (Qemu.pm create_vm:
+                // assert_tag_permissions($vmid, {}, …)), which a restrictive
+                // policy refuses whatever the tags; update_vm checks them
+                // right. The VM is made without them, then given them.
+                Err(e) if is_tag_refusal(&e) => {
+                    tracing::info!(vmid, error = %e, "the tag policy refused tags at creation; tagging after");
+                    match client.create_vm(node, &form, d).await {
+                        Ok(()) => self.tag_new_vm(client, node, vmid, &identity, d).await,
+                        Err(e) => Err(e),
+                    }
+                }
+                other => other,
+            };
+            match created {
                 Ok(()) => {
                     self.vms.invalidate(client.region()).await;
                     return Ok(VmResource {
@@ -135,6 +170,28 @@ impl Controller {
             "creating VM {} on {node}: every VMID tried was taken meanwhile ({last})",
             vm.name
         )))
+    }
+
+    /// Gives a VM just made without them its tags and protection, in one
+    /// write. A refusal (the policy refuses the tags too) or any other
+    /// failure destroys the empty VM again, unless that write may have
+    /// been applied: then it is protected and tagged, and found next time.
+    async fn tag_new_vm(
+        &self,
+        client: &Client,
+        node: &str,
+        vmid: u32,
+        identity: &[(&str, String)],
+        d: Deadline,
+    ) -> Result<(), PveError> {
+        let tagged = client.update_config(node, vmid, identity, d).await;
+        if let Err(e) = &tagged
+            && !matches!(e, PveError::AnswerLost { .. })
+            && let Err(d_err) = client.destroy_vm(node, vmid, d).await
+        {
+            tracing::error!(vmid, error = %d_err, "destroying an untagged VM of the driver failed; pvecsictl doctor lists it");
+        }
+        tagged
     }
 
     /// Lifts `protection` from one of the controller's own VMs, for its own

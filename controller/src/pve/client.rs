@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
 
-use super::errors::{ErrorKind, classify};
+use super::errors::{ErrorKind, Origin, classify, task_type};
 use super::metrics::{ApiMetrics, Retry};
 use crate::config::{Cluster, Credentials};
 
@@ -120,9 +120,22 @@ impl PveError {
             | Self::Deadline { .. }
             | Self::Unknown { .. } => ErrorKind::Transient,
             Self::Api {
-                status, message, ..
-            } => classify(Some(status.as_u16()), message),
-            Self::Task { exitstatus, .. } => classify(None, exitstatus),
+                method,
+                path,
+                status,
+                message,
+                ..
+            } => classify(
+                Some(status.as_u16()),
+                message,
+                Origin::Call {
+                    method: method.as_str(),
+                    endpoint: &super::metrics::template(path),
+                },
+            ),
+            Self::Task {
+                upid, exitstatus, ..
+            } => classify(None, exitstatus, Origin::Task(task_type(upid))),
             Self::Tls { .. } | Self::Credentials { .. } | Self::Decode { .. } => ErrorKind::Other,
         }
     }

@@ -89,25 +89,43 @@ impl Cluster {
     }
 
     /// Privileges `subject` (a user or token id, as ACLs name it) holds on
-    /// `path` from ACL entries on it or, propagated, on its ancestors.
+    /// `path`. Proxmox walks from `/` down to `path`; at each level where an
+    /// entry of the subject applies (on `path` itself, or propagated from an
+    /// ancestor) its roles replace everything inherited: a narrower ACL
+    /// narrows (pve-access-control src/PVE/AccessControl.pm roles: `$roles =
+    /// $new; # overwrite previous settings`). NoAccess among the roles left
+    /// means none (`return { 'NoAccess' => … }`).
     fn acl_privs(&self, subject: &str, is_token: bool, path: &str) -> Vec<String> {
-        let mut out = Vec::new();
-        for e in &self.acl {
-            let names = if is_token { &e.tokens } else { &e.users };
-            if !names.iter().any(|n| n == subject) {
-                continue;
-            }
-            let applies = e.path == path
-                || (e.propagate
-                    && (e.path == "/"
-                        || path.starts_with(&format!("{}/", e.path.trim_end_matches('/')))));
-            if applies {
-                for r in &e.roles {
-                    out.extend(self.role_privs(r));
-                }
+        let mut levels = vec!["/".to_string()];
+        let mut at = String::new();
+        for seg in path.split('/').filter(|s| !s.is_empty()) {
+            at.push('/');
+            at.push_str(seg);
+            levels.push(at.clone());
+        }
+        let mut roles: Vec<&String> = Vec::new();
+        let depth = levels.len();
+        for (i, level) in levels.iter().enumerate() {
+            let last = i + 1 == depth;
+            let here: Vec<&String> = self
+                .acl
+                .iter()
+                .filter(|e| e.path.trim_end_matches('/') == level.trim_end_matches('/'))
+                .filter(|e| {
+                    let names = if is_token { &e.tokens } else { &e.users };
+                    names.iter().any(|n| n == subject)
+                })
+                .filter(|e| last || e.propagate)
+                .flat_map(|e| e.roles.iter())
+                .collect();
+            if !here.is_empty() {
+                roles = here;
             }
         }
-        out
+        if roles.iter().any(|r| *r == "NoAccess") {
+            return Vec::new();
+        }
+        roles.iter().flat_map(|r| self.role_privs(r)).collect()
     }
 
     /// Whether `caller` holds `privilege` on `path`.
@@ -171,6 +189,80 @@ impl Cluster {
         }
     }
 
+    /// pve-guest-common src/PVE/GuestHelpers.pm assert_tag_permissions:
+    /// VM.Config.Options on the VM, then each tag whose count changes
+    /// between `old` and `new` must be allowed (get_allowed_tags), unless
+    /// the caller holds Sys.Modify on `/`.
+    pub fn assert_tag_permissions(
+        &self,
+        caller: &str,
+        vmid: u32,
+        old: &str,
+        new: &str,
+    ) -> Result<(), ApiError> {
+        self.check(
+            caller,
+            &format!("/vms/{vmid}"),
+            &["VM.Config.Options"],
+            false,
+        )?;
+        if self.has_priv(caller, "/", "Sys.Modify") {
+            return Ok(());
+        }
+        let count = |list: &str| {
+            let mut m = std::collections::BTreeMap::<String, u32>::new();
+            for t in split_list(list) {
+                *m.entry(t).or_default() += 1;
+            }
+            m
+        };
+        let (old, new) = (count(old), count(new));
+        let (allowed, freeform) = self.allowed_tags(caller);
+        for tag in old.keys().chain(new.keys()) {
+            if old.get(tag) == new.get(tag) {
+                continue;
+            }
+            if (!allowed.contains(tag) && !freeform) || self.registered_tags.contains(tag) {
+                return Err(ApiError::forbidden(
+                    "/",
+                    &format!("Sys.Modify for modifying tag '{tag}'"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// GuestHelpers.pm get_allowed_tags for a caller without Sys.Modify on
+    /// `/`: the allow-list (unless `none`), the tags of the guests it may
+    /// audit (`existing`, `free`), less the registered tags; and whether
+    /// any tag goes (`free`).
+    pub fn allowed_tags(&self, caller: &str) -> (std::collections::BTreeSet<String>, bool) {
+        let access = self
+            .user_tag_access
+            .clone()
+            .unwrap_or(crate::state::TagAccess {
+                user_allow: "free".into(),
+                user_allow_list: Vec::new(),
+            });
+        let mut allowed = std::collections::BTreeSet::new();
+        if access.user_allow != "none" {
+            allowed.extend(access.user_allow_list.iter().cloned());
+        }
+        if matches!(access.user_allow.as_str(), "free" | "existing") {
+            for vm in self.vms.values() {
+                if self.has_priv(caller, &format!("/vms/{}", vm.vmid), "VM.Audit")
+                    && let Some(tags) = vm.config.get("tags")
+                {
+                    allowed.extend(split_list(tags));
+                }
+            }
+        }
+        for t in &self.registered_tags {
+            allowed.remove(t);
+        }
+        (allowed, access.user_allow == "free")
+    }
+
     pub fn token_identity(&self, tokenid: &str, secret: &str) -> Option<String> {
         let (userid, name) = tokenid.split_once('!')?;
         let user = self.users.iter().find(|u| u.userid == userid)?;
@@ -185,4 +277,12 @@ impl Cluster {
             .iter()
             .any(|u| u.userid == userid && u.password.as_deref() == Some(password))
     }
+}
+
+/// pve-common src/PVE/ParseUtils.pm split_list: `,` `;` and blanks separate.
+fn split_list(list: &str) -> Vec<String> {
+    list.split([',', ';', ' ', '\t', '\n'])
+        .filter(|t| !t.is_empty())
+        .map(String::from)
+        .collect()
 }

@@ -50,6 +50,19 @@ impl ApiError {
     pub fn forbidden(path: &str, privs: &str) -> Self {
         Self::new(403, format!("Permission check failed ({path}, {privs})"))
     }
+
+    /// The error as a worker's exit status: a PVE::Exception stringifies
+    /// with its code in front ("403 Permission check failed (…)"; pve-common
+    /// src/PVE/Exception.pm stringify), a plain die as its text; newlines
+    /// become spaces (pve-common RESTEnvironment.pm fork_worker).
+    pub fn in_task(&self) -> String {
+        let text = if self.status == StatusCode::INTERNAL_SERVER_ERROR {
+            self.message.clone()
+        } else {
+            format!("{} {}", self.status.as_u16(), self.message)
+        };
+        text.trim_end().replace('\n', " ")
+    }
 }
 
 pub fn ok(data: Value) -> Response {

@@ -40,6 +40,28 @@ pub struct State {
     /// picks from (default 100 up to, not including, 1000000).
     #[serde(default, rename = "next-id")]
     pub next_id: Option<NextId>,
+    /// datacenter.cfg `user-tag-access`: which tags users without
+    /// Sys.Modify on `/` may set (pve-cluster src/PVE/DataCenterConfig.pm).
+    #[serde(default, rename = "user-tag-access")]
+    pub user_tag_access: Option<TagAccess>,
+    /// datacenter.cfg `registered-tags`: tags only Sys.Modify on `/` may set.
+    #[serde(default, rename = "registered-tags")]
+    pub registered_tags: Vec<String>,
+}
+
+/// datacenter.cfg `user-tag-access`, as GET /cluster/options returns it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TagAccess {
+    /// `none`, `list`, `existing` or `free` (the default).
+    #[serde(rename = "user-allow", default = "free")]
+    pub user_allow: String,
+    #[serde(rename = "user-allow-list", default)]
+    pub user_allow_list: Vec<String>,
+}
+
+fn free() -> String {
+    "free".into()
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -362,6 +384,8 @@ pub struct Cluster {
     /// here deactivates). Elsewhere Proxmox cannot read its size (see
     /// `Cluster::lv_inactive`). A volume not in the map is active everywhere.
     pub lv_active: BTreeMap<String, std::collections::BTreeSet<String>>,
+    pub user_tag_access: Option<TagAccess>,
+    pub registered_tags: Vec<String>,
 }
 
 /// A storage replication job (`/cluster/replication`).
@@ -410,6 +434,8 @@ impl Cluster {
             knobs: s.knobs,
             next_id: s.next_id,
             lv_active: BTreeMap::new(),
+            user_tag_access: s.user_tag_access,
+            registered_tags: s.registered_tags,
             ..Default::default()
         };
         for n in s.nodes {

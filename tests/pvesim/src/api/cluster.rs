@@ -184,6 +184,51 @@ pub async fn permissions(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     Ok(Value::Object(out))
 }
 
+/// GET /cluster/options (pve-manager PVE/API2/Cluster.pm get_options): the
+/// datacenter.cfg options with Sys.Audit on `/`, else only `console` and
+/// `tag-style`; always `allowed-tags`, the tags the caller may set
+/// (pve-guest-common GuestHelpers.pm get_allowed_tags). Served beyond the
+/// schema subset.
+pub async fn options(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
+    let c = ctx.cluster();
+    let mut out = serde_json::Map::new();
+    if c.has_priv(&call.caller, "/", "Sys.Audit") {
+        if let Some(access) = &c.user_tag_access {
+            out.insert("user-tag-access".into(), json!(access));
+        }
+        if !c.registered_tags.is_empty() {
+            out.insert("registered-tags".into(), json!(c.registered_tags));
+        }
+        if let Some(n) = c.next_id {
+            out.insert(
+                "next-id".into(),
+                json!({ "lower": n.lower, "upper": n.upper }),
+            );
+        }
+    }
+    let allowed = if c.has_priv(&call.caller, "/", "Sys.Modify") {
+        let mut all: std::collections::BTreeSet<String> = c
+            .vms
+            .values()
+            .filter_map(|v| v.config.get("tags"))
+            .flat_map(|t| {
+                t.split([';', ',', ' '])
+                    .filter(|x| !x.is_empty())
+                    .map(String::from)
+            })
+            .collect();
+        if let Some(a) = &c.user_tag_access {
+            all.extend(a.user_allow_list.iter().cloned());
+        }
+        all.extend(c.registered_tags.iter().cloned());
+        all
+    } else {
+        c.allowed_tags(&call.caller).0
+    };
+    out.insert("allowed-tags".into(), json!(allowed));
+    Ok(Value::Object(out))
+}
+
 pub async fn ha_resources(_: Arc<Ctx>, _: Call) -> Result<Value, ApiError> {
     Ok(json!([]))
 }

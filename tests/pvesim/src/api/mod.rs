@@ -69,6 +69,7 @@ pub fn routes() -> Vec<(Method, &'static str, Handler)> {
         (Method::GET, "/cluster/status", h!(cluster::status)),
         (Method::GET, "/cluster/resources", h!(cluster::resources)),
         (Method::GET, "/cluster/nextid", h!(cluster::nextid)),
+        (Method::GET, "/cluster/options", h!(cluster::options)),
         (Method::GET, "/nodes", h!(cluster::nodes)),
         (
             Method::GET,

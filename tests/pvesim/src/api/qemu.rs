@@ -449,6 +449,18 @@ fn stage_update(
     let force = call.flag("force");
     let vm_node = common::vm(c, node, vmid)?.node.clone();
     prechecks(common::vm(c, node, vmid)?, call)?;
+    // Tags are checked under the lock, old against new (qemu-server
+    // src/PVE/API2/Qemu.pm $updatefn → pve-guest-common GuestHelpers.pm
+    // assert_tag_permissions).
+    let deletes_tags = delete_list(call).iter().any(|k| k == "tags");
+    if let Some(new) = call.get("tags").or(deletes_tags.then_some("")) {
+        let old = common::vm(c, node, vmid)?
+            .config
+            .get("tags")
+            .cloned()
+            .unwrap_or_default();
+        c.assert_tag_permissions(&call.caller, vmid, &old, new)?;
+    }
 
     for key in delete_list(call) {
         let vm = common::vm_mut(c, node, vmid)?;
@@ -1015,7 +1027,7 @@ pub async fn config_post(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             .await
             .map_err(|e| {
                 if e.errors.is_empty() {
-                    e.message
+                    e.in_task()
                 } else {
                     let detail: Vec<String> =
                         e.errors.iter().map(|(k, v)| format!("{k}: {v}")).collect();
@@ -1120,20 +1132,7 @@ pub async fn resize(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let vmid = call.vmid()?;
     let disk = call.req("disk")?.to_string();
     let size = call.req("size")?.to_string();
-    {
-        let c = ctx.cluster();
-        let vm = common::vm(&c, &node, vmid)?;
-        if let Some(d) = vm.config.get(&disk).and_then(|v| Drive::parse(v).ok())
-            && let Some((storage, _)) = d.volid()
-        {
-            c.check(
-                &call.caller,
-                &format!("/storage/{storage}"),
-                &["Datastore.AllocateSpace"],
-                false,
-            )?;
-        }
-    }
+    common::vm(&ctx.cluster(), &node, vmid)?;
     let task = Task::new(&node, "resize", &vmid.to_string(), &call.caller);
     let upid = task.upid.clone();
     spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
@@ -1162,6 +1161,16 @@ pub async fn resize(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
                 .volid()
                 .map(|(s, n)| (s.to_string(), n.to_string()))
                 .ok_or(format!("disk '{disk}' has no associated volume"))?;
+            // Qemu.pm resize_vm checks the storage privilege in the worker,
+            // under the config lock: a task failure, its text the
+            // exception's with its code (pve-common Exception.pm stringify).
+            c.check(
+                &call.caller,
+                &format!("/storage/{storage}"),
+                &["Datastore.AllocateSpace"],
+                false,
+            )
+            .map_err(|e| e.in_task())?;
             let place = c.place(&storage, &node).map_err(|e| e.to_string())?;
             let kind = c
                 .storages

@@ -40,12 +40,11 @@ pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     {
         let c = ctx.cluster();
         common::node(&c, &node)?;
-        c.check(
-            &call.caller,
-            &format!("/vms/{vmid}"),
-            &["VM.Allocate"],
-            false,
-        )?;
+        // A bare "Permission check failed": create_vm's raise_perm_exc()
+        // names neither path nor privilege (qemu-server Qemu.pm create_vm).
+        if !c.has_priv(&call.caller, &format!("/vms/{vmid}"), "VM.Allocate") {
+            return Err(ApiError::new(403, "Permission check failed"));
+        }
         common::quorum(&c)?;
         // Each option set needs its own privilege (qemu-server
         // src/PVE/API2/Qemu.pm create_vm → $check_vm_modify_config_perm).
@@ -83,13 +82,14 @@ pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             ));
         }
         // Tags are checked in the worker (pve-guest-common
-        // src/PVE/GuestHelpers.pm assert_tag_permissions, from create_vm).
-        if config.contains_key("tags")
-            && !c.has_priv(&call.caller, &format!("/vms/{vmid}"), "VM.Config.Options")
-        {
-            return Err(format!(
-                "unable to create VM {vmid} - 403 Permission check failed (/vms/{vmid}, VM.Config.Options)"
-            ));
+        // src/PVE/GuestHelpers.pm assert_tag_permissions, from qemu-server
+        // 9.2's create_vm), with `{}` as the old tag list: Perl makes it
+        // the one tag "HASH(0x…)", which a restrictive policy refuses
+        // whatever the new tags are (Qemu.pm create_vm,
+        // `assert_tag_permissions($vmid, {}, $conf->{tags}, …)`).
+        if let Some(tags) = config.get("tags") {
+            c.assert_tag_permissions(&call.caller, vmid, "HASH(0x55d0c0ffee00)", tags)
+                .map_err(|e| format!("unable to create VM {vmid} - {}", e.in_task()))?;
         }
         c.vms.insert(
             vmid,

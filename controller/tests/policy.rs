@@ -1,0 +1,173 @@
+//! Locked-down clusters: privileges Proxmox checks inside its workers, and
+//! datacenter.cfg tag policies (pvesim models both as qemu-server 9.2 does).
+
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
+use tonic::{Code, Request};
+
+/// Worker-2 holds a volume made before the ACL was narrowed: the documented
+/// CSI role on `/`, and on local-lvm a narrower one without
+/// Datastore.AllocateSpace, which replaces it there.
+const NARROWED: &str = r#"
+cluster: lab
+nodes: [{ name: pve1 }, { name: pve2 }]
+storages:
+  - { id: local-lvm, type: lvmthin, total: 107374182400 }
+vms:
+  - { vmid: 112, node: pve2, name: worker-2, config: { scsihw: virtio-scsi-pci, scsi1: "local-lvm:vm-9999-pvc-pre,size=1G" } }
+volumes:
+  - { volid: "local-lvm:vm-9999-pvc-pre", node: pve2, size: 1073741824 }
+users:
+  - userid: kubernetes-csi@pve
+    tokens: [{ name: csi, secret: 5f0c6e8a-1234-4b5c-9d7e-0123456789ab }]
+roles:
+  CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
+  CSI-NOSPACE: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.Audit]
+acl:
+  - { path: /, roles: [CSI], users: [kubernetes-csi@pve], tokens: ["kubernetes-csi@pve!csi"] }
+  - { path: /storage/local-lvm, roles: [CSI-NOSPACE], users: [kubernetes-csi@pve], tokens: ["kubernetes-csi@pve!csi"] }
+"#;
+
+#[tokio::test]
+async fn a_privilege_refused_inside_a_task_is_failed_precondition_and_not_retried() {
+    let e = env_from(NARROWED).await;
+    e.admin("DELETE", "counters", "").await;
+
+    let v = pv_id("region-1/pve2/local-lvm/vm-9999-pvc-pre");
+    let err = e
+        .svc
+        .controller_expand_volume(Request::new(callers::resizer::controller_expand(
+            &v,
+            2 << 30,
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message()
+            .contains("lacks Datastore.AllocateSpace on /storage/local-lvm"),
+        "{}",
+        err.message()
+    );
+    // Proxmox's worker refused it once: one resize, no retry, the disk as it was.
+    let counters = e.admin("GET", "counters", "").await;
+    assert_eq!(
+        counters["PUT /nodes/{node}/qemu/{vmid}/resize"], 1,
+        "{counters}"
+    );
+    assert_eq!(
+        e.vm(112).await["config"]["scsi1"],
+        "local-lvm:vm-9999-pvc-pre,size=1G"
+    );
+}
+
+/// The default lab with the documented copy role (no Sys.Modify on `/`),
+/// a datacenter.cfg tag `policy` (YAML lines) and `vms` added.
+fn tag_policy(policy: &str, vms: &str) -> String {
+    let cluster = CLUSTER.replace(
+        "CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]",
+        &format!("CSI: {COPY_ROLE}"),
+    );
+    let cluster = cluster.replace("volumes:\n", &format!("{vms}volumes:\n"));
+    format!("{cluster}{policy}\n")
+}
+
+/// CreateSnapshot of a new volume on worker-2: the answer.
+async fn snapshot(e: &Env) -> Result<proxmox_csi_proto::csi::v1::Snapshot, tonic::Status> {
+    let v = create(e, "pvc-a", Some("pve2")).await;
+    e.admin("DELETE", "counters", "").await;
+    e.svc
+        .create_snapshot(Request::new(snap_req("snapshot-1", &v.volume_id)))
+        .await
+        .map(|r| r.into_inner().snapshot.unwrap())
+}
+
+fn vmids(state: &serde_json::Value) -> Vec<u64> {
+    state
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["vmid"].as_u64().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn copy_vms_are_made_under_a_tag_policy_that_lists_the_driver_tags() {
+    // qemu-server 9.2's create_vm refuses any tags under such a policy (it
+    // checks them against `{}`): the VM is made, then tagged by an update.
+    let e = env_from(&tag_policy(
+        "user-tag-access: { user-allow: list, user-allow-list: [proxmox-csi, csi-snapshot] }",
+        "",
+    ))
+    .await;
+    let snap = snapshot(&e).await.unwrap();
+    let vmid: u32 = snap
+        .snapshot_id
+        .rsplit("snapshot-vm-")
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let vm = e.vm(vmid).await;
+    assert_eq!(vm["config"]["tags"], "proxmox-csi;csi-snapshot", "{vm}");
+    assert_eq!(vm["config"]["protection"], "1", "{vm}");
+    assert_eq!(vm["config"]["name"], "snapshot-1", "{vm}");
+    let counters = e.admin("GET", "counters", "").await;
+    assert_eq!(counters["POST /nodes/{node}/qemu"], 2, "{counters}");
+}
+
+#[tokio::test]
+async fn a_tag_policy_that_refuses_the_driver_tags_fails_once_naming_it_and_leaves_no_vm() {
+    for policy in [
+        // No guest carries the driver's tags yet.
+        "user-tag-access: { user-allow: existing }",
+        "user-tag-access: { user-allow: none }",
+        "registered-tags: [proxmox-csi]",
+    ] {
+        let e = env_from(&tag_policy(policy, "")).await;
+        let before = vmids(&e.admin("GET", "vms", "").await);
+        let err = snapshot(&e).await.unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{policy}: {err:?}");
+        assert!(
+            err.message()
+                .contains("tag policy (datacenter.cfg user-tag-access or registered-tags)")
+                && err.message().contains("Sys.Modify for modifying tag"),
+            "{policy}: {}",
+            err.message()
+        );
+        assert_eq!(
+            vmids(&e.admin("GET", "vms", "").await),
+            before,
+            "{policy}: a VM was left"
+        );
+    }
+}
+
+#[tokio::test]
+async fn existing_driver_tags_admit_new_copy_vms_under_the_existing_policy() {
+    // A copy VM of an earlier version: its tags exist, its name tag is
+    // the old per-volume one, which new VMs no longer need.
+    let old = "  - { vmid: 300, node: pve1, name: snapshot-old, config: { tags: \"proxmox-csi;csi-snapshot;csi-name.snapshot-old\", protection: \"1\" } }\n";
+    let e = env_from(&tag_policy(
+        "user-tag-access: { user-allow: existing }",
+        old,
+    ))
+    .await;
+    let snap = snapshot(&e).await.unwrap();
+    let vmid: u32 = snap
+        .snapshot_id
+        .rsplit("snapshot-vm-")
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        e.vm(vmid).await["config"]["tags"],
+        "proxmox-csi;csi-snapshot"
+    );
+}
