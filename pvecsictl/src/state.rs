@@ -89,12 +89,56 @@ pub struct State {
     pub classes: Vec<Class>,
     /// Privileges of the token on `/`, per region.
     pub privileges: BTreeMap<String, BTreeSet<String>>,
+    /// The datacenter's tag policy as the token sees it, per region.
+    pub tag_policy: BTreeMap<String, TagPolicy>,
     /// Snapshot handles of every VolumeSnapshotContent.
     pub snapshot_handles: BTreeSet<String>,
     /// Every VolumeAttachment.
     pub attachments: Vec<Attachment>,
     /// The Kubernetes cluster's own id (`kube::cluster_id`), when it has one.
     pub cluster_id: Option<ClusterId>,
+}
+
+/// datacenter.cfg's tag policy (pve-cluster src/PVE/DataCenterConfig.pm
+/// `user-tag-access`, `registered-tags`) and the tags the token may set now
+/// (`allowed-tags`, pve-guest-common GuestHelpers.pm get_allowed_tags).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TagPolicy {
+    /// `user-allow` (`none`, `list`, `existing`, `free`); `None` when the
+    /// token cannot read the options (Sys.Audit on `/`).
+    pub user_allow: Option<String>,
+    pub allow_list: Vec<String>,
+    pub registered: Vec<String>,
+    pub allowed: Vec<String>,
+}
+
+impl TagPolicy {
+    /// From GET /cluster/options; `audit`: the token holds Sys.Audit on
+    /// `/`, so the answer holds every option set.
+    pub fn from_options(v: &Value, audit: bool) -> Self {
+        let list = |v: Option<&Value>| -> Vec<String> {
+            v.and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let access = v.get("user-tag-access");
+        Self {
+            user_allow: access
+                .and_then(|a| a.get("user-allow"))
+                .and_then(Value::as_str)
+                .map(String::from)
+                // Unset is `free` (DataCenterConfig.pm `default => 'free'`).
+                .or_else(|| audit.then(|| "free".to_string())),
+            allow_list: list(access.and_then(|a| a.get("user-allow-list"))),
+            registered: list(v.get("registered-tags")),
+            allowed: list(v.get("allowed-tags")),
+        }
+    }
 }
 
 /// A VolumeAttachment (of any driver): the PV it names, or the handle of an
@@ -134,6 +178,7 @@ impl State {
             nodes: Vec::new(),
             classes: Vec::new(),
             privileges: BTreeMap::new(),
+            tag_policy: BTreeMap::new(),
             snapshot_handles: BTreeSet::new(),
             attachments: Vec::new(),
             cluster_id: None,
@@ -214,12 +259,24 @@ impl State {
                 .await
                 .unwrap_or_default();
             s.privileges.insert(
-                region,
+                region.clone(),
                 perms
                     .get("/")
                     .map(|m| m.keys().cloned().collect())
                     .unwrap_or_default(),
             );
+            // pve-manager PVE/API2/Cluster.pm get_options: the datacenter.cfg
+            // options with Sys.Audit on `/`, `allowed-tags` for anyone.
+            let options: Value = c
+                .call(Method::GET, "/cluster/options", &[], d())
+                .await
+                .unwrap_or_default();
+            let audit = s
+                .privileges
+                .get(&region)
+                .is_some_and(|p| p.contains("Sys.Audit"));
+            s.tag_policy
+                .insert(region, TagPolicy::from_options(&options, audit));
         }
         let pvs: Api<PersistentVolume> = Api::all(kube.clone());
         for pv in pvs

@@ -136,8 +136,13 @@ struct Lab {
 }
 
 async fn lab() -> Lab {
+    lab_with(CLUSTER).await
+}
+
+/// The lab on a cluster of the caller's (holding VM 113 on pve2).
+async fn lab_with(cluster: &str) -> Lab {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap())
+    let sim = pvesim::Sim::new(pvesim::State::from_yaml(cluster).unwrap())
         .plain_http()
         .start("127.0.0.1:0")
         .await
@@ -235,6 +240,58 @@ impl Lab {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reads_the_tag_policy_and_says_what_to_allow() {
+    let finding = |findings: &[doctor::Finding]| {
+        findings
+            .iter()
+            .find(|x| x.check == "tag policy")
+            .cloned()
+            .unwrap()
+    };
+    // The token may not read datacenter.cfg (no Sys.Audit on /): only the
+    // tags it may set now, from the guests it sees.
+    let t = finding(&doctor::run(&lab().await.state().await));
+    assert_eq!(t.severity, Severity::Info, "{t:?}");
+    assert!(
+        t.finding.contains("needs Sys.Audit on /")
+            && t.finding.contains("csi-holder, csi-volume, csi-replicated"),
+        "{t:?}"
+    );
+    let audit =
+        |policy: &str| CLUSTER.replace("CSI: [VM.Audit,", "CSI: [Sys.Audit, VM.Audit,") + policy;
+    let lab = lab_with(&audit(
+        "user-tag-access: { user-allow: list, user-allow-list: [team-a, proxmox-csi] }\n",
+    ))
+    .await;
+    let t = finding(&doctor::run(&lab.state().await));
+    assert_eq!(t.severity, Severity::Error, "{t:?}");
+    assert!(
+        t.finding.contains("user-tag-access is list and does not admit csi-holder, csi-snapshot, csi-volume, csi-replicated"),
+        "{t:?}"
+    );
+    assert_eq!(
+        t.remedy,
+        "pvesh set /cluster/options --user-tag-access 'user-allow=list,user-allow-list=csi-holder;csi-replicated;csi-snapshot;csi-volume;proxmox-csi;team-a'"
+    );
+    let lab = lab_with(&audit("registered-tags: [proxmox-csi]\n")).await;
+    let t = finding(&doctor::run(&lab.state().await));
+    assert_eq!(t.severity, Severity::Error, "{t:?}");
+    assert!(
+        t.finding.contains("registered-tags holds proxmox-csi"),
+        "{t:?}"
+    );
+    let lab = lab_with(&audit("")).await;
+    let t = finding(&doctor::run(&lab.state().await));
+    assert_eq!(
+        (t.severity, t.finding.as_str()),
+        (
+            Severity::Ok,
+            "user-tag-access is free: any tag not registered may be set"
+        )
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

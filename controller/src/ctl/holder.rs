@@ -21,6 +21,19 @@ use crate::vms::is_protected;
 /// Every VM the controller creates carries this tag.
 pub const TAG: &str = crate::vms::OWN_TAG;
 
+/// The kind tag of holder VMs.
+pub const HOLDER_TAG: &str = "csi-holder";
+
+/// Every tag the driver sets on its VMs: a cluster's tag policy must admit
+/// them all (`pvecsictl doctor` checks).
+pub const DRIVER_TAGS: [&str; 5] = [
+    TAG,
+    HOLDER_TAG,
+    super::snapshot::SNAPSHOT_TAG,
+    super::clone::VOLUME_TAG,
+    super::replicate::REPLICATED_TAG,
+];
+
 pub fn holder_name(node: &str) -> String {
     format!("proxmox-csi-holder-{node}")
 }
@@ -51,7 +64,7 @@ impl Controller {
     /// The holder VM on `node`, created (stopped, no disks) if missing.
     pub async fn holder(&self, client: &Client, node: &str, d: Deadline) -> Result<u32, CtlError> {
         let name = holder_name(node);
-        if let Some(vm) = self.vms.own(client, &name, "csi-holder", d).await?
+        if let Some(vm) = self.vms.own(client, &name, HOLDER_TAG, d).await?
             && vm.node == node
         {
             self.attacher.own_vm(client.region(), vm.vmid);
@@ -59,7 +72,7 @@ impl Controller {
         }
         let vm = NewVm {
             name: &name,
-            kind: "csi-holder",
+            kind: HOLDER_TAG,
             description: format!(
                 "Proxmox CSI holder VM of node {node}: volumes visit it while Proxmox changes them offline (a resize).\n{OWNED}"
             ),

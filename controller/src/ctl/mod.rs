@@ -31,7 +31,7 @@ use crate::volume::VolumeId;
 pub use capability::check_capabilities;
 pub use clone::VOLUME_TAG;
 pub use copy::{drive_size, vm_name};
-pub use holder::{NewVm, OWNED as OWNED_VM_NOTE, TAG as CSI_TAG};
+pub use holder::{DRIVER_TAGS, NewVm, OWNED as OWNED_VM_NOTE, TAG as CSI_TAG};
 pub use replicate::REPLICATED_TAG;
 pub use snapshot::{SNAPSHOT_TAG, SnapshotId, snapshot_class_warnings};
 
