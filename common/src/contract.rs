@@ -9,8 +9,12 @@ use sha2::{Digest, Sha256};
 pub const CTX_WWN: &str = "wwn";
 /// Publish context: the disk's SCSI serial, when the controller set one.
 pub const CTX_SERIAL: &str = "serial";
-/// Publish context: the SCSI slot number (`scsiN` → `N`).
+/// Publish context: the disk's SCSI LUN as the guest sees it (the slot
+/// number `N` of `scsiN` on virtio-scsi and megasas; 0 on lsi and pvscsi,
+/// which address a disk by its target).
 pub const CTX_LUN: &str = "lun";
+/// Publish context: the disk's SCSI target as the guest sees it.
+pub const CTX_TARGET: &str = "target";
 /// Publish context the Go driver's node plugin reads: `/dev/disk/by-id/wwn-<wwn>`.
 pub const CTX_GO_DEVICE_PATH: &str = "DevicePath";
 /// Volume and publish context of the Go driver's restore larger than its

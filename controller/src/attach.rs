@@ -49,6 +49,8 @@ pub struct Attached {
     pub slot: String,
     pub wwn: String,
     pub serial: String,
+    /// Where the guest finds the disk (by the VM's `scsihw`).
+    pub address: drive::ScsiAddress,
 }
 
 struct Job {
@@ -655,6 +657,7 @@ async fn write_once(
                             slot: p.slot.clone(),
                             wwn: p.wwn.clone(),
                             serial: p.serial.clone(),
+                            address: address_of(&after.values, &p.slot),
                         })),
                     ));
                 } else {
@@ -723,5 +726,11 @@ pub fn read_back(cfg: &BTreeMap<String, String>, slot: &str) -> Attached {
         slot: slot.to_string(),
         wwn: line.opts.get("wwn").cloned().unwrap_or_default(),
         serial: line.opts.get("serial").cloned().unwrap_or_default(),
+        address: address_of(cfg, slot),
     }
+}
+
+fn address_of(cfg: &BTreeMap<String, String>, slot: &str) -> drive::ScsiAddress {
+    let index = slot.trim_start_matches("scsi").parse().unwrap_or_default();
+    drive::scsi_address(cfg.get("scsihw").map(String::as_str), index)
 }

@@ -57,6 +57,36 @@ pub fn slots_with(config: &BTreeMap<String, String>, volid: &str) -> Vec<String>
         .collect()
 }
 
+/// Where a guest finds drive `scsi<index>`: its SCSI target and LUN, by the
+/// VM's `scsihw` (qemu-server src/PVE/QemuServer/DriveDevice.pm scsihw_infos,
+/// print_drivedevice_full). lsi and lsi53c810 (the default, 7 ids per
+/// controller) and pvscsi address a drive by `scsi-id=<index % maxdev>` at
+/// LUN 0; virtio-scsi-pci, virtio-scsi-single and megasas by `scsi-id=0,
+/// lun=<index>` (virtio-scsi-single on a controller of its own).
+pub fn scsi_address(scsihw: Option<&str>, index: u32) -> ScsiAddress {
+    match scsihw.unwrap_or("lsi") {
+        hw if hw.starts_with("lsi") => ScsiAddress {
+            target: index % 7,
+            lun: 0,
+        },
+        "pvscsi" => ScsiAddress {
+            target: index,
+            lun: 0,
+        },
+        _ => ScsiAddress {
+            target: 0,
+            lun: index,
+        },
+    }
+}
+
+/// A drive's SCSI target and LUN as the guest sees them (`scsi_address`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ScsiAddress {
+    pub target: u32,
+    pub lun: u32,
+}
+
 pub fn is_disk_key(k: &str) -> bool {
     ["scsi", "virtio", "sata", "ide"].iter().any(|bus| {
         k.strip_prefix(bus)
@@ -99,5 +129,23 @@ mod tests {
             ("unused0".to_string(), "local-lvm:vm-9999-pvc-a".to_string()),
         ]);
         assert_eq!(slots_with(&cfg, "local-lvm:vm-9999-pvc-a"), ["scsi3"]);
+    }
+}
+
+#[cfg(test)]
+mod address_tests {
+    use super::{ScsiAddress, scsi_address};
+
+    /// qemu-server's own cfg2cmd expectations (src/test/cfg2cmd/scsihw-*.conf.cmd).
+    #[test]
+    fn each_controller_type_addresses_its_drives_as_qemu_server_does() {
+        let at = |target, lun| ScsiAddress { target, lun };
+        assert_eq!(scsi_address(None, 9), at(2, 0));
+        assert_eq!(scsi_address(Some("lsi"), 9), at(2, 0));
+        assert_eq!(scsi_address(Some("lsi53c810"), 6), at(6, 0));
+        assert_eq!(scsi_address(Some("pvscsi"), 16), at(16, 0));
+        assert_eq!(scsi_address(Some("virtio-scsi-pci"), 3), at(0, 3));
+        assert_eq!(scsi_address(Some("virtio-scsi-single"), 5), at(0, 5));
+        assert_eq!(scsi_address(Some("megasas"), 4), at(0, 4));
     }
 }

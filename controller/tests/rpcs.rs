@@ -207,7 +207,8 @@ async fn publish_attaches_with_wwn_and_serial_and_unpublish_leaves_nothing() {
         line.contains(&format!("serial={}", ctx["serial"])),
         "{line}"
     );
-    assert_eq!(ctx["lun"], "1");
+    // virtio-scsi-pci: target 0, the slot number as LUN.
+    assert_eq!((ctx["target"].as_str(), ctx["lun"].as_str()), ("0", "1"));
     assert_eq!(
         ctx["DevicePath"],
         format!("/dev/disk/by-id/wwn-{}", ctx["wwn"])
@@ -1152,4 +1153,45 @@ async fn an_old_pv_with_its_class_parameters_in_the_volume_context_publishes() {
     // The class's ssd=1 brings discard=on; the context's "true" is left unset.
     assert!(line.contains(",discard=on,"), "{line}");
     assert!(!line.contains("discard=true"), "{line}");
+}
+
+/// lsi and pvscsi address a disk by its SCSI target, at LUN 0
+/// (qemu-server DriveDevice.pm print_drivedevice_full): the publish context
+/// says where the guest finds it.
+#[tokio::test]
+async fn the_publish_context_gives_the_guests_scsi_address_for_each_controller_type() {
+    for (scsihw, slots) in [
+        ("pvscsi", [("0", "1"), ("0", "2")]),
+        ("lsi", [("0", "1"), ("0", "2")]),
+    ] {
+        let cluster = CLUSTER.replace(
+            "{ vmid: 111, node: pve1, name: worker-1, config: { scsihw: virtio-scsi-pci } }",
+            &format!("{{ vmid: 111, node: pve1, name: worker-1, config: {{ scsihw: {scsihw} }} }}"),
+        );
+        let e = env_from(&cluster).await;
+        for (i, (lun, target)) in slots.iter().enumerate() {
+            let v = create(&e, &format!("pvc-{scsihw}-{i}"), Some("pve1")).await;
+            let ctx = e
+                .svc
+                .controller_publish_volume(Request::new(publish_req(&v, "worker-1")))
+                .await
+                .unwrap()
+                .into_inner()
+                .publish_context;
+            assert_eq!(
+                (ctx["lun"].as_str(), ctx["target"].as_str()),
+                (*lun, *target),
+                "{scsihw}: {ctx:?}"
+            );
+            let config = &e.vm(111).await["config"];
+            let key = format!("scsi{target}");
+            assert!(
+                config[&key]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains(&v.volume_id.rsplit('/').next().unwrap().to_string()),
+                "{scsihw}: {config}"
+            );
+        }
+    }
 }

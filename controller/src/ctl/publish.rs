@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use proxmox_csi_common::NodeId;
 use proxmox_csi_common::contract::{
     CTX_GO_DEVICE_PATH, CTX_GO_RESIZE_REQUIRED, CTX_GO_RESIZE_SIZE_BYTES, CTX_LUN, CTX_SERIAL,
-    CTX_WWN,
+    CTX_TARGET, CTX_WWN,
 };
 use proxmox_csi_proto::csi::v1 as csi;
 
@@ -313,10 +313,10 @@ fn go_resize_bytes(ctx: &HashMap<String, String>) -> Option<u64> {
 }
 
 fn publish_context(a: &Attached) -> HashMap<String, String> {
-    let lun = a.slot.trim_start_matches("scsi").to_string();
     let mut ctx = HashMap::from([
         (CTX_WWN.to_string(), a.wwn.clone()),
-        (CTX_LUN.to_string(), lun),
+        (CTX_LUN.to_string(), a.address.lun.to_string()),
+        (CTX_TARGET.to_string(), a.address.target.to_string()),
     ]);
     if !a.serial.is_empty() {
         ctx.insert(CTX_SERIAL.into(), a.serial.clone());

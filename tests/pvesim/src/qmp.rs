@@ -183,6 +183,30 @@ fn lun(key: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("only scsi disks can be hot-plugged over QMP, not {key}"))
 }
 
+/// The bus and address of drive `scsi<index>` by the VM's `scsihw`
+/// (qemu-server src/PVE/QemuServer/DriveDevice.pm scsihw_infos,
+/// print_drivedevice_full): lsi (7 ids a controller) and pvscsi by
+/// `scsi-id`, the others by `lun` at id 0, all on the first controller
+/// `scsihw0`; the bound guest has that one controller only.
+fn address(dev: &mut serde_json::Value, scsihw: Option<&str>, index: u64) -> Result<(), String> {
+    let hw = scsihw.unwrap_or("lsi");
+    let by_id = hw.starts_with("lsi") || hw == "pvscsi";
+    if hw == "virtio-scsi-single" || (hw.starts_with("lsi") && index >= 7) {
+        return Err(format!(
+            "pvesim's QMP backend has one controller, scsihw0: scsi{index} on {hw} needs a controller of its own"
+        ));
+    }
+    dev["bus"] = json!("scsihw0.0");
+    if by_id {
+        dev["scsi-id"] = json!(index);
+    } else {
+        dev["channel"] = json!(0);
+        dev["scsi-id"] = json!(0);
+        dev["lun"] = json!(index);
+    }
+    Ok(())
+}
+
 fn wwn(d: &Drive) -> Option<u64> {
     d.opts
         .get("wwn")
@@ -208,7 +232,14 @@ pub async fn plug(ctx: &Arc<Ctx>, vmid: u32, action: &Action) -> Result<(), Stri
     {
         return plug_loop(ctx, vmid, loop_dir, action);
     }
-    let socket = ctx.cluster().vms.get(&vmid).and_then(|v| v.qmp.clone());
+    let (socket, scsihw) = {
+        let c = ctx.cluster();
+        let vm = c.vms.get(&vmid);
+        (
+            vm.and_then(|v| v.qmp.clone()),
+            vm.and_then(|v| v.config.get("scsihw").cloned()),
+        )
+    };
     let Some(socket) = socket else { return Ok(()) };
     let dir = ctx
         .volume_dir
@@ -237,9 +268,9 @@ pub async fn plug(ctx: &Arc<Ctx>, vmid: u32, action: &Action) -> Result<(), Stri
             )
             .await?;
             let mut dev = json!({
-                "driver": "scsi-hd", "bus": "scsihw0.0", "channel": 0, "scsi-id": 0, "lun": lun(key)?,
-                "drive": node, "id": key, "device_id": node, "write-cache": "on",
+                "driver": "scsi-hd", "drive": node, "id": key, "device_id": node, "write-cache": "on",
             });
+            address(&mut dev, scsihw.as_deref(), lun(key)?)?;
             if let Some(w) = wwn(drive) {
                 dev["wwn"] = json!(w);
             }
