@@ -171,3 +171,99 @@ async fn existing_driver_tags_admit_new_copy_vms_under_the_existing_policy() {
         "proxmox-csi;csi-snapshot"
     );
 }
+
+/// Shared RBD through the kernel client: worker-1 on pve1, worker-2 on pve2.
+const KRBD: &str = r#"
+cluster: lab
+nodes: [{ name: pve1 }, { name: pve2 }, { name: pve3 }]
+storages:
+  - { id: ceph, type: rbd, shared: true, krbd: true, total: 1099511627776 }
+vms:
+  - { vmid: 111, node: pve1, name: worker-1, config: { scsihw: virtio-scsi-pci } }
+  - { vmid: 112, node: pve2, name: worker-2, config: { scsihw: virtio-scsi-pci } }
+users:
+  - userid: kubernetes-csi@pve
+    tokens: [{ name: csi, secret: 5f0c6e8a-1234-4b5c-9d7e-0123456789ab }]
+roles:
+  CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
+acl:
+  - { path: /, roles: [CSI], users: [kubernetes-csi@pve], tokens: ["kubernetes-csi@pve!csi"] }
+"#;
+
+/// A krbd image stays mapped on every node a VM took it on (Proxmox
+/// unmaps on VM stop or where the image is freed, never on hot-unplug), and
+/// `rbd rm` fails while another node maps it: a volume that moved between
+/// nodes is still deleted, by the controller that moved it and by one that
+/// knows nothing of it (a restart).
+#[tokio::test]
+async fn a_krbd_volume_that_moved_between_nodes_is_deleted() {
+    for restarted in [false, true] {
+        let e = env_from(KRBD).await;
+        let v = create_in(&e, "pvc-moved", &[("storage", "ceph")], None).await;
+        for worker in ["worker-2", "worker-1"] {
+            e.svc
+                .controller_publish_volume(Request::new(publish_req(&v, worker)))
+                .await
+                .unwrap();
+            e.svc
+                .controller_unpublish_volume(Request::new(unpublish_req(&v, worker)))
+                .await
+                .unwrap();
+        }
+        e.admin("DELETE", "counters", "").await;
+        let svc = if restarted {
+            proxmox_csi_controller::csi::controller::ControllerService(std::sync::Arc::new(
+                controller_on(&e),
+            ))
+        } else {
+            e.svc.clone()
+        };
+        svc.delete_volume(Request::new(delete_req(&v)))
+            .await
+            .unwrap();
+        let volumes = e.admin("GET", "volumes", "").await;
+        assert!(
+            !volumes.to_string().contains("pvc-moved"),
+            "restarted {restarted}: the image is still there: {volumes}"
+        );
+        let deletes = e.admin("GET", "counters", "").await
+            ["DELETE /nodes/{node}/storage/{storage}/content/{volume}"]
+            .as_u64()
+            .unwrap();
+        // Mapped on pve2 and pve1: the first free unmaps one, the next removes it.
+        assert!(
+            deletes <= if restarted { 3 } else { 2 },
+            "restarted {restarted}: {deletes} deletes"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_krbd_volume_is_deleted_on_the_node_that_last_held_it() {
+    let e = env_from(KRBD).await;
+    let v = create_in(&e, "pvc-held", &[("storage", "ceph")], None).await;
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2")))
+        .await
+        .unwrap();
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2")))
+        .await
+        .unwrap();
+    e.admin("DELETE", "counters", "").await;
+    e.svc
+        .delete_volume(Request::new(delete_req(&v)))
+        .await
+        .unwrap();
+    let counters = e.admin("GET", "counters", "").await;
+    assert_eq!(
+        counters["DELETE /nodes/{node}/storage/{storage}/content/{volume}"], 1,
+        "{counters}"
+    );
+    assert!(
+        !e.admin("GET", "volumes", "")
+            .await
+            .to_string()
+            .contains("pvc-held")
+    );
+}

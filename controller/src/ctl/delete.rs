@@ -157,6 +157,85 @@ impl Controller {
         Ok((node, info))
     }
 
+    /// Where to delete a volume of a shared storage: the node that last held
+    /// it when its storage is available there (a krbd image is mapped there,
+    /// see `delete_elsewhere`), else `found`, where it was found.
+    async fn delete_node(
+        &self,
+        client: &Client,
+        id: &VolumeId,
+        found: String,
+        d: Deadline,
+    ) -> String {
+        let Some(last) = self.last_held(client.region(), &id.volid()) else {
+            return found;
+        };
+        if id.zone.is_some() || last == found {
+            return found;
+        }
+        match self.storage_rows(client, &id.storage, d).await {
+            Ok(rows)
+                if rows
+                    .iter()
+                    .any(|r| r.node == last && r.status == "available") =>
+            {
+                last
+            }
+            _ => found,
+        }
+    }
+
+    /// An RBD image that a node still maps (krbd) cannot be removed from
+    /// another: Proxmox unmaps an image only where a VM stops or where the
+    /// image is freed, never on a hot-unplug (qemu-server QemuServer.pm
+    /// vm_deviceunplug, vm_stop_cleanup; pve-storage RBDPlugin.pm
+    /// free_image deactivates on the local node, then `rbd rm` fails while
+    /// another node watches the image). So a failed delete on shared RBD is
+    /// run on the node that last held the disk, then on each other node with
+    /// the storage: every failed free unmaps it there, and a free that fails
+    /// removes nothing. The first error is kept if none succeeds.
+    async fn delete_elsewhere(
+        &self,
+        client: &Client,
+        id: &VolumeId,
+        tried: &str,
+        first: PveError,
+        d: Deadline,
+    ) -> Result<(), PveError> {
+        if !matches!(first, PveError::Task { .. }) || id.zone.is_some() {
+            return Err(first);
+        }
+        let Ok(rows) = self.storage_rows(client, &id.storage, d).await else {
+            return Err(first);
+        };
+        if !rows.iter().any(|r| r.plugintype == "rbd") {
+            return Err(first);
+        }
+        let last = self.last_held(client.region(), &id.volid());
+        let mut nodes: Vec<String> = rows
+            .into_iter()
+            .filter(|r| r.status == "available" && r.node != tried)
+            .map(|r| r.node)
+            .collect();
+        nodes.sort_by_key(|n| Some(n) != last.as_ref());
+        for node in nodes {
+            match client.delete_volume(&node, &id.storage, &id.disk, d).await {
+                Ok(()) => {
+                    tracing::info!(volume = %id, node, first_error = %first, "deleted through another node of the RBD storage");
+                    return Ok(());
+                }
+                Err(e @ PveError::Task { .. }) => {
+                    tracing::info!(volume = %id, node, error = %e, "delete refused on this node too");
+                }
+                Err(e) => {
+                    tracing::info!(volume = %id, node, error = %e, "delete failed on this node");
+                    break;
+                }
+            }
+        }
+        Err(first)
+    }
+
     pub async fn delete_volume(&self, volume_id: &str, d: Deadline) -> Result<(), CtlError> {
         if volume_id.is_empty() {
             return Err(CtlError::invalid("volume_id", "is required"));
@@ -210,8 +289,13 @@ impl Controller {
         {
             return self.destroy_copy(&client, &vm, d).await;
         }
+        let node = self.delete_node(&client, &id, node, d).await;
         let Err(e) = client.delete_volume(&node, &id.storage, &id.disk, d).await else {
             return Ok(());
+        };
+        let e = match self.delete_elsewhere(&client, &id, &node, e, d).await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
         };
         // A failed task may still have freed the disk (a worker that died
         // after its work): the storage says whether it is gone. Otherwise

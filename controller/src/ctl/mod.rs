@@ -60,6 +60,9 @@ pub struct Controller {
     /// (NodeGetInfo's id): ListVolumes and ControllerGetVolume report it,
     /// so the external-attacher's reconcile finds its VolumeAttachments.
     node_ids: node_ids::Published,
+    /// The Proxmox node each volume was last attached on or detached from,
+    /// by `region/volid`: a krbd image stays mapped there (see `delete`).
+    last_held: std::sync::Mutex<HashMap<String, String>>,
     /// `UNSAFEMOUNT=true`: attach without a `backup` option, so Proxmox's
     /// default (backup=1) applies, as the Go driver does with that variable
     /// (pkg/csi/controller.go ControllerPublishVolume).
@@ -78,6 +81,21 @@ const STORAGE_CACHE: Duration = Duration::from_secs(30);
 const DEGRADED_STORAGE_CACHE: Duration = Duration::from_secs(2);
 
 impl Controller {
+    /// Records that `volid` was held on `node` (attached or detached there).
+    pub fn held_on(&self, region: &str, volid: &str, node: &str) {
+        if let Ok(mut m) = self.last_held.lock() {
+            m.insert(format!("{region}/{volid}"), node.to_string());
+        }
+    }
+
+    /// The node `volid` was last attached on or detached from, if known.
+    pub fn last_held(&self, region: &str, volid: &str) -> Option<String> {
+        self.last_held
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&format!("{region}/{volid}")).cloned())
+    }
+
     pub fn new(clients: Vec<Arc<Client>>, controller_vmid: u32, default_timeout: Duration) -> Self {
         let vms = Arc::new(VmIndex::default());
         Self {
@@ -96,6 +114,7 @@ impl Controller {
             kube: None,
             driver_name: "csi.proxmox.sinextra.dev".into(),
             node_ids: node_ids::Published::default(),
+            last_held: Default::default(),
             unsafe_mount: false,
             cluster_id: None,
         }

@@ -215,6 +215,7 @@ impl Controller {
             .submit(client.clone(), &vm.node, vm.vmid, op, d)
             .await?
             .ok_or_else(|| CtlError::Unavailable("attach returned no slot; retry".into()))?;
+        self.held_on(client.region(), &id.volid(), &vm.node);
         let go_resize = go_resize_bytes(&r.volume_context);
         if let Some(want) = go_resize
             && info.size < want
@@ -284,13 +285,14 @@ impl Controller {
         let Some(vm) = vm else { return Ok(()) };
         self.attacher
             .submit(
-                client,
+                client.clone(),
                 &vm.node,
                 vm.vmid,
                 Op::Detach { volid: id.volid() },
                 d,
             )
             .await?;
+        self.held_on(client.region(), &id.volid(), &vm.node);
         Ok(())
     }
 }

@@ -179,6 +179,11 @@ pub struct StorageSpec {
     /// src/PVE/Storage/LVMPlugin.pm `saferemove`, default off).
     #[serde(default)]
     pub saferemove: bool,
+    /// RBD through the kernel client (`krbd 1`): an activated image is
+    /// mapped on the node that activated it until deactivated there (see
+    /// `Cluster::rbd_mapped`).
+    #[serde(default)]
+    pub krbd: bool,
 }
 
 impl StorageSpec {
@@ -386,6 +391,14 @@ pub struct Cluster {
     pub lv_active: BTreeMap<String, std::collections::BTreeSet<String>>,
     pub user_tag_access: Option<TagAccess>,
     pub registered_tags: Vec<String>,
+    /// The nodes each krbd image is mapped on, by volid. qemu-server maps
+    /// (activates) an image where a VM takes it, creates it or resizes it,
+    /// and unmaps only when a VM stops (vm_stop_cleanup) or the image is
+    /// freed, on the freeing node alone: a hot-unplug leaves it mapped
+    /// (pve-storage RBDPlugin.pm activate_volume/map_volume,
+    /// deactivate_volume, free_image; qemu-server QemuServer.pm
+    /// vmconfig_update_disk, vm_deviceunplug, vm_stop_cleanup).
+    pub rbd_mapped: BTreeMap<String, std::collections::BTreeSet<String>>,
 }
 
 /// A storage replication job (`/cluster/replication`).
@@ -530,10 +543,38 @@ impl Cluster {
                 .is_some_and(|nodes| !nodes.contains(node))
     }
 
-    /// Activates `storage:volname` on `node` (a no-op for other volumes).
+    /// Activates `storage:volname` on `node`: a qcow2 LV of a volume chain
+    /// becomes active there, a krbd image mapped (a no-op for others).
     pub fn lv_activate(&mut self, storage: &str, volname: &str, node: &str) {
-        if let Some(nodes) = self.lv_active.get_mut(&format!("{storage}:{volname}")) {
+        let volid = format!("{storage}:{volname}");
+        if let Some(nodes) = self.lv_active.get_mut(&volid) {
             nodes.insert(node.to_string());
+        }
+        if self.storages.get(storage).is_some_and(|s| s.krbd) {
+            self.rbd_mapped
+                .entry(volid)
+                .or_default()
+                .insert(node.to_string());
+        }
+    }
+
+    /// A VM stopping on `node` unmaps the krbd images of its config
+    /// (qemu-server QemuServer.pm vm_stop_cleanup → deactivate_volumes).
+    pub fn vm_stopped(&mut self, vmid: u32) {
+        let Some(vm) = self.vms.get(&vmid) else {
+            return;
+        };
+        let node = vm.node.clone();
+        let volids: Vec<String> = vm
+            .config
+            .values()
+            .filter_map(|v| crate::drive::Drive::parse(v).ok())
+            .filter_map(|d| d.volid().map(|(s, n)| format!("{s}:{n}")))
+            .collect();
+        for volid in volids {
+            if let Some(nodes) = self.rbd_mapped.get_mut(&volid) {
+                nodes.remove(&node);
+            }
         }
     }
 

@@ -161,7 +161,11 @@ pub async fn dispatch(
                 .vms
                 .get_mut(&id)
                 .ok_or_else(|| ApiError::new(404, "no such VM"))?;
+            let was = vm.running;
             vm.running = q.get("value").map(String::as_str) != Some("0");
+            if was && !vm.running {
+                c.vm_stopped(id);
+            }
             Ok(Value::Null)
         }
         (&Method::GET, ["vms"]) => {

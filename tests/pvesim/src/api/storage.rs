@@ -47,7 +47,12 @@ fn config_json(st: &StorageSpec) -> Value {
             }
         }
         StorageType::Zfspool => v["pool"] = json!("rpool/data"),
-        StorageType::Rbd => v["pool"] = json!("rbd"),
+        StorageType::Rbd => {
+            v["pool"] = json!("rbd");
+            if st.krbd {
+                v["krbd"] = json!(1);
+            }
+        }
         StorageType::Dir => v["path"] = json!(format!("/var/lib/vz-{}", st.id)),
         StorageType::Nfs => {
             v["path"] = json!(format!("/mnt/pve/{}", st.id));
@@ -643,6 +648,20 @@ pub async fn volume_delete(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError>
             .get(&storage)
             .is_some_and(StorageSpec::keeps_extents);
         let place = c.place(&storage, &node).map_err(|e| e.to_string())?;
+        // krbd: free_image unmaps the image here, then `rbd rm` fails while
+        // another node still maps it (pve-storage RBDPlugin.pm free_image,
+        // run_rbd_command: errmsg and rbd's last stderr line; ceph
+        // src/tools/rbd/action/Remove.cc on an image with watchers).
+        let volid = format!("{storage}:{volname}");
+        if let Some(nodes) = c.rbd_mapped.get_mut(&volid) {
+            nodes.remove(&node);
+            if !nodes.is_empty() {
+                return Err(format!(
+                    "rbd rm '{volname}' error: This means the image is still open or the client using it crashed. Try again after closing/unmapping it or waiting 30s for the crashed client to timeout."
+                ));
+            }
+            c.rbd_mapped.remove(&volid);
+        }
         let removed = c.volumes.get_mut(&place).and_then(|m| m.remove(&volname));
         if removed.is_some()
             && let Some(dir) = &ctx.volume_dir
