@@ -409,3 +409,68 @@ async fn a_go_driver_replicated_volume_is_taken_over_by_its_shape() {
         "{vols}"
     );
 }
+
+/// An HA-managed holder: Proxmox answers its migration with a `hamigrate`
+/// task that ends before the HA manager moves the VM. The publish attaches
+/// only once the holder is on the pod's node.
+#[tokio::test]
+async fn an_ha_managed_holder_is_attached_only_after_the_ha_manager_moved_it() {
+    let e = env_from(CLUSTER).await;
+    let v = e
+        .svc
+        .create_volume(Request::new(create_req(
+            "pvc-ha",
+            1 << 30,
+            PARAMS,
+            Some("pve1"),
+        )))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let h = holder_of(&v);
+    e.admin("PUT", &format!("vms/{h}/ha"), "").await;
+    e.knobs(r#"{"ha_migrate_ms": 1500}"#).await;
+    let started = std::time::Instant::now();
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2")))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(1500),
+        "the publish did not wait for the HA manager"
+    );
+    assert_eq!(e.vm(h as u32).await["node"], "pve2");
+    let w2 = e.vm(112).await;
+    assert!(
+        w2["config"]["scsi1"]
+            .as_str()
+            .is_some_and(|l| l.starts_with(&format!("local-zfs:vm-{h}-pvc-ha,"))),
+        "{w2}"
+    );
+    // A deadline shorter than the move: Unavailable, naming HA; no second
+    // request to the HA manager while it moves the holder.
+    e.knobs(r#"{"ha_migrate_ms": 3000}"#).await;
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2")))
+        .await
+        .unwrap();
+    e.admin("DELETE", "counters", "").await;
+    let mut req = Request::new(publish_req(&v, "worker-1"));
+    req.metadata_mut()
+        .insert("grpc-timeout", "1S".parse().unwrap());
+    let err = e.svc.controller_publish_volume(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("HA-managed"), "{}", err.message());
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-1")))
+        .await
+        .unwrap();
+    assert_eq!(e.vm(h as u32).await["node"], "pve1");
+    let counters = e.admin("GET", "counters", "").await;
+    assert_eq!(
+        counters["POST /nodes/{node}/qemu/{vmid}/migrate"], 1,
+        "{counters}"
+    );
+}

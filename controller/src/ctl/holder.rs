@@ -165,6 +165,7 @@ impl Controller {
                         kind: "qemu".into(),
                         template: None,
                         tags: Some(tags),
+                        hastate: None,
                     });
                 }
                 // A concurrent create took the VMID (qemu-server create_vm:

@@ -58,6 +58,12 @@ pub fn holds_replica(vm: &VmResource, disk: &str) -> bool {
         || crate::volume::pv_of(disk).is_some_and(|pv| vm.name.as_deref() == Some(pv))
 }
 
+/// HA service states of a VM on its way to another node (pve-ha-manager
+/// src/PVE/HA/Manager.pm).
+fn ha_moving(state: &str) -> bool {
+    matches!(state, "migrate" | "relocate")
+}
+
 fn denied(what: &str, privilege: &str) -> impl Fn(PveError) -> CtlError {
     let (what, privilege) = (what.to_string(), privilege.to_string());
     move |e: PveError| match e.status().map(|s| s.as_u16()) {
@@ -317,6 +323,44 @@ impl Controller {
         }
     }
 
+    /// Waits until HA-managed `holder` is listed on `node` and no longer
+    /// moving; Unavailable at the deadline (the next call waits on), and
+    /// FailedPrecondition if the HA manager gave up (`error`).
+    async fn until_moved(
+        &self,
+        client: &Client,
+        holder: &VmResource,
+        node: &str,
+        d: Deadline,
+    ) -> Result<(), CtlError> {
+        let mut wait = std::time::Duration::from_millis(200);
+        loop {
+            let now = self.vms.current(client, holder.vmid, d).await?;
+            let state = now
+                .as_ref()
+                .and_then(|v| v.hastate.clone())
+                .unwrap_or_default();
+            if state == "error" {
+                return Err(CtlError::FailedPrecondition(format!(
+                    "holder VM {} is HA-managed and Proxmox's HA manager failed to move it to {node} (hastate error); \
+                     see ha-manager status, fix the service and clear its error state",
+                    holder.vmid
+                )));
+            }
+            if now.as_ref().is_some_and(|v| v.node == node) && !ha_moving(&state) {
+                return Ok(());
+            }
+            if d.remaining() <= wait {
+                return Err(CtlError::Unavailable(format!(
+                    "holder VM {} is HA-managed: Proxmox's HA manager is moving it to {node} (hastate {state}); the next call waits on",
+                    holder.vmid
+                )));
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(std::time::Duration::from_secs(2));
+        }
+    }
+
     /// Before a publish on `node`: moves the holder of a replicated volume
     /// there (offline; the replica is already on `node`).
     pub async fn follow_replica(
@@ -332,20 +376,31 @@ impl Controller {
         if holder.node == node {
             return Ok(());
         }
-        let path = format!("/nodes/{}/qemu/{}/migrate", holder.node, holder.vmid);
-        let upid: String = client
-            .call(
-                Method::POST,
-                &path,
-                &[("target", node.to_string()), ("online", "0".to_string())],
-                d,
-            )
-            .await
-            .map_err(denied(
-                &format!("moving replicated volume {id} to {node}"),
-                "VM.Migrate",
-            ))?;
-        client.wait_task(&upid, d).await?;
+        // An HA-managed holder already on its way: its move is waited for,
+        // not asked for again.
+        if !holder.hastate.as_deref().is_some_and(ha_moving) {
+            let path = format!("/nodes/{}/qemu/{}/migrate", holder.node, holder.vmid);
+            let upid: String = client
+                .call(
+                    Method::POST,
+                    &path,
+                    &[("target", node.to_string()), ("online", "0".to_string())],
+                    d,
+                )
+                .await
+                .map_err(denied(
+                    &format!("moving replicated volume {id} to {node}"),
+                    "VM.Migrate",
+                ))?;
+            client.wait_task(&upid, d).await?;
+        }
+        // For an HA-managed VM Proxmox only queues the request (a
+        // `hamigrate` task that ends before the move; qemu-server
+        // API2/Qemu.pm migrate_vm, pve-ha-manager API2/HA/Resources.pm
+        // migrate): the holder has moved when the cluster lists it there.
+        if holder.hastate.is_some() {
+            self.until_moved(client, &holder, node, d).await?;
+        }
         self.vms.invalidate(client.region()).await;
         tracing::info!(volume_id = %id, holder = holder.vmid, from = holder.node, to = node, "replicated volume moved");
         Ok(())

@@ -70,6 +70,10 @@ pub struct VmResource {
     /// `;`-separated tags (the controller's own VMs carry `proxmox-csi`).
     #[serde(default)]
     pub tags: Option<String>,
+    /// The HA service state of an HA-managed VM (`started`, `migrate`,
+    /// `error`, …; pve-manager PVE/API2/Cluster.pm resources).
+    #[serde(default)]
+    pub hastate: Option<String>,
 }
 
 impl VmResource {

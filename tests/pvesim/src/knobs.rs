@@ -67,6 +67,9 @@ pub struct Knobs {
     /// without `name`, `template` and usage, `status: unknown`, until
     /// pvestatd's next round (Proxmox: every 10 s).
     pub rrd_lag_ms: u64,
+    /// How long Proxmox's HA manager takes to carry out a migration it was
+    /// asked for (its CRM and LRM loops, then the migration itself).
+    pub ha_migrate_ms: u64,
     /// When set, a missing volume's `GET …/content/{volume}` answers this
     /// text instead of its storage type's (a Proxmox or tool version whose
     /// wording the driver has never seen).
@@ -106,6 +109,7 @@ impl Default for Knobs {
             error_5xx_rate: 0.0,
             fail_5xx: 0,
             rrd_lag_ms: 0,
+            ha_migrate_ms: 1000,
             missing_volume_text: String::new(),
             refuse_volumes: Vec::new(),
             no_quorum: false,

@@ -47,6 +47,9 @@ pub struct State {
     /// datacenter.cfg `registered-tags`: tags only Sys.Modify on `/` may set.
     #[serde(default, rename = "registered-tags")]
     pub registered_tags: Vec<String>,
+    /// VMs managed by Proxmox's HA stack (`ha-manager add vm:<id>`).
+    #[serde(default, rename = "ha-resources")]
+    pub ha_resources: Vec<u32>,
 }
 
 /// datacenter.cfg `user-tag-access`, as GET /cluster/options returns it.
@@ -399,6 +402,10 @@ pub struct Cluster {
     /// deactivate_volume, free_image; qemu-server QemuServer.pm
     /// vmconfig_update_disk, vm_deviceunplug, vm_stop_cleanup).
     pub rbd_mapped: BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// HA-managed VMs and their service state as `/cluster/resources`
+    /// shows it (`hastate`: `started`, `stopped`, `migrate`, …; pve-ha-manager
+    /// src/PVE/HA/Manager.pm).
+    pub ha: BTreeMap<u32, String>,
 }
 
 /// A storage replication job (`/cluster/replication`).
@@ -449,6 +456,11 @@ impl Cluster {
             lv_active: BTreeMap::new(),
             user_tag_access: s.user_tag_access,
             registered_tags: s.registered_tags,
+            ha: s
+                .ha_resources
+                .iter()
+                .map(|id| (*id, String::new()))
+                .collect(),
             ..Default::default()
         };
         for n in s.nodes {
@@ -479,6 +491,10 @@ impl Cluster {
                     ..Default::default()
                 },
             );
+        }
+        for (vmid, state) in c.ha.iter_mut() {
+            let running = c.vms.get(vmid).is_some_and(|v| v.running);
+            *state = if running { "started" } else { "stopped" }.into();
         }
         for vol in s.volumes {
             let (storage, volname) = vol

@@ -13,6 +13,7 @@
 //! | PUT | `storages/<id>/online?value=0\|1` | an NFS storage's server stops or starts answering |
 //! | PUT | `nodes/<name>/online?value=0\|1` | a node goes down (calls to it answer 595) or comes back |
 //! | POST | `vms/<vmid>/relocate?node=N` | the VM moves to node N (HA, an operator) |
+//! | PUT / DELETE | `vms/<vmid>/ha` | the VM becomes (or stops being) an HA resource (`ha-manager add vm:<vmid>`) |
 //! | GET | `vms/<vmid>` | config, pending and pending deletes |
 //! | GET | `volumes` | every volume with its place, size and owner |
 
@@ -152,6 +153,22 @@ pub async fn dispatch(
                 .get_mut(&id)
                 .ok_or_else(|| ApiError::new(404, "no such VM"))?;
             vm.node = target;
+            Ok(Value::Null)
+        }
+        (&Method::PUT, ["vms", id, "ha"]) => {
+            let id = vmid(id)?;
+            let mut c = ctx.cluster();
+            let running = c
+                .vms
+                .get(&id)
+                .ok_or_else(|| ApiError::new(404, "no such VM"))?
+                .running;
+            c.ha.insert(id, if running { "started" } else { "stopped" }.into());
+            Ok(Value::Null)
+        }
+        (&Method::DELETE, ["vms", id, "ha"]) => {
+            let id = vmid(id)?;
+            ctx.cluster().ha.remove(&id);
             Ok(Value::Null)
         }
         (&Method::PUT, ["vms", id, "running"]) => {

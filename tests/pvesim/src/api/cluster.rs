@@ -79,6 +79,11 @@ pub async fn resources(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             if let Some(l) = vm.lock() {
                 row["lock"] = json!(l);
             }
+            // The HA service state, for HA-managed VMs (API2/Cluster.pm
+            // resources: the manager status's, else the configured one).
+            if let Some(state) = c.ha.get(&vm.vmid) {
+                row["hastate"] = json!(state);
+            }
             if let Some(t) = vm.config.get("tags") {
                 row["tags"] = json!(t);
             }
@@ -229,6 +234,11 @@ pub async fn options(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     Ok(Value::Object(out))
 }
 
-pub async fn ha_resources(_: Arc<Ctx>, _: Call) -> Result<Value, ApiError> {
-    Ok(json!([]))
+pub async fn ha_resources(ctx: Arc<Ctx>, _: Call) -> Result<Value, ApiError> {
+    let c = ctx.cluster();
+    Ok(json!(
+        c.ha.keys()
+            .map(|id| json!({ "sid": format!("vm:{id}"), "type": "vm" }))
+            .collect::<Vec<_>>()
+    ))
 }

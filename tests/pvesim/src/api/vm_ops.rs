@@ -276,12 +276,66 @@ pub async fn migrate(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             return Err(ApiError::die(format!("VM is locked ({l})")));
         }
     }
+    // An HA-managed VM is only queued for the HA manager: the `hamigrate`
+    // task ends once the request is queued, before the VM moves; the LRM
+    // migrates it later (qemu-server src/PVE/API2/Qemu.pm migrate_vm;
+    // pve-ha-manager src/PVE/API2/HA/Resources.pm migrate,
+    // src/PVE/HA/Resources/PVEVM.pm migrate).
+    if ctx.cluster().ha.contains_key(&vmid) {
+        let task = Task::new(&node, "hamigrate", &vmid.to_string(), &call.caller);
+        let upid = task.upid.clone();
+        spawn_task(ctx.clone(), task, move |ctx: Arc<Ctx>| async move {
+            let after = {
+                let mut c = ctx.cluster();
+                if let Some(state) = c.ha.get_mut(&vmid) {
+                    *state = "migrate".into();
+                }
+                std::time::Duration::from_millis(c.knobs.ha_migrate_ms)
+            };
+            let lrm = ctx.clone();
+            let line = format!("Requesting HA migration for VM {vmid} to node {target}");
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let result = move_vm(&lrm, vmid, &node, &target, &call, None).await;
+                let mut c = lrm.cluster();
+                let running = c.vms.get(&vmid).is_some_and(|v| v.running);
+                if let Some(state) = c.ha.get_mut(&vmid) {
+                    *state = match result {
+                        Ok(_) if running => "started",
+                        Ok(_) => "stopped",
+                        Err(_) => "error",
+                    }
+                    .into();
+                }
+            });
+            Ok(vec![line])
+        });
+        return Ok(json!(upid));
+    }
     let task = Task::new(&node, "qmigrate", &vmid.to_string(), &call.caller);
     let upid = task.upid.clone();
     let log_upid = upid.clone();
     spawn_task(ctx, task, move |ctx: Arc<Ctx>| async move {
-        let _g = ctx.locks.vm(vmid, ctx.lock_timeout()).await?;
-        copy_local_disks(&ctx, vmid, &log_upid).await;
+        move_vm(&ctx, vmid, &node, &target, &call, Some(&log_upid)).await
+    });
+    Ok(json!(upid))
+}
+
+/// The migration itself (qemu-server src/PVE/QemuMigrate.pm), under the
+/// VM's lock; `log_upid`: the task whose log shows the copy's progress.
+async fn move_vm(
+    ctx: &Arc<Ctx>,
+    vmid: u32,
+    node: &str,
+    target: &str,
+    call: &Call,
+    log_upid: Option<&str>,
+) -> Result<Vec<String>, String> {
+    let (node, target) = (node.to_string(), target.to_string());
+    {
+        if let Some(upid) = log_upid {
+            copy_local_disks(ctx, vmid, upid).await;
+        }
         let mut c = ctx.cluster();
         let vm = c.vms.get(&vmid).cloned().ok_or("VM vanished")?;
         let locals = local_disks(&c, &vm);
@@ -341,8 +395,7 @@ pub async fn migrate(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         Ok(vec![format!(
             "migration finished successfully (duration 00:00:01)"
         )])
-    });
-    Ok(json!(upid))
+    }
 }
 
 /// The offline copy of a migrating VM's local disks, with the lines its
