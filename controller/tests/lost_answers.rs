@@ -410,3 +410,67 @@ async fn a_lock_held_across_a_controller_restart() {
     assert_eq!(keys.len(), 1, "one slot: {keys:?}");
     assert_eq!(pending, serde_json::json!({}));
 }
+
+/// pvedaemon's three workers held by slow calls: pveproxy answers 596 for
+/// each write it passed on once its wait runs out, and the write is carried
+/// out when a worker frees. Create, publish, expand and unpublish each
+/// leave one result when retried as their sidecars retry them.
+#[tokio::test]
+async fn a_saturated_pvedaemon_answers_596_and_each_write_lands_once() {
+    let e = env().await;
+    e.knobs(r#"{"daemon_workers": 3, "proxy_timeout_ms": 300}"#)
+        .await;
+    let busy = || async {
+        e.admin("POST", "daemon/busy?workers=3&seconds=0.8", "")
+            .await;
+    };
+    let req = create_req(
+        "pvc-busy",
+        1 << 30,
+        &[("storage", "local-lvm")],
+        Some("pve2"),
+    );
+    busy().await;
+    let (v, failures) = retried("create", || e.svc.create_volume(Request::new(req.clone()))).await;
+    assert!(failures > 0, "the create met no busy daemon");
+    let v = v.volume.unwrap();
+    assert_eq!(named(&volumes(&e).await, "pvc-busy").len(), 1);
+
+    busy().await;
+    let (pc, _) = retried("publish", || {
+        e.svc
+            .controller_publish_volume(Request::new(publish_req(&v, "worker-2")))
+    })
+    .await;
+    let (keys, pending) = slots_of(&e, 112, "pvc-busy").await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert_eq!(
+        pc.publish_context["lun"],
+        keys[0].trim_start_matches("scsi")
+    );
+    assert_eq!(pending, Value::Object(Default::default()), "{pending}");
+
+    busy().await;
+    retried("expand", || {
+        e.svc
+            .controller_expand_volume(Request::new(expand_req(&v, 2 << 30)))
+    })
+    .await;
+    let vols = volumes(&e).await;
+    assert_eq!(named(&vols, "pvc-busy")[0]["size"], 2u64 << 30, "{vols:?}");
+
+    busy().await;
+    retried("unpublish", || {
+        e.svc
+            .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2")))
+    })
+    .await;
+    let (keys, pending) = slots_of(&e, 112, "pvc-busy").await;
+    assert!(keys.is_empty(), "{keys:?}");
+    assert_eq!(pending, Value::Object(Default::default()), "{pending}");
+    assert!(
+        e.faults().proxy_timeouts >= 4,
+        "the proxy timed out only {} times",
+        e.faults().proxy_timeouts
+    );
+}

@@ -84,12 +84,14 @@ impl Outcome {
         }
         let f = &self.fired;
         s.push_str(&format!(
-            " ({} in all)\nfired in pvesim: 5xx {}, dropped connections {}, failed hot-plugs {}, failed tasks {}, held locks {}\nrefused while attached elsewhere (retried): {}\nviolations: {}\n",
+            " ({} in all)\nfired in pvesim: 5xx {}, dropped connections {}, failed hot-plugs {}, failed tasks {}, lost answers {}, proxy timeouts (596) {}, held locks {}\nrefused while attached elsewhere (retried): {}\nviolations: {}\n",
             self.faults.values().sum::<u64>(),
             f.errors_5xx,
             f.dropped_connections,
             f.failed_hotplugs,
             f.failed_tasks,
+            f.lost_answers,
+            f.proxy_timeouts,
             f.held_locks,
             self.refused_while_attached_elsewhere,
             self.violations.len()
@@ -122,6 +124,9 @@ struct Campaign {
     background: Vec<tokio::task::JoinHandle<()>>,
     /// Kill the controller this long into the next call.
     kill_in: Option<Duration>,
+    /// Faults chosen before any random one: the two that leave a write
+    /// applied behind a 596 come early in every run.
+    forced: Vec<u32>,
     /// Counted faults armed, and taken back unfired, per knob.
     armed: BTreeMap<&'static str, u64>,
     left: BTreeMap<&'static str, u64>,
@@ -139,11 +144,13 @@ fn sidecar<T>(msg: T) -> tonic::Request<T> {
 pub const KILLED_MID_CALL: &str = "controller SIGKILLed during a call";
 
 /// The faults pvesim counts one by one: knob, name, how many per injection.
-const COUNTED: [(&str, &str, u64); 4] = [
+const COUNTED: [(&str, &str, u64); 5] = [
     ("fail_5xx", "595 for the next calls", 3),
     ("drop_connections", "dropped connections", 3),
     ("fail_hotplugs", "failed hot-plug", 1),
     ("fail_tasks", "task failing after its UPID", 1),
+    // pvesim answers it 596 (`lost_answer_status`, set at the start).
+    ("lose_answers", "596 after a write that took effect", 1),
 ];
 
 fn final_code(c: Code) -> bool {
@@ -254,9 +261,21 @@ impl Campaign {
 
     async fn fault(&mut self) -> Result<()> {
         let vm = VMS[self.rng.random_range(0..VMS.len())].0;
-        let pick = self.rng.random_range(0..14);
+        let pick = match self.forced.pop() {
+            Some(p) => p,
+            None => self.rng.random_range(0..16),
+        };
         let (name, knobs): (&'static str, Option<usize>) = match pick {
             0..4 => (COUNTED[pick as usize].1, Some(pick as usize)),
+            14 => (COUNTED[4].1, Some(4)),
+            15 => {
+                // Three slow calls hold pvedaemon's workers: writes queue,
+                // pveproxy answers 596 after its wait, the write lands later.
+                self.sim
+                    .admin(Method::POST, "daemon/busy?workers=3&seconds=3", "")
+                    .await?;
+                ("pvedaemon saturated by 3 slow calls", None)
+            }
             4 => {
                 self.sim
                     .admin(Method::POST, &format!("vms/{vm}/hold-lock?seconds=12"), "")
@@ -319,7 +338,7 @@ impl Campaign {
             *self.left.entry(knob).or_default() += knobs[knob].as_u64().unwrap_or(0);
         }
         self.sim
-            .knobs(r#"{"fail_5xx": 0, "drop_connections": 0, "fail_hotplugs": 0, "fail_tasks": 0}"#)
+            .knobs(r#"{"fail_5xx": 0, "drop_connections": 0, "fail_hotplugs": 0, "fail_tasks": 0, "lose_answers": 0}"#)
             .await
     }
 
@@ -330,6 +349,7 @@ impl Campaign {
                 "fail_5xx" => fired.errors_5xx,
                 "drop_connections" => fired.dropped_connections,
                 "fail_hotplugs" => fired.failed_hotplugs,
+                "lose_answers" => fired.lost_answers,
                 _ => fired.failed_tasks,
             };
             let armed = self.armed.get(knob).copied().unwrap_or(0);
@@ -916,7 +936,9 @@ impl Campaign {
 /// before each operation.
 pub async fn run(seed: u64, duration: Duration, fault_rate: f64) -> Result<Outcome> {
     let sim = Sim::start(&cluster(2, 2, ", VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone")).await?;
-    sim.knobs(r#"{"api_latency_ms": 2, "hotplug_latency_ms": 50}"#)
+    // pvedaemon's 3 workers and a proxy that gives up after 1 s (Proxmox:
+    // 30 s), so that a saturated daemon shows within a short run.
+    sim.knobs(r#"{"api_latency_ms": 2, "hotplug_latency_ms": 50, "lost_answer_status": 596, "daemon_workers": 3, "proxy_timeout_ms": 1000}"#)
         .await?;
     let dir = tempfile::tempdir()?;
     let mut c = Campaign {
@@ -938,6 +960,7 @@ pub async fn run(seed: u64, duration: Duration, fault_rate: f64) -> Result<Outco
         armed: BTreeMap::new(),
         left: BTreeMap::new(),
         kill_in: None,
+        forced: vec![14, 15],
         background: Vec::new(),
         long_lock: (duration / 10).clamp(Duration::from_secs(5), Duration::from_secs(60)),
     };

@@ -39,6 +39,13 @@ async fn fault_campaign_leaves_nothing_behind() {
         "no injected fault fired: {:?}",
         out.fired
     );
+    // A 596 after a write, and writes queued behind a saturated pvedaemon
+    // that the proxy answered 596 and carried out later.
+    assert!(
+        out.fired.lost_answers > 0 && out.fired.proxy_timeouts > 0,
+        "no write was answered 596 after taking effect: {:?}",
+        out.fired
+    );
     assert!(
         out.violations.is_empty(),
         "violations:\n{}",

@@ -67,6 +67,13 @@ pub struct Knobs {
     /// without `name`, `template` and usage, `status: unknown`, until
     /// pvestatd's next round (Proxmox: every 10 s).
     pub rrd_lag_ms: u64,
+    /// pvedaemon's workers (Proxmox: 3, pve-manager PVE/Service/pvedaemon.pm
+    /// `max_workers`); every write passes through one. 0: no limit.
+    pub daemon_workers: u32,
+    /// How long pveproxy waits for pvedaemon's answer before it answers 596
+    /// itself, the write still queued or running (pve-http-server
+    /// src/PVE/APIServer/AnyEvent.pm proxy_request: `timeout => 30`).
+    pub proxy_timeout_ms: u64,
     /// How long Proxmox's HA manager takes to carry out a migration it was
     /// asked for (its CRM and LRM loops, then the migration itself).
     pub ha_migrate_ms: u64,
@@ -109,6 +116,8 @@ impl Default for Knobs {
             error_5xx_rate: 0.0,
             fail_5xx: 0,
             rrd_lag_ms: 0,
+            daemon_workers: 0,
+            proxy_timeout_ms: 30_000,
             ha_migrate_ms: 1000,
             missing_volume_text: String::new(),
             refuse_volumes: Vec::new(),
@@ -150,6 +159,9 @@ pub struct Faults {
     pub failed_tasks: u64,
     pub failed_tasks_after_work: u64,
     pub lost_answers: u64,
+    /// Writes answered 596 by the proxy while pvedaemon's workers were
+    /// busy; each is still carried out when a worker takes it.
+    pub proxy_timeouts: u64,
     /// Config-lock holds asked through the admin API.
     pub held_locks: u64,
 }

@@ -31,12 +31,32 @@ pub struct Ctx {
     pub volume_dir: Option<std::path::PathBuf>,
     /// A VM whose disks reach this host as loop devices (see `qmp::plug`).
     pub loop_host: Option<(u32, std::path::PathBuf)>,
+    /// pvedaemon's workers, sized by the `daemon_workers` knob.
+    pub daemon: std::sync::Mutex<Option<(u32, Arc<tokio::sync::Semaphore>)>>,
 }
 
 impl Ctx {
     /// How long a caller waits for a config or storage lock.
     pub fn lock_timeout(&self) -> Duration {
         Duration::from_millis(self.cluster().knobs.lock_timeout_ms)
+    }
+
+    /// pvedaemon's workers as the knob sizes them now (`None`: no limit).
+    pub fn daemon(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+        let n = self.cluster().knobs.daemon_workers;
+        let mut d = self.daemon.lock().unwrap_or_else(|p| p.into_inner());
+        if n == 0 {
+            *d = None;
+            return None;
+        }
+        match &*d {
+            Some((size, sem)) if *size == n => Some(sem.clone()),
+            _ => {
+                let sem = Arc::new(tokio::sync::Semaphore::new(n as usize));
+                *d = Some((n, sem.clone()));
+                Some(sem)
+            }
+        }
     }
 
     /// The cluster, for a short critical section (never held across an await).
@@ -163,6 +183,7 @@ impl Sim {
             locks: Arc::new(Locks::default()),
             volume_dir: self.volume_dir,
             loop_host: self.loop_host,
+            daemon: std::sync::Mutex::new(None),
         });
         let (stop, stop_rx) = watch::channel(false);
         let acceptor = certs
@@ -278,7 +299,30 @@ async fn handle(
             return Ok(reply::proxy_failure(595, "Connection refused"));
         }
     }
-    let result = api::dispatch(&ctx, &parts.method, &parts.uri, &parts.headers, &body).await;
+    let write =
+        parts.method != axum::http::Method::GET && !parts.uri.path().starts_with("/pvesim/");
+    let result = match ctx.daemon().filter(|_| write) {
+        None => api::dispatch(&ctx, &parts.method, &parts.uri, &parts.headers, &body).await,
+        Some(workers) => {
+            // A write waits for one of pvedaemon's workers; pveproxy gives up
+            // waiting for the answer after its timeout and answers 596, while
+            // the write stays queued and is carried out later.
+            let (c2, p2, b2) = (ctx.clone(), parts.clone(), body.clone());
+            let work = tokio::spawn(async move {
+                let _worker = workers.acquire_owned().await;
+                api::dispatch(&c2, &p2.method, &p2.uri, &p2.headers, &b2).await
+            });
+            let timeout = Duration::from_millis(ctx.cluster().knobs.proxy_timeout_ms);
+            match tokio::time::timeout(timeout, work).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => return Err(Dropped),
+                Err(_) => {
+                    ctx.cluster().faults.proxy_timeouts += 1;
+                    return Ok(reply::proxy_failure(596, "Connection timed out"));
+                }
+            }
+        }
+    };
     if result.is_ok()
         && parts.method != axum::http::Method::GET
         && !parts.uri.path().starts_with("/pvesim/")

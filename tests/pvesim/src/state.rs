@@ -18,6 +18,11 @@ pub struct State {
     /// What `GET /version` reports.
     #[serde(default = "default_version")]
     pub version: String,
+    /// The qemu-server release whose behaviour is modelled where it changed
+    /// between releases (the unplug waits and texts, see `hotplug`);
+    /// Proxmox 8's last is 8.4.10.
+    #[serde(default = "default_qemu_server", rename = "qemu-server")]
+    pub qemu_server: String,
     #[serde(default)]
     pub nodes: Vec<NodeSpec>,
     #[serde(default)]
@@ -260,6 +265,10 @@ fn default_version() -> String {
     "9.0.3".into()
 }
 
+fn default_qemu_server() -> String {
+    "9.2.6".into()
+}
+
 fn yes() -> bool {
     true
 }
@@ -369,6 +378,7 @@ impl Vm {
 pub struct Cluster {
     pub name: String,
     pub version: String,
+    pub qemu_server: String,
     pub nodes: BTreeMap<String, NodeSpec>,
     pub storages: BTreeMap<String, StorageSpec>,
     pub volumes: BTreeMap<Place, BTreeMap<String, Volume>>,
@@ -444,10 +454,25 @@ pub fn owner_of(volname: &str) -> Option<u32> {
 }
 
 impl Cluster {
+    /// Whether the modelled qemu-server is `at` (major, minor, patch) or later.
+    pub fn qemu_server_at_least(&self, at: (u32, u32, u32)) -> bool {
+        let mut parts = self
+            .qemu_server
+            .split(['.', '-'])
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        let have = (
+            parts.next().unwrap_or(0),
+            parts.next().unwrap_or(0),
+            parts.next().unwrap_or(0),
+        );
+        have >= at
+    }
+
     pub fn from_state(s: State) -> anyhow::Result<Self> {
         let mut c = Cluster {
             name: s.cluster,
             version: s.version,
+            qemu_server: s.qemu_server,
             users: s.users,
             roles: s.roles,
             acl: s.acl,

@@ -218,6 +218,63 @@ async fn privileges_come_from_acls() {
     );
 }
 
+/// A storage's listing shows only the images the caller may access
+/// (Storage.pm check_volume_access); an ACL on a narrower path replaces
+/// the inherited one (AccessControl.pm roles), NoAccess takes all.
+#[tokio::test]
+async fn listings_and_narrower_acls_follow_proxmox() {
+    let sim = start().await;
+    let list = |who: &'static str| {
+        let sim = &sim;
+        async move {
+            Client::new(sim, who)
+                .get("/nodes/pve2/storage/local-lvm/content", &[])
+                .await
+                .ok()
+                .as_array()
+                .unwrap()
+                .len()
+        }
+    };
+    // Reader: Datastore.Audit without VM.Config.Disk on the owners.
+    assert_eq!(list(NARROW).await, 0);
+    assert_eq!(list(TOKEN).await, 2);
+
+    let narrowed = common::CLUSTER.replace(
+        "  - { path: /, roles: [Administrator], users: [admin@pve] }",
+        "  - { path: /, roles: [Administrator], users: [admin@pve] }\n  - { path: /storage/local-lvm, roles: [Reader], users: [kubernetes-csi@pve], tokens: [\"kubernetes-csi@pve!csi\"] }\n  - { path: /vms/112, roles: [NoAccess], users: [kubernetes-csi@pve], tokens: [\"kubernetes-csi@pve!csi\"] }",
+    );
+    let sim = common::start_with(&narrowed).await;
+    let c = Client::new(&sim, TOKEN);
+    let alloc = |storage: &'static str| {
+        let c = &c;
+        async move {
+            c.call(
+                "POST",
+                &format!("/nodes/pve2/storage/{storage}/content"),
+                &[
+                    ("filename", "vm-9999-pvc-n"),
+                    ("vmid", "9999"),
+                    ("size", "1G"),
+                ],
+            )
+            .await
+        }
+    };
+    // The role on / no longer reaches local-lvm, still reaches local-zfs.
+    let r = alloc("local-lvm").await;
+    assert_eq!(
+        (r.status, r.reason.as_str()),
+        (
+            403,
+            "Permission check failed (/storage/local-lvm, Datastore.AllocateSpace)"
+        )
+    );
+    assert_eq!(alloc("local-zfs").await.status, 200);
+    assert_eq!(c.get("/nodes/pve2/qemu/112/config", &[]).await.status, 403);
+    assert_eq!(c.get("/nodes/pve1/qemu/111/config", &[]).await.status, 200);
+}
+
 #[tokio::test]
 async fn allocation_follows_the_storage_plugins() {
     let sim = start().await;
@@ -1537,4 +1594,81 @@ async fn an_nfs_storage_can_go_offline() {
     c.call("PUT", "/pvesim/storages/nfs/online?value=1", &[])
         .await;
     assert_eq!(alloc().await.status, 200);
+}
+
+/// virtio-scsi-pci shares one controller: removing its last SCSI drive
+/// unplugs the controller too, waiting for the guest's eject up to the
+/// timeout of the qemu-server release (15 checks since 9.0.8, 5 before; the
+/// " - still busy in guest?" suffix since 9.1.5; QemuServer.pm
+/// qemu_deletescsihw, qemu_devicedelverify).
+#[tokio::test]
+async fn the_last_disk_of_a_shared_controller_takes_the_controller_with_it() {
+    for (release, polls, suffix) in [
+        ("9.2.6", 15u64, " - still busy in guest?"),
+        ("8.4.10", 5, ""),
+    ] {
+        let state = common::CLUSTER.replace("version: 9.0.3", &format!("version: 9.0.3\nqemu-server: {release}")).replace(
+            "volumes:\n",
+            "  - { vmid: 114, node: pve2, name: worker-4, config: { scsihw: virtio-scsi-pci, virtio0: \"local-lvm:vm-114-disk-0,size=8G\" } }\nvolumes:\n  - { volid: \"local-lvm:vm-114-disk-0\", node: pve2, size: 8589934592 }\n",
+        );
+        let sim = common::start_with(&state).await;
+        let c = Client::new(&sim, TOKEN);
+        for n in ["x", "y"] {
+            c.call(
+                "POST",
+                "/nodes/pve2/storage/local-lvm/content",
+                &[
+                    ("filename", &format!("vm-9999-pvc-{n}")),
+                    ("vmid", "9999"),
+                    ("size", "1G"),
+                ],
+            )
+            .await
+            .ok();
+        }
+        let write = |form: Vec<(&'static str, &'static str)>| {
+            let c = &c;
+            async move {
+                let upid = c
+                    .call("POST", "/nodes/pve2/qemu/114/config", &form)
+                    .await
+                    .ok();
+                c.wait_task(upid.as_str().unwrap()).await["exitstatus"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            }
+        };
+        assert_eq!(
+            write(vec![
+                ("scsi1", "local-lvm:vm-9999-pvc-x"),
+                ("scsi2", "local-lvm:vm-9999-pvc-y")
+            ])
+            .await,
+            "OK"
+        );
+        c.knobs(r#"{"guest_eject_ms": 60000, "eject_poll_ms": 20}"#)
+            .await;
+        // scsi2 still holds scsihw0: no controller to eject, so the guest
+        // that never ejects one does not fail this unplug.
+        assert_eq!(write(vec![("delete", "scsi1")]).await, "OK", "{release}");
+        // The last one: the controller goes too, and the guest never ejects it.
+        let started = std::time::Instant::now();
+        let exit = write(vec![("delete", "scsi2")]).await;
+        assert!(
+            exit.contains(&format!(
+                "scsi2: hotplug problem - error on hot-unplugging device 'scsihw0'{suffix}"
+            )),
+            "{release}: {exit}"
+        );
+        if suffix.is_empty() {
+            assert!(!exit.contains("still busy"), "{release}: {exit}");
+        }
+        // Every check of the release was made before it gave up.
+        let waited = started.elapsed();
+        assert!(
+            waited >= std::time::Duration::from_millis((polls + 1) * 20),
+            "{release}: {waited:?}"
+        );
+    }
 }

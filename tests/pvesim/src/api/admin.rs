@@ -9,6 +9,7 @@
 //! | POST | `vms/<vmid>/hold-lock?seconds=N` | hold the VM's config lock |
 //! | POST | `storages/<id>/hold-lock?seconds=N` | hold the storage's allocation lock |
 //! | PUT / DELETE | `vms/<vmid>/lock?value=backup` | set or clear the VM's `lock` |
+//! | POST | `daemon/busy?workers=N&seconds=S` | N slow calls hold pvedaemon's workers for S seconds (with `daemon_workers` set) |
 //! | PUT | `vms/<vmid>/running?value=0\|1` | stop or start the VM |
 //! | PUT | `storages/<id>/online?value=0\|1` | an NFS storage's server stops or starts answering |
 //! | PUT | `nodes/<name>/online?value=0\|1` | a node goes down (calls to it answer 595) or comes back |
@@ -83,6 +84,22 @@ pub async fn dispatch(
             ctx.cluster().faults.held_locks += 1;
             // Let the holder take the lock before answering.
             tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok(Value::Null)
+        }
+        (&Method::POST, ["daemon", "busy"]) => {
+            let workers: u32 = q.get("workers").and_then(|s| s.parse().ok()).unwrap_or(3);
+            let secs: f64 = q.get("seconds").and_then(|s| s.parse().ok()).unwrap_or(5.0);
+            let daemon = ctx
+                .daemon()
+                .ok_or_else(|| ApiError::new(400, "set the daemon_workers knob first"))?;
+            let held = daemon
+                .acquire_many_owned(workers)
+                .await
+                .map_err(|e| ApiError::new(500, e.to_string()))?;
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+                drop(held);
+            });
             Ok(Value::Null)
         }
         (&Method::POST, ["storages", id, "hold-lock"]) => {

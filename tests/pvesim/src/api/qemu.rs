@@ -747,19 +747,30 @@ async fn hotplug(
     if latency > 0 {
         tokio::time::sleep(Duration::from_millis(latency)).await;
     }
-    let (per_disk, eject, poll, single, v8) = {
+    // qemu-server QemuServer.pm qemu_deletescsihw: a disk's controller is
+    // unplugged after it, verified for up to 15 s since 9.0.8 (5 s before;
+    // commit "device unplug: bump timeout for removing virtio scsi
+    // controller"), its error ending " - still busy in guest?" since 9.1.5.
+    let (per_disk, eject, poll, scsihw, timeout_polls, suffix) = {
         let c = ctx.cluster();
-        let single = c
-            .vms
-            .get(&vmid)
-            .and_then(|v| v.config.get("scsihw"))
-            .is_some_and(|h| h == "virtio-scsi-single");
         (
             c.knobs.hotplug_ms_per_disk,
             c.knobs.guest_eject_ms,
             c.knobs.eject_poll_ms.max(1),
-            single,
-            c.version.starts_with('8'),
+            c.vms
+                .get(&vmid)
+                .and_then(|v| v.config.get("scsihw"))
+                .cloned(),
+            if c.qemu_server_at_least((9, 0, 8)) {
+                15
+            } else {
+                5
+            },
+            if c.qemu_server_at_least((9, 1, 5)) {
+                " - still busy in guest?"
+            } else {
+                ""
+            },
         )
     };
     for plug in plugs {
@@ -772,19 +783,25 @@ async fn hotplug(
         if per_disk > 0 {
             tokio::time::sleep(Duration::from_millis(per_disk)).await;
         }
-        if single && matches!(plug, Plug::Remove { .. }) && key.starts_with("scsi") {
+        let controller = match &plug {
+            Plug::Remove { .. } => {
+                let c = ctx.cluster();
+                c.vms
+                    .get(&vmid)
+                    .and_then(|vm| controller_left_empty(vm, scsihw.as_deref(), &key))
+            }
+            Plug::Add { .. } => None,
+        };
+        if let Some(controller) = controller {
             // The controller's unplug, checked once a second (the first
             // check at once), up to the timeout of this qemu-server version.
-            let timeout_polls: u64 = if v8 { 5 } else { 15 };
             let polls = eject.div_ceil(poll);
             if polls > timeout_polls {
                 tokio::time::sleep(Duration::from_millis((timeout_polls + 1) * poll)).await;
-                let n = key.trim_start_matches("scsi");
-                let suffix = if v8 { "" } else { " - still busy in guest?" };
                 errors.insert(
                     key.clone(),
                     format!(
-                        "hotplug problem - error on hot-unplugging device 'virtioscsi{n}'{suffix}"
+                        "hotplug problem - error on hot-unplugging device '{controller}'{suffix}"
                     ),
                 );
                 continue;
@@ -837,6 +854,28 @@ async fn hotplug(
         }
     }
     errors
+}
+
+/// The SCSI controller removing drive `key` leaves without drives, which
+/// qemu-server then unplugs (QemuServer.pm qemu_deletescsihw): always the
+/// drive's own `virtioscsiN` with virtio-scsi-single; with the other types
+/// `scsihw<N / maxdev>` once no other SCSI drive of the config sits on it
+/// (maxdev 7 for lsi, 256 otherwise; DriveDevice.pm scsihw_infos).
+fn controller_left_empty(vm: &Vm, scsihw: Option<&str>, key: &str) -> Option<String> {
+    let index: u32 = key.strip_prefix("scsi")?.parse().ok()?;
+    let hw = scsihw.unwrap_or("lsi");
+    if hw == "virtio-scsi-single" {
+        return Some(format!("virtioscsi{index}"));
+    }
+    let maxdev = if hw.starts_with("lsi") { 7 } else { 256 };
+    let controller = index / maxdev;
+    let shared = vm.config.keys().any(|k| {
+        k != key
+            && k.strip_prefix("scsi")
+                .and_then(|n| n.parse::<u32>().ok())
+                .is_some_and(|n| n / maxdev == controller)
+    });
+    (!shared).then(|| format!("scsihw{controller}"))
 }
 
 fn plug_action(p: &Plug) -> crate::qmp::Action {

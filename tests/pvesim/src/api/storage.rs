@@ -205,6 +205,19 @@ pub async fn content_list(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> 
         .map(|m| {
             m.iter()
                 .filter(|(_, v)| vmid.is_none_or(|id| v.owner == id))
+                // Each image is listed only to a caller that may access it:
+                // Datastore.Allocate on the storage, or Datastore.Audit
+                // there and VM.Config.Disk on its owner (pve-storage
+                // API2/Storage/Content.pm index → Storage.pm
+                // check_volume_access).
+                .filter(|(_, v)| {
+                    c.has_priv(
+                        &call.caller,
+                        &format!("/storage/{id}"),
+                        "Datastore.Allocate",
+                    ) || (c.has_priv(&call.caller, &format!("/storage/{id}"), "Datastore.Audit")
+                        && c.has_priv(&call.caller, &format!("/vms/{}", v.owner), "VM.Config.Disk"))
+                })
                 .map(|(n, v)| {
                     let inactive = c.lv_inactive(id, n, node);
                     (
