@@ -267,3 +267,81 @@ async fn a_krbd_volume_is_deleted_on_the_node_that_last_held_it() {
             .contains("pvc-held")
     );
 }
+
+/// docs/proxmox-role.md's narrowed ACLs: the minimal role on the storage
+/// and on the worker VM only, nothing on `/`.
+const NARROWED_ROLE: &str = r#"
+cluster: lab
+nodes: [{ name: pve1 }, { name: pve2 }]
+storages:
+  - { id: local-lvm, type: lvmthin, total: 107374182400 }
+  - { id: other, type: lvmthin, total: 107374182400 }
+vms:
+  - { vmid: 112, node: pve2, name: worker-2, config: { scsihw: virtio-scsi-pci } }
+  - { vmid: 300, node: pve2, name: someone-else, config: { scsihw: virtio-scsi-pci } }
+users:
+  - userid: kubernetes-csi@pve
+    tokens: [{ name: csi, secret: 5f0c6e8a-1234-4b5c-9d7e-0123456789ab }]
+roles:
+  CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
+acl:
+  - { path: /storage/local-lvm, roles: [CSI], users: [kubernetes-csi@pve], tokens: ["kubernetes-csi@pve!csi"] }
+  - { path: /vms/112, roles: [CSI], users: [kubernetes-csi@pve], tokens: ["kubernetes-csi@pve!csi"] }
+"#;
+
+#[tokio::test]
+async fn the_documented_narrowed_acls_run_a_volumes_whole_life() {
+    let e = env_from(NARROWED_ROLE).await;
+    let v = create_in(&e, "pvc-narrow", &[("storage", "local-lvm")], Some("pve2")).await;
+    let pc = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2")))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    let slot = format!("scsi{}", pc["lun"]);
+    assert!(
+        e.vm(112).await["config"][&slot]
+            .as_str()
+            .is_some_and(|l| l.starts_with("local-lvm:vm-9999-pvc-narrow")),
+        "{pc:?}"
+    );
+    e.svc
+        .controller_expand_volume(Request::new(expand_req(&v, 2 << 30)))
+        .await
+        .unwrap();
+    e.svc
+        .controller_unpublish_volume(Request::new(unpublish_req(&v, "worker-2")))
+        .await
+        .unwrap();
+    e.svc
+        .delete_volume(Request::new(delete_req(&v)))
+        .await
+        .unwrap();
+    assert!(
+        !e.admin("GET", "volumes", "")
+            .await
+            .to_string()
+            .contains("pvc-narrow"),
+        "the volume is still there"
+    );
+    // A storage outside the ACLs is refused with what to grant.
+    let err = e
+        .svc
+        .create_volume(Request::new(create_req(
+            "pvc-other",
+            1 << 30,
+            &[("storage", "other")],
+            Some("pve2"),
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message()
+            .contains("parameters.storage: storage \"other\""),
+        "{}",
+        err.message()
+    );
+}

@@ -461,6 +461,38 @@ fn stage_update(
             .unwrap_or_default();
         c.assert_tag_permissions(&call.caller, vmid, &old, new)?;
     }
+    // Each drive set or deleted needs VM.Config.Disk (a CD-ROM
+    // VM.Config.CDROM), checked per drive under the lock; the schema's check
+    // before it asks only for any of the config privileges (qemu-server
+    // src/PVE/API2/Qemu.pm $update_vm_api, $check_drive_perms in $updatefn).
+    let drives = setting_keys(call)
+        .into_iter()
+        .filter(|(k, _)| drive::is_drive_key(k))
+        .map(|(k, v)| (k, Some(v)))
+        .chain(
+            delete_list(call)
+                .into_iter()
+                .filter(|k| drive::is_drive_key(k) || drive::is_unused_key(k))
+                .map(|k| (k, None)),
+        );
+    for (key, value) in drives {
+        let old = common::vm(c, node, vmid)?.config.get(&key).cloned();
+        // A delete of an unset key is skipped, with a warning, before it.
+        if value.is_none() && old.is_none() {
+            continue;
+        }
+        let cdrom = [value.as_deref(), old.as_deref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|v| Drive::parse(v).ok())
+            .all(|d| d.is_cdrom());
+        let privilege = if cdrom {
+            "VM.Config.CDROM"
+        } else {
+            "VM.Config.Disk"
+        };
+        c.check(&call.caller, &format!("/vms/{vmid}"), &[privilege], false)?;
+    }
 
     for key in delete_list(call) {
         let vm = common::vm_mut(c, node, vmid)?;
