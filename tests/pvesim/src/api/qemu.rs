@@ -910,6 +910,18 @@ fn controller_left_empty(vm: &Vm, scsihw: Option<&str>, key: &str) -> Option<Str
     (!shared).then(|| format!("scsihw{controller}"))
 }
 
+/// pve-common src/PVE/Format.pm render_bytes with precision 1.
+fn render_bytes(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    if bytes > 1023 {
+        unit = ((value.ln() / 1024f64.ln()) as usize).min(units.len() - 1);
+        value /= 1024f64.powi(unit as i32);
+    }
+    format!("{value:.1} {}", units[unit])
+}
+
 fn plug_action(p: &Plug) -> crate::qmp::Action {
     match p {
         Plug::Add { key, drive } => crate::qmp::Action::Add {
@@ -1021,7 +1033,7 @@ async fn import_delay(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call, upid: 
     if per_gib == 0 {
         return;
     }
-    for (src, size) in imports {
+    for (_, size) in imports {
         let total =
             Duration::from_millis((size as f64 / (1u64 << 30) as f64 * per_gib as f64) as u64);
         let steps = 10u32;
@@ -1029,10 +1041,14 @@ async fn import_delay(ctx: &Arc<Ctx>, node: &str, vmid: u32, call: &Call, upid: 
             tokio::time::sleep(total / steps).await;
             if let Some(u) = upid {
                 let done = size / u64::from(steps) * u64::from(i);
+                // qemu-server QemuServer/QemuImage.pm convert's parser:
+                // "transferred $transferred_h of $total_h ($percent%)", sizes
+                // by pve-common PVE/Format.pm render_bytes($n, 1), the
+                // percent as qemu-img printed it ("45.00").
                 let line = format!(
-                    "transferred {} of {} ({:.2}%) from {src}",
-                    drive::format_size(done),
-                    drive::format_size(size),
+                    "transferred {} of {} ({:.2}%)",
+                    render_bytes(done),
+                    render_bytes(size),
                     f64::from(i) * 100.0 / f64::from(steps)
                 );
                 if let Some(t) = ctx.cluster().tasks.get_mut(u) {

@@ -328,7 +328,10 @@ fn check_lvm_name(chain: bool, name: &str, format: Option<&str>) -> Result<Strin
         ("qcow2", false) => Err(ApiError::die(
             "snapshot-as-volume-chain option need to be enabled to use qcow2 format at /usr/share/perl5/PVE/Storage/LVMPlugin.pm line 770.",
         )),
-        (other, _) => Err(ApiError::die(format!("unsupported format '{other}'"))),
+        // No newline in the die: Perl appends where (LVMPlugin.pm alloc_image).
+        (other, _) => Err(ApiError::die(format!(
+            "unsupported format '{other}' at /usr/share/perl5/PVE/Storage/LVMPlugin.pm line 696."
+        ))),
     }
 }
 
