@@ -9,27 +9,42 @@ use proxmox_csi_hostd::device::Resolver;
 use proxmox_csi_hostd::discovery::EventSource;
 use proxmox_csi_hostd::server::{self, Options};
 
-/// Privileged host daemon of the Proxmox CSI driver.
+/// Privileged host daemon of the Proxmox CSI driver. Every setting is also
+/// read from the environment as PROXMOX_CSI_HOSTD_<SETTING> (a Talos
+/// ExtensionServiceConfig sets environment entries, not arguments); an
+/// argument wins over the environment.
 #[derive(Debug, Parser)]
 #[command(name = "proxmox-csi-hostd", version)]
 struct Args {
     /// Unix socket the node plugin connects to.
-    #[arg(long, default_value = "/run/proxmox-csi-hostd/hostd.sock")]
+    #[arg(
+        long,
+        env = "PROXMOX_CSI_HOSTD_SOCKET",
+        default_value = "/run/proxmox-csi-hostd/hostd.sock"
+    )]
     socket: PathBuf,
     /// Octal mode of the socket.
-    #[arg(long, default_value = "660", value_parser = parse_mode)]
+    #[arg(long, env = "PROXMOX_CSI_HOSTD_SOCKET_MODE", default_value = "660", value_parser = parse_mode)]
     socket_mode: u32,
     /// Numeric group owning the socket (the node plugin's group).
-    #[arg(long)]
+    #[arg(long, env = "PROXMOX_CSI_HOSTD_SOCKET_GROUP")]
     socket_group: Option<u32>,
     /// Health file rewritten every few seconds, for `talosctl read`.
-    #[arg(long, default_value = "/run/proxmox-csi-hostd/health.json")]
+    #[arg(
+        long,
+        env = "PROXMOX_CSI_HOSTD_HEALTH_FILE",
+        default_value = "/run/proxmox-csi-hostd/health.json"
+    )]
     health_file: PathBuf,
     /// Seconds between health file updates.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, env = "PROXMOX_CSI_HOSTD_HEALTH_INTERVAL", default_value_t = 5)]
     health_interval: u64,
     /// Where SMBIOS identity is read from.
-    #[arg(long, default_value = "/sys/class/dmi/id")]
+    #[arg(
+        long,
+        env = "PROXMOX_CSI_HOSTD_DMI_DIR",
+        default_value = "/sys/class/dmi/id"
+    )]
     dmi_dir: PathBuf,
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9810). Also
     /// read from the environment: on Talos an ExtensionServiceConfig sets
@@ -37,29 +52,37 @@ struct Args {
     #[arg(long, env = "PROXMOX_CSI_HOSTD_METRICS_ADDRESS")]
     metrics_address: Option<std::net::SocketAddr>,
     /// kubelet's root directory; target paths must lie in its CSI directories.
-    #[arg(long, default_value = "/var/lib/kubelet")]
+    #[arg(
+        long,
+        env = "PROXMOX_CSI_HOSTD_KUBELET_ROOT",
+        default_value = "/var/lib/kubelet"
+    )]
     kubelet_root: PathBuf,
     /// The CSI driver's name, as kubelet names its staging directories.
-    #[arg(long, default_value = "csi.proxmox.sinextra.dev")]
+    #[arg(
+        long,
+        env = "PROXMOX_CSI_HOSTD_DRIVER_NAME",
+        default_value = "csi.proxmox.sinextra.dev"
+    )]
     driver_name: String,
     /// Where hostd records which volume is staged and published where
     /// (a tmpfs: the records live as long as the mounts). Default: beside
     /// the socket, `<socket dir>/volumes`.
-    #[arg(long)]
+    #[arg(long, env = "PROXMOX_CSI_HOSTD_STATE_DIR")]
     state_dir: Option<PathBuf>,
     /// Test builds only: find volumes as loop devices backed by <DIR>/<wwn>.raw.
     #[cfg(feature = "loop-resolver")]
-    #[arg(long)]
+    #[arg(long, env = "PROXMOX_CSI_HOSTD_LOOP_DIR")]
     loop_dir: Option<PathBuf>,
     /// Device events from udevd (`udev`), or straight from the kernel
     /// (`kernel`) on hosts without udevd.
-    #[arg(long, default_value = "udev", value_parser = parse_source)]
+    #[arg(long, env = "PROXMOX_CSI_HOSTD_DEVICE_EVENTS", default_value = "udev", value_parser = parse_source)]
     device_events: EventSource,
     /// Seconds Stage waits for a hot-plugged disk to appear.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, env = "PROXMOX_CSI_HOSTD_DEVICE_WAIT", default_value_t = 60)]
     device_wait: u64,
     /// Key derivation for new LUKS key slots: argon2id, argon2id:<ms>:<KiB>, pbkdf2:<iterations>.
-    #[arg(long, default_value = "argon2id")]
+    #[arg(long, env = "PROXMOX_CSI_HOSTD_LUKS_PBKDF", default_value = "argon2id")]
     luks_pbkdf: proxmox_csi_hostd::luks::Pbkdf,
     /// The most a LUKS key slot may cost to open:
     /// <memory KiB>:<threads>:<argon2 iterations>:<pbkdf2 iterations>.
@@ -78,19 +101,26 @@ struct Args {
     go_takeover: bool,
     /// Directories the node plugin creates its CSI socket in (kubelet's
     /// `plugins/<driver>`): made and given --socket-group, mode 0770.
-    #[arg(long)]
+    /// Default with --socket-group: `<kubelet root>/plugins/<driver name>`.
+    #[arg(long, env = "PROXMOX_CSI_HOSTD_PLUGIN_DIR", value_delimiter = ',')]
     plugin_dir: Vec<PathBuf>,
     /// Caller uids allowed besides root (the node plugin's), comma-separated.
-    #[arg(long, value_delimiter = ',')]
+    /// Default: the node plugin image's uid.
+    #[arg(
+        long,
+        env = "PROXMOX_CSI_HOSTD_ALLOW_UID",
+        value_delimiter = ',',
+        default_value = "65532"
+    )]
     allow_uid: Vec<u32>,
     /// Caller gids allowed, comma-separated.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, env = "PROXMOX_CSI_HOSTD_ALLOW_GID", value_delimiter = ',')]
     allow_gid: Vec<u32>,
     /// Log format: text or json.
-    #[arg(long, default_value = "text")]
+    #[arg(long, env = "PROXMOX_CSI_HOSTD_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
     /// Log level or filter (overrides RUST_LOG), e.g. debug.
-    #[arg(long)]
+    #[arg(long, env = "PROXMOX_CSI_HOSTD_LOG_LEVEL")]
     log_level: Option<String>,
 }
 
@@ -156,7 +186,10 @@ fn main() -> ExitCode {
 }
 
 async fn run() -> ExitCode {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.plugin_dir.is_empty() && args.socket_group.is_some() {
+        args.plugin_dir = vec![args.kubelet_root.join("plugins").join(&args.driver_name)];
+    }
     if let Err(e) = logging::init(args.log_format, args.log_level.as_deref()) {
         eprintln!("proxmox-csi-hostd: {e}");
         return ExitCode::FAILURE;

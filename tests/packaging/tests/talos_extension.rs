@@ -89,6 +89,25 @@ fn assembled_extension_is_valid_and_self_contained() {
             .iter()
             .any(|a| a == "--socket=/run/proxmox-csi-hostd/hostd.sock")
     );
+    // What a Talos user configures comes from the environment an
+    // ExtensionServiceConfig appends: an argument would override it.
+    for setting in [
+        "--driver-name",
+        "--allow-uid",
+        "--allow-gid",
+        "--plugin-dir",
+        "--device-wait",
+        "--luks-pbkdf",
+        "--luks-kdf-bounds",
+        "--metrics-address",
+        "--go-takeover",
+        "--log-level",
+    ] {
+        assert!(
+            !spec.container.args.iter().any(|a| a.starts_with(setting)),
+            "{setting} is fixed by an argument: its PROXMOX_CSI_HOSTD_ environment entry would not apply"
+        );
+    }
     assert_eq!(
         mount("/run/proxmox-csi-hostd").source,
         "/run/proxmox-csi-hostd"
