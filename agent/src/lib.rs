@@ -4,6 +4,7 @@
 pub mod csi;
 pub mod error;
 pub mod hostd;
+pub mod offer;
 pub mod request;
 pub mod server;
 pub mod topology;

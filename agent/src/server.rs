@@ -14,6 +14,7 @@ use tokio::sync::watch;
 
 use crate::csi::identity::Identity;
 use crate::csi::node::{Node, TopologySource};
+use crate::offer::HostdOffer;
 use crate::request::Rules;
 use crate::topology::Topology;
 
@@ -70,9 +71,11 @@ pub async fn run(
         vmid: opts.vmid,
         topology,
         max_volumes: opts.max_volumes,
+        offer: HostdOffer::default(),
     };
     let metrics = Arc::new(Metrics::new("node", env!("CARGO_PKG_VERSION")));
-    let identity = Identity::new(opts.driver_name.clone(), hostd, Duration::from_secs(5));
+    let identity = Identity::new(opts.driver_name.clone(), hostd, Duration::from_secs(5))
+        .with_offer(node.offer.clone());
 
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {

@@ -95,6 +95,11 @@ async fn wait_for(path: &Path) {
 
 impl Env {
     async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// With `extra` arguments for hostd.
+    async fn start_with(extra: &[&str]) -> Self {
         let help = Command::new(bin("proxmox-csi-hostd"))
             .arg("--help")
             .output()
@@ -142,7 +147,10 @@ impl Env {
                 "5",
                 "--health-file",
                 dir.path().join("health.json").to_str().unwrap(),
-            ],
+            ]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect::<Vec<_>>(),
             &dir.path().join("hostd.log"),
         );
         wait_for(&hostd_sock).await;
@@ -530,4 +538,73 @@ async fn node_info_and_bad_requests() {
         .node_stage_volume(k.node_stage(&btrfs, &attached(&wwn), secret))
         .await;
     assert!(!env.agent_log().contains("hunter2-secret"));
+}
+
+/// Version skew: today's node plugin against a hostd of a release that
+/// lacks growth and LUKS. The probe is ready and what hostd has works;
+/// what it lacks fails once, before hostd is asked, naming the hostd
+/// release, the capability and what to upgrade.
+#[tokio::test]
+async fn an_older_hostd_serves_what_it_has_and_the_rest_names_what_it_lacks() {
+    if !require_root() {
+        return;
+    }
+    let mut env = Env::start_with(&["--without", "expand", "--without", "stage.luks2"]).await;
+    let k = env.kubelet();
+    let wwn = env.disk(3);
+    let (vol, pod) = (pv("old", "ext4"), Pod::new("pod-old"));
+    env.kubelet_dirs(&vol, &pod);
+    env.node
+        .node_stage_volume(k.node_stage(&vol, &attached(&wwn), HashMap::new()))
+        .await
+        .unwrap();
+    env.node
+        .node_publish_volume(k.node_publish(&vol, &pod, &attached(&wwn)))
+        .await
+        .unwrap();
+    let e = env
+        .node
+        .node_expand_volume(k.node_expand(&vol, &pod, 640 << 20, HashMap::new()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        e.message().contains(&format!(
+            "hostd {version} on this node cannot grow volumes on the node (expand)"
+        )) && e.message().contains("upgrade hostd"),
+        "{}",
+        e.message()
+    );
+    let wwn = env.disk(4);
+    let (luks, luks_pod) = (pv("oldluks", "ext4"), Pod::new("pod-oldluks"));
+    env.kubelet_dirs(&luks, &luks_pod);
+    let e = env
+        .node
+        .node_stage_volume(k.node_stage(
+            &luks,
+            &attached(&wwn),
+            HashMap::from([("encryption-passphrase".into(), "a passphrase".into())]),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message()
+            .contains("cannot stage encrypted volumes (stage.luks2)"),
+        "{}",
+        e.message()
+    );
+    // Nothing was asked of hostd for it: no mount, no LUKS header.
+    assert_eq!(mounted(&k.staging_path(&luks)), None);
+    let head = std::fs::read(env.images.join(format!("{wwn}.raw"))).unwrap();
+    assert!(!head.starts_with(b"LUKS"), "a LUKS header was written");
+    env.node
+        .node_unpublish_volume(k.node_unpublish(&vol, &pod))
+        .await
+        .unwrap();
+    env.node
+        .node_unstage_volume(k.node_unstage(&vol))
+        .await
+        .unwrap();
 }

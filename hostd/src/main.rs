@@ -74,6 +74,11 @@ struct Args {
     #[cfg(feature = "loop-resolver")]
     #[arg(long, env = "PROXMOX_CSI_HOSTD_LOOP_DIR")]
     loop_dir: Option<PathBuf>,
+    /// Test builds only: withhold a capability (stage.block, stage.luks2,
+    /// expand, stats, …), as a hostd of an older release lacks it.
+    #[cfg(feature = "loop-resolver")]
+    #[arg(long, value_parser = parse_capability)]
+    without: Vec<proxmox_csi_common::hostd_api::Capability>,
     /// Device events from udevd (`udev`), or straight from the kernel
     /// (`kernel`) on hosts without udevd.
     #[arg(long, env = "PROXMOX_CSI_HOSTD_DEVICE_EVENTS", default_value = "udev", value_parser = parse_source)]
@@ -122,6 +127,12 @@ struct Args {
     /// Log level or filter (overrides RUST_LOG), e.g. debug.
     #[arg(long, env = "PROXMOX_CSI_HOSTD_LOG_LEVEL")]
     log_level: Option<String>,
+}
+
+#[cfg(feature = "loop-resolver")]
+fn parse_capability(s: &str) -> Result<proxmox_csi_common::hostd_api::Capability, String> {
+    proxmox_csi_common::hostd_api::Capability::parse(s)
+        .ok_or_else(|| format!("no capability {s:?}"))
 }
 
 fn parse_source(s: &str) -> Result<EventSource, String> {
@@ -240,6 +251,10 @@ async fn run() -> ExitCode {
             uids: args.allow_uid,
             gids: args.allow_gid,
         },
+        #[cfg(feature = "loop-resolver")]
+        without: args.without,
+        #[cfg(not(feature = "loop-resolver"))]
+        without: Vec::new(),
     };
     match server::run(opts, proxmox_csi_common::shutdown::signal_received()).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -47,6 +47,8 @@ pub struct Options {
     pub kdf_bounds: crate::luks::KdfBounds,
     pub go_takeover: bool,
     pub peers: PeerPolicy,
+    /// Capabilities withheld (test builds playing an older hostd).
+    pub without: Vec<proxmox_csi_common::hostd_api::Capability>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -157,7 +159,8 @@ pub async fn run(
     let listener = endpoint.bind(opts.socket_access).await?;
     tracing::info!(socket = %opts.socket.display(), mode = format!("{:o}", opts.socket_access.mode), "serving hostd");
     let peers = opts.peers.clone();
-    let service = HostdService::new(health, opts.dmi_dir.clone(), volumes);
+    let service =
+        HostdService::new(health, opts.dmi_dir.clone(), volumes).without(opts.without.clone());
     // The peer check comes first: a caller it refuses is counted by nothing
     // it controls (its paths never become metric labels).
     let counted = tower::Layer::layer(

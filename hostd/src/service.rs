@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use proxmox_csi_common::hostd_api::{self, Capability};
 use proxmox_csi_common::rpc::{in_span, traced};
 use proxmox_csi_proto::hostd::v1 as pb;
 use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
@@ -51,6 +52,8 @@ pub struct HostdService {
     volumes: Arc<Volumes>,
     locks: VolumeLocks,
     in_flight: Arc<Semaphore>,
+    /// Capabilities withheld: a test build playing an older hostd.
+    without: Vec<Capability>,
 }
 
 /// What a mutating call carries into its blocking work: the volume's lock,
@@ -99,7 +102,29 @@ impl HostdService {
             volumes,
             locks: VolumeLocks::default(),
             in_flight: Arc::new(Semaphore::new(MAX_CALLS_IN_FLIGHT)),
+            without: Vec::new(),
         }
+    }
+
+    /// Withholds `caps`, as a hostd of a release without them would: Health
+    /// does not offer them and their calls are Unimplemented (tests of the
+    /// node plugin against an older hostd).
+    pub fn without(mut self, caps: Vec<Capability>) -> Self {
+        self.without = caps;
+        self
+    }
+
+    /// Unimplemented when `cap` is withheld, as a hostd without it answers.
+    fn offers(&self, cap: Capability) -> Result<(), Status> {
+        if self.without.contains(&cap) {
+            return Err(Status::unimplemented(format!(
+                "hostd {} cannot {} ({})",
+                env!("CARGO_PKG_VERSION"),
+                cap.purpose(),
+                cap.name()
+            )));
+        }
+        Ok(())
     }
 
     /// Takes the volume's lock; the permit comes in `run_held`, right before
@@ -191,6 +216,13 @@ impl pb::hostd_server::Hostd for HostdService {
     ) -> Result<Response<pb::StageResponse>, Status> {
         let peer = peer_uid(&req);
         let mut req = req.into_inner();
+        self.offers(match req.access {
+            Some(pb::stage_request::Access::Block(_)) => Capability::Block,
+            _ => Capability::Filesystem,
+        })?;
+        if req.encryption.is_some() {
+            self.offers(Capability::Luks)?;
+        }
         let id = req.volume_id.clone();
         in_span("Stage", &id, async move {
             let held = self
@@ -264,6 +296,7 @@ impl pb::hostd_server::Hostd for HostdService {
         &self,
         req: Request<pb::ExpandRequest>,
     ) -> Result<Response<pb::ExpandResponse>, Status> {
+        self.offers(Capability::Expand)?;
         let peer = peer_uid(&req);
         let req = req.into_inner();
         let id = req.volume_id.clone();
@@ -285,6 +318,7 @@ impl pb::hostd_server::Hostd for HostdService {
         &self,
         req: Request<pb::StatsRequest>,
     ) -> Result<Response<pb::StatsResponse>, Status> {
+        self.offers(Capability::Stats)?;
         let req = req.into_inner();
         let id = req.volume_id.clone();
         let volumes = self.volumes.clone();
@@ -339,6 +373,12 @@ impl pb::hostd_server::Hostd for HostdService {
             devices_indexed: s.devices_indexed,
             volumes_staged: s.volumes_staged,
             last_error: s.last_error,
+            api_version: hostd_api::API_VERSION,
+            capabilities: Capability::ALL
+                .into_iter()
+                .filter(|c| !self.without.contains(c))
+                .map(|c| c.name().to_string())
+                .collect(),
         }))
     }
 }

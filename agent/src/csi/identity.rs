@@ -2,17 +2,21 @@
 
 use std::time::Duration;
 
+use proxmox_csi_common::hostd_api::Offer;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::hostd::v1::HealthRequest;
 use proxmox_csi_proto::hostd::v1::hostd_client::HostdClient;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use crate::offer::HostdOffer;
+
 #[derive(Debug)]
 pub struct Identity {
     driver_name: String,
     hostd: HostdClient<Channel>,
     probe_timeout: Duration,
+    offer: HostdOffer,
 }
 
 impl Identity {
@@ -21,7 +25,14 @@ impl Identity {
             driver_name,
             hostd,
             probe_timeout,
+            offer: HostdOffer::default(),
         }
+    }
+
+    /// Shares what the probe learns of hostd with the node service.
+    pub fn with_offer(mut self, offer: HostdOffer) -> Self {
+        self.offer = offer;
+        self
     }
 }
 
@@ -60,7 +71,24 @@ impl csi::identity_server::Identity for Identity {
                 if !h.udev_monitor_alive {
                     tracing::debug!("probe: hostd answers but its udev monitor is not running");
                 }
-                true
+                let offer = Offer {
+                    version: h.version,
+                    api_version: h.api_version,
+                    capabilities: h.capabilities,
+                };
+                // Not ready with a hostd it cannot speak to; one lacking a
+                // capability serves the rest, and the calls that need it
+                // say what is missing.
+                let ok = offer.compatible();
+                if !ok {
+                    tracing::warn!(
+                        hostd = offer.version,
+                        api = offer.api_version,
+                        "probe: hostd serves another API version than this node plugin"
+                    );
+                }
+                self.offer.record(offer).await;
+                ok
             }
             Err(e) => {
                 tracing::warn!(code = ?e.code(), message = e.message(), "probe: hostd did not answer Health");

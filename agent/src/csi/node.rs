@@ -9,7 +9,10 @@ use proxmox_csi_proto::hostd::v1::hostd_client::HostdClient;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 
+use proxmox_csi_common::hostd_api::Capability;
+
 use crate::error::{AgentError, hostd_status};
+use crate::offer::HostdOffer;
 use crate::request::Rules;
 use crate::topology::{self, Topology};
 
@@ -40,11 +43,17 @@ pub struct Node {
     pub vmid: Option<u32>,
     pub topology: TopologySource,
     pub max_volumes: i64,
+    /// What hostd offers, shared with the probe.
+    pub offer: HostdOffer,
 }
 
 impl Node {
     fn hostd(&self) -> HostdClient<Channel> {
         self.hostd.clone()
+    }
+
+    async fn require(&self, cap: Capability) -> Result<(), AgentError> {
+        self.offer.require(&mut self.hostd(), cap).await
     }
 }
 
@@ -65,6 +74,14 @@ impl csi::node_server::Node for Node {
         let id = req.get_ref().volume_id.clone();
         traced("NodeStageVolume", &id, async move {
             let h = self.rules.stage(req.get_ref())?;
+            self.require(match h.access {
+                Some(hostd::stage_request::Access::Block(_)) => Capability::Block,
+                _ => Capability::Filesystem,
+            })
+            .await?;
+            if h.encryption.is_some() {
+                self.require(Capability::Luks).await?;
+            }
             let volume_id = h.volume_id.clone();
             let done = self.hostd().stage(h).await.map_err(hostd_status)?.into_inner();
             let mut timings: Vec<_> = done.timings_ms.iter().collect();
@@ -127,6 +144,7 @@ impl csi::node_server::Node for Node {
         let id = req.get_ref().volume_id.clone();
         traced("NodeGetVolumeStats", &id, async move {
             let h = self.rules.stats(req.get_ref())?;
+            self.require(Capability::Stats).await?;
             let path = h.volume_path.clone();
             let s = match self.hostd().stats(h).await {
                 Ok(s) => s.into_inner(),
@@ -173,6 +191,7 @@ impl csi::node_server::Node for Node {
         let id = req.get_ref().volume_id.clone();
         traced("NodeExpandVolume", &id, async move {
             let h = self.rules.expand(req.get_ref())?;
+            self.require(Capability::Expand).await?;
             let volume_id = h.volume_id.clone();
             let r = self
                 .hostd()
