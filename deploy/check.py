@@ -411,6 +411,15 @@ def main():
                     validate(r, docs(fh.read()), f"{folder}/{f}", args.kubernetes_version)
 
     node = next(o for o in base if o["kind"] == "DaemonSet")
+    # A node without hostd: the pod starts (no hostPath that only hostd
+    # makes is required to exist) and runs not ready, never restarted for it.
+    spec = node["spec"]["template"]["spec"]
+    paths = {v["name"]: v["hostPath"].get("type") for v in spec["volumes"] if "hostPath" in v}
+    r.check(paths.get("plugin-dir") == paths.get("hostd-socket") == "DirectoryOrCreate",
+            "node plugin pod starts on a node without hostd (its directories are DirectoryOrCreate)", str(paths))
+    plugin = spec["containers"][0]
+    r.check("readinessProbe" in plugin and "livenessProbe" not in plugin,
+            "node plugin is not ready, not restarted, while hostd does not answer", json.dumps(plugin)[:300])
     problems = pod_problems(node)
     r.check(not problems, "node plugin pod: unprivileged by our reading", "; ".join(problems))
     caught = pod_problems(broken(node))

@@ -18,6 +18,10 @@ use crate::offer::HostdOffer;
 use crate::request::Rules;
 use crate::topology::Topology;
 
+/// How often a node plugin waiting for hostd to share its socket directory
+/// tries again, and says so every 15th time.
+const BIND_RETRY: Duration = Duration::from_secs(2);
+
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
@@ -95,7 +99,34 @@ pub async fn run(
             stopped(stop_rx.clone()),
         ));
     }
-    let listener = opts.csi_address.bind(SocketAccess::default()).await?;
+    let mut attempt = 0u32;
+    let listener = loop {
+        attempt += 1;
+        match opts.csi_address.bind(SocketAccess::default()).await {
+            Ok(l) => break l,
+            // kubelet's plugins/<driver> directory is made writable for this
+            // unprivileged plugin by hostd (--plugin-dir): on a node where
+            // hostd never ran, wait for it rather than crash-loop.
+            Err(EndpointError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                if attempt % 15 == 1 {
+                    tracing::error!(
+                        endpoint = %opts.csi_address,
+                        hostd = %opts.hostd_socket.display(),
+                        "hostd has not run on this node: the CSI socket's directory is made writable by hostd; \
+                         install hostd (on Talos the proxmox-csi-hostd extension, docs/talos.md; elsewhere deploy/hostd) or keep this node out with the chart's node.nodeSelector; waiting for it"
+                    );
+                }
+                let mut stop = stop_rx.clone();
+                tokio::select! {
+                    _ = tokio::time::sleep(BIND_RETRY) => {}
+                    _ = stop.wait_for(|s| *s) => return Ok(()),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     tracing::info!(endpoint = %opts.csi_address, hostd = %opts.hostd_socket.display(), "serving CSI");
     let router = tonic::transport::Server::builder()
         .layer(metrics::GrpcMetricsLayer(metrics.clone()))

@@ -608,3 +608,79 @@ async fn an_older_hostd_serves_what_it_has_and_the_rest_names_what_it_lacks() {
         .await
         .unwrap();
 }
+
+/// A node where hostd never ran: kubelet made the plugin's socket
+/// directory, root's. The node plugin neither exits nor crash-loops: it says
+/// hostd is missing and waits; once hostd shares the directory it serves,
+/// not ready while hostd does not answer.
+#[tokio::test]
+async fn without_hostd_the_node_plugin_waits_and_names_it() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mode = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(m)).unwrap()
+    };
+    mode(dir.path(), 0o755);
+    let sockets = dir.path().join("plugins");
+    std::fs::create_dir_all(&sockets).unwrap();
+    mode(&sockets, 0o755);
+    let csi_sock = sockets.join("csi.sock");
+    let log = dir.path().join("agent.log");
+    let mut agent = spawn(
+        "setpriv",
+        &[
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            &bin("proxmox-csi-node"),
+            "--csi-address",
+            &format!("unix://{}", csi_sock.display()),
+            "--hostd-socket",
+            dir.path().join("absent/hostd.sock").to_str().unwrap(),
+            "--node-id",
+            "worker-2",
+            "--region",
+            "region-1",
+            "--zone",
+            "pve2",
+        ],
+        &log,
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("hostd has not run on this node")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        agent.0.try_wait().unwrap().is_none(),
+        "the node plugin exited"
+    );
+    // hostd shares the directory (--plugin-dir): the plugin serves.
+    mode(&sockets, 0o777);
+    wait_for(&csi_sock).await;
+    let ch = proxmox_csi_common::client::unix_channel(csi_sock)
+        .await
+        .unwrap();
+    let probe = proxmox_csi_proto::csi::v1::identity_client::IdentityClient::new(ch)
+        .probe(csi::ProbeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(probe.ready, Some(false));
+    assert!(
+        agent.0.try_wait().unwrap().is_none(),
+        "the node plugin exited"
+    );
+}

@@ -91,7 +91,11 @@ impl csi::identity_server::Identity for Identity {
                 ok
             }
             Err(e) => {
-                tracing::warn!(code = ?e.code(), message = e.message(), "probe: hostd did not answer Health");
+                tracing::warn!(
+                    code = ?e.code(),
+                    message = e.message(),
+                    "probe: not ready: hostd did not answer Health; is the proxmox-csi-hostd service running on this node (the Talos extension, or deploy/hostd)?"
+                );
                 false
             }
         };
