@@ -15,6 +15,8 @@ const TARGET_LABELS: [&str; 2] = ["job", "instance"];
 #[derive(Debug, Default)]
 pub struct Exposed {
     series: BTreeMap<String, BTreeSet<String>>,
+    /// Each sample's labels with their values, by series name.
+    samples: BTreeMap<String, Vec<BTreeMap<String, String>>>,
 }
 
 impl Exposed {
@@ -25,13 +27,34 @@ impl Exposed {
             .filter(|l| !l.starts_with('#') && !l.is_empty())
         {
             let (name, labels) = sample(line).ok_or_else(|| format!("not a sample: {line}"))?;
-            self.series.entry(name).or_default().extend(labels);
+            self.series
+                .entry(name.clone())
+                .or_default()
+                .extend(labels.iter().map(|(k, _)| k.clone()));
+            self.samples
+                .entry(name)
+                .or_default()
+                .push(labels.into_iter().collect());
         }
         Ok(())
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.series.keys().map(String::as_str)
+    }
+
+    /// Whether a served sample matches `vs`'s equality matchers (other
+    /// matchers and the target labels are not judged).
+    fn matches(&self, vs: &promql_parser::parser::VectorSelector) -> bool {
+        let Some(name) = &vs.name else { return false };
+        self.samples.get(name).into_iter().flatten().any(|labels| {
+            vs.matchers.matchers.iter().all(|m| {
+                m.name == "__name__"
+                    || TARGET_LABELS.contains(&m.name.as_str())
+                    || !matches!(m.op, promql_parser::label::MatchOp::Equal)
+                    || labels.get(&m.name) == Some(&m.value)
+            })
+        })
     }
 
     /// Whether any series of `name` was served.
@@ -58,8 +81,8 @@ pub fn scrape(port: u16) -> Result<String, String> {
     Ok(body.to_string())
 }
 
-/// `name{a="x",b="y\"z"} 1` → (`name`, [a, b]).
-fn sample(line: &str) -> Option<(String, Vec<String>)> {
+/// `name{a="x",b="y\"z"} 1` → (`name`, [(a, x), (b, y\"z)]).
+fn sample(line: &str) -> Option<(String, Vec<(String, String)>)> {
     let end = line.find(['{', ' '])?;
     let name = line[..end].to_string();
     let mut labels = Vec::new();
@@ -67,7 +90,7 @@ fn sample(line: &str) -> Option<(String, Vec<String>)> {
         let mut rest = &line[end + 1..];
         while !rest.starts_with('}') {
             let eq = rest.find('=')?;
-            labels.push(rest[..eq].trim_start_matches(',').to_string());
+            let label = rest[..eq].trim_start_matches(',').to_string();
             rest = rest[eq + 1..].strip_prefix('"')?;
             // The value ends at the first quote not escaped by a backslash.
             let mut escaped = false;
@@ -76,6 +99,7 @@ fn sample(line: &str) -> Option<(String, Vec<String>)> {
                 escaped = c == '\\' && !escaped;
                 end.then_some(i)
             })?;
+            labels.push((label, rest[..close].to_string()));
             rest = &rest[close + 1..];
             rest = rest.strip_prefix(',').unwrap_or(rest);
         }
@@ -190,6 +214,15 @@ fn walk(e: &Expr, exposed: &Exposed, out: &mut Vec<String>) -> BTreeSet<String> 
         Expr::Paren(p) => walk(&p.expr, exposed, out),
         Expr::Subquery(s) => walk(&s.expr, exposed, out),
         Expr::Call(c) => {
+            // absent(selector) fires while no served sample matches: on a
+            // correct install it must match one (Prometheus adds only the
+            // target labels, which no matcher here names).
+            if c.func.name == "absent"
+                && let Some(Expr::VectorSelector(vs)) = c.args.args.first().map(|a| a.as_ref())
+                && !exposed.matches(vs)
+            {
+                out.push(format!("absent({vs}) fires: no served sample matches it"));
+            }
             let mut labels = BTreeSet::new();
             for a in &c.args.args {
                 labels.extend(walk(a, exposed, out));
@@ -276,7 +309,13 @@ mod tests {
     fn a_sample_line_gives_its_name_and_label_names() {
         assert_eq!(
             sample("x_odd{v=\"a\\\"b,c=d\",w=\"\"} 2"),
-            Some(("x_odd".into(), vec!["v".into(), "w".into()]))
+            Some((
+                "x_odd".into(),
+                vec![
+                    ("v".into(), "a\\\"b,c=d".into()),
+                    ("w".into(), String::new())
+                ]
+            ))
         );
         assert_eq!(sample("x_up 1"), Some(("x_up".into(), vec![])));
     }
@@ -294,6 +333,18 @@ mod tests {
             Vec::<String>::new()
         );
         assert_eq!(check("absent(x_up)"), Vec::<String>::new());
+        assert_eq!(
+            check("absent(x_requests_total{method=\"A\"})"),
+            Vec::<String>::new()
+        );
+    }
+
+    /// An absent() alert over a label value no binary serves would fire on
+    /// every correct install.
+    #[test]
+    fn an_absent_alert_that_would_always_fire_is_named() {
+        let p = check("absent(x_requests_total{method=\"B\"})");
+        assert!(p.len() == 1 && p[0].contains("fires"), "{p:?}");
     }
 
     #[test]
