@@ -344,6 +344,7 @@ async fn run_batch(
 fn clone_err(e: &CtlError) -> CtlError {
     match e {
         CtlError::Unavailable(m) => CtlError::Unavailable(m.clone()),
+        CtlError::FailedPrecondition(m) => CtlError::FailedPrecondition(m.clone()),
         other => CtlError::Internal(other.to_string()),
     }
 }
@@ -583,7 +584,11 @@ async fn write_once(
         // which one Proxmox refuses.
         Err(_) if multi => return Ok(Round::Split),
         Err(e) => {
-            let err = CtlError::Internal(e.to_string());
+            let err = if e.kind() == ErrorKind::PermissionDenied {
+                CtlError::FailedPrecondition(crate::error::permission_remedy(e))
+            } else {
+                CtlError::Internal(e.to_string())
+            };
             let mine = |j: &Job| {
                 planned.contains_key(j.op.volid()) || planned_detaches.contains(j.op.volid())
             };
@@ -600,6 +605,13 @@ async fn write_once(
     // A busy VM or cluster: what did not happen is tried again (after the
     // check below), within the deadline.
     let retry_rest = result.as_ref().is_err_and(PveError::is_transient);
+    // A privilege Proxmox refused in the worker (VM.Config.Disk per drive):
+    // no retry helps until it is granted.
+    let denied = result
+        .as_ref()
+        .err()
+        .filter(|e| e.kind() == ErrorKind::PermissionDenied)
+        .map(crate::error::permission_remedy);
 
     // Verify against the committed config; revert what stayed pending.
     let after = client.vm_config(node, vmid, d).await?;
@@ -665,9 +677,14 @@ async fn write_once(
                         .record_absent(client.region(), &volid, vmid)
                         .await;
                     if !retry_rest && !multi {
-                        done.push((i, Err(CtlError::Unavailable(format!(
-                            "attaching {volid} to VM {vmid} as {} failed and was reverted: {why}", p.slot
-                        )))));
+                        done.push((i, Err(match &denied {
+                            Some(remedy) => CtlError::FailedPrecondition(format!(
+                                "attaching {volid} to VM {vmid} as {}: {remedy}", p.slot
+                            )),
+                            None => CtlError::Unavailable(format!(
+                                "attaching {volid} to VM {vmid} as {} failed and was reverted: {why}", p.slot
+                            )),
+                        })));
                     }
                 }
             }
@@ -692,9 +709,14 @@ async fn write_once(
                 } else if !retry_rest && !multi {
                     done.push((
                         i,
-                        Err(CtlError::Unavailable(format!(
-                            "detaching {volid} from VM {vmid} failed and was reverted: {why}"
-                        ))),
+                        Err(match &denied {
+                            Some(remedy) => CtlError::FailedPrecondition(format!(
+                                "detaching {volid} from VM {vmid}: {remedy}"
+                            )),
+                            None => CtlError::Unavailable(format!(
+                                "detaching {volid} from VM {vmid} failed and was reverted: {why}"
+                            )),
+                        }),
                     ));
                 }
             }

@@ -54,15 +54,30 @@ const RETRY_UNREADABLE: std::time::Duration = std::time::Duration::from_secs(5);
 /// of VMs is read in a few round trips, not one VM after another.
 const READS_IN_FLIGHT: usize = 16;
 
-/// VM `vm`'s config, within `READ_ONE` of when its read starts.
+/// VM `vm`'s config, within `READ_ONE` of when its read starts. A VM that
+/// moved (a migration, HA) answers "Configuration file … does not exist"
+/// on the node the VM list still names: it is read where the cluster lists
+/// it now, and only a VM the cluster no longer lists counts as gone.
 async fn read_one(
     client: &Client,
+    index: &VmIndex,
     vm: VmResource,
     d: Deadline,
 ) -> (VmResource, Result<VmConfig, PveError>) {
     let short = Deadline(d.0.min(std::time::Instant::now() + READ_ONE));
-    let cfg = client.vm_config(&vm.node, vm.vmid, short).await;
-    (vm, cfg)
+    match client.vm_config(&vm.node, vm.vmid, short).await {
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            match index.current(client, vm.vmid, short).await {
+                Ok(Some(now)) if now.node != vm.node => {
+                    let cfg = client.vm_config(&now.node, vm.vmid, short).await;
+                    (now, cfg)
+                }
+                Ok(_) => (vm, Err(e)),
+                Err(listing) => (vm, Err(listing)),
+            }
+        }
+        other => (vm, other),
+    }
 }
 
 /// The VMs whose disks are attachments: not the controller's own copy VMs
@@ -93,11 +108,12 @@ impl Region {
     async fn read_all(
         &mut self,
         client: &Client,
+        index: &VmIndex,
         vms: &[VmResource],
         d: Deadline,
     ) -> Result<(), PveError> {
         use futures::stream::{self, StreamExt};
-        let reads = vms.iter().cloned().map(|vm| read_one(client, vm, d));
+        let reads = vms.iter().cloned().map(|vm| read_one(client, index, vm, d));
         let read: Vec<_> = stream::iter(reads)
             .buffer_unordered(READS_IN_FLIGHT)
             .collect()
@@ -113,6 +129,7 @@ impl Region {
     async fn read_all_up(
         &mut self,
         client: &Client,
+        index: &VmIndex,
         vms: Vec<VmResource>,
         d: Deadline,
     ) -> Result<(), PveError> {
@@ -128,7 +145,7 @@ impl Region {
                 ),
             );
         }
-        self.read_all(client, &up, d).await
+        self.read_all(client, index, &up, d).await
     }
 
     /// VM `vm`'s config read into the index. A node that does not answer
@@ -188,7 +205,7 @@ impl Region {
             generation: self.generation + 1,
             ..Region::default()
         };
-        fresh.read_all_up(client, vms, d).await?;
+        fresh.read_all_up(client, index, vms, d).await?;
         for vmid in fresh.unreadable.keys() {
             if self.read_once.contains(vmid) {
                 fresh.read_once.insert(*vmid);
@@ -266,7 +283,7 @@ impl Attachments {
                 retry.push(vm);
             }
         }
-        region.read_all(client, &retry, d).await?;
+        region.read_all(client, index, &retry, d).await?;
         if let Some(vmid) = region.found.get(volid) {
             return Ok((Some(*vmid), region.generation));
         }
@@ -344,7 +361,7 @@ impl Attachments {
         // Every VM asked, its node offline or not: this read is the truth
         // of what cannot be undone (a VM on a node that is down costs one
         // READ_ONE wait).
-        now.read_all(client, &vms, d).await?;
+        now.read_all(client, index, &vms, d).await?;
         let mut map = self.map.lock().await;
         let known = map.get(client.region());
         // A VM that does not answer now holds what it held when last read

@@ -68,7 +68,7 @@ impl From<PveError> for CtlError {
 /// status when Proxmox checks in the worker): not worth retrying until
 /// someone grants it, so the sidecar's backoff is FailedPrecondition, and
 /// the text names what to grant where.
-fn permission_remedy(e: &PveError) -> String {
+pub fn permission_remedy(e: &PveError) -> String {
     let message = e.message();
     match crate::pve::errors::denied_privilege(&message) {
         Some((_, privs)) if privs.contains("for modifying tag") => format!(

@@ -183,6 +183,37 @@ impl Kube {
         }))
     }
 
+    /// Whether PersistentVolume `name` of `driver` has volume handle
+    /// `handle` and is bound to a claim (not Released or Failed).
+    pub async fn bound_pv_named(
+        &self,
+        driver: &str,
+        handle: &str,
+        name: &str,
+    ) -> Result<bool, CtlError> {
+        if name.is_empty() {
+            return Ok(false);
+        }
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let pv = match pvs.get_opt(name).await {
+            Ok(pv) => pv,
+            Err(e) => return Err(unavailable("reading a PersistentVolume", e)),
+        };
+        Ok(pv.is_some_and(|pv| {
+            let ours = pv
+                .spec
+                .as_ref()
+                .and_then(|s| s.csi.as_ref())
+                .is_some_and(|c| c.driver == driver && c.volume_handle == handle);
+            let bound = pv
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .is_some_and(|p| p == "Bound");
+            ours && bound
+        }))
+    }
+
     /// The version of `storage.k8s.io` that serves VolumeAttributesClasses:
     /// `v1` from Kubernetes 1.34, `v1beta1` on 1.31–1.33 (where the feature
     /// gate and the API must be switched on), asked of the server's

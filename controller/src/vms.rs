@@ -106,12 +106,15 @@ impl VmIndex {
         Ok(Vec::new())
     }
 
-    /// One of the controller's own VMs, `name`d and tagged `kind`. Its
-    /// name comes into `/cluster/resources` from RRD data pvestatd writes
-    /// about every 10 s (pve-manager PVE/API2Tools.pm extract_vm_stats;
-    /// PVE/Service/pvestatd.pm update_qemu_status), its tags at once: a VM
-    /// of the kind listed without a name yet is asked for its config. VMs
-    /// made by earlier versions carry a `csi-name.<name>` tag as well.
+    /// One of the controller's own VMs, `name`d and tagged `proxmox-csi`
+    /// and `kind`. Its name comes into `/cluster/resources` from RRD data
+    /// pvestatd writes about every 10 s (pve-manager PVE/API2Tools.pm
+    /// extract_vm_stats; PVE/Service/pvestatd.pm update_qemu_status), its
+    /// tags at once: a VM listed without a name yet is asked for its config.
+    /// VMs made by earlier versions carry a `csi-name.<name>` tag as well.
+    /// A VM the driver made without tags (a tag policy that refuses them at
+    /// creation) and never got to tag (a lost answer, a restart) is known by
+    /// its name and the description the driver writes, and tagged now.
     pub async fn own(
         &self,
         client: &Client,
@@ -120,29 +123,60 @@ impl VmIndex {
         d: Deadline,
     ) -> Result<Option<VmResource>, PveError> {
         let tag = name_tag(name);
+        let ours = |v: &VmResource| v.has_tag(OWN_TAG) && v.has_tag(kind);
         for refresh in [false, true] {
             let rows = self.rows(client, refresh, d).await?;
             if let Some(v) = rows
                 .iter()
-                .find(|v| v.has_tag(kind) && (v.has_tag(&tag) || v.name.as_deref() == Some(name)))
+                .find(|v| ours(v) && (v.has_tag(&tag) || v.name.as_deref() == Some(name)))
             {
                 return Ok(Some(v.clone()));
             }
             if !refresh {
                 continue;
             }
-            for v in rows.iter().filter(|v| v.has_tag(kind) && v.name.is_none()) {
-                match client.vm_config(&v.node, v.vmid, d).await {
-                    Ok(cfg) if cfg.values.get("name").map(String::as_str) == Some(name) => {
-                        return Ok(Some(VmResource {
-                            name: Some(name.to_string()),
-                            ..v.clone()
-                        }));
-                    }
-                    Ok(_) => {}
-                    Err(e) if e.is_not_found() => {}
+            let untagged = |v: &VmResource| v.tags.as_deref().is_none_or(|t| t.trim().is_empty());
+            let maybe = rows.iter().filter(|v| {
+                (ours(v) && v.name.is_none())
+                    || (untagged(v) && v.name.as_deref().is_none_or(|n| n == name))
+            });
+            for v in maybe {
+                let cfg = match client.vm_config(&v.node, v.vmid, d).await {
+                    Ok(cfg) => cfg,
+                    Err(e) if e.is_not_found() => continue,
                     Err(e) => return Err(e),
+                };
+                if cfg.values.get("name").map(String::as_str) != Some(name) {
+                    continue;
                 }
+                let mut found = VmResource {
+                    name: Some(name.to_string()),
+                    ..v.clone()
+                };
+                if !ours(v) {
+                    let made_by_driver = cfg
+                        .values
+                        .get("description")
+                        .is_some_and(|d| d.contains(crate::ctl::OWNED_VM_NOTE.trim_end()));
+                    if !made_by_driver {
+                        continue;
+                    }
+                    let tags = format!("{OWN_TAG};{kind}");
+                    let form = [
+                        ("tags", tags.clone()),
+                        ("protection", "1".to_string()),
+                        ("digest", cfg.digest.clone()),
+                    ];
+                    tracing::info!(
+                        vmid = v.vmid,
+                        name,
+                        "a VM of the driver without its tags: tagging it"
+                    );
+                    client.update_config(&v.node, v.vmid, &form, d).await?;
+                    found.tags = Some(tags);
+                    self.invalidate(client.region()).await;
+                }
+                return Ok(Some(found));
             }
         }
         Ok(None)

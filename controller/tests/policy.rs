@@ -111,6 +111,9 @@ async fn copy_vms_are_made_under_a_tag_policy_that_lists_the_driver_tags() {
         .rsplit("snapshot-vm-")
         .next()
         .unwrap()
+        .split('.')
+        .next()
+        .unwrap()
         .parse()
         .unwrap();
     let vm = e.vm(vmid).await;
@@ -162,6 +165,9 @@ async fn existing_driver_tags_admit_new_copy_vms_under_the_existing_policy() {
     let vmid: u32 = snap
         .snapshot_id
         .rsplit("snapshot-vm-")
+        .next()
+        .unwrap()
+        .split('.')
         .next()
         .unwrap()
         .parse()

@@ -191,7 +191,7 @@ async fn a_new_vm_never_takes_the_placeholder_vmid() {
     assert_eq!(copies.len(), 1);
     assert_eq!(copies[0]["vmid"], 10000, "{copies:?}");
     assert!(
-        s.snapshot_id.ends_with("snapshot-vm-10000"),
+        s.snapshot_id.contains("/snapshot-vm-10000."),
         "{}",
         s.snapshot_id
     );

@@ -63,13 +63,25 @@ impl Controller {
                 match super::snapshot_ref(&format!("{field}.snapshot.snapshot_id"), &s.snapshot_id)?
                 {
                     SnapshotId::Volume(id) => volume(id, s.snapshot_id.clone()).await,
-                    SnapshotId::Copy { region, vmid, .. } => {
+                    SnapshotId::Copy {
+                        region, vmid, mark, ..
+                    } => {
                         let client = self.client_of("snapshot", &s.snapshot_id, &region)?;
                         let gone = || {
                             CtlError::NotFound(format!("snapshot {} does not exist", s.snapshot_id))
                         };
                         // The copy runs on the copy VM's node: where it is now.
-                        let vm = self.vms.current(&client, vmid, d).await?.ok_or_else(gone)?;
+                        let vm = self
+                            .vms
+                            .current(&client, vmid, d)
+                            .await?
+                            .filter(|v| {
+                                v.has_tag(crate::vms::OWN_TAG) && v.has_tag(super::SNAPSHOT_TAG)
+                            })
+                            .ok_or_else(gone)?;
+                        if !self.marked(&client, &vm, mark.as_deref(), d).await? {
+                            return Err(gone());
+                        }
                         let info = self.read_copy(&client, &vm, d).await?.ok_or_else(|| {
                             CtlError::Unavailable(format!(
                                 "snapshot {} is not ready yet (its copy is running)",

@@ -58,6 +58,8 @@ pub enum CopyState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CopyInfo {
     pub vmid: u32,
+    /// The copy VM's name (a snapshot id carries its mark).
+    pub name: String,
     pub node: String,
     /// `<storage>:<volume>` of the copy.
     pub volid: String,
@@ -180,6 +182,10 @@ impl Controller {
                 zone: vm.node.clone(),
                 storage,
                 vmid: vm.vmid,
+                mark: cfg
+                    .values
+                    .get("name")
+                    .map(|n| super::snapshot::name_mark(n)),
             }
             .to_string(),
             source_volume_id: source,
@@ -220,6 +226,7 @@ impl Controller {
             .unwrap_or(0);
         Ok(Some(CopyInfo {
             vmid: vm.vmid,
+            name: cfg.get("name").cloned().unwrap_or_default(),
             node: vm.node.clone(),
             volid,
             size,
@@ -321,11 +328,21 @@ impl Controller {
                         // import from before a restart) or the source's owner
                         // VM's (qemu-server locks it for the whole import).
                         // Still copying, as far as the caller is concerned.
-                        if classify(None, &exit, Origin::Task(task_type(&upid))) == ErrorKind::Busy
-                        {
-                            return Ok(copying(format!(
-                                "the last import waited for a lock in vain ({exit}); the next call starts it again"
-                            )));
+                        match classify(None, &exit, Origin::Task(task_type(&upid))) {
+                            ErrorKind::Busy => {
+                                return Ok(copying(format!(
+                                    "the last import waited for a lock in vain ({exit}); the next call starts it again"
+                                )));
+                            }
+                            // Refused by Proxmox's worker: not started again
+                            // until the privilege is granted.
+                            ErrorKind::PermissionDenied => {
+                                return Err(CtlError::FailedPrecondition(format!(
+                                    "copying {} into VM {}: Proxmox refused it ({exit}); grant the privilege it names to the CSI role (docs/proxmox-role.md)",
+                                    spec.source, vm.vmid
+                                )));
+                            }
+                            _ => {}
                         }
                         return Err(CtlError::Unavailable(format!(
                             "copying {} into VM {} failed: {exit}; the next call starts it again",

@@ -11,8 +11,9 @@ use crate::volume::VolumeId;
 const NODE_TRY: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl Controller {
-    /// Before an untagged (Go driver's) holder is destroyed: it holds no
-    /// disk but the volume's, so nothing else goes with it.
+    /// Before a VM that owns the volume is destroyed (a Go driver's holder,
+    /// a clone's copy VM): it holds no disk but the volume's, so nothing
+    /// else goes with it.
     async fn holds_only(
         &self,
         client: &Client,
@@ -34,7 +35,7 @@ impl Controller {
             return Ok(());
         }
         Err(CtlError::FailedPrecondition(format!(
-            "VM {} ({}) holds replicated volume {id} and other disks ({}); it is not destroyed with the volume: \
+            "VM {} ({}) holds volume {id} and other disks ({}); it is not destroyed with the volume: \
              detach them first",
             holder.vmid,
             holder.name.as_deref().unwrap_or_default(),
@@ -192,8 +193,10 @@ impl Controller {
     /// free_image deactivates on the local node, then `rbd rm` fails while
     /// another node watches the image). So a failed delete on shared RBD is
     /// run on the node that last held the disk, then on each other node with
-    /// the storage: every failed free unmaps it there, and a free that fails
-    /// removes nothing. The first error is kept if none succeeds.
+    /// the storage: every failed free unmaps it there. A failed free has
+    /// already purged the image's RBD snapshots (free_image runs `rbd snap
+    /// purge` before `rbd rm`), as the first attempt did; the image itself
+    /// stays until one succeeds. The first error is kept if none does.
     async fn delete_elsewhere(
         &self,
         client: &Client,
@@ -285,8 +288,29 @@ impl Controller {
         // the disk and leaves no stale reference behind.
         if let Some(owner) = id.owner().filter(|o| *o != self.controller_vmid)
             && let Some(vm) = self.vms.node_of(&client, owner, d).await?
+            && vm.has_tag(crate::vms::OWN_TAG)
             && vm.has_tag(super::clone::VOLUME_TAG)
         {
+            // The VMID may have been handed to another clone since this
+            // volume's VM was destroyed (a retried delete whose first answer
+            // was lost): a VM named for a claim still bound to the same
+            // handle is that claim's, and this volume is gone.
+            if let Some(k) = &self.kube {
+                let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
+                let name = cfg.values.get("name").cloned().unwrap_or_default();
+                if k.bound_pv_named(&self.driver_name, volume_id, &name)
+                    .await?
+                {
+                    tracing::info!(
+                        volume_id,
+                        vmid = vm.vmid,
+                        name,
+                        "the VM holds a bound volume of the same handle: this one is gone"
+                    );
+                    return Ok(());
+                }
+            }
+            self.holds_only(&client, &vm, &id, d).await?;
             return self.destroy_copy(&client, &vm, d).await;
         }
         let node = self.delete_node(&client, &id, node, d).await;

@@ -64,6 +64,10 @@ impl Controller {
     /// The holder VM on `node`, created (stopped, no disks) if missing.
     pub async fn holder(&self, client: &Client, node: &str, d: Deadline) -> Result<u32, CtlError> {
         let name = holder_name(node);
+        let _one_at_a_time = self
+            .holder_locks
+            .lock(format!("{}/{name}", client.region()))
+            .await;
         if let Some(vm) = self.vms.own(client, &name, HOLDER_TAG, d).await?
             && vm.node == node
         {
@@ -189,7 +193,8 @@ impl Controller {
     /// Gives a VM just made without them its tags and protection, in one
     /// write. A refusal (the policy refuses the tags too) or any other
     /// failure destroys the empty VM again, unless that write may have
-    /// been applied: then it is protected and tagged, and found next time.
+    /// been applied: then the next call finds the VM, tagged or not
+    /// (`VmIndex::own` tags a VM of the driver found without its tags).
     async fn tag_new_vm(
         &self,
         client: &Client,
@@ -394,3 +399,19 @@ pub const NEW_VM_PRIVILEGES: &[&str] = &[
     "VM.Config.HWType",
     "VM.Config.Options",
 ];
+
+/// One async lock per holder name: two offline expansions on one node at
+/// once find or make one holder VM, not one each.
+#[derive(Debug, Default)]
+pub struct HolderLocks(std::sync::Mutex<HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>>);
+
+impl HolderLocks {
+    async fn lock(&self, key: String) -> tokio::sync::OwnedMutexGuard<()> {
+        let m = {
+            let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            map.retain(|_, l| std::sync::Arc::strong_count(l) > 1);
+            map.entry(key).or_default().clone()
+        };
+        m.lock_owned().await
+    }
+}

@@ -33,7 +33,9 @@ pub use clone::VOLUME_TAG;
 pub use copy::{drive_size, vm_name};
 pub use holder::{DRIVER_TAGS, NewVm, OWNED as OWNED_VM_NOTE, TAG as CSI_TAG};
 pub use replicate::REPLICATED_TAG;
-pub use snapshot::{SNAPSHOT_TAG, SnapshotId, snapshot_class_warnings};
+pub use snapshot::{
+    SNAPSHOT_TAG, SnapshotId, name_mark as snapshot_name_mark, snapshot_class_warnings,
+};
 
 /// Shared state of the controller.
 #[derive(Debug)]
@@ -45,6 +47,8 @@ pub struct Controller {
     /// VMIDs handed to a create lately, kept from the next one while
     /// Proxmox may not list them yet.
     recent_vmids: holder::RecentVmids,
+    /// Serialises finding or making each node's holder VM.
+    holder_locks: holder::HolderLocks,
     pub vms: Arc<VmIndex>,
     pub attacher: Arc<Attacher>,
     imports: copy::Imports,
@@ -106,6 +110,7 @@ impl Controller {
             controller_vmid,
             vmid_range: crate::config::VmidRange::above(controller_vmid),
             recent_vmids: holder::RecentVmids::default(),
+            holder_locks: holder::HolderLocks::default(),
             vms: vms.clone(),
             attacher: Arc::new(Attacher::new(vms)),
             imports: copy::Imports::default(),

@@ -334,12 +334,14 @@ impl Controller {
         d: Deadline,
     ) -> Result<(), CtlError> {
         let mut wait = std::time::Duration::from_millis(200);
+        let mut seen_moving = holder.hastate.as_deref().is_some_and(ha_moving);
         loop {
             let now = self.vms.current(client, holder.vmid, d).await?;
             let state = now
                 .as_ref()
                 .and_then(|v| v.hastate.clone())
                 .unwrap_or_default();
+            seen_moving |= ha_moving(&state);
             if state == "error" {
                 return Err(CtlError::FailedPrecondition(format!(
                     "holder VM {} is HA-managed and Proxmox's HA manager failed to move it to {node} (hastate error); \
@@ -351,6 +353,16 @@ impl Controller {
                 return Ok(());
             }
             if d.remaining() <= wait {
+                // Never seen moving: the HA manager ignored the request (a
+                // target outside the resource's group or rules), and asking
+                // again would not change that.
+                if !seen_moving {
+                    return Err(CtlError::FailedPrecondition(format!(
+                        "holder VM {} is HA-managed and Proxmox's HA manager did not move it to {node} (hastate {state}); \
+                         allow {node} in its HA group or rules (ha-manager status), or remove the holder from HA",
+                        holder.vmid
+                    )));
+                }
                 return Err(CtlError::Unavailable(format!(
                     "holder VM {} is HA-managed: Proxmox's HA manager is moving it to {node} (hastate {state}); the next call waits on",
                     holder.vmid

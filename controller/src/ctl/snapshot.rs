@@ -35,6 +35,10 @@ pub enum SnapshotId {
         zone: String,
         storage: String,
         vmid: u32,
+        /// `name_mark` of the copy VM's name: Proxmox hands a VMID out
+        /// again once its VM is gone, and a snapshot id must never name
+        /// another snapshot's copy. Absent in ids of earlier versions.
+        mark: Option<String>,
     },
     /// A Go driver snapshot: a plain volume.
     Volume(VolumeId),
@@ -43,15 +47,27 @@ pub enum SnapshotId {
 impl SnapshotId {
     pub fn parse(raw: &str) -> Result<Self, String> {
         let v = VolumeId::parse(raw).map_err(|e| e.replace("volume id", "snapshot id"))?;
-        match v.disk.strip_prefix(PREFIX).map(str::parse::<u32>) {
-            Some(Ok(vmid)) => Ok(Self::Copy {
+        let copy = v.disk.strip_prefix(PREFIX).map(|rest| {
+            let (vmid, mark) = match rest.split_once('.') {
+                Some((vmid, mark)) => (vmid, Some(mark)),
+                None => (rest, None),
+            };
+            match (vmid.parse::<u32>(), mark) {
+                (Ok(vmid), None) => Some((vmid, None)),
+                (Ok(vmid), Some(m)) if is_mark(m) => Some((vmid, Some(m.to_string()))),
+                _ => None,
+            }
+        });
+        match copy {
+            Some(Some((vmid, mark))) => Ok(Self::Copy {
                 region: v.region,
                 zone: v.zone.unwrap_or_default(),
                 storage: v.storage,
                 vmid,
+                mark,
             }),
-            Some(Err(_)) => Err(format!(
-                "snapshot id {raw:?}: {PREFIX} must be followed by a VMID"
+            Some(None) => Err(format!(
+                "snapshot id {raw:?}: {PREFIX} must be followed by a VMID (and .<8 hex digits>)"
             )),
             None => Ok(Self::Volume(v)),
         }
@@ -73,10 +89,35 @@ impl fmt::Display for SnapshotId {
                 zone,
                 storage,
                 vmid,
+                mark: None,
             } => write!(f, "{region}/{zone}/{storage}/{PREFIX}{vmid}"),
+            Self::Copy {
+                region,
+                zone,
+                storage,
+                vmid,
+                mark: Some(mark),
+            } => write!(f, "{region}/{zone}/{storage}/{PREFIX}{vmid}.{mark}"),
             Self::Volume(v) => v.fmt(f),
         }
     }
+}
+
+/// 8 hex digits of the SHA-256 of a copy VM's name, in the snapshot ids
+/// that name it (`snapshot-vm-<vmid>.<mark>`).
+pub fn name_mark(vm_name: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(vm_name.as_bytes())
+        .iter()
+        .take(4)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn is_mark(s: &str) -> bool {
+    s.len() == 8
+        && s.bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
 }
 
 pub(super) fn timestamp(secs: i64) -> Option<prost_types::Timestamp> {
@@ -95,6 +136,7 @@ pub(super) fn snapshot_of(region: &str, info: &CopyInfo) -> csi::Snapshot {
             zone: info.node.clone(),
             storage,
             vmid: info.vmid,
+            mark: Some(name_mark(&info.name)),
         }
         .to_string(),
         source_volume_id: info.source_handle.clone(),
@@ -239,6 +281,7 @@ impl Controller {
                         zone: node,
                         storage: spec.storage,
                         vmid,
+                        mark: Some(name_mark(&vm_name(&r.name))),
                     }
                     .to_string(),
                     source_volume_id: r.source_volume_id.clone(),
@@ -275,18 +318,37 @@ impl Controller {
                 }
                 Ok(())
             }
-            SnapshotId::Copy { vmid, .. } => {
+            SnapshotId::Copy { vmid, ref mark, .. } => {
                 let Some(vm) = self.vms.node_of(&client, vmid, d).await? else {
                     return Ok(());
                 };
-                if !vm.has_tag(SNAPSHOT_TAG) {
+                if !(vm.has_tag(crate::vms::OWN_TAG) && vm.has_tag(SNAPSHOT_TAG)) {
                     return Err(CtlError::FailedPrecondition(format!(
-                        "snapshot {snapshot_id}: VM {vmid} is not a snapshot of this driver (no {SNAPSHOT_TAG} tag); it is left alone"
+                        "snapshot {snapshot_id}: VM {vmid} is not a snapshot of this driver (no {} and {SNAPSHOT_TAG} tags); it is left alone",
+                        crate::vms::OWN_TAG
                     )));
+                }
+                if !self.marked(&client, &vm, mark.as_deref(), d).await? {
+                    tracing::info!(%snapshot_id, vmid, "VM now holds another snapshot: this one is gone");
+                    return Ok(());
                 }
                 self.destroy_copy(&client, &vm, d).await
             }
         }
+    }
+
+    /// Whether copy VM `vm` is the one a snapshot id with `mark` names
+    /// (its name's mark); ids without a mark are taken by their VMID.
+    pub(super) async fn marked(
+        &self,
+        client: &crate::pve::Client,
+        vm: &crate::pve::api::VmResource,
+        mark: Option<&str>,
+        d: Deadline,
+    ) -> Result<bool, CtlError> {
+        let Some(mark) = mark else { return Ok(true) };
+        let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
+        Ok(cfg.values.get("name").is_some_and(|n| name_mark(n) == mark))
     }
 
     /// The snapshot behind `id`, ready or not; `None` if it is gone.
@@ -311,15 +373,20 @@ impl Controller {
                         ..Default::default()
                     }))
             }
-            SnapshotId::Copy { region, vmid, .. } => {
+            SnapshotId::Copy {
+                region, vmid, mark, ..
+            } => {
                 let Some(vm) = self
                     .vms
                     .node_of(&client, *vmid, d)
                     .await?
-                    .filter(|v| v.has_tag(SNAPSHOT_TAG))
+                    .filter(|v| v.has_tag(crate::vms::OWN_TAG) && v.has_tag(SNAPSHOT_TAG))
                 else {
                     return Ok(None);
                 };
+                if !self.marked(&client, &vm, mark.as_deref(), d).await? {
+                    return Ok(None);
+                }
                 Ok(Some(self.copy_snapshot(&client, &vm, region, d).await?))
             }
         }
@@ -402,10 +469,20 @@ mod tests {
                 region: "region-1".into(),
                 zone: "pve2".into(),
                 storage: "local-lvm".into(),
-                vmid: 104
+                vmid: 104,
+                mark: None,
             }
         );
         assert_eq!(ours.to_string(), "region-1/pve2/local-lvm/snapshot-vm-104");
+        let marked = SnapshotId::parse("region-1/pve2/local-lvm/snapshot-vm-104.0a1b2c3d").unwrap();
+        assert!(
+            matches!(&marked, SnapshotId::Copy { vmid: 104, mark: Some(m), .. } if m == "0a1b2c3d")
+        );
+        assert_eq!(
+            marked.to_string(),
+            "region-1/pve2/local-lvm/snapshot-vm-104.0a1b2c3d"
+        );
+        assert!(SnapshotId::parse("region-1/pve2/local-lvm/snapshot-vm-104.xyz").is_err());
         let go = SnapshotId::parse("region-1/pve2/local-lvm/vm-9999-snapshot-5bc58ec7").unwrap();
         assert!(matches!(go, SnapshotId::Volume(ref v) if v.disk == "vm-9999-snapshot-5bc58ec7"));
         assert!(

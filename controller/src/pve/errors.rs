@@ -91,16 +91,30 @@ const VOLUME: &str = "/nodes/{node}/storage/{storage}/content/{volume}";
 fn anywhere(_: &Origin) -> bool {
     true
 }
-/// A VM's endpoints, or a task (which runs on a VM or a volume).
+/// The tasks that run on a VM's config (qemu-server API2/Qemu.pm
+/// fork_worker types).
+const VM_TASKS: &[&str] = &[
+    "qmconfig",
+    "qmcreate",
+    "qmdestroy",
+    "resize",
+    "qmigrate",
+    "qmmove",
+];
+/// The tasks that act on a volume: resize, an import (`qmconfig`), a move,
+/// a delete (pve-storage API2/Storage/Content.pm `imgdel`).
+const VOLUME_TASKS: &[&str] = &["resize", "qmconfig", "qmmove", "imgdel"];
+
+/// A VM's endpoints, or a task on a VM's config.
 fn vm(o: &Origin) -> bool {
-    o.under("/nodes/{node}/qemu/{vmid}")
+    match o {
+        Origin::Call { endpoint, .. } => endpoint.starts_with("/nodes/{node}/qemu/{vmid}"),
+        Origin::Task(_) => o.is_task(VM_TASKS),
+    }
 }
-/// A volume's info, or a task acting on a volume (resize, import, delete).
+/// A volume's info, or a task acting on a volume.
 fn volume(o: &Origin) -> bool {
-    o.is_call("GET", VOLUME) || matches!(o, Origin::Task(_))
-}
-fn volume_info(o: &Origin) -> bool {
-    o.is_call("GET", VOLUME)
+    o.is_call("GET", VOLUME) || o.is_task(VOLUME_TASKS)
 }
 /// A storage's own config or status, where the storage is the object asked for.
 fn storage(o: &Origin) -> bool {
@@ -155,12 +169,6 @@ pub const CORPUS: &[Known] = &[
         volume,
         NotFound,
         "pve-storage src/PVE/Storage/RBDPlugin.pm volume_size_info: rbd's \"error opening image $name: (2) No such file or directory\"",
-    ),
-    known(
-        &["volume_size_info on '", "' failed - no format"],
-        volume_info,
-        NotFound,
-        "pve-storage src/PVE/API2/Storage/Content.pm info: \"volume_size_info on '$volid' failed - no format\" (a file that is not there has no format)",
     ),
     // Locks.
     known(
@@ -362,12 +370,6 @@ mod tests {
             ),
             (
                 Some(500),
-                "volume_size_info on 'local:9999/vm-9999-x.raw' failed - no format",
-                INFO,
-                NotFound,
-            ),
-            (
-                Some(500),
                 "can't lock file '/var/lock/qemu-server/lock-100.conf' - got timeout",
                 SET,
                 Busy,
@@ -472,6 +474,14 @@ mod tests {
             ("disk image '/dev/pve/vm-1-disk-0' already exists", CREATE),
             ("VM 105 already exists on node 'pve2'", ALLOC),
             ("hotplug problem - x", ALLOC),
+            // Content.pm info without activating the storage: a file stat
+            // could not read (an unmounted directory storage) or qemu-img
+            // could not probe has "no format" too (Plugin.pm
+            // file_size_info): the storage's listing settles it.
+            (
+                "volume_size_info on 'local:9999/vm-9999-x.raw' failed - no format",
+                INFO,
+            ),
         ];
         for (text, origin) in cases {
             assert_eq!(

@@ -839,7 +839,14 @@ impl Campaign {
             .vols
             .iter()
             .flat_map(|v| v.snapshots.iter())
-            .filter_map(|(_, id)| id.rsplit("snapshot-vm-").next()?.parse().ok())
+            .filter_map(|(_, id)| {
+                id.rsplit("snapshot-vm-")
+                    .next()?
+                    .split('.')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
             .collect();
         let mut attached: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         for vm in vms.as_array().cloned().unwrap_or_default() {

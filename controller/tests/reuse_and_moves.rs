@@ -1,0 +1,266 @@
+//! Sequences an adversarial review found breaking the controller's
+//! promises (nothing destroyed that is not the request's own, no stray VM,
+//! a refused privilege named once), each kept as a test.
+
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+mod common;
+
+use common::*;
+use proxmox_csi_proto::csi::v1 as csi;
+use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
+use tonic::{Code, Request};
+
+async fn named(e: &Env, name: &str) -> Vec<serde_json::Value> {
+    e.admin("GET", "vms", "")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["config"]["name"] == name)
+        .cloned()
+        .collect()
+}
+
+/// A worker live-migrates while a controller's VM list still names its old
+/// node: the old node answers "Configuration file … does not exist", which
+/// means "not here", not "gone". DeleteVolume must still see the volume
+/// attached and keep it.
+#[tokio::test]
+async fn a_volume_on_a_worker_that_migrated_is_not_deleted() {
+    let e = env_with_role(
+        "[VM.Audit, VM.Config.Disk, VM.Migrate, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]",
+    )
+    .await;
+    let v = create_in(&e, "pvc-nfs", &[("storage", "nfs")], None).await;
+    e.svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-3")))
+        .await
+        .unwrap();
+    // Another controller (a restart) lists the VMs, worker-3 on pve2, while
+    // it looks up the owner of a volume that is not there.
+    let other = proxmox_csi_controller::csi::controller::ControllerService(std::sync::Arc::new(
+        controller_on(&e),
+    ));
+    other
+        .delete_volume(Request::new(delete_req(&csi::Volume {
+            volume_id: "region-1//nfs/vm-5555-pvc-x".into(),
+            ..Default::default()
+        })))
+        .await
+        .unwrap();
+    e.api_write(
+        "POST",
+        "/nodes/pve2/qemu/113/migrate",
+        &[("target", "pve1"), ("online", "1")],
+    )
+    .await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while e.vm(113).await["node"] != "pve1" {
+        assert!(std::time::Instant::now() < deadline, "the VM never moved");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let err = other
+        .delete_volume(Request::new(delete_req(&v)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("attached to VM 113"),
+        "{}",
+        err.message()
+    );
+    assert!(
+        e.admin("GET", "volumes", "")
+            .await
+            .to_string()
+            .contains("pvc-nfs"),
+        "the attached volume was deleted"
+    );
+}
+
+/// A snapshot deleted (its answer lost), the controller restarted, a new
+/// snapshot made under the VMID handed out again: the snapshotter's retried
+/// DeleteSnapshot of the first leaves the second alone.
+#[tokio::test]
+async fn a_retried_snapshot_delete_never_destroys_a_newer_snapshot_under_its_vmid() {
+    let e = env_with_role(COPY_ROLE).await;
+    let v = create(&e, "pvc-a", Some("pve2")).await;
+    let s1 = until_ready(&e, "snapshot-1", &v.volume_id)
+        .await
+        .pop()
+        .unwrap();
+    let delete = |id: &str| {
+        Request::new(csi::DeleteSnapshotRequest {
+            snapshot_id: id.to_string(),
+            ..Default::default()
+        })
+    };
+    e.svc
+        .delete_snapshot(delete(&s1.snapshot_id))
+        .await
+        .unwrap();
+    let restarted = proxmox_csi_controller::csi::controller::ControllerService(
+        std::sync::Arc::new(controller_on(&e)),
+    );
+    let e = Env {
+        sim: e.sim,
+        svc: restarted,
+        http: e.http,
+    };
+    let s2 = until_ready(&e, "snapshot-2", &v.volume_id)
+        .await
+        .pop()
+        .unwrap();
+    let vmid = |id: &str| {
+        id.rsplit("snapshot-vm-")
+            .next()
+            .unwrap()
+            .split('.')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        vmid(&s1.snapshot_id),
+        vmid(&s2.snapshot_id),
+        "the VMID was not handed out again"
+    );
+    assert_ne!(s1.snapshot_id, s2.snapshot_id, "two snapshots share an id");
+    e.svc
+        .delete_snapshot(delete(&s1.snapshot_id))
+        .await
+        .unwrap();
+    assert_eq!(
+        named(&e, "snapshot-2").await.len(),
+        1,
+        "snapshot-2 was destroyed"
+    );
+    // Restoring from the first is refused as a snapshot that does not exist.
+    let err = e
+        .svc
+        .create_volume(Request::new(from_source(
+            csi::volume_content_source::Type::Snapshot(
+                csi::volume_content_source::SnapshotSource {
+                    snapshot_id: s1.snapshot_id.clone(),
+                },
+            ),
+            "pvc-from-gone",
+            1 << 30,
+            &[("storage", "local-lvm")],
+            Some("pve2"),
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+}
+
+/// Under a tag policy the copy VM is made untagged, then tagged: the answer
+/// of either write lost, the retries end with one tagged, protected VM.
+#[tokio::test]
+async fn a_lost_answer_while_tagging_a_new_vm_leaves_one_vm() {
+    for skip in [1u32, 2] {
+        let cluster = CLUSTER.replace(
+            "CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]",
+            &format!("CSI: {COPY_ROLE}"),
+        ) + "user-tag-access: { user-allow: list, user-allow-list: [proxmox-csi, csi-snapshot] }\n";
+        let e = env_from(&cluster).await;
+        let v = create(&e, "pvc-a", Some("pve2")).await;
+        e.knobs(&format!(
+            r#"{{"lose_answers": 1, "lose_answers_skip": {skip}, "lost_answer_status": 596}}"#
+        ))
+        .await;
+        let mut ready = false;
+        for _ in 0..40 {
+            if let Ok(s) = e
+                .svc
+                .create_snapshot(Request::new(snap_req("snapshot-1", &v.volume_id)))
+                .await
+                && s.get_ref()
+                    .snapshot
+                    .as_ref()
+                    .is_some_and(|s| s.ready_to_use)
+            {
+                ready = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        assert!(ready, "skip {skip}: the snapshot never became ready");
+        assert_eq!(
+            e.faults().lost_answers,
+            1,
+            "skip {skip}: no answer was lost"
+        );
+        let vms = named(&e, "snapshot-1").await;
+        assert_eq!(vms.len(), 1, "skip {skip}: {vms:?}");
+        assert_eq!(
+            vms[0]["config"]["tags"], "proxmox-csi;csi-snapshot",
+            "skip {skip}"
+        );
+        assert_eq!(vms[0]["config"]["protection"], "1", "skip {skip}");
+    }
+}
+
+/// Two detached volumes of one node expanded at once: one holder VM.
+#[tokio::test]
+async fn concurrent_offline_expansions_share_one_holder() {
+    let e = env_with_role(COPY_ROLE).await;
+    let a = create(&e, "pvc-a", Some("pve2")).await;
+    let b = create(&e, "pvc-b", Some("pve2")).await;
+    let (ra, rb) = tokio::join!(
+        e.svc
+            .controller_expand_volume(Request::new(expand_req(&a, 2 << 30))),
+        e.svc
+            .controller_expand_volume(Request::new(expand_req(&b, 2 << 30))),
+    );
+    ra.unwrap();
+    rb.unwrap();
+    assert_eq!(named(&e, "proxmox-csi-holder-pve2").await.len(), 1);
+}
+
+/// VM.Config.Disk is checked per drive in update_vm's worker: a publish
+/// and a snapshot's import refused there are FailedPrecondition naming it,
+/// not retried as if Proxmox were busy.
+#[tokio::test]
+async fn privileges_refused_in_a_publish_or_an_import_are_failed_precondition() {
+    let e = env_with_role(
+        "[VM.Audit, VM.Config.Options, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]",
+    )
+    .await;
+    let v = create(&e, "pvc-a", Some("pve2")).await;
+    let err = e
+        .svc
+        .controller_publish_volume(Request::new(publish_req(&v, "worker-2")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("lacks VM.Config.Disk on /vms/112"),
+        "{}",
+        err.message()
+    );
+
+    let e = env_with_role(&COPY_ROLE.replace("VM.Config.Disk, ", "")).await;
+    let v = create(&e, "pvc-a", Some("pve2")).await;
+    let mut last = None;
+    for _ in 0..4 {
+        match e
+            .svc
+            .create_snapshot(Request::new(snap_req("snapshot-1", &v.volume_id)))
+            .await
+        {
+            Err(s) if s.code() == Code::FailedPrecondition => {
+                last = Some(s);
+                break;
+            }
+            _ => tokio::time::sleep(std::time::Duration::from_millis(300)).await,
+        }
+    }
+    let err = last.expect("the refused import never answered FailedPrecondition");
+    assert!(
+        err.message().contains("VM.Config.Disk"),
+        "{}",
+        err.message()
+    );
+}
