@@ -139,7 +139,8 @@ def validate(report, objs, where, version):
     for o in objs:
         k = key(o)
         if o.get("apiVersion", "").startswith("monitoring.coreos.com/"):
-            report.check(prometheus_rule_ok(o), f"{where}: {k[0]} {k[2]} is a valid {o['apiVersion']} object", json.dumps(o))
+            ok = pod_monitor_ok(o) if o.get("kind") == "PodMonitor" else prometheus_rule_ok(o)
+            report.check(ok, f"{where}: {k[0]} {k[2]} is a valid {o['apiVersion']} object", json.dumps(o))
             continue
         if o.get("apiVersion", "").startswith("snapshot.storage.k8s.io/"):
             report.check(snapshot_class_ok(o), f"{where}: {k[0]} {k[2]} is a valid {o['apiVersion']} object", json.dumps(o))
@@ -172,6 +173,15 @@ def prometheus_rule_ok(o):
                for g in groups)
 
 
+def pod_monitor_ok(o):
+    """PodMonitor is prometheus-operator's CRD: a selector and endpoints naming ports."""
+    spec = o.get("spec", {})
+    eps = spec.get("podMetricsEndpoints") or []
+    return (o.get("apiVersion") == "monitoring.coreos.com/v1" and set(spec) <= {"selector", "podMetricsEndpoints"}
+            and bool(spec.get("selector", {}).get("matchLabels"))
+            and bool(eps) and all(set(e) <= {"port", "path", "interval"} and e.get("port") for e in eps))
+
+
 def monitoring(r, version):
     """The dashboard ConfigMap and the PrometheusRule carry the chart's files as they are."""
     values = {"dashboard": {"enabled": True},
@@ -192,8 +202,24 @@ def monitoring(r, version):
             and rule["metadata"]["labels"].get("release") == "kube-prometheus-stack",
             "the PrometheusRule holds files/alerts.yaml, with prometheusRule.labels")
     default = helm({})
-    r.check(not any(o["kind"] == "PrometheusRule" or o["metadata"]["name"].endswith("-dashboard") for o in default),
-            "neither is rendered by default")
+    r.check(not any(o["kind"] in ("PrometheusRule", "PodMonitor") or o["metadata"]["name"].endswith("-dashboard")
+                    for o in default),
+            "neither is rendered by default, nor a PodMonitor")
+    # kube-prometheus-stack: a PodMonitor whose selector picks the controller
+    # and node plugin pods, each with a `metrics` port, and no annotations.
+    objs = helm({"metrics": {"type": "podmonitor", "podMonitorLabels": {"release": "kube-prometheus-stack"}}})
+    validate(r, objs, "chart (PodMonitor)", version)
+    pm = next((o for o in objs if o["kind"] == "PodMonitor"), None)
+    pods = [o["spec"]["template"] for o in objs if o["kind"] in ("Deployment", "DaemonSet")]
+    def picked(t):
+        sel = pm["spec"]["selector"]["matchLabels"] if pm else {"-": "-"}
+        return sel.items() <= t["metadata"]["labels"].items() and any(
+            p.get("name") == "metrics" for c in t["spec"]["containers"] for p in c.get("ports", []))
+    r.check(pm is not None and pm["metadata"]["labels"].get("release") == "kube-prometheus-stack"
+            and len(pods) == 2 and all(picked(t) for t in pods)
+            and not any("prometheus.io/scrape" in t["metadata"].get("annotations", {}) for t in pods),
+            "metrics.type=podmonitor: a PodMonitor scrapes the controller's and the node plugin's metrics ports",
+            json.dumps(pm))
 
 
 def pod_problems(ds):
