@@ -538,3 +538,27 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod documented {
+    /// Every key a class may carry is in docs/parameters.md, as a table row.
+    #[test]
+    fn every_key_is_in_the_parameter_reference() {
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/parameters.md"
+        ))
+        .unwrap_or_default();
+        let keys = super::KEYS.iter().chain(super::MUTABLE_KEYS).chain(&[
+            "attached",
+            "zone",
+            "csi.storage.k8s.io/fstype",
+        ]);
+        for key in keys {
+            assert!(
+                doc.contains(&format!("| `{key}` |")),
+                "docs/parameters.md has no row for `{key}`"
+            );
+        }
+    }
+}
