@@ -72,7 +72,22 @@ async fn read_one(
                     let cfg = client.vm_config(&now.node, vm.vmid, short).await;
                     (now, cfg)
                 }
-                Ok(_) => (vm, Err(e)),
+                // Still listed where its config is not: the list may lag a
+                // move that just happened; unknown for now, not gone.
+                Ok(Some(now)) => {
+                    let what = format!(
+                        "VM {} is listed on {} but its config is not there ({e})",
+                        now.vmid, now.node
+                    );
+                    (
+                        vm,
+                        Err(PveError::Unknown {
+                            region: client.region().to_string(),
+                            what,
+                        }),
+                    )
+                }
+                Ok(None) => (vm, Err(e)),
                 Err(listing) => (vm, Err(listing)),
             }
         }

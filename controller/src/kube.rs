@@ -183,34 +183,30 @@ impl Kube {
         }))
     }
 
-    /// Whether PersistentVolume `name` of `driver` has volume handle
-    /// `handle` and is bound to a claim (not Released or Failed).
-    pub async fn bound_pv_named(
+    /// The phase of PersistentVolume `name` if it is `driver`'s with volume
+    /// handle `handle` (`Bound`, `Released`, …; "" before its first status);
+    /// `None` if there is no such PV.
+    pub async fn pv_phase(
         &self,
         driver: &str,
         handle: &str,
         name: &str,
-    ) -> Result<bool, CtlError> {
+    ) -> Result<Option<String>, CtlError> {
         if name.is_empty() {
-            return Ok(false);
+            return Ok(None);
         }
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let pv = match pvs.get_opt(name).await {
-            Ok(pv) => pv,
-            Err(e) => return Err(unavailable("reading a PersistentVolume", e)),
-        };
-        Ok(pv.is_some_and(|pv| {
+        let pv = pvs
+            .get_opt(name)
+            .await
+            .map_err(|e| unavailable("reading a PersistentVolume", e))?;
+        Ok(pv.and_then(|pv| {
             let ours = pv
                 .spec
                 .as_ref()
                 .and_then(|s| s.csi.as_ref())
                 .is_some_and(|c| c.driver == driver && c.volume_handle == handle);
-            let bound = pv
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.as_deref())
-                .is_some_and(|p| p == "Bound");
-            ours && bound
+            ours.then(|| pv.status.and_then(|s| s.phase).unwrap_or_default())
         }))
     }
 

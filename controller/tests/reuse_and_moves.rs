@@ -263,4 +263,134 @@ async fn privileges_refused_in_a_publish_or_an_import_are_failed_precondition() 
         "{}",
         err.message()
     );
+    // The sidecar's retries meanwhile get the same answer, not a new import.
+    for _ in 0..3 {
+        let again = e
+            .svc
+            .create_snapshot(Request::new(snap_req("snapshot-1", &v.volume_id)))
+            .await
+            .unwrap_err();
+        assert_eq!(again.code(), Code::FailedPrecondition, "{again:?}");
+    }
+}
+
+/// A clone deleted (its answer lost), the controller restarted, a snapshot
+/// made under the VMID its copy VM had, so with the same disk name: the
+/// retried DeleteVolume of the clone frees nothing of the snapshot's.
+#[tokio::test]
+async fn a_retried_clone_delete_never_frees_a_snapshot_under_its_vmid() {
+    let e = env_with_role(COPY_ROLE).await;
+    let v = create(&e, "pvc-src", Some("pve2")).await;
+    let clone = until_created(
+        &e,
+        from_source(
+            csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource {
+                volume_id: v.volume_id.clone(),
+            }),
+            "pvc-clone",
+            1 << 30,
+            &[("storage", "local-lvm")],
+            Some("pve2"),
+        ),
+    )
+    .await;
+    e.svc
+        .delete_volume(Request::new(delete_req(&clone)))
+        .await
+        .unwrap();
+    let restarted = proxmox_csi_controller::csi::controller::ControllerService(
+        std::sync::Arc::new(controller_on(&e)),
+    );
+    let e = Env {
+        sim: e.sim,
+        svc: restarted,
+        http: e.http,
+    };
+    let s = until_ready(&e, "snapshot-1", &v.volume_id)
+        .await
+        .pop()
+        .unwrap();
+    let disk = clone.volume_id.rsplit('/').next().unwrap().to_string();
+    let vmid = disk.split('-').nth(1).unwrap();
+    assert!(
+        s.snapshot_id.contains(&format!("snapshot-vm-{vmid}.")),
+        "the VMID was not handed out again: {}",
+        s.snapshot_id
+    );
+    assert!(
+        e.admin("GET", "volumes", "")
+            .await
+            .to_string()
+            .contains(&disk)
+    );
+    e.svc
+        .delete_volume(Request::new(delete_req(&clone)))
+        .await
+        .unwrap();
+    assert!(
+        e.admin("GET", "volumes", "")
+            .await
+            .to_string()
+            .contains(&disk),
+        "the snapshot's disk was freed"
+    );
+    assert_eq!(named(&e, "snapshot-1").await.len(), 1);
+}
+
+/// Snapshot ids of earlier versions (no mark) name only unmarked copy VMs;
+/// an id whose VMID now holds a VM that is not this driver's snapshot is a
+/// snapshot that is gone, not a refusal that blocks its content forever.
+#[tokio::test]
+async fn old_and_stale_snapshot_ids_leave_other_vms_alone() {
+    let e = env_with_role(COPY_ROLE).await;
+    let v = create(&e, "pvc-a", Some("pve2")).await;
+    let s = until_ready(&e, "snapshot-1", &v.volume_id)
+        .await
+        .pop()
+        .unwrap();
+    let unmarked = s.snapshot_id.rsplit_once('.').unwrap().0.to_string();
+    let delete = |id: &str| {
+        Request::new(csi::DeleteSnapshotRequest {
+            snapshot_id: id.to_string(),
+            ..Default::default()
+        })
+    };
+    e.svc.delete_snapshot(delete(&unmarked)).await.unwrap();
+    assert_eq!(
+        named(&e, "snapshot-1").await.len(),
+        1,
+        "a marked copy VM was destroyed by an old id"
+    );
+    // VMID 112 is a worker: a snapshot id naming it is gone.
+    let worker = "region-1/pve2/local-lvm/snapshot-vm-112";
+    e.svc.delete_snapshot(delete(worker)).await.unwrap();
+    assert!(
+        e.vm(112).await["config"]["scsi0"].is_string(),
+        "the worker was touched"
+    );
+}
+
+/// A holder moved to another node (a bulk migration, HA): expansions on its
+/// old node make one new holder there, not one each.
+#[tokio::test]
+async fn a_holder_that_moved_away_is_replaced_once() {
+    let e = env_with_role(COPY_ROLE).await;
+    let a = create(&e, "pvc-a", Some("pve2")).await;
+    e.svc
+        .controller_expand_volume(Request::new(expand_req(&a, 2 << 30)))
+        .await
+        .unwrap();
+    let first = named(&e, "proxmox-csi-holder-pve2").await;
+    assert_eq!(first.len(), 1);
+    let vmid = first[0]["vmid"].as_u64().unwrap();
+    e.admin("POST", &format!("vms/{vmid}/relocate?node=pve1"), "")
+        .await;
+    for (n, name) in ["pvc-b", "pvc-c", "pvc-d"].iter().enumerate() {
+        let v = create(&e, name, Some("pve2")).await;
+        e.svc
+            .controller_expand_volume(Request::new(expand_req(&v, 2 << 30)))
+            .await
+            .unwrap_or_else(|s| panic!("expansion {n}: {s:?}"));
+    }
+    assert_eq!(named(&e, "proxmox-csi-holder-pve2").await.len(), 2);
 }

@@ -95,14 +95,19 @@ async fn snapshot_restore_and_clone_with_a_token() {
         .unwrap()
         .parse()
         .unwrap();
-    // The VMID, and the mark of the copy VM's name: a VMID handed out
-    // again never makes this id name another snapshot.
+    // The VMID, and the mark written into the copy VM's description at its
+    // creation: a VMID handed out again never makes this id name another
+    // snapshot.
+    let mark = e.vm(vmid).await["config"]["description"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("csi-mark="))
+        .unwrap()
+        .to_string();
     assert_eq!(
         snap.snapshot_id,
-        format!(
-            "region-1/pve2/local-lvm/snapshot-vm-{vmid}.{}",
-            proxmox_csi_controller::ctl::snapshot_name_mark("snapshot-1")
-        )
+        format!("region-1/pve2/local-lvm/snapshot-vm-{vmid}.{mark}")
     );
     assert_eq!(snap.source_volume_id, v.volume_id);
     assert_eq!(snap.size_bytes, 1 << 30);

@@ -50,6 +50,8 @@ pub enum CopyState {
         vmid: u32,
         node: String,
         created: i64,
+        /// The copy VM's mark (`describe`).
+        mark: Option<String>,
         progress: String,
     },
 }
@@ -58,8 +60,8 @@ pub enum CopyState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CopyInfo {
     pub vmid: u32,
-    /// The copy VM's name (a snapshot id carries its mark).
-    pub name: String,
+    /// The copy VM's mark (`describe`), which a snapshot id carries.
+    pub mark: Option<String>,
     pub node: String,
     /// `<storage>:<volume>` of the copy.
     pub volid: String,
@@ -91,7 +93,12 @@ pub fn vm_name(csi_name: &str) -> String {
     s.trim_matches('-').to_string()
 }
 
+/// A new copy VM's description: what it holds, and its mark (`csi-mark`,
+/// random, written once at its creation): a snapshot id names its copy VM
+/// by VMID and mark, since Proxmox hands a VMID out again once its VM is
+/// gone.
 fn describe(spec: &CopySpec, created: i64) -> String {
+    let mark = format!("{:08x}", rand::random::<u32>());
     let what = if spec.kind == super::snapshot::SNAPSHOT_TAG {
         "snapshot"
     } else {
@@ -102,12 +109,26 @@ fn describe(spec: &CopySpec, created: i64) -> String {
          {owned}\
          csi-source={src}\n\
          csi-storage={storage}\n\
-         csi-created={created}\n",
+         csi-created={created}\n\
+         csi-mark={mark}\n",
         name = spec.name,
         src = spec.source_handle,
         storage = spec.storage,
         owned = super::holder::OWNED,
     )
+}
+
+/// Unix seconds now.
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|t| t.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// A copy VM's mark (`describe`); `None` for one made before marks.
+pub fn mark_of(config: &std::collections::BTreeMap<String, String>) -> Option<String> {
+    described(config, "csi-mark")
 }
 
 /// A `key=value` line of a copy VM's description.
@@ -182,10 +203,7 @@ impl Controller {
                 zone: vm.node.clone(),
                 storage,
                 vmid: vm.vmid,
-                mark: cfg
-                    .values
-                    .get("name")
-                    .map(|n| super::snapshot::name_mark(n)),
+                mark: mark_of(&cfg.values),
             }
             .to_string(),
             source_volume_id: source,
@@ -226,7 +244,7 @@ impl Controller {
             .unwrap_or(0);
         Ok(Some(CopyInfo {
             vmid: vm.vmid,
-            name: cfg.get("name").cloned().unwrap_or_default(),
+            mark: mark_of(cfg),
             node: vm.node.clone(),
             volid,
             size,
@@ -248,10 +266,7 @@ impl Controller {
         let vm = match self.copy_vm(client, &spec.name, spec.kind, d).await? {
             Some(vm) => vm,
             None => {
-                let created = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|t| t.as_secs() as i64)
-                    .unwrap_or(0);
+                let created = now_secs();
                 let new = NewVm {
                     name: &spec.name,
                     kind: spec.kind,
@@ -284,6 +299,7 @@ impl Controller {
                 created: described(&cfg.values, "csi-created")
                     .and_then(|c| c.parse().ok())
                     .unwrap_or(0),
+                mark: mark_of(&cfg.values),
                 progress,
             };
             if let Some(info) = self.copy_info(client, &vm, &cfg.values, d).await? {
@@ -323,26 +339,26 @@ impl Controller {
                         continue;
                     }
                     TaskState::Failed(exit) => {
+                        let kind = classify(None, &exit, Origin::Task(task_type(&upid)));
+                        // A refusal answers the same for a minute (the
+                        // sidecar's retries meanwhile), then the import is
+                        // tried again: the privilege may have been granted.
+                        let age = crate::pve::tasks::upid_started(&upid).map(|t| now_secs() - t);
+                        if kind == ErrorKind::PermissionDenied && age.is_some_and(|a| a < 60) {
+                            return Err(CtlError::FailedPrecondition(format!(
+                                "copying {} into VM {}: Proxmox refused it ({exit}); grant the privilege it names to the CSI role (docs/proxmox-role.md)",
+                                spec.source, vm.vmid
+                            )));
+                        }
                         self.imports.0.lock().await.remove(&key);
                         // A lock held by another task: this copy VM's (an
                         // import from before a restart) or the source's owner
                         // VM's (qemu-server locks it for the whole import).
                         // Still copying, as far as the caller is concerned.
-                        match classify(None, &exit, Origin::Task(task_type(&upid))) {
-                            ErrorKind::Busy => {
-                                return Ok(copying(format!(
-                                    "the last import waited for a lock in vain ({exit}); the next call starts it again"
-                                )));
-                            }
-                            // Refused by Proxmox's worker: not started again
-                            // until the privilege is granted.
-                            ErrorKind::PermissionDenied => {
-                                return Err(CtlError::FailedPrecondition(format!(
-                                    "copying {} into VM {}: Proxmox refused it ({exit}); grant the privilege it names to the CSI role (docs/proxmox-role.md)",
-                                    spec.source, vm.vmid
-                                )));
-                            }
-                            _ => {}
+                        if kind == ErrorKind::Busy {
+                            return Ok(copying(format!(
+                                "the last import waited for a lock in vain ({exit}); the next call starts it again"
+                            )));
                         }
                         return Err(CtlError::Unavailable(format!(
                             "copying {} into VM {} failed: {exit}; the next call starts it again",

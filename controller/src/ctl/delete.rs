@@ -239,6 +239,71 @@ impl Controller {
         Err(first)
     }
 
+    /// A volume whose owner VMID has a VM: a clone's copy VM of this
+    /// volume is destroyed with it; any other VM keeps its disk.
+    async fn delete_owned(
+        &self,
+        client: &Client,
+        id: &VolumeId,
+        volume_id: &str,
+        vm: &crate::pve::api::VmResource,
+        d: Deadline,
+    ) -> Result<(), CtlError> {
+        let ours = vm.has_tag(crate::vms::OWN_TAG);
+        if ours && vm.has_tag(super::clone::VOLUME_TAG) {
+            // The VMID may have been handed to another clone since this
+            // volume's VM was destroyed (a retried delete whose first
+            // answer was lost): the VM is this volume's only when it is
+            // named for the PV being deleted (Released).
+            if let Some(k) = &self.kube {
+                let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
+                let name = cfg.values.get("name").cloned().unwrap_or_default();
+                match k
+                    .pv_phase(&self.driver_name, volume_id, &name)
+                    .await?
+                    .as_deref()
+                {
+                    Some("Released" | "Failed") => {}
+                    Some(phase) => {
+                        tracing::info!(
+                            volume_id,
+                            vmid = vm.vmid,
+                            name,
+                            phase,
+                            "the VM holds another PV's volume of the same handle: this one is gone"
+                        );
+                        return Ok(());
+                    }
+                    None => {
+                        return Err(CtlError::Unavailable(format!(
+                            "volume {volume_id}: VM {} ({name}) holds a volume of this handle and no PersistentVolume \
+                             of that name is being deleted (a claim still being provisioned, or a renamed VM); it is not destroyed",
+                            vm.vmid
+                        )));
+                    }
+                }
+            }
+            self.holds_only(client, vm, id, d).await?;
+            return self.destroy_copy(client, vm, d).await;
+        }
+        if ours {
+            // Another VM of this driver (a snapshot's, a holder) under the
+            // VMID this volume's copy VM had: the volume is gone.
+            tracing::info!(
+                volume_id,
+                vmid = vm.vmid,
+                "the VMID holds another VM of the driver: the volume is gone"
+            );
+            return Ok(());
+        }
+        Err(CtlError::FailedPrecondition(format!(
+            "volume {volume_id} is owned by VM {} ({}), which exists: its disk is not freed behind it; \
+             remove the disk from that VM in Proxmox, or keep it with the PV annotation lifecycle: keep",
+            vm.vmid,
+            vm.name.as_deref().unwrap_or_default()
+        )))
+    }
+
     pub async fn delete_volume(&self, volume_id: &str, d: Deadline) -> Result<(), CtlError> {
         if volume_id.is_empty() {
             return Err(CtlError::invalid("volume_id", "is required"));
@@ -288,30 +353,8 @@ impl Controller {
         // the disk and leaves no stale reference behind.
         if let Some(owner) = id.owner().filter(|o| *o != self.controller_vmid)
             && let Some(vm) = self.vms.node_of(&client, owner, d).await?
-            && vm.has_tag(crate::vms::OWN_TAG)
-            && vm.has_tag(super::clone::VOLUME_TAG)
         {
-            // The VMID may have been handed to another clone since this
-            // volume's VM was destroyed (a retried delete whose first answer
-            // was lost): a VM named for a claim still bound to the same
-            // handle is that claim's, and this volume is gone.
-            if let Some(k) = &self.kube {
-                let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
-                let name = cfg.values.get("name").cloned().unwrap_or_default();
-                if k.bound_pv_named(&self.driver_name, volume_id, &name)
-                    .await?
-                {
-                    tracing::info!(
-                        volume_id,
-                        vmid = vm.vmid,
-                        name,
-                        "the VM holds a bound volume of the same handle: this one is gone"
-                    );
-                    return Ok(());
-                }
-            }
-            self.holds_only(&client, &vm, &id, d).await?;
-            return self.destroy_copy(&client, &vm, d).await;
+            return self.delete_owned(&client, &id, volume_id, &vm, d).await;
         }
         let node = self.delete_node(&client, &id, node, d).await;
         let Err(e) = client.delete_volume(&node, &id.storage, &id.disk, d).await else {

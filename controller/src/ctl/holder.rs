@@ -68,11 +68,24 @@ impl Controller {
             .holder_locks
             .lock(format!("{}/{name}", client.region()))
             .await;
-        if let Some(vm) = self.vms.own(client, &name, HOLDER_TAG, d).await?
-            && vm.node == node
-        {
-            self.attacher.own_vm(client.region(), vm.vmid);
-            return Ok(vm.vmid);
+        if let Some(vm) = self.vms.own(client, &name, HOLDER_TAG, d).await? {
+            // The one on this node: a holder moved away (a bulk migration,
+            // HA) keeps its name, and must not make every later expansion
+            // here create another.
+            let here = if vm.node == node {
+                Some(vm)
+            } else {
+                self.vms.all(client, d).await?.into_iter().find(|v| {
+                    v.node == node
+                        && v.name.as_deref() == Some(name.as_str())
+                        && v.has_tag(TAG)
+                        && v.has_tag(HOLDER_TAG)
+                })
+            };
+            if let Some(vm) = here {
+                self.attacher.own_vm(client.region(), vm.vmid);
+                return Ok(vm.vmid);
+            }
         }
         let vm = NewVm {
             name: &name,

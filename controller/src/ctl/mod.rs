@@ -33,9 +33,7 @@ pub use clone::VOLUME_TAG;
 pub use copy::{drive_size, vm_name};
 pub use holder::{DRIVER_TAGS, NewVm, OWNED as OWNED_VM_NOTE, TAG as CSI_TAG};
 pub use replicate::REPLICATED_TAG;
-pub use snapshot::{
-    SNAPSHOT_TAG, SnapshotId, name_mark as snapshot_name_mark, snapshot_class_warnings,
-};
+pub use snapshot::{SNAPSHOT_TAG, SnapshotId, snapshot_class_warnings};
 
 /// Shared state of the controller.
 #[derive(Debug)]

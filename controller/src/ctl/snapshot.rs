@@ -35,9 +35,10 @@ pub enum SnapshotId {
         zone: String,
         storage: String,
         vmid: u32,
-        /// `name_mark` of the copy VM's name: Proxmox hands a VMID out
-        /// again once its VM is gone, and a snapshot id must never name
-        /// another snapshot's copy. Absent in ids of earlier versions.
+        /// The copy VM's mark (`csi-mark` in its description, random at its
+        /// creation): Proxmox hands a VMID out again once its VM is gone, and
+        /// a snapshot id must never name another snapshot's copy. Absent in
+        /// ids of earlier versions, which match only unmarked VMs.
         mark: Option<String>,
     },
     /// A Go driver snapshot: a plain volume.
@@ -103,17 +104,6 @@ impl fmt::Display for SnapshotId {
     }
 }
 
-/// 8 hex digits of the SHA-256 of a copy VM's name, in the snapshot ids
-/// that name it (`snapshot-vm-<vmid>.<mark>`).
-pub fn name_mark(vm_name: &str) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(vm_name.as_bytes())
-        .iter()
-        .take(4)
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 fn is_mark(s: &str) -> bool {
     s.len() == 8
         && s.bytes()
@@ -136,7 +126,7 @@ pub(super) fn snapshot_of(region: &str, info: &CopyInfo) -> csi::Snapshot {
             zone: info.node.clone(),
             storage,
             vmid: info.vmid,
-            mark: Some(name_mark(&info.name)),
+            mark: info.mark.clone(),
         }
         .to_string(),
         source_volume_id: info.source_handle.clone(),
@@ -271,6 +261,7 @@ impl Controller {
                 vmid,
                 node,
                 created,
+                mark,
                 progress,
             } => {
                 tracing::info!(name = r.name, vmid, progress, "snapshot copy running");
@@ -281,7 +272,7 @@ impl Controller {
                         zone: node,
                         storage: spec.storage,
                         vmid,
-                        mark: Some(name_mark(&vm_name(&r.name))),
+                        mark,
                     }
                     .to_string(),
                     source_volume_id: r.source_volume_id.clone(),
@@ -322,11 +313,11 @@ impl Controller {
                 let Some(vm) = self.vms.node_of(&client, vmid, d).await? else {
                     return Ok(());
                 };
+                // The VMID now holds another VM (not a snapshot of this
+                // driver, or another one): this snapshot is gone.
                 if !(vm.has_tag(crate::vms::OWN_TAG) && vm.has_tag(SNAPSHOT_TAG)) {
-                    return Err(CtlError::FailedPrecondition(format!(
-                        "snapshot {snapshot_id}: VM {vmid} is not a snapshot of this driver (no {} and {SNAPSHOT_TAG} tags); it is left alone",
-                        crate::vms::OWN_TAG
-                    )));
+                    tracing::info!(%snapshot_id, vmid, "VM is not this driver's snapshot: the snapshot is gone, the VM is left alone");
+                    return Ok(());
                 }
                 if !self.marked(&client, &vm, mark.as_deref(), d).await? {
                     tracing::info!(%snapshot_id, vmid, "VM now holds another snapshot: this one is gone");
@@ -337,8 +328,9 @@ impl Controller {
         }
     }
 
-    /// Whether copy VM `vm` is the one a snapshot id with `mark` names
-    /// (its name's mark); ids without a mark are taken by their VMID.
+    /// Whether copy VM `vm` is the one a snapshot id with `mark` names: the
+    /// mark in its description, written once at its creation; an id without
+    /// one (an earlier version's) names only a VM without one.
     pub(super) async fn marked(
         &self,
         client: &crate::pve::Client,
@@ -346,9 +338,8 @@ impl Controller {
         mark: Option<&str>,
         d: Deadline,
     ) -> Result<bool, CtlError> {
-        let Some(mark) = mark else { return Ok(true) };
         let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
-        Ok(cfg.values.get("name").is_some_and(|n| name_mark(n) == mark))
+        Ok(super::copy::mark_of(&cfg.values).as_deref() == mark)
     }
 
     /// The snapshot behind `id`, ready or not; `None` if it is gone.
@@ -419,7 +410,7 @@ impl Controller {
                     .all(&client, d)
                     .await?
                     .iter()
-                    .filter(|v| v.has_tag(SNAPSHOT_TAG))
+                    .filter(|v| v.has_tag(crate::vms::OWN_TAG) && v.has_tag(SNAPSHOT_TAG))
                 {
                     all.push(self.copy_snapshot(&client, vm, region, d).await?);
                 }

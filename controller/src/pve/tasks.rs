@@ -25,6 +25,12 @@ pub fn upid_node(upid: &str) -> Option<&str> {
         .flatten()
 }
 
+/// When the task a UPID names started (Unix seconds, the UPID's 5th field
+/// in hex: pve-common src/PVE/UPID.pm create).
+pub fn upid_started(upid: &str) -> Option<i64> {
+    i64::from_str_radix(upid.split(':').nth(4)?, 16).ok()
+}
+
 #[derive(Debug, Clone, Deserialize)]
 struct LogLine {
     #[serde(default)]
@@ -128,6 +134,15 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::upid_node;
+
+    #[test]
+    fn finds_the_start_of_a_upid() {
+        assert_eq!(
+            super::upid_started("UPID:pve2:0003A1F2:01B665C6:6B0C4CAF:qmconfig:112:root@pam:"),
+            Some(0x6B0C4CAF)
+        );
+        assert_eq!(super::upid_started("nope"), None);
+    }
 
     #[test]
     fn finds_the_node_of_a_upid() {
