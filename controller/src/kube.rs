@@ -183,31 +183,34 @@ impl Kube {
         }))
     }
 
-    /// The phase of PersistentVolume `name` if it is `driver`'s with volume
-    /// handle `handle` (`Bound`, `Released`, …; "" before its first status);
-    /// `None` if there is no such PV.
-    pub async fn pv_phase(
+    /// The names and phases (`Bound`, `Released`, …; "" before a first
+    /// status) of `driver`'s PersistentVolumes with volume handle `handle`.
+    pub async fn pvs_with_handle(
         &self,
         driver: &str,
         handle: &str,
-        name: &str,
-    ) -> Result<Option<String>, CtlError> {
-        if name.is_empty() {
-            return Ok(None);
-        }
+    ) -> Result<Vec<(String, String)>, CtlError> {
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let pv = pvs
-            .get_opt(name)
+        let list = pvs
+            .list(&ListParams::default())
             .await
-            .map_err(|e| unavailable("reading a PersistentVolume", e))?;
-        Ok(pv.and_then(|pv| {
-            let ours = pv
-                .spec
-                .as_ref()
-                .and_then(|s| s.csi.as_ref())
-                .is_some_and(|c| c.driver == driver && c.volume_handle == handle);
-            ours.then(|| pv.status.and_then(|s| s.phase).unwrap_or_default())
-        }))
+            .map_err(|e| unavailable("listing PersistentVolumes", e))?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|pv| {
+                pv.spec
+                    .as_ref()
+                    .and_then(|s| s.csi.as_ref())
+                    .is_some_and(|c| c.driver == driver && c.volume_handle == handle)
+            })
+            .map(|pv| {
+                (
+                    pv.metadata.name.unwrap_or_default(),
+                    pv.status.and_then(|s| s.phase).unwrap_or_default(),
+                )
+            })
+            .collect())
     }
 
     /// The version of `storage.k8s.io` that serves VolumeAttributesClasses:

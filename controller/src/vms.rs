@@ -143,27 +143,15 @@ impl VmIndex {
             for v in maybe {
                 let cfg = match client.vm_config(&v.node, v.vmid, d).await {
                     Ok(cfg) => cfg,
-                    // Gone, or on a node that does not answer (names are
-                    // missing from the list while its pvestatd is silent):
-                    // not one the driver is making now.
+                    // A tagged one may be the one looked for: unknown until
+                    // its node answers (else a second copy would be made).
+                    Err(e) if e.is_transient() && ours(v) => return Err(e),
+                    // Gone, or an untagged VM on a node that does not answer
+                    // (names are missing from the list while its pvestatd is
+                    // silent).
                     Err(e) if e.is_not_found() || e.is_transient() => continue,
                     Err(e) => return Err(e),
                 };
-                // A VM still being created has only `lock: create` in its
-                // config (qemu-server API2/Qemu.pm create_vm,
-                // create_and_lock_config): it may be the one looked for,
-                // made by a call whose answer was lost; asked again later.
-                if cfg.values.get("lock").map(String::as_str) == Some("create")
-                    && !cfg.values.contains_key("name")
-                {
-                    return Err(PveError::Unknown {
-                        region: client.region().to_string(),
-                        what: format!(
-                            "VM {} is being created; whether it is {name} is known once it is",
-                            v.vmid
-                        ),
-                    });
-                }
                 if cfg.values.get("name").map(String::as_str) != Some(name) {
                     continue;
                 }

@@ -439,6 +439,16 @@ impl Controller {
         d: Deadline,
     ) -> Result<(), CtlError> {
         let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
+        // Read now, not from a cached list: a VM made under the VMID since
+        // the driver's was destroyed is someone else's. (A Go driver's
+        // replication holder carries no tag: its caller proved it by shape.)
+        if !crate::vms::is_own(&cfg.values) && vm.has_tag(crate::vms::OWN_TAG) {
+            tracing::info!(
+                vmid = vm.vmid,
+                "the VMID holds a VM that is not this driver's now: nothing to destroy"
+            );
+            return Ok(());
+        }
         self.retire_vmid(vm.vmid);
         let lifted = self.unprotect(client, &vm.node, vm.vmid, &cfg, d).await?;
         let destroyed = client.destroy_vm(&vm.node, vm.vmid, d).await;

@@ -258,10 +258,18 @@ impl Controller {
             if let Some(k) = &self.kube {
                 let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
                 let name = cfg.values.get("name").cloned().unwrap_or_default();
-                match k
-                    .pv_phase(&self.driver_name, volume_id, &name)
-                    .await?
-                    .as_deref()
+                let pvs = k.pvs_with_handle(&self.driver_name, volume_id).await?;
+                // The PV a copy VM was made for: named as CreateVolume names
+                // it (`vm_name` of the PV), or as pvecsictl migrate names
+                // its carrier (`<pv>-moved`).
+                let made_for = |pv: &str| {
+                    super::copy::vm_name(pv) == name
+                        || super::copy::vm_name(&format!("{pv}-moved")) == name
+                };
+                match pvs
+                    .iter()
+                    .find(|(pv, _)| made_for(pv))
+                    .map(|(_, phase)| phase.as_str())
                 {
                     Some("Released" | "Failed") => {}
                     Some(phase) => {
@@ -276,8 +284,8 @@ impl Controller {
                     }
                     None => {
                         return Err(CtlError::Unavailable(format!(
-                            "volume {volume_id}: VM {} ({name}) holds a volume of this handle and no PersistentVolume \
-                             of that name is being deleted (a claim still being provisioned, or a renamed VM); it is not destroyed",
+                            "volume {volume_id}: VM {} ({name}) holds a volume of this handle, and no PersistentVolume of \
+                             this handle is named for it (a claim still being provisioned, or a renamed VM); it is not destroyed",
                             vm.vmid
                         )));
                     }
@@ -297,8 +305,9 @@ impl Controller {
             return Ok(());
         }
         Err(CtlError::FailedPrecondition(format!(
-            "volume {volume_id} is owned by VM {} ({}), which exists: its disk is not freed behind it; \
-             remove the disk from that VM in Proxmox, or keep it with the PV annotation lifecycle: keep",
+            "volume {volume_id} is owned by VM {} ({}), which exists and is not this driver's: its disk is not freed. \
+             If the volume was this driver's, its VMID has been taken since; check that VM's disks in Proxmox, \
+             then keep this PV's disk out of the deletion with the PV annotation lifecycle: keep",
             vm.vmid,
             vm.name.as_deref().unwrap_or_default()
         )))

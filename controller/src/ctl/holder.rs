@@ -131,6 +131,7 @@ impl Controller {
         // would be listed under this VM, and a destroy from the UI with
         // "destroy unreferenced disks" would free them.
         let owners = client.disk_owners(node, d).await.map_err(denied)?;
+        self.none_being_created(client, d).await?;
         let mut last = String::new();
         for _ in 0..5 {
             let vmid = self.next_vmid(client, &owners, d).await?;
@@ -201,6 +202,30 @@ impl Controller {
             "creating VM {} on {node}: every VMID tried was taken meanwhile ({last})",
             vm.name
         )))
+    }
+
+    /// Unavailable while a VM this controller made a moment ago is still
+    /// being created: until qemu-server writes its config it holds only
+    /// `lock: create` (API2/Qemu.pm create_vm, create_and_lock_config), so a
+    /// create whose answer did not come yet cannot be recognised, and a
+    /// second VM would be a stray.
+    async fn none_being_created(&self, client: &Client, d: Deadline) -> Result<(), CtlError> {
+        let rows = self.vms.all(client, d).await?;
+        for v in rows
+            .iter()
+            .filter(|v| v.name.is_none() && self.recent_vmids.recent(v.vmid))
+        {
+            if let Ok(cfg) = client.vm_config(&v.node, v.vmid, d).await
+                && cfg.values.get("lock").map(String::as_str) == Some("create")
+                && !cfg.values.contains_key("name")
+            {
+                return Err(CtlError::Unavailable(format!(
+                    "VM {} that this controller is creating is not written yet; the next call finds it",
+                    v.vmid
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Gives a VM just made without them its tags and protection, in one

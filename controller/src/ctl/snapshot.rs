@@ -339,7 +339,14 @@ impl Controller {
         d: Deadline,
     ) -> Result<bool, CtlError> {
         let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
-        Ok(super::copy::mark_of(&cfg.values).as_deref() == mark)
+        // Its tags as they are now, not as a cached list had them.
+        let snapshot = cfg
+            .values
+            .get("tags")
+            .is_some_and(|t| t.split([';', ',', ' ']).any(|x| x == SNAPSHOT_TAG));
+        Ok(crate::vms::is_own(&cfg.values)
+            && snapshot
+            && super::copy::mark_of(&cfg.values).as_deref() == mark)
     }
 
     /// The snapshot behind `id`, ready or not; `None` if it is gone.
