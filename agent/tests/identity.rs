@@ -123,7 +123,10 @@ async fn probe_is_ready_only_while_hostd_answers() {
         .into_inner();
     assert_eq!(probe.ready, Some(false));
     let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap();
-    assert!(log.contains("probe: not ready: hostd did not answer Health"), "{log}");
+    assert!(
+        log.contains("probe: not ready: hostd did not answer Health"),
+        "{log}"
+    );
     assert!(log.contains("-logtostderr=true: klog's"), "{log}");
 }
 

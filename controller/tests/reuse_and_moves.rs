@@ -394,3 +394,90 @@ async fn a_holder_that_moved_away_is_replaced_once() {
     }
     assert_eq!(named(&e, "proxmox-csi-holder-pve2").await.len(), 2);
 }
+
+/// A Kubernetes API stand-in serving the PersistentVolumes `pvs` holds.
+async fn kube_serving(pvs: std::sync::Arc<std::sync::Mutex<serde_json::Value>>) -> kube::Client {
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().route(
+        "/api/v1/persistentvolumes",
+        get(move || {
+            let pvs = pvs.clone();
+            async move {
+                let items = pvs.lock().unwrap().clone();
+                axum::Json(serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeList", "metadata": {}, "items": items}))
+            }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    kube::Client::try_from(kube::Config::new(format!("http://{addr}").parse().unwrap())).unwrap()
+}
+
+fn pv(name: &str, handle: &str, phase: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+        "spec": {"csi": {"driver": "csi.proxmox.sinextra.dev", "volumeHandle": handle}},
+        "status": {"phase": phase},
+    })
+}
+
+/// With the Kubernetes API, a clone's copy VM goes with the volume only for
+/// the PV being deleted: one named as CreateVolume names it, or as
+/// `pvecsictl migrate` names its carrier (`<pv>-moved`); a VM named for a
+/// claim still bound under the same handle is that claim's.
+#[tokio::test]
+async fn a_clones_copy_vm_goes_only_with_the_pv_it_was_made_for() {
+    let pvs = std::sync::Arc::new(std::sync::Mutex::new(serde_json::json!([])));
+    let k = kube_serving(pvs.clone()).await;
+    let cluster = CLUSTER.replace(
+        "CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]",
+        &format!("CSI: {COPY_ROLE}"),
+    );
+    let e = env_from_with(&cluster, |c| {
+        c.with_kube(
+            proxmox_csi_controller::kube::Kube::new(k),
+            "csi.proxmox.sinextra.dev",
+        )
+    })
+    .await;
+    let v = create(&e, "pvc-src", Some("pve2")).await;
+    let clone_of = |name: &'static str| {
+        from_source(
+            csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource {
+                volume_id: v.volume_id.clone(),
+            }),
+            name,
+            1 << 30,
+            &[("storage", "local-lvm")],
+            Some("pve2"),
+        )
+    };
+    // pvecsictl migrate's carrier of PV pvc-x, the PV being deleted.
+    let moved = until_created(&e, clone_of("pvc-x-moved")).await;
+    *pvs.lock().unwrap() = serde_json::json!([pv("pvc-x", &moved.volume_id, "Released")]);
+    e.svc
+        .delete_volume(Request::new(delete_req(&moved)))
+        .await
+        .unwrap();
+    assert!(
+        named(&e, "pvc-x-moved").await.is_empty(),
+        "the carrier was not destroyed"
+    );
+    // A VM named for a bound claim of the same handle (its VMID handed out
+    // again): that claim's, left alone.
+    let live = until_created(&e, clone_of("pvc-y")).await;
+    *pvs.lock().unwrap() = serde_json::json!([
+        pv("pvc-old", &live.volume_id, "Released"),
+        pv("pvc-y", &live.volume_id, "Bound")
+    ]);
+    e.svc
+        .delete_volume(Request::new(delete_req(&live)))
+        .await
+        .unwrap();
+    assert_eq!(
+        named(&e, "pvc-y").await.len(),
+        1,
+        "a bound claim's VM was destroyed"
+    );
+}
