@@ -351,3 +351,59 @@ async fn the_documented_narrowed_acls_run_a_volumes_whole_life() {
         err.message()
     );
 }
+
+/// A clone on krbd that was attached on other nodes: destroying its copy VM
+/// cannot free the image (still mapped elsewhere) and Proxmox only warns;
+/// the disk left is deleted through the nodes that map it.
+#[tokio::test]
+async fn a_krbd_clone_leaves_no_image_behind_its_copy_vm() {
+    let cluster = KRBD.replace(
+        "CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]",
+        &format!("CSI: {COPY_ROLE}"),
+    );
+    let e = env_from(&cluster).await;
+    let src = create_in(&e, "pvc-src", &[("storage", "ceph")], None).await;
+    let clone = until_created(
+        &e,
+        from_source(
+            proxmox_csi_proto::csi::v1::volume_content_source::Type::Volume(
+                proxmox_csi_proto::csi::v1::volume_content_source::VolumeSource {
+                    volume_id: src.volume_id.clone(),
+                },
+            ),
+            "pvc-clone",
+            1 << 30,
+            &[("storage", "ceph")],
+            None,
+        ),
+    )
+    .await;
+    for worker in ["worker-2", "worker-1"] {
+        e.svc
+            .controller_publish_volume(Request::new(publish_req(&clone, worker)))
+            .await
+            .unwrap();
+        e.svc
+            .controller_unpublish_volume(Request::new(unpublish_req(&clone, worker)))
+            .await
+            .unwrap();
+    }
+    let disk = clone.volume_id.rsplit('/').next().unwrap().to_string();
+    e.svc
+        .delete_volume(Request::new(delete_req(&clone)))
+        .await
+        .unwrap();
+    let volumes = e.admin("GET", "volumes", "").await;
+    assert!(
+        !volumes.to_string().contains(&disk),
+        "the image was left: {volumes}"
+    );
+    let vms = e.admin("GET", "vms", "").await;
+    assert!(
+        !vms.as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["config"]["name"] == "pvc-clone"),
+        "the copy VM was left"
+    );
+}

@@ -292,7 +292,23 @@ impl Controller {
                 }
             }
             self.holds_only(client, vm, id, d).await?;
-            return self.destroy_copy(client, vm, d).await;
+            self.destroy_copy(client, vm, d).await?;
+            // destroy_vm only warns when it cannot free a disk (a krbd image
+            // another node still maps: qemu-server QemuServer.pm destroy_vm,
+            // "Could not remove disk …, check manually"): a disk left is
+            // deleted as a volume without owner.
+            if let Some((node, Some(_))) = self.reach(client, id, d).await? {
+                tracing::info!(
+                    volume_id,
+                    node,
+                    "the copy VM is gone and its disk is not: deleting the disk"
+                );
+                let node = self.delete_node(client, id, node, d).await;
+                if let Err(e) = client.delete_volume(&node, &id.storage, &id.disk, d).await {
+                    self.delete_elsewhere(client, id, &node, e, d).await?;
+                }
+            }
+            return Ok(());
         }
         if ours {
             // Another VM of this driver (a snapshot's, a holder) under the

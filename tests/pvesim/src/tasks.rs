@@ -44,9 +44,17 @@ impl Task {
     /// with newlines turned into spaces as Proxmox does.
     pub fn finish(&mut self, result: Result<(), String>) {
         match result {
+            // log_warn's lines make a task that ends well end with
+            // "WARNINGS: n" (pve-common RESTEnvironment.pm fork_worker).
             Ok(()) => {
-                self.log.push("TASK OK".into());
-                self.exitstatus = Some("OK".into());
+                let warnings = self.log.iter().filter(|l| l.starts_with("WARN: ")).count();
+                if warnings == 0 {
+                    self.log.push("TASK OK".into());
+                    self.exitstatus = Some("OK".into());
+                } else {
+                    self.log.push(format!("TASK WARNINGS: {warnings}"));
+                    self.exitstatus = Some(format!("WARNINGS: {warnings}"));
+                }
             }
             Err(e) => {
                 let text = e.trim_end_matches('\n').replace('\n', " ");

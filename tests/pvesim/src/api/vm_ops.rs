@@ -203,6 +203,20 @@ pub async fn destroy(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         }
         let mut log = Vec::new();
         for (place, volname) in freed {
+            // krbd: vdisk_free unmaps here and `rbd rm` fails while another
+            // node maps the image; destroy_vm only warns and goes on
+            // (qemu-server QemuServer.pm destroy_vm: "Could not remove disk
+            // '$volid', check manually: $@").
+            let volid = format!("{}:{volname}", place.0);
+            if let Some(nodes) = c.rbd_mapped.get_mut(&volid) {
+                nodes.remove(&vm.node);
+                if !nodes.is_empty() {
+                    log.push(format!(
+                        "WARN: Could not remove disk '{volid}', check manually: rbd rm '{volname}' error: This means the image is still open or the client using it crashed. Try again after closing/unmapping it or waiting 30s for the crashed client to timeout."
+                    ));
+                    continue;
+                }
+            }
             if c.volumes
                 .get_mut(&place)
                 .and_then(|m| m.remove(&volname))
