@@ -3,42 +3,19 @@
 // Test code: a failed unwrap is the test failing, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
+use testkit::process::Proc;
 use tonic::transport::Channel;
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn spawn(bin: &str, args: &[&str], log: &Path) -> Proc {
-    Proc(
-        Command::new(bin)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .unwrap(),
-    )
+    let name = Path::new(bin).file_name().unwrap().to_string_lossy();
+    Proc::spawn(&name, bin, args, log).unwrap()
 }
 
 async fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    testkit::wait_for(path).await.unwrap();
 }
 
 async fn connect(socket: PathBuf) -> IdentityClient<Channel> {
@@ -148,14 +125,7 @@ fn every_binary_reports_its_version() {
 /// unprivileged agent (uid 65534) is let in once its uid is allowed.
 #[tokio::test]
 async fn hostd_checks_the_callers_credentials() {
-    if !nix::unistd::geteuid().is_root() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "this test needs root, and CI is set"
-        );
-        eprintln!("SKIPPED: needs root to run the agent as another user");
-        return;
-    }
+    testkit::require_root!();
     for (allowed, want_ready) in [("12345", false), ("65534", true)] {
         let dir = tempfile::tempdir().unwrap();
         std::fs::set_permissions(

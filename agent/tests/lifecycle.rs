@@ -5,91 +5,31 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use callers::PersistentVolume;
 use callers::kubelet::{Kubelet, Pod};
 use callers::provisioner::{self, Claim, StorageClass};
 use proxmox_csi_proto::csi::v1 as csi;
-use proxmox_csi_proto::csi::v1::node_client::NodeClient;
+use testkit::node::LoopNode;
+use testkit::process::Proc;
 use tonic::Code;
-use tonic::transport::Channel;
 
-struct Proc(Child);
+/// hostd and the node plugin on loop devices (testkit's node).
+struct Env(LoopNode);
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+impl std::ops::Deref for Env {
+    type Target = LoopNode;
+    fn deref(&self) -> &LoopNode {
+        &self.0
     }
 }
 
-struct Env {
-    dir: tempfile::TempDir,
-    root: PathBuf,
-    images: PathBuf,
-    node: NodeClient<Channel>,
-    loops: Vec<PathBuf>,
-    _procs: Vec<Proc>,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        self._procs.clear();
-        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut points: Vec<&str> = table
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|p| p.starts_with(self.root.to_str().unwrap_or("-")))
-            .collect();
-        points.reverse();
-        for p in points {
-            let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
-        }
-        for l in &self.loops {
-            let _ = Command::new("losetup").arg("-d").arg(l).status();
-        }
-    }
-}
-
-fn require_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "the node lifecycle test needs root, and CI is set"
-    );
-    eprintln!("SKIPPED: the node lifecycle test needs root");
-    false
-}
-
-fn bin(name: &str) -> String {
-    env!("CARGO_BIN_EXE_proxmox-csi-node").replace("proxmox-csi-node", name)
-}
-
-fn spawn(cmd: &str, args: &[&str], log: &Path) -> Proc {
-    Proc(
-        Command::new(cmd)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .unwrap(),
-    )
-}
-
-async fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+impl std::ops::DerefMut for Env {
+    fn deref_mut(&mut self) -> &mut LoopNode {
+        &mut self.0
     }
 }
 
@@ -100,117 +40,12 @@ impl Env {
 
     /// With `extra` arguments for hostd.
     async fn start_with(extra: &[&str]) -> Self {
-        let help = Command::new(bin("proxmox-csi-hostd"))
-            .arg("--help")
-            .output()
-            .unwrap();
-        assert!(
-            String::from_utf8_lossy(&help.stdout).contains("--loop-dir"),
-            "hostd was built without the loop-resolver test feature: run `cargo test --workspace`"
-        );
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(
-            dir.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
-        let root = dir.path().join("kubelet");
-        let images = dir.path().join("images");
-        let sockets = dir.path().join("sockets");
-        for d in [&root, &images, &sockets] {
-            std::fs::create_dir_all(d).unwrap();
-        }
-        // The agent (uid 65534) creates its CSI socket here.
-        std::fs::set_permissions(
-            &sockets,
-            std::os::unix::fs::PermissionsExt::from_mode(0o777),
-        )
-        .unwrap();
-        let hostd_sock = sockets.join("hostd.sock");
-        let csi_sock = sockets.join("csi.sock");
-        let hostd = spawn(
-            &bin("proxmox-csi-hostd"),
-            &[
-                "--socket",
-                hostd_sock.to_str().unwrap(),
-                "--socket-mode",
-                "666",
-                "--allow-uid",
-                "65534",
-                "--kubelet-root",
-                root.to_str().unwrap(),
-                "--loop-dir",
-                images.to_str().unwrap(),
-                "--device-events",
-                "kernel",
-                "--device-wait",
-                "5",
-                "--health-file",
-                dir.path().join("health.json").to_str().unwrap(),
-            ]
-            .into_iter()
-            .chain(extra.iter().copied())
-            .collect::<Vec<_>>(),
-            &dir.path().join("hostd.log"),
-        );
-        wait_for(&hostd_sock).await;
-        let agent = spawn(
-            "setpriv",
-            &[
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "--inh-caps=-all",
-                "--bounding-set=-all",
-                "--no-new-privs",
-                &bin("proxmox-csi-node"),
-                "--csi-address",
-                &format!("unix://{}", csi_sock.display()),
-                "--hostd-socket",
-                hostd_sock.to_str().unwrap(),
-                "--node-id",
-                "worker-2",
-                "--vmid",
-                "112",
-                "--region",
-                "region-1",
-                "--zone",
-                "pve2",
-                "--kubelet-root",
-                root.to_str().unwrap(),
-            ],
-            &dir.path().join("agent.log"),
-        );
-        wait_for(&csi_sock).await;
-        let ch = proxmox_csi_common::client::unix_channel(csi_sock)
-            .await
-            .unwrap();
-        Self {
-            root,
-            images,
-            node: NodeClient::new(ch),
-            loops: Vec::new(),
-            _procs: vec![agent, hostd],
-            dir,
-        }
+        Env(LoopNode::start(extra).await.unwrap())
     }
 
+    /// A 320 MiB disk reaching the node; its WWN.
     fn disk(&mut self, n: u32) -> String {
-        let wwn = format!("5000c500{n:08x}");
-        let img = self.images.join(format!("{wwn}.raw"));
-        std::fs::File::create(&img)
-            .unwrap()
-            .set_len(320 << 20)
-            .unwrap();
-        let out = Command::new("losetup")
-            .args(["--find", "--show"])
-            .arg(&img)
-            .output()
-            .unwrap();
-        assert!(out.status.success());
-        self.loops
-            .push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
-        wwn
+        self.0.loop_disk(n, 320 << 20).unwrap()
     }
 
     /// kubelet on this environment's root directory.
@@ -227,7 +62,7 @@ impl Env {
     }
 
     fn agent_log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap()
+        self.node_log()
     }
 }
 
@@ -274,9 +109,7 @@ fn mounted(p: &str) -> Option<(String, String)> {
 
 #[tokio::test]
 async fn mount_and_block_volumes_through_an_unprivileged_agent() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
 
     let k = env.kubelet();
@@ -338,7 +171,7 @@ async fn mount_and_block_volumes_through_an_unprivileged_agent() {
     assert!(
         Command::new("losetup")
             .arg("-c")
-            .arg(&env.loops[0])
+            .arg(&env.loops[0].dev)
             .status()
             .unwrap()
             .success()
@@ -411,7 +244,7 @@ async fn mount_and_block_volumes_through_an_unprivileged_agent() {
     assert_eq!(&buf, b"block bytes");
 
     // The agent really ran unprivileged: uid 65534, no capabilities.
-    let pid = env._procs[0].0.id();
+    let pid = env.node_pid();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let field = |name: &str| {
         status
@@ -429,9 +262,7 @@ async fn mount_and_block_volumes_through_an_unprivileged_agent() {
 
 #[tokio::test]
 async fn node_info_and_bad_requests() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let info = env
         .node
@@ -546,9 +377,7 @@ async fn node_info_and_bad_requests() {
 /// release, the capability and what to upgrade.
 #[tokio::test]
 async fn an_older_hostd_serves_what_it_has_and_the_rest_names_what_it_lacks() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start_with(&["--without", "expand", "--without", "stage.luks2"]).await;
     let k = env.kubelet();
     let wwn = env.disk(3);
@@ -615,9 +444,7 @@ async fn an_older_hostd_serves_what_it_has_and_the_rest_names_what_it_lacks() {
 /// not ready while hostd does not answer.
 #[tokio::test]
 async fn without_hostd_the_node_plugin_waits_and_names_it() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let dir = tempfile::tempdir().unwrap();
     let mode = |p: &Path, m: u32| {
         std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(m)).unwrap()
@@ -628,7 +455,8 @@ async fn without_hostd_the_node_plugin_waits_and_names_it() {
     mode(&sockets, 0o755);
     let csi_sock = sockets.join("csi.sock");
     let log = dir.path().join("agent.log");
-    let mut agent = spawn(
+    let mut agent = Proc::spawn(
+        "node plugin",
         "setpriv",
         &[
             "--reuid=65534",
@@ -637,7 +465,7 @@ async fn without_hostd_the_node_plugin_waits_and_names_it() {
             "--inh-caps=-all",
             "--bounding-set=-all",
             "--no-new-privs",
-            &bin("proxmox-csi-node"),
+            &testkit::bin("proxmox-csi-node").display().to_string(),
             "--csi-address",
             &format!("unix://{}", csi_sock.display()),
             "--hostd-socket",
@@ -650,7 +478,8 @@ async fn without_hostd_the_node_plugin_waits_and_names_it() {
             "pve2",
         ],
         &log,
-    );
+    )
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !std::fs::read_to_string(&log)
         .unwrap_or_default()
@@ -663,13 +492,10 @@ async fn without_hostd_the_node_plugin_waits_and_names_it() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(
-        agent.0.try_wait().unwrap().is_none(),
-        "the node plugin exited"
-    );
+    assert!(agent.exited().is_none(), "the node plugin exited");
     // hostd shares the directory (--plugin-dir): the plugin serves.
     mode(&sockets, 0o777);
-    wait_for(&csi_sock).await;
+    testkit::wait_for(&csi_sock).await.unwrap();
     let ch = proxmox_csi_common::client::unix_channel(csi_sock)
         .await
         .unwrap();
@@ -679,8 +505,5 @@ async fn without_hostd_the_node_plugin_waits_and_names_it() {
         .unwrap()
         .into_inner();
     assert_eq!(probe.ready, Some(false));
-    assert!(
-        agent.0.try_wait().unwrap().is_none(),
-        "the node plugin exited"
-    );
+    assert!(agent.exited().is_none(), "the node plugin exited");
 }

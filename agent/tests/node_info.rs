@@ -3,9 +3,11 @@
 //! id from the serial's `i=`, topology from labels, errors that say how to
 //! fix a missing label.
 
+// Test code: a failed unwrap is the test failing, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use axum::Json;
 use axum::extract::Path as UrlPath;
@@ -13,15 +15,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use serde_json::{Value, json};
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use testkit::process::Proc;
 
 async fn node_object(UrlPath(name): UrlPath<String>) -> (StatusCode, Json<Value>) {
     let labels = match name.as_str() {
@@ -52,15 +46,7 @@ async fn node_object(UrlPath(name): UrlPath<String>) -> (StatusCode, Json<Value>
 }
 
 async fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    testkit::wait_for(path).await.unwrap();
 }
 
 #[tokio::test]
@@ -89,18 +75,13 @@ async fn node_info_reads_labels_and_smbios() {
     .unwrap();
 
     let hostd_sock = dir.path().join("hostd.sock");
-    let _hostd = Proc(
-        Command::new(
-            env!("CARGO_BIN_EXE_proxmox-csi-node").replace("proxmox-csi-node", "proxmox-csi-hostd"),
-        )
+    let mut hostd = Command::new(testkit::bin("proxmox-csi-hostd"));
+    hostd
         .args(["--socket", hostd_sock.to_str().unwrap()])
         .args(["--kubelet-root", dir.path().to_str().unwrap()])
         .args(["--dmi-dir", dmi.to_str().unwrap()])
-        .args(["--health-file", dir.path().join("h.json").to_str().unwrap()])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap(),
-    );
+        .args(["--health-file", dir.path().join("h.json").to_str().unwrap()]);
+    let _hostd = Proc::start("hostd", hostd, &dir.path().join("hostd.log")).unwrap();
     wait_for(&hostd_sock).await;
 
     for (node, expect) in [
@@ -115,17 +96,14 @@ async fn node_info_reads_labels_and_smbios() {
         ),
     ] {
         let csi_sock = dir.path().join(format!("{node}.sock"));
-        let _agent = Proc(
-            Command::new(env!("CARGO_BIN_EXE_proxmox-csi-node"))
-                .args(["--csi-address", &format!("unix://{}", csi_sock.display())])
-                .args(["--hostd-socket", hostd_sock.to_str().unwrap()])
-                .args(["--node-id", node])
-                .args(["--kubelet-root", dir.path().to_str().unwrap()])
-                .env("KUBECONFIG", &kubeconfig)
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
+        let mut agent = Command::new(env!("CARGO_BIN_EXE_proxmox-csi-node"));
+        agent
+            .args(["--csi-address", &format!("unix://{}", csi_sock.display())])
+            .args(["--hostd-socket", hostd_sock.to_str().unwrap()])
+            .args(["--node-id", node])
+            .args(["--kubelet-root", dir.path().to_str().unwrap()])
+            .env("KUBECONFIG", &kubeconfig);
+        let _agent = Proc::start(node, agent, &dir.path().join(format!("{node}.log"))).unwrap();
         wait_for(&csi_sock).await;
         let ch = proxmox_csi_common::client::unix_channel(csi_sock)
             .await

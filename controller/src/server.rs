@@ -62,15 +62,14 @@ pub async fn run(
         tracing::warn!("cloud config: {warning}");
     }
     let api_metrics = pve::metrics::ApiMetrics::default();
-    let clients = config
-        .clusters
-        .iter()
-        .cloned()
-        .map(|c| pve::Client::new(c, opts.api_timeout, api_metrics.clone()))
-        .collect::<Result<Vec<_>, _>>()?;
-    let regions: Vec<&str> = clients.iter().map(|c| c.region()).collect();
+    let mut controller = Controller::from_config(
+        &config,
+        opts.api_timeout,
+        api_metrics.clone(),
+        Duration::from_secs(60),
+    )?;
     tracing::info!(
-        ?regions,
+        regions = ?controller.regions(),
         controller_vmid = config.controller_vmid,
         vmid_range = %config.vmid_range,
         "cloud config loaded"
@@ -80,18 +79,15 @@ pub async fn run(
     api_metrics.register(metrics.registry_mut());
     crate::warnings::register(metrics.registry_mut());
     crate::attach::register(metrics.registry_mut());
-    let clients: Vec<Arc<pve::Client>> = clients.into_iter().map(Arc::new).collect();
     let identity = Identity::new(opts.driver_name.clone());
     let health = ClusterHealth::default();
     health.register(metrics.registry_mut());
     tokio::spawn(health.watch(
-        clients.clone(),
+        controller.clients.values().cloned().collect(),
         Duration::from_secs(5),
         opts.cluster_check_interval,
     ));
     let metrics = Arc::new(metrics);
-    let mut controller = Controller::new(clients, config.controller_vmid, Duration::from_secs(60));
-    controller.vmid_range = config.vmid_range;
     // Read as the Go driver reads it: exactly "true".
     controller.unsafe_mount = std::env::var("UNSAFEMOUNT").is_ok_and(|v| v == "true");
     if controller.unsafe_mount {

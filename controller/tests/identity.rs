@@ -4,14 +4,13 @@
 // Test code: a failed unwrap is the test failing, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
 use pvesim::{Sim, State};
+use testkit::process::Proc;
+use testkit::sim::SECRET as TOKEN_SECRET;
 use tonic::transport::Channel;
-
-const TOKEN_SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
 
 fn state() -> State {
     State::from_yaml(&format!(
@@ -21,16 +20,9 @@ fn state() -> State {
 }
 
 struct Controller {
-    child: Child,
+    proc: Proc,
     socket: PathBuf,
     log: PathBuf,
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn start_controller(dir: &Path, config: &str, extra: &[&str]) -> Controller {
@@ -53,29 +45,22 @@ fn start_controller(dir: &Path, config: &str, extra: &[&str]) -> Controller {
 fn start_controller_with(dir: &Path, config: &str, args: &[String]) -> Controller {
     std::fs::write(dir.join("cloud-config.yaml"), config).unwrap();
     let log = dir.join("controller.log");
-    let child = Command::new(env!("CARGO_BIN_EXE_proxmox-csi-controller"))
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let proc = Proc::spawn(
+        "controller",
+        env!("CARGO_BIN_EXE_proxmox-csi-controller"),
+        args,
+        &log,
+    )
+    .unwrap();
     Controller {
-        child,
+        proc,
         socket: dir.join("csi.sock"),
         log,
     }
 }
 
 async fn connect(socket: &Path) -> IdentityClient<Channel> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} never appeared",
-            socket.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    testkit::wait_for(socket).await.unwrap();
     let socket = socket.to_path_buf();
     let channel = proxmox_csi_common::client::unix_channel(socket.clone())
         .await
@@ -83,13 +68,9 @@ async fn connect(socket: &Path) -> IdentityClient<Channel> {
     IdentityClient::new(channel)
 }
 
+/// The token's cloud config on `url`, with `secret` in place of its own.
 fn cluster_config(url: &str, ca: Option<&Path>, secret: &str) -> String {
-    let ca = ca
-        .map(|p| format!("    ca_file: {}\n", p.display()))
-        .unwrap_or_default();
-    format!(
-        "clusters:\n  - url: {url}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {secret}\n    region: region-1\n{ca}"
-    )
+    testkit::sim::cloud_config(url, ca, "").replace(TOKEN_SECRET, secret)
 }
 
 #[tokio::test]
@@ -209,7 +190,7 @@ async fn a_wrong_token_or_an_untrusted_tls_is_logged_and_probe_stays_ready() {
 #[tokio::test]
 async fn serves_metrics_and_stops_on_sigterm() {
     let (sim, dir, port) = plain_sim_and_port().await;
-    let mut ctl = start_controller(
+    let ctl = start_controller(
         dir.path(),
         &cluster_config(&sim.api_url(), None, TOKEN_SECRET),
         &["--metrics-address", &format!("127.0.0.1:{port}")],
@@ -259,19 +240,7 @@ async fn serves_metrics_and_stops_on_sigterm() {
         "{body}"
     );
 
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(ctl.child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = ctl.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "controller ignored SIGTERM");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = ctl.proc.stop().await.unwrap();
     assert!(status.success(), "{status:?}");
     assert!(!ctl.socket.exists(), "socket left behind after shutdown");
 }
@@ -358,7 +327,7 @@ fn a_bad_cluster_entry_stops_startup_naming_the_entry_and_key() {
     let dir = tempfile::tempdir().unwrap();
     let config = "clusters:\n  - url: https://pve1:8006/api2/json\n    token_id: a@pve!b\n    token_secret: c\n    region: r1\n  - url: https://pve2:8006/api2/json\n    token_id: a@pve!b\n    token_secret: c\n";
     let mut ctl = start_controller(dir.path(), config, &[]);
-    let status = ctl.child.wait().unwrap();
+    let status = ctl.proc.wait().unwrap();
     assert!(!status.success());
     let log = std::fs::read_to_string(&ctl.log).unwrap();
     assert!(

@@ -801,22 +801,14 @@ async fn several_regions_and_allow_lists() {
         b.api_url()
     ))
     .unwrap();
-    let clients = cfg
-        .clusters
-        .into_iter()
-        .map(|c| {
-            std::sync::Arc::new(
-                proxmox_csi_controller::pve::Client::new(
-                    c,
-                    Duration::from_secs(10),
-                    Default::default(),
-                )
-                .unwrap(),
-            )
-        })
-        .collect();
     let svc = proxmox_csi_controller::csi::controller::ControllerService(std::sync::Arc::new(
-        proxmox_csi_controller::ctl::Controller::new(clients, 9999, Duration::from_secs(20)),
+        proxmox_csi_controller::ctl::Controller::from_config(
+            &cfg,
+            Duration::from_secs(10),
+            Default::default(),
+            Duration::from_secs(20),
+        )
+        .unwrap(),
     ));
     // region-1 may only use pve3, whatever has more room.
     let v = svc

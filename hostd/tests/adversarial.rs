@@ -80,9 +80,7 @@ const RACE_ROUNDS: usize = 300;
 
 #[tokio::test]
 async fn symlink_races_against_publish_and_unpublish_never_escape() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let mut node = env.node_plugin().await;
     let wwn = env.disk(1);
@@ -167,9 +165,7 @@ async fn symlink_races_against_publish_and_unpublish_never_escape() {
 
 #[tokio::test]
 async fn foreign_paths_and_other_volumes_are_not_this_volumes() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let mut node = env.node_plugin().await;
     let root = env.root.clone();
@@ -293,9 +289,7 @@ async fn foreign_paths_and_other_volumes_are_not_this_volumes() {
 
 #[tokio::test]
 async fn mount_options_that_open_devices_or_panic_never_reach_the_kernel() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let mut node = env.node_plugin().await;
     let (wwn, other) = (env.disk(4), env.disk(5));
@@ -324,9 +318,7 @@ async fn mount_options_that_open_devices_or_panic_never_reach_the_kernel() {
 
 #[tokio::test]
 async fn a_users_device_file_or_directory_survives_unstage_and_restage() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let mut node = env.node_plugin().await;
     let wwn = env.disk(6);
@@ -374,9 +366,7 @@ fn break_ext4_checksum(img: &Path) {
 
 #[tokio::test]
 async fn data_without_a_clean_signature_is_never_formatted_and_nothing_is_discarded() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let mut node = env.node_plugin().await;
 
@@ -471,9 +461,7 @@ async fn data_without_a_clean_signature_is_never_formatted_and_nothing_is_discar
 /// the formats are the load. The guest benchmark measures the whole stage.
 #[tokio::test]
 async fn health_and_plain_stages_answer_during_six_argon2id_stages() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start_with_pbkdf("argon2id").await;
     let node = env.node_plugin().await;
     let mut stages = Vec::new();
@@ -550,9 +538,7 @@ fn block_stage_req(vol: &str, wwn: &str, staging: &Path) -> pb::StageRequest {
 
 #[tokio::test]
 async fn publish_onto_a_target_kubelet_gave_another_volume_or_driver_is_refused() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let mut node = env.node_plugin().await;
     let wwn = env.disk(20);
@@ -619,9 +605,7 @@ async fn publish_onto_a_target_kubelet_gave_another_volume_or_driver_is_refused(
 
 #[tokio::test]
 async fn unstage_while_published_is_refused_and_keeps_the_pods_device() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let mut node = env.node_plugin().await;
     // Raw block: the pod's bound device node must stay the volume's.
@@ -682,9 +666,7 @@ async fn unstage_while_published_is_refused_and_keeps_the_pods_device() {
 
 #[tokio::test]
 async fn unpublish_never_removes_kubelets_volume_record_or_what_publish_did_not_make() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let env = Env::start().await;
     let mut node = env.node_plugin().await;
     // Another driver's volume record, named as a target.
@@ -720,9 +702,7 @@ async fn unpublish_never_removes_kubelets_volume_record_or_what_publish_did_not_
 
 #[tokio::test]
 async fn a_disk_mounted_in_another_mount_namespace_is_not_staged() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let mut node = env.node_plugin().await;
     let wwn = env.disk(24);
@@ -766,9 +746,7 @@ async fn a_disk_mounted_in_another_mount_namespace_is_not_staged() {
 
 #[tokio::test]
 async fn a_cancelled_stage_keeps_its_volume_locked_until_its_work_ends() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     // An mkfs that takes 3 s, and counts its runs.
     let tools = tempfile::tempdir().unwrap();
@@ -834,9 +812,7 @@ async fn a_cancelled_stage_keeps_its_volume_locked_until_its_work_ends() {
 
 #[tokio::test]
 async fn a_luks_header_costlier_than_the_bounds_is_refused_before_any_derivation() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     // Bounds below the header's pbkdf2 cost of 1000 iterations.
     let mut env =
         Env::start_with_args("pbkdf2:1000", &["--luks-kdf-bounds", "1048576:4:64:999"]).await;
@@ -860,9 +836,7 @@ async fn a_luks_header_costlier_than_the_bounds_is_refused_before_any_derivation
 
 #[tokio::test]
 async fn stats_and_stage_refuse_paths_kubelet_gives_another_volume() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let mut node = env.node_plugin().await;
     let wwn = env.disk(27);
@@ -914,9 +888,7 @@ async fn stats_and_stage_refuse_paths_kubelet_gives_another_volume() {
 
 #[tokio::test]
 async fn an_unfinished_xfs_hostd_did_not_begin_is_never_formatted_nor_read_only() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let mut node = env.node_plugin().await;
     let wwn = env.image_only(30);
@@ -947,9 +919,7 @@ async fn an_unfinished_xfs_hostd_did_not_begin_is_never_formatted_nor_read_only(
 
 #[tokio::test]
 async fn luks_format_reads_the_whole_header_area_first() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let mut node = env.node_plugin().await;
     // Data between two of the samples, inside the 16 MiB luksFormat writes.
@@ -977,9 +947,7 @@ async fn luks_format_reads_the_whole_header_area_first() {
 
 #[tokio::test]
 async fn a_luks_header_without_key_slots_is_not_remade_unless_hostd_began_it() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let mut node = env.node_plugin().await;
     let wwn = env.image_only(32);
@@ -1013,9 +981,7 @@ async fn a_luks_header_without_key_slots_is_not_remade_unless_hostd_began_it() {
 
 #[tokio::test]
 async fn stages_waiting_for_their_disks_hold_no_call_slot() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let mut node = env.node_plugin().await;
     let wwn = env.disk(33);
@@ -1060,9 +1026,7 @@ async fn stages_waiting_for_their_disks_hold_no_call_slot() {
 
 #[tokio::test]
 async fn an_encrypted_class_never_stages_a_disk_of_plain_data_unencrypted_unasked() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let mut node = env.node_plugin().await;
     // A raw block volume of an encrypted class whose disk holds plain data
@@ -1090,9 +1054,7 @@ async fn an_encrypted_class_never_stages_a_disk_of_plain_data_unencrypted_unaske
 
 #[tokio::test]
 async fn luks_costs_count_every_key_slot_a_wrong_passphrase_is_tried_on() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     // Each slot within a bound of 3,500 pbkdf2 rounds, four slots and the
     // digest together far above it.
     let mut env =

@@ -95,9 +95,7 @@ async fn stage_ok(env: &mut Env, vol: &str, wwn: &str, staging: &Path, fs: &str)
 
 #[tokio::test]
 async fn a_fresh_volume_holding_old_bytes_is_formatted_on_its_first_stage_and_claimed() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let (wwn, img) = old_disk(&mut env, 1);
     let staging = env.staging(MARKED);
@@ -137,9 +135,7 @@ async fn a_fresh_volume_holding_old_bytes_is_formatted_on_its_first_stage_and_cl
 
 #[tokio::test]
 async fn a_disk_without_the_mark_keeps_the_refusal_of_old_bytes() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     for (i, vol) in [
         // The Go driver's name, a volume created with block access, and one
@@ -172,9 +168,7 @@ async fn a_disk_without_the_mark_keeps_the_refusal_of_old_bytes() {
 
 #[tokio::test]
 async fn a_claimed_volume_whose_header_is_gone_is_never_formatted_again() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let (wwn, img) = old_disk(&mut env, 20);
     let staging = env.staging(MARKED);
@@ -204,9 +198,7 @@ async fn a_claimed_volume_whose_header_is_gone_is_never_formatted_again() {
 
 #[tokio::test]
 async fn an_expansion_moves_the_claim_to_the_new_end_before_the_filesystem_grows() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     for (i, fs) in ["ext4", "xfs"].into_iter().enumerate() {
         let vol = format!("r/pve1/local-lvm/vm-9999-pvc-{fs}.csf-5bc58ec71c2d");
@@ -261,9 +253,7 @@ async fn an_expansion_moves_the_claim_to_the_new_end_before_the_filesystem_grows
 
 #[tokio::test]
 async fn a_first_stage_read_only_mounts_nothing_the_storage_left() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let (wwn, img) = old_disk(&mut env, 40);
     let before = sha_of(&img);
@@ -279,9 +269,7 @@ async fn a_first_stage_read_only_mounts_nothing_the_storage_left() {
 
 #[tokio::test]
 async fn a_volume_created_blank_that_another_node_plugin_formatted_is_staged_as_it_is() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     // The Go node plugin formatted it while both drivers ran: a signature
     // made after the allocation, its data, and no claim.
     let mut env = Env::start().await;
@@ -317,9 +305,7 @@ async fn a_volume_created_blank_that_another_node_plugin_formatted_is_staged_as_
 
 #[tokio::test]
 async fn a_first_stage_cut_off_before_its_claim_is_claimed_by_the_next_stage_elsewhere() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     // Another node's first stage made the filesystem, short of the claim's
     // MiB, and died before the claim: no note here, nothing mounted yet.
     let mut env = Env::start().await;
@@ -368,9 +354,7 @@ async fn a_first_stage_cut_off_before_its_claim_is_claimed_by_the_next_stage_els
 /// offline, never grows over its claim (expand moves the claim first).
 #[tokio::test]
 async fn a_restore_larger_than_its_source_grows_at_stage_and_a_claimed_volume_does_not() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     for (i, fs) in ["ext4", "xfs"].into_iter().enumerate() {
         let source = format!("r/pve1/local-lvm/vm-9999-pvc-src-{fs}.csf-5bc58ec71c2d");
@@ -467,9 +451,7 @@ fn without_serial(img: &Path) {
 /// refuses to grow over the claim beyond it; the claim stays.
 #[tokio::test]
 async fn a_claimed_disk_without_a_serial_is_not_grown_under_another_name() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let owner = "r/pve1/local-lvm/vm-9999-pvc-owner.csf-5bc58ec71c2d";
     let wwn = env.disk_sized(60, 1024 * MIB);
@@ -513,9 +495,7 @@ async fn a_claimed_disk_without_a_serial_is_not_grown_under_another_name() {
 /// into the filesystem.
 #[tokio::test]
 async fn an_expand_ignores_a_claim_record_inside_the_filesystem() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let vol = "r/pve1/local-lvm/vm-9999-pvc-whole.csf-5bc58ec71c2d";
     let wwn = env.disk_sized(61, 1024 * MIB);

@@ -12,13 +12,11 @@ use std::time::{Duration, Instant};
 
 use proxmox_csi_proto::hostd::v1 as pb;
 use sha2::{Digest, Sha256};
-use support::{NODE_PLUGIN_UID, connect_as, require_root};
+use support::{NODE_PLUGIN_UID, connect_as};
 
 #[tokio::test]
 async fn every_setting_comes_from_the_environment() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("env.sock");
     let health = dir.path().join("env-health.json");

@@ -738,9 +738,7 @@ async fn shrink(mut steps: Vec<Step>) -> Vec<Step> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generated_call_sequences_keep_every_invariant() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let total: usize = std::env::var("PROXMOX_CSI_INVARIANT_STEPS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -775,9 +773,7 @@ async fn generated_call_sequences_keep_every_invariant() {
 /// The sequences the generator found against hostd before its calls were
 /// bound to their volume at both ends, shrunk, kept as named cases.
 async fn regression(steps: &[Step]) {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     if let Err((at, why)) = run(steps, &mut BTreeMap::new()).await {
         panic!("step {at}: {why}");
     }

@@ -16,9 +16,7 @@ use tonic::Code;
 
 #[tokio::test]
 async fn filesystem_volume_lifecycle_is_idempotent_and_keeps_data() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let wwn = env.disk(1);
     let staging = env.staging("vol-1");
@@ -141,9 +139,7 @@ async fn filesystem_volume_lifecycle_is_idempotent_and_keeps_data() {
 /// staging refuses the device and leaves every byte as it was.
 #[tokio::test]
 async fn never_formats_a_device_that_holds_data() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     type Prep = fn(&Path);
     let cases: Vec<(&str, Prep, &str)> = vec![
@@ -250,9 +246,7 @@ async fn never_formats_a_device_that_holds_data() {
 
 #[tokio::test]
 async fn raw_block_volume_is_bound_through_to_the_pod() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let wwn = env.disk(30);
     let staging = env.block_staging("pv-blk");
@@ -346,9 +340,7 @@ async fn raw_block_volume_is_bound_through_to_the_pod() {
 
 #[tokio::test]
 async fn bad_requests_get_the_right_codes() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let wwn = env.disk(40);
     let staging = env.staging("vol-x");
@@ -416,9 +408,7 @@ async fn bad_requests_get_the_right_codes() {
 
 #[tokio::test]
 async fn twenty_volumes_stage_concurrently() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let mut reqs = Vec::new();
     for i in 0..20 {
@@ -442,9 +432,7 @@ async fn twenty_volumes_stage_concurrently() {
 
 #[tokio::test]
 async fn stage_waits_for_a_device_that_appears_later() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let wwn = env.image_only(50);
     let staging = env.staging("vol-late");
@@ -483,9 +471,7 @@ async fn stage_waits_for_a_device_that_appears_later() {
 
 #[tokio::test]
 async fn expands_ext4_and_xfs_online_and_reports_stats() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     for (i, fs) in ["ext4", "xfs"].into_iter().enumerate() {
         let wwn = env.disk(60 + i as u32);
@@ -570,9 +556,7 @@ async fn expands_ext4_and_xfs_online_and_reports_stats() {
 
 #[tokio::test]
 async fn encryption_writes_a_go_compatible_luks2_header_and_never_reformats_it() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let wwn = env.disk(70);
     let staging = env.staging("vol-luks");
@@ -691,9 +675,7 @@ async fn encryption_writes_a_go_compatible_luks2_header_and_never_reformats_it()
 /// and the kubelet's retry converge on a mounted, consistent filesystem.
 #[tokio::test]
 async fn killed_mid_stage_the_retry_converges() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let mut n = 200;
     for fs in ["ext4", "xfs"] {
@@ -763,9 +745,7 @@ async fn killed_mid_stage_the_retry_converges() {
 
 #[tokio::test]
 async fn oversized_requests_are_refused() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let staging = env.staging("vol-big");
     let mut req = stage_req("vol-big", "5000c500deadbeef", &staging, "ext4");
@@ -780,9 +760,7 @@ async fn oversized_requests_are_refused() {
 /// has nothing to mount (mount-utils refuses it too).
 #[tokio::test]
 async fn a_read_only_stage_never_formats() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     let wwn = env.disk(80);
     let staging = env.staging("vol-ro");
@@ -811,9 +789,7 @@ async fn a_read_only_stage_never_formats() {
 /// hostd's own note says it began that mkfs on that disk for that volume.
 #[tokio::test]
 async fn an_mkfs_killed_before_its_superblock_is_made_again_and_only_by_its_volume() {
-    if !require_root() {
-        return;
-    }
+    testkit::require_root!();
     let mut env = Env::start().await;
     // An mkfs.ext4 that writes as mke2fs begins (tables at 5 KiB), then hangs.
     let tools = tempfile::tempdir().unwrap();

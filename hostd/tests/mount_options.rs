@@ -12,7 +12,7 @@ use std::process::Command;
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use proxmox_csi_hostd::mountopts::{self, Value};
-use support::{Loop, require_root};
+use support::Loop;
 
 /// Values the kernel takes for options whose kind alone does not say
 /// (a power of two, a pair given together, a range, a companion option).
@@ -73,19 +73,7 @@ struct Fs {
 fn filesystem(fs: &str) -> Fs {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("disk.raw");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(1 << 30)
-        .unwrap();
-    let out = Command::new("losetup")
-        .args(["-f", "--show"])
-        .arg(&img)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "losetup: {out:?}");
-    let dev = Loop {
-        dev: PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()),
-    };
+    let dev = Loop::create(&img, 1 << 30).unwrap();
     let mkfs = match fs {
         // With a stripe geometry, which sunit= and swidth= need.
         "xfs" => Command::new("mkfs.xfs")
@@ -183,14 +171,12 @@ fn every_option_mounts(fs: &str) {
 
 #[test]
 fn every_ext4_option_hostd_accepts_mounts() {
-    if require_root() {
-        every_option_mounts("ext4");
-    }
+    testkit::require_root!();
+    every_option_mounts("ext4");
 }
 
 #[test]
 fn every_xfs_option_hostd_accepts_mounts() {
-    if require_root() {
-        every_option_mounts("xfs");
-    }
+    testkit::require_root!();
+    every_option_mounts("xfs");
 }

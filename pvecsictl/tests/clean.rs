@@ -14,12 +14,11 @@ use callers::provisioner::{Claim, StorageClass, create_volume};
 use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::ctl::Controller;
-use proxmox_csi_controller::pve::Client;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use serde_json::{Value, json};
 use tonic::Request;
 
-const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
+use testkit::sim::SECRET;
 const DRIVER: &str = "csi.proxmox.sinextra.dev";
 const UID_A: &str = "aaaa1111-2222-4333-8444-555566667777";
 const UID_B: &str = "bbbb1111-2222-4333-8444-555566667777";
@@ -61,25 +60,22 @@ impl Cluster {
             json!({"metadata": {"name": "kube-system", "uid": namespace_uid}}),
         );
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(
-            dir.path().join("cloud.yaml"),
-            format!("clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n", sim.api_url()),
-        )
-        .unwrap();
+        std::fs::write(dir.path().join("cloud.yaml"), testkit::sim::config_of(sim)).unwrap();
         std::fs::write(
             dir.path().join("kubeconfig"),
-            format!("apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: {}\ncontexts:\n- name: t\n  context:\n    cluster: t\n    user: t\nusers:\n- name: t\n  user: {{}}\ncurrent-context: t\n", kube.url),
+            testkit::kubeconfig(&kube.url, None),
         )
         .unwrap();
         let cfg = CloudConfig::load(&dir.path().join("cloud.yaml")).unwrap();
-        let clients: Vec<Arc<Client>> = cfg
-            .clusters
-            .into_iter()
-            .map(|c| Arc::new(Client::new(c, Duration::from_secs(10), Default::default()).unwrap()))
-            .collect();
         // As the controller's startup reads it.
         let client = kube::Client::try_from(kube::Config::new(kube.url.parse().unwrap())).unwrap();
-        let mut controller = Controller::new(clients, 9999, Duration::from_secs(20));
+        let mut controller = Controller::from_config(
+            &cfg,
+            Duration::from_secs(10),
+            Default::default(),
+            Duration::from_secs(20),
+        )
+        .unwrap();
         controller.cluster_id = proxmox_csi_controller::kube::cluster_id(&client)
             .await
             .unwrap();

@@ -17,7 +17,7 @@ use pvecsictl::doctor::{self, Severity};
 use pvecsictl::state::State;
 use serde_json::{Value, json};
 
-const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
+use testkit::sim::SECRET;
 const CLUSTER: &str = r#"
 cluster: lab
 nodes: [{ name: pve1 }, { name: pve2 }]
@@ -191,15 +191,11 @@ async fn lab_with(cluster: &str) -> Lab {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("cloud.yaml"),
-        format!("clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n", sim.api_url()),
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("cloud.yaml"), testkit::sim::config_of(&sim)).unwrap();
     let kube_url = format!("http://{addr}");
     std::fs::write(
         dir.path().join("kubeconfig"),
-        format!("apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: {kube_url}\ncontexts:\n- name: t\n  context:\n    cluster: t\n    user: t\nusers:\n- name: t\n  user: {{}}\ncurrent-context: t\n"),
+        testkit::kubeconfig(&kube_url, None),
     )
     .unwrap();
     Lab { sim, dir, kube_url }

@@ -20,7 +20,6 @@ use serde_json::{Value, json};
 use tonic::Request;
 
 const HOURS: Duration = Duration::from_secs(3600);
-const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
 const CLUSTER: &str = r#"
 cluster: lab
 nodes: [{ name: pve1 }, { name: pve2 }]
@@ -52,19 +51,18 @@ async fn admin(sim: &pvesim::Running, path: &str) -> Value {
 
 /// pvesim with the migration cluster, and the clients of a cloud config
 /// pointing at it.
-async fn proxmox() -> (pvesim::Running, Vec<Arc<Client>>) {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap())
-        .plain_http()
-        .start("127.0.0.1:0")
-        .await
-        .unwrap();
-    let cfg = CloudConfig::parse(&format!("clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n", sim.api_url())).unwrap();
-    let clients: Vec<Arc<Client>> = cfg
-        .clusters
+/// The token's Proxmox clients on `sim` (10 s a call).
+fn clients_of(sim: &pvesim::Running) -> Vec<Arc<Client>> {
+    let cfg = CloudConfig::parse(&testkit::sim::config_of(sim)).unwrap();
+    cfg.clusters
         .into_iter()
         .map(|c| Arc::new(Client::new(c, Duration::from_secs(10), Default::default()).unwrap()))
-        .collect();
+        .collect()
+}
+
+async fn proxmox() -> (pvesim::Running, Vec<Arc<Client>>) {
+    let sim = testkit::sim::plain(CLUSTER).await.unwrap();
+    let clients = clients_of(&sim);
     (sim, clients)
 }
 
@@ -240,18 +238,7 @@ async fn migrate_moves_a_local_volume_with_the_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_migration_is_resumed_or_rolled_back() {
     for rollback in [true, false] {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let sim = pvesim::Sim::new(pvesim::State::from_yaml(CLUSTER).unwrap())
-            .plain_http()
-            .start("127.0.0.1:0")
-            .await
-            .unwrap();
-        let cfg = CloudConfig::parse(&format!("clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n", sim.api_url())).unwrap();
-        let clients: Vec<Arc<Client>> = cfg
-            .clusters
-            .into_iter()
-            .map(|c| Arc::new(Client::new(c, Duration::from_secs(10), Default::default()).unwrap()))
-            .collect();
+        let (_sim, clients) = proxmox().await;
         let ks = kubesim::start().await.unwrap();
         let pv = json!({"metadata": {"name": "pvc-m"}, "spec": {
             "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "persistentVolumeReclaimPolicy": "Delete",

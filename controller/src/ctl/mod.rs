@@ -123,6 +123,32 @@ impl Controller {
         }
     }
 
+    /// A controller with one Proxmox client per cluster of `config` (each
+    /// call given `api_timeout`), taking VMIDs as `config` says.
+    pub fn from_config(
+        config: &crate::config::CloudConfig,
+        api_timeout: Duration,
+        metrics: crate::pve::metrics::ApiMetrics,
+        default_timeout: Duration,
+    ) -> Result<Self, crate::pve::PveError> {
+        let clients = config
+            .clusters
+            .iter()
+            .cloned()
+            .map(|c| Client::new(c, api_timeout, metrics.clone()).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut controller = Controller::new(clients, config.controller_vmid, default_timeout);
+        controller.vmid_range = config.vmid_range;
+        Ok(controller)
+    }
+
+    /// The regions this controller serves.
+    pub fn regions(&self) -> Vec<&str> {
+        let mut r: Vec<&str> = self.clients.keys().map(String::as_str).collect();
+        r.sort();
+        r
+    }
+
     pub fn with_kube(mut self, kube: crate::kube::Kube, driver_name: &str) -> Self {
         self.kube = Some(kube);
         self.driver_name = driver_name.to_string();

@@ -11,14 +11,13 @@ use callers::{attacher, provisioner};
 use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::ctl::Controller;
-use proxmox_csi_controller::pve;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
-use pvesim::{Running, Sim, State};
+use pvesim::Running;
 use serde_json::Value;
 use tonic::Request;
 
-pub const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
+pub use testkit::sim::SECRET;
 
 /// Two workers on pve2 (112 running, 113 running), one on pve1; local-lvm
 /// everywhere, NFS shared; the token has exactly the documented CSI role.
@@ -81,28 +80,8 @@ pub async fn env_with(f: impl FnOnce(Controller) -> Controller) -> Env {
 }
 
 async fn build(cluster: &str, f: impl FnOnce(Controller) -> Controller) -> Env {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let sim = Sim::new(State::from_yaml(cluster).unwrap())
-        .plain_http()
-        .start("127.0.0.1:0")
-        .await
-        .unwrap();
-    let cfg = CloudConfig::parse(&format!(
-        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
-        sim.api_url()
-    ))
-    .unwrap();
-    let clients = cfg
-        .clusters
-        .into_iter()
-        .map(|c| pve::Client::new(c, Duration::from_secs(10), Default::default()).map(Arc::new))
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap();
-    let ctl = f(Controller::new(
-        clients,
-        cfg.controller_vmid,
-        Duration::from_secs(20),
-    ));
+    let sim = testkit::sim::plain(cluster).await.unwrap();
+    let ctl = f(controller_of(&sim));
     Env {
         sim,
         svc: ControllerService(Arc::new(ctl)),
@@ -112,19 +91,20 @@ async fn build(cluster: &str, f: impl FnOnce(Controller) -> Controller) -> Env {
 
 /// A second controller (its own queues, caches and memory) on `e`'s pvesim.
 pub fn controller_on(e: &Env) -> Controller {
-    let cfg = CloudConfig::parse(&format!(
-        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
-        e.sim.api_url()
-    ))
-    .unwrap();
-    let clients = cfg
-        .clusters
-        .into_iter()
-        .map(|c| {
-            Arc::new(pve::Client::new(c, Duration::from_secs(10), Default::default()).unwrap())
-        })
-        .collect();
-    Controller::new(clients, 9999, Duration::from_secs(20))
+    controller_of(&e.sim)
+}
+
+/// A controller with the token's cloud config on `sim`: 10 s per Proxmox
+/// call, 20 s per operation.
+pub fn controller_of(sim: &Running) -> Controller {
+    let cfg = CloudConfig::parse(&testkit::sim::config_of(sim)).unwrap();
+    Controller::from_config(
+        &cfg,
+        Duration::from_secs(10),
+        Default::default(),
+        Duration::from_secs(20),
+    )
+    .unwrap()
 }
 
 impl Env {

@@ -9,50 +9,26 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use proxmox_csi_proto::hostd::v1 as pb;
 use proxmox_csi_proto::hostd::v1::hostd_client::HostdClient;
 use sha2::{Digest, Sha256};
+use testkit::process::Proc;
 use tonic::transport::Channel;
 
 pub const DRIVER: &str = "csi.proxmox.sinextra.dev";
 /// The uid hostd allows besides root: the node plugin's.
 pub const NODE_PLUGIN_UID: u32 = 65534;
 
-pub fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
-/// Returns false (test skipped) when not root outside CI; fails in CI.
-pub fn require_root() -> bool {
-    if is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "hostd loop tests need root, and CI is set"
-    );
-    eprintln!("SKIPPED: hostd loop-device tests need root");
-    false
-}
-
-pub struct Loop {
-    pub dev: PathBuf,
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
-    }
-}
+pub use testkit::loopdev::Loop;
 
 pub struct Env {
     pub _dir: tempfile::TempDir,
     pub root: PathBuf,
     pub images: PathBuf,
-    pub hostd: Child,
+    pub hostd: Proc,
     /// A client connected as root.
     pub client: HostdClient<Channel>,
     pub log: PathBuf,
@@ -62,27 +38,10 @@ pub struct Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
-        let _ = self.hostd.kill();
-        let _ = self.hostd.wait();
         // Leave no mounts behind under the temporary kubelet root.
-        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut points: Vec<&str> = table
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|p| p.starts_with(self.root.to_str().unwrap_or("-")))
-            .collect();
-        points.reverse();
-        for p in points {
-            let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
-        }
+        testkit::loopdev::unmount_under(&self.root);
         self.loops.clear();
     }
-}
-
-pub fn spawn_hostd(dir: &Path, root: &Path, images: &Path, log: &Path, pbkdf: &str) -> Child {
-    hostd_command(dir, root, images, log, pbkdf)
-        .spawn()
-        .unwrap()
 }
 
 /// kubelet's record of a volume beside a pod's target or under a block
@@ -101,7 +60,7 @@ pub fn write_vol_data(dir: &Path, pv: &str, handle: &str, driver: &str) {
     std::fs::write(dir.join("vol_data.json"), data.to_string()).unwrap();
 }
 
-pub fn hostd_command(dir: &Path, root: &Path, images: &Path, log: &Path, pbkdf: &str) -> Command {
+pub fn hostd_command(dir: &Path, root: &Path, images: &Path, pbkdf: &str) -> Command {
     let socket = dir.join("hostd.sock");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_proxmox-csi-hostd"));
     cmd.arg("--socket")
@@ -128,15 +87,7 @@ pub fn hostd_command(dir: &Path, root: &Path, images: &Path, log: &Path, pbkdf: 
             "666",
             "--allow-uid",
             &NODE_PLUGIN_UID.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)
-                .unwrap(),
-        );
+        ]);
     cmd
 }
 
@@ -203,10 +154,9 @@ impl Env {
         std::fs::create_dir_all(&images).unwrap();
         std::fs::create_dir_all(root.join("plugins/kubernetes.io/csi").join(DRIVER)).unwrap();
         let log = dir.path().join("hostd.log");
-        let hostd = hostd_command(dir.path(), &root, &images, &log, pbkdf)
-            .args(extra)
-            .spawn()
-            .unwrap();
+        let mut cmd = hostd_command(dir.path(), &root, &images, pbkdf);
+        cmd.args(extra);
+        let hostd = Proc::start("hostd", cmd, &log).unwrap();
         let client = connect(dir.path().join("hostd.sock")).await;
         Self {
             root: root.canonicalize().unwrap(),
@@ -248,19 +198,7 @@ impl Env {
     }
 
     pub fn attach(&mut self, wwn: &str) {
-        let img = self.image(wwn);
-        let out = Command::new("losetup")
-            .args(["--find", "--show"])
-            .arg(&img)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "losetup: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        self.loops.push(Loop { dev });
+        self.loops.push(Loop::attach(&self.image(wwn)).unwrap());
     }
 
     /// SIGKILLs hostd and starts a new one on the same socket.
@@ -271,10 +209,9 @@ impl Env {
     /// SIGKILLs hostd and starts a new one whose tools (mkfs, …) are
     /// looked up first in `tools`, when given.
     pub async fn restart_hostd_with_tools(&mut self, tools: Option<&Path>) {
-        let _ = self.hostd.kill();
-        let _ = self.hostd.wait();
+        self.hostd.kill();
         let dir = self._dir.path().to_path_buf();
-        let mut cmd = hostd_command(&dir, &self.root, &self.images, &self.log, self.pbkdf);
+        let mut cmd = hostd_command(&dir, &self.root, &self.images, self.pbkdf);
         if let Some(t) = tools {
             cmd.env(
                 "PATH",
@@ -285,7 +222,7 @@ impl Env {
                 ),
             );
         }
-        self.hostd = cmd.spawn().unwrap();
+        self.hostd = Proc::start("hostd", cmd, &self.log).unwrap();
         self.client = connect(dir.join("hostd.sock")).await;
     }
 

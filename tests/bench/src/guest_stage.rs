@@ -19,7 +19,6 @@ use e2e::guest::Guest;
 use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::ctl::Controller;
-use proxmox_csi_controller::pve;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
@@ -151,25 +150,16 @@ pub async fn run(rounds: usize) -> Result<Report> {
          acl:\n  - {{ path: /, roles: [CSI], tokens: [\"{TOKEN}\"], users: [kubernetes-csi@pve] }}\n",
         g.qmp.display()
     );
-    let sim = pvesim::Sim::new(pvesim::State::from_yaml(&state)?)
-        .plain_http()
-        .volume_dir(images.path().to_path_buf())
-        .start("127.0.0.1:0")
-        .await?;
-    let cfg = CloudConfig::parse(&format!(
-        "clusters:\n  - url: {}\n    token_id: {TOKEN}\n    token_secret: {SECRET}\n    region: region-1\n",
-        sim.api_url()
-    ))?;
-    let clients = cfg
-        .clusters
-        .into_iter()
-        .map(|c| pve::Client::new(c, Duration::from_secs(30), Default::default()).map(Arc::new))
-        .collect::<Result<Vec<_>, _>>()?;
-    let ctl = ControllerService(Arc::new(Controller::new(
-        clients,
-        9999,
+    let sim = testkit::sim::plain_with(&state, |s| s.volume_dir(images.path().to_path_buf()))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let cfg = CloudConfig::parse(&testkit::sim::config_of(&sim))?;
+    let ctl = ControllerService(Arc::new(Controller::from_config(
+        &cfg,
+        Duration::from_secs(30),
+        Default::default(),
         Duration::from_secs(60),
-    )));
+    )?));
     let deadline = Instant::now() + Duration::from_secs(60);
     // QEMU accepts the forwarded port before the guest listens: ready is
     // when Probe says hostd answers.

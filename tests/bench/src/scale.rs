@@ -180,7 +180,7 @@ pub async fn run(sizes: &[usize], concurrency: usize, latency_ms: u64) -> Result
         });
     }
     let peak_rss_kib = crate::rss_kib(proc.pid()).1;
-    proc.stop()?;
+    proc.stop().await.map_err(anyhow::Error::msg)?;
 
     // Restarted: the first publish rebuilds what the controller knows.
     let dir = tempfile::tempdir()?;
@@ -193,7 +193,7 @@ pub async fn run(sizes: &[usize], concurrency: usize, latency_ms: u64) -> Result
         timed(ctl.controller_publish_volume(attacher::controller_publish(&pvs[last], &node_id)))
             .await?;
     let (restart_publish_calls, _) = sim.calls_and_writes().await?;
-    proc.stop()?;
+    proc.stop().await.map_err(anyhow::Error::msg)?;
     Ok(Run {
         idle_rss_kib,
         checkpoints,

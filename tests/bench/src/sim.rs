@@ -5,15 +5,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::ctl::Controller;
-use proxmox_csi_controller::pve;
 use serde_json::Value;
 
-pub const TOKEN: &str = "kubernetes-csi@pve!csi";
-pub const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
+pub use testkit::sim::{SECRET, TOKEN_ID as TOKEN};
 
 /// A cluster of `nodes` Proxmox nodes with `vms_per_node` running workers
 /// each (VM ids from 200), local-lvm everywhere, a shared NFS storage, and
@@ -46,13 +44,9 @@ pub struct Sim {
 
 impl Sim {
     pub async fn start(cluster: &str) -> Result<Self> {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let state = pvesim::State::from_yaml(cluster).context("pvesim state")?;
-        let running = pvesim::Sim::new(state)
-            .plain_http()
-            .start("127.0.0.1:0")
+        let running = testkit::sim::plain(cluster)
             .await
-            .context("pvesim")?;
+            .map_err(anyhow::Error::msg)?;
         Ok(Self {
             running,
             http: reqwest::Client::new(),
@@ -64,25 +58,19 @@ impl Sim {
     }
 
     pub fn cloud_config(&self) -> String {
-        format!(
-            "clusters:\n  - url: {}\n    token_id: {TOKEN}\n    token_secret: {SECRET}\n    region: region-1\n",
-            self.api_url()
-        )
+        testkit::sim::config_of(&self.running)
     }
 
     /// An in-process controller on this simulator.
     pub fn controller(&self) -> Result<ControllerService> {
         let cfg = CloudConfig::parse(&self.cloud_config())?;
-        let clients = cfg
-            .clusters
-            .into_iter()
-            .map(|c| pve::Client::new(c, Duration::from_secs(30), Default::default()).map(Arc::new))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(ControllerService(Arc::new(Controller::new(
-            clients,
-            cfg.controller_vmid,
+        let ctl = Controller::from_config(
+            &cfg,
+            Duration::from_secs(30),
+            Default::default(),
             Duration::from_secs(120),
-        ))))
+        )?;
+        Ok(ControllerService(Arc::new(ctl)))
     }
 
     pub async fn admin(&self, method: reqwest::Method, path: &str, body: &str) -> Result<Value> {

@@ -988,7 +988,7 @@ pub async fn run(seed: u64, duration: Duration, fault_rate: f64) -> Result<Outco
     let fired = c.out.fired.clone();
     c.account(&fired);
     if let Some(p) = c.controller.take() {
-        let _ = p.stop();
+        let _ = p.stop().await;
     }
     Ok(c.out)
 }

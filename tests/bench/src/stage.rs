@@ -4,7 +4,7 @@
 //! the same mkfs options, alternating, on fresh 1 GiB images. Needs root and
 //! hostd built with the loop-resolver test feature.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -12,6 +12,8 @@ use anyhow::{Context, Result, bail};
 use proxmox_csi_proto::hostd::v1 as pb;
 use proxmox_csi_proto::hostd::v1::hostd_client::HostdClient;
 use sha2::{Digest, Sha256};
+
+use testkit::loopdev::Loop;
 
 use crate::percentile;
 
@@ -23,26 +25,9 @@ pub struct Row {
     pub hostd_rss_kib: u64,
 }
 
-struct Loop(PathBuf);
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
-    }
-}
-
+/// A fresh 1 GiB image at `img` on a loop device.
 fn attach(img: &Path) -> Result<Loop> {
-    std::fs::File::create(img)?.set_len(1 << 30)?;
-    let out = Command::new("losetup")
-        .args(["--find", "--show"])
-        .arg(img)
-        .output()?;
-    if !out.status.success() {
-        bail!("losetup: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(Loop(PathBuf::from(
-        String::from_utf8_lossy(&out.stdout).trim(),
-    )))
+    Loop::create(img, 1 << 30).map_err(anyhow::Error::msg)
 }
 
 fn run(cmd: &str, args: &[&str]) -> Result<()> {
@@ -177,8 +162,8 @@ pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64))> {
             let mnt = d.join(format!("bare-{fs}-{i}"));
             std::fs::create_dir_all(&mnt)?;
             let t = Instant::now();
-            bare_mkfs(fs, &s(&dev.0))?;
-            run("mount", &[&s(&dev.0), &s(&mnt)])?;
+            bare_mkfs(fs, &s(&dev.dev))?;
+            run("mount", &[&s(&dev.dev), &s(&mnt)])?;
             bare.push(t.elapsed().as_secs_f64() * 1000.0);
             run("umount", &[&s(&mnt)])?;
             drop(dev);
@@ -190,7 +175,7 @@ pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64))> {
             hostd_rss_kib: crate::rss_kib(hostd.pid()).0,
         });
     }
-    node.stop()?;
-    hostd.stop()?;
+    node.stop().await.map_err(anyhow::Error::msg)?;
+    hostd.stop().await.map_err(anyhow::Error::msg)?;
     Ok((rows, idle_rss))
 }

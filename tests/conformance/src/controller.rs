@@ -11,7 +11,6 @@ use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::csi::identity::Identity;
 use proxmox_csi_controller::ctl::Controller;
-use proxmox_csi_controller::pve;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use proxmox_csi_proto::csi::v1::controller_service_capability::rpc::Type as Rpc;
@@ -21,35 +20,10 @@ use tonic::{Code, Request};
 
 use crate::{Report, ensure, expect_code, ok};
 
-const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
-
 /// The simulated cluster: two Proxmox nodes, the workers 112 and 113 on
 /// pve2, and 100 GiB of `storage`, a pvesim storage of type `kind`.
 fn cluster(storage: &str, kind: &str) -> String {
-    let options = match kind {
-        "rbd" | "nfs" => ", shared: true",
-        // PVE 9's LVM with qcow2 volume chains, where qcow2 is the default format.
-        "lvm" => ", snapshot-as-volume-chain: true",
-        _ => "",
-    };
-    format!(
-        r#"
-cluster: lab
-nodes: [{{ name: pve1 }}, {{ name: pve2 }}]
-storages:
-  - {{ id: {storage}, type: {kind}, total: {STORAGE_BYTES}{options} }}
-vms:
-  - {{ vmid: 112, node: pve2, name: worker-2, config: {{ scsihw: virtio-scsi-pci }} }}
-  - {{ vmid: 113, node: pve2, name: worker-3, config: {{ scsihw: virtio-scsi-pci }} }}
-users:
-  - userid: kubernetes-csi@pve
-    tokens: [{{ name: csi, secret: {SECRET} }}]
-roles:
-  CSI: [VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
-acl:
-  - {{ path: /, roles: [CSI], tokens: ["kubernetes-csi@pve!csi"], users: [kubernetes-csi@pve] }}
-"#
-    )
+    testkit::sim::storage_cluster(storage, kind, STORAGE_BYTES as u64, &["pve1", "pve2"])
 }
 
 /// The size of the storage (100 GiB).
@@ -179,29 +153,20 @@ impl Target {
 // Without its pvesim and controller the suite cannot run at all: stop there.
 #[allow(clippy::expect_used)]
 async fn start(storage: &str, kind: &str) -> Target {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let sim = pvesim::Sim::new(pvesim::State::from_yaml(&cluster(storage, kind)).expect("cluster"))
-        .plain_http()
-        .start("127.0.0.1:0")
+    let sim = testkit::sim::plain(&cluster(storage, kind))
         .await
         .expect("pvesim");
-    let cfg = CloudConfig::parse(&format!(
-        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
-        sim.api_url()
-    ))
-    .expect("cloud config");
-    let clients: Vec<Arc<pve::Client>> = cfg
-        .clusters
-        .into_iter()
-        .map(|c| pve::Client::new(c, Duration::from_secs(10), Default::default()).map(Arc::new))
-        .collect::<Result<_, _>>()
-        .expect("clients");
+    let cfg = CloudConfig::parse(&testkit::sim::config_of(&sim)).expect("cloud config");
     let ident = Identity::new("csi.proxmox.sinextra.dev".into());
-    let ctl = ControllerService(Arc::new(Controller::new(
-        clients,
-        cfg.controller_vmid,
-        Duration::from_secs(20),
-    )));
+    let ctl = ControllerService(Arc::new(
+        Controller::from_config(
+            &cfg,
+            Duration::from_secs(10),
+            Default::default(),
+            Duration::from_secs(20),
+        )
+        .expect("clients"),
+    ));
     Target {
         sim,
         ctl,

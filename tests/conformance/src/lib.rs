@@ -13,7 +13,6 @@
 //! kubernetes-csi/csi-test's pkg/sanity: `README.md` beside this crate.
 
 pub mod controller;
-pub mod lab;
 pub mod node;
 
 use proxmox_csi_proto::csi::v1 as csi;
@@ -57,21 +56,6 @@ impl Report {
         let failed = self.failed().len();
         format!("{} passed, {failed} failed", self.results.len() - failed)
     }
-}
-
-/// Whether this runs as root, which the node side needs (loop devices,
-/// mounts). Without root it says so and the caller skips; under CI that is
-/// a failure.
-pub fn as_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "this test needs root (loop devices, mounts), and CI is set"
-    );
-    eprintln!("SKIPPED: this test needs root (loop devices, mounts)");
-    false
 }
 
 /// GetPluginInfo's `name` as the spec has it: domain name notation, at

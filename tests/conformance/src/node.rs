@@ -3,9 +3,7 @@
 //! `<images>/<wwn>.raw`, as with the hostd test resolver. Needs root.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
 use callers::kubelet::{Kubelet, Pod};
 use callers::{PersistentVolume, provisioner};
@@ -16,6 +14,8 @@ use proxmox_csi_proto::csi::v1::node_service_capability::rpc::Type as NodeRpc;
 use proxmox_csi_proto::csi::v1::volume_capability::AccessType;
 use tonic::Code;
 use tonic::transport::Channel;
+
+use testkit::node::LoopNode;
 
 use crate::{Report, ensure, expect_code, ok};
 
@@ -30,200 +30,13 @@ const POD_A: &str = "5b0e3f7c-2d9a-4c61-8e4f-1a7b9c3d5e20";
 const POD_RO: &str = "9c4d1e8a-6f2b-4a73-b5d0-3e8f7a1c2b64";
 const POD_NONE: &str = "e1a7c3f9-4b8d-4e2a-9c06-7d5f2b8e1a39";
 
-/// hostd and the node plugin, with their scratch directories and loops.
-pub struct Target {
-    pub dir: tempfile::TempDir,
-    pub root: PathBuf,
-    pub images: PathBuf,
-    /// Where hostd and the node plugin serve `/metrics` (127.0.0.1).
-    pub hostd_metrics: u16,
-    pub node_metrics: u16,
-    procs: Vec<Child>,
-    loops: Vec<PathBuf>,
-    node: NodeClient<Channel>,
-}
+/// hostd and the node plugin on loop devices.
+pub type Target = LoopNode;
 
-impl std::fmt::Debug for Target {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Target")
-            .field("root", &self.root)
-            .field("images", &self.images)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        for p in &mut self.procs {
-            let _ = p.kill();
-            let _ = p.wait();
-        }
-        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let root = self.root.display().to_string();
-        let mut points: Vec<&str> = table
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|p| p.starts_with(&root))
-            .collect();
-        points.reverse();
-        for p in points {
-            let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
-        }
-        for l in &self.loops {
-            let _ = Command::new("losetup").arg("-d").arg(l).status();
-        }
-    }
-}
-
-/// A binary of the workspace, next to this test's executable.
-pub fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap_or_default();
-    let debug = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    debug.join(name)
-}
-
-pub fn spawn(program: &Path, args: &[&str], log: &Path) -> std::io::Result<Child> {
-    Command::new(program)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log)?)
-        .spawn()
-}
-
-/// `N` distinct TCP ports free on 127.0.0.1 now, for servers started next
-/// (all held while they are chosen, so no two are the same).
-pub fn free_ports<const N: usize>() -> Result<[u16; N], String> {
-    let held = (0..N)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<Vec<_>>>()
-        .map_err(|e| format!("a free port: {e}"))?;
-    let mut ports = [0; N];
-    for (p, l) in ports.iter_mut().zip(&held) {
-        *p = l.local_addr().map_err(|e| e.to_string())?.port();
-    }
-    Ok(ports)
-}
-
-pub async fn wait_for(path: &Path) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !path.exists() {
-        if Instant::now() > deadline {
-            return Err(format!("{} never appeared", path.display()));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
-}
-
+/// Starts hostd (LUKS keys derived cheaply: the clauses are not about
+/// PBKDF cost) and the node plugin.
 pub async fn start() -> Result<Target, String> {
-    let hostd = bin("proxmox-csi-hostd");
-    let help = Command::new(&hostd)
-        .arg("--help")
-        .output()
-        .map_err(|e| format!("{}: {e}", hostd.display()))?;
-    if !String::from_utf8_lossy(&help.stdout).contains("--loop-dir") {
-        return Err(
-            "hostd was built without the loop-resolver test feature: run `cargo test --workspace`"
-                .into(),
-        );
-    }
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let mode = |p: &Path, m: u32| {
-        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(m))
-    };
-    mode(dir.path(), 0o755).map_err(|e| e.to_string())?;
-    let (root, images, sockets) = (
-        dir.path().join("kubelet"),
-        dir.path().join("images"),
-        dir.path().join("sockets"),
-    );
-    for d in [&root, &images, &sockets] {
-        std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
-    }
-    mode(&sockets, 0o777).map_err(|e| e.to_string())?;
-    let (hostd_sock, csi_sock) = (sockets.join("hostd.sock"), sockets.join("csi.sock"));
-    let s = |p: &Path| p.display().to_string();
-    let [hostd_metrics, node_metrics] = free_ports()?;
-    let mut procs = vec![
-        spawn(
-            &hostd,
-            &[
-                "--socket",
-                &s(&hostd_sock),
-                "--socket-mode",
-                "666",
-                "--allow-uid",
-                "65534",
-                "--kubelet-root",
-                &s(&root),
-                "--loop-dir",
-                &s(&images),
-                "--device-events",
-                "kernel",
-                "--device-wait",
-                "5",
-                "--health-file",
-                &s(&dir.path().join("health.json")),
-                "--luks-pbkdf",
-                "pbkdf2:1000",
-                "--metrics-address",
-                &format!("127.0.0.1:{hostd_metrics}"),
-            ],
-            &dir.path().join("hostd.log"),
-        )
-        .map_err(|e| e.to_string())?,
-    ];
-    wait_for(&hostd_sock).await?;
-    procs.push(
-        spawn(
-            Path::new("setpriv"),
-            &[
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "--inh-caps=-all",
-                "--bounding-set=-all",
-                "--no-new-privs",
-                &s(&bin("proxmox-csi-node")),
-                "--csi-address",
-                &format!("unix://{}", csi_sock.display()),
-                "--hostd-socket",
-                &s(&hostd_sock),
-                "--node-id",
-                "worker-2",
-                "--vmid",
-                "112",
-                "--region",
-                "region-1",
-                "--zone",
-                "pve2",
-                "--kubelet-root",
-                &s(&root),
-                "--metrics-address",
-                &format!("127.0.0.1:{node_metrics}"),
-            ],
-            &dir.path().join("node.log"),
-        )
-        .map_err(|e| e.to_string())?,
-    );
-    wait_for(&csi_sock).await?;
-    let ch = proxmox_csi_common::client::unix_channel(csi_sock)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(Target {
-        dir,
-        root,
-        images,
-        hostd_metrics,
-        node_metrics,
-        procs,
-        loops: Vec::new(),
-        node: NodeClient::new(ch),
-    })
+    LoopNode::start(&["--luks-pbkdf", "pbkdf2:1000"]).await
 }
 
 /// Where the node plugin runs: how a disk reaches it and how its files and
@@ -255,7 +68,7 @@ pub struct Disk {
 impl NodeHost for Target {
     /// A loop device named by its "WWN"; it is volume `VOL`'s.
     async fn disk(&mut self, n: u32) -> Result<Disk, String> {
-        let wwn = self.loop_disk(n)?;
+        let wwn = self.loop_disk(n, DISK_BYTES as u64)?;
         Ok(Disk {
             volume_id: VOL.into(),
             publish_context: publish_context(&wwn),
@@ -288,28 +101,6 @@ impl NodeHost for Target {
 
     async fn read(&mut self, path: &str) -> Option<String> {
         std::fs::read_to_string(path).ok()
-    }
-}
-
-impl Target {
-    /// A 320 MiB disk "hot-plugged" as a loop device; its WWN.
-    fn loop_disk(&mut self, n: u32) -> Result<String, String> {
-        let wwn = format!("5000c500{n:08x}");
-        let img = self.images.join(format!("{wwn}.raw"));
-        std::fs::File::create(&img)
-            .and_then(|f| f.set_len(DISK_BYTES as u64))
-            .map_err(|e| e.to_string())?;
-        let out = Command::new("losetup")
-            .args(["--find", "--show"])
-            .arg(&img)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!("losetup: {}", String::from_utf8_lossy(&out.stderr)));
-        }
-        self.loops
-            .push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
-        Ok(wwn)
     }
 }
 
@@ -409,7 +200,7 @@ async fn identity(t: &Target, r: &mut Report) {
 /// What the kernel says of the node plugin's process, and whose calls
 /// hostd's audit lines record: not what the plugin says of itself.
 fn unprivileged(t: &Target) -> Result<(), String> {
-    let pid = t.procs.get(1).ok_or("no node plugin process")?.id();
+    let pid = t.node_pid();
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(|e| e.to_string())?;
     if exe.file_name() != Some(std::ffi::OsStr::new("proxmox-csi-node")) {
         return Err(format!("process {pid} is {}", exe.display()));
@@ -437,7 +228,7 @@ fn unprivileged(t: &Target) -> Result<(), String> {
             return Err(format!("{name}: {:?}, want {value:?}", field(name)));
         }
     }
-    let hostd = std::fs::read_to_string(t.dir.path().join("hostd.log")).unwrap_or_default();
+    let hostd = t.hostd_log();
     let audited: Vec<&str> = hostd.lines().filter(|l| l.contains("peer_uid=")).collect();
     if audited.is_empty() {
         return Err("hostd audited no call".into());
@@ -445,7 +236,7 @@ fn unprivileged(t: &Target) -> Result<(), String> {
     if let Some(other) = audited.iter().find(|l| !l.contains("peer_uid=65534")) {
         return Err(format!("a call from another uid: {other}"));
     }
-    let log = std::fs::read_to_string(t.dir.path().join("node.log")).unwrap_or_default();
+    let log = t.node_log();
     ensure(!log.contains("hostd is not reachable"), || {
         log.lines().last().unwrap_or_default().to_string()
     })

@@ -67,14 +67,7 @@ async fn controller_follows_the_spec_on_shared_nfs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_follows_the_spec() {
-    if !nix::unistd::geteuid().is_root() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the node clauses need root, and CI is set"
-        );
-        eprintln!("SKIPPED: the node clauses need root (loop devices, mounts)");
-        return;
-    }
+    testkit::require_root!();
     let mut report = Report::default();
     conformance::node::run(&mut report).await;
     print!(

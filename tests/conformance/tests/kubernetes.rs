@@ -15,10 +15,10 @@ use std::path::Path;
 
 use callers::kubelet::{Kubelet, Pod};
 use callers::{attacher, provisioner, resizer, snapshotter};
-use conformance::lab::Lab;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_client::ControllerClient;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
+use testkit::lab::{Lab, settle};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -30,9 +30,7 @@ fn mkdirs(dirs: Vec<String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_through_kubernetes_callers() {
-    if !conformance::as_root() {
-        return;
-    }
+    testkit::require_root!();
     let lab = Lab::start("local-lvm", "lvmthin").await.unwrap();
     let result = life(&lab).await;
     if let Err(e) = result {
@@ -40,7 +38,7 @@ async fn a_volume_through_kubernetes_callers() {
     }
     monitored(&lab);
     drop(lab);
-    conformance::lab::settle();
+    settle();
 }
 
 /// The CSI error of `what`, as a test failure.
@@ -63,7 +61,7 @@ async fn connect(
     let ctl_ch = proxmox_csi_common::client::unix_channel(lab.controller_socket.clone())
         .await
         .map_err(|e| e.to_string())?;
-    let node_ch = proxmox_csi_common::client::unix_channel(lab.node_socket.clone())
+    let node_ch = proxmox_csi_common::client::unix_channel(lab.node_socket().to_path_buf())
         .await
         .map_err(|e| e.to_string())?;
     let mut node = NodeClient::new(node_ch);
@@ -255,8 +253,8 @@ fn monitored(lab: &Lab) {
     let mut exposed = packaging::observability::Exposed::default();
     for (binary, port) in [
         ("controller", lab.controller_metrics),
-        ("node plugin", lab.target.node_metrics),
-        ("hostd", lab.target.hostd_metrics),
+        ("node plugin", lab.node.node_metrics),
+        ("hostd", lab.node.hostd_metrics),
     ] {
         let text =
             packaging::observability::scrape(port).unwrap_or_else(|e| panic!("{binary}: {e}"));
@@ -291,15 +289,13 @@ fn monitored(lab: &Lab) {
 /// driver makes it; kubelet makes its parent).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_volume_through_kubernetes_callers() {
-    if !conformance::as_root() {
-        return;
-    }
+    testkit::require_root!();
     let lab = Lab::start("local-lvm", "lvmthin").await.unwrap();
     if let Err(e) = block_life(&lab).await {
         panic!("{e}\n{}", lab.logs());
     }
     drop(lab);
-    conformance::lab::settle();
+    settle();
 }
 
 async fn block_life(lab: &Lab) -> Result<(), String> {
@@ -413,15 +409,13 @@ async fn whole_life_on_shared_nfs() {
 }
 
 async fn whole_life_on(storage: &str, kind: &str) {
-    if !conformance::as_root() {
-        return;
-    }
+    testkit::require_root!();
     let lab = Lab::start(storage, kind).await.unwrap();
     if let Err(e) = whole_life(&lab, storage).await {
         panic!("{kind}: {e}\n{}", lab.logs());
     }
     drop(lab);
-    conformance::lab::settle();
+    settle();
 }
 
 /// kubelet and the attacher taking a volume off the node.

@@ -4,8 +4,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use callers::kubelet::Pod;
@@ -13,8 +12,7 @@ use callers::provisioner;
 use tonic::transport::Channel;
 
 pub const STEPS: usize = 12;
-pub const TOKEN: &str = "kubernetes-csi@pve!csi";
-pub const SECRET: &str = "0d1e5c1a-7e57-4b5c-9d7e-00000000d3m0";
+pub use testkit::sim::SECRET;
 
 pub const CLUSTER: &str = r#"
 cluster: demo
@@ -27,7 +25,7 @@ volumes:
   - { volid: "local-lvm:vm-112-disk-0", node: pve2, size: 34359738368 }
 users:
   - userid: kubernetes-csi@pve
-    tokens: [{ name: csi, secret: 0d1e5c1a-7e57-4b5c-9d7e-00000000d3m0 }]
+    tokens: [{ name: csi, secret: 5f0c6e8a-1234-4b5c-9d7e-0123456789ab }]
 roles:
   CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]
 acl:
@@ -53,89 +51,35 @@ pub fn evidence(line: impl AsRef<str>) {
     }
 }
 
-#[derive(Debug)]
-pub struct Proc {
-    name: &'static str,
-    child: Child,
-}
+pub use testkit::process::Proc;
 
-impl Proc {
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// SIGKILL, as a crash would.
-    pub fn kill9(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    pub fn stop(mut self) -> Result<String> {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(format!("{} exited after SIGTERM: {status}", self.name));
-            }
-            if Instant::now() > deadline {
-                bail!("{} did not stop within 10 s of SIGTERM", self.name);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A binary of the workspace beside this executable (or, for a test
-/// executable in `target/*/deps`, one directory up).
+/// A binary of the workspace beside this executable.
 pub fn bin(name: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    let candidates = [
-        dir.join(name),
-        dir.parent().map(|d| d.join(name)).unwrap_or_default(),
-    ];
-    match candidates.iter().find(|p| p.is_file()) {
-        Some(p) => Ok(p.clone()),
-        None => bail!(
-            "{name} is not built beside {}: run `cargo build --workspace` (or `make demo`)",
-            exe.display()
-        ),
+    let path = testkit::bin(name);
+    if !path.is_file() {
+        bail!(
+            "{name} is not built at {}: run `cargo build --workspace` (or `make demo`)",
+            path.display()
+        );
     }
+    Ok(path)
 }
 
 pub fn spawn(name: &'static str, program: &Path, args: &[String], log: &Path) -> Result<Proc> {
-    let child = Command::new(program)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)?,
-        )
-        .spawn()
-        .with_context(|| format!("starting {name}"))?;
-    Ok(Proc { name, child })
+    Proc::spawn(name, program, args, log).map_err(anyhow::Error::msg)
+}
+
+/// Stops `p` with SIGTERM; what happened, for the narration.
+pub async fn stop(p: Proc) -> Result<String> {
+    let name = p.name().to_string();
+    let status = p.stop().await.map_err(anyhow::Error::msg)?;
+    Ok(format!("{name} exited after SIGTERM: {status}"))
 }
 
 pub async fn channel(socket: &Path) -> Result<Channel> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
-        if Instant::now() > deadline {
-            bail!("{} did not appear within 20 s", socket.display());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    testkit::wait_for(socket)
+        .await
+        .map_err(anyhow::Error::msg)?;
     Ok(proxmox_csi_common::client::unix_channel(socket.to_path_buf()).await?)
 }
 
@@ -191,18 +135,7 @@ pub fn start_controller(
     ca: &Path,
     features: &str,
 ) -> Result<(Proc, PathBuf)> {
-    let features = if features.is_empty() {
-        String::new()
-    } else {
-        format!("features:\n{features}")
-    };
-    start_controller_with(
-        d,
-        &format!(
-            "{features}clusters:\n  - url: {api_url}\n    ca_file: {}\n    token_id: {TOKEN}\n    token_secret: {SECRET}\n    region: region-1\n",
-            ca.display()
-        ),
-    )
+    start_controller_with(d, &testkit::sim::cloud_config(api_url, Some(ca), features))
 }
 
 /// Starts the controller with this cloud config on a socket in `d`; its

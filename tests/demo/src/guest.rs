@@ -265,7 +265,7 @@ pub async fn run() -> Result<()> {
     ));
 
     step(12, "clean shutdown, and no secret in any log");
-    evidence(controller.stop()?);
+    evidence(stop(controller).await?);
     let guest_logs = g.sh("cat /run/hostd.log /run/node.log").await?;
     let leaked = guest_logs.contains(PASSPHRASE)
         || std::fs::read_to_string(d.join("controller.log"))?.contains(SECRET);

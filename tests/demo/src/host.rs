@@ -324,9 +324,9 @@ pub async fn run() -> Result<()> {
     ));
 
     step(12, "Clean shutdown on SIGTERM, and no secret in any log");
-    evidence(agent.stop()?);
-    evidence(hostd.stop()?);
-    evidence(controller.stop()?);
+    evidence(stop(agent).await?);
+    evidence(stop(hostd).await?);
+    evidence(stop(controller).await?);
     let mut leaked = false;
     for log in ["controller.log", "hostd.log", "node.log"] {
         leaked |= std::fs::read_to_string(d.join(log))?.contains(SECRET);

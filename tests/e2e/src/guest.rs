@@ -357,22 +357,11 @@ impl Guest {
 
 /// Whether QEMU is installed; a test without it is skipped, except under CI.
 pub fn qemu_present() -> bool {
-    let ok = Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_ok();
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "qemu-system-x86_64 is missing and CI is set"
-        );
-        eprintln!("SKIPPED: qemu-system-x86_64 not installed");
-    }
-    ok
+    testkit::skip::qemu()
 }
 
 /// The CSI token's secret in the guests' simulated clusters.
-pub const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
+pub use testkit::sim::SECRET;
 
 /// pvesim's cluster for one guest: VM 112 (worker-2 on pve2) bound to the
 /// guest's QMP socket, local-lvm, and the CSI token with `role`'s privileges.

@@ -14,16 +14,14 @@ use proxmox_csi_controller::ctl::Controller;
 use proxmox_csi_controller::pve;
 use proxmox_csi_controller::volume::ClusterId;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
-use pvesim::{Sim, State};
 use tonic::transport::Channel;
 
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 
-use crate::guest::{Guest, SECRET, Share, guest_cluster, qemu_present};
+use crate::guest::{Guest, Share, guest_cluster, qemu_present};
 
 /// The documented minimal role of the CSI token.
-pub const MINIMAL_ROLE: &str =
-    "VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit";
+pub use testkit::sim::MINIMAL_ROLE;
 
 /// A booted guest with pvesim and a controller bound to it, and a client of
 /// the node plugin in the guest, ready (its Probe answers).
@@ -103,25 +101,17 @@ pub async fn setup_marked(
     images: &std::path::Path,
     cluster_id: Option<&str>,
 ) -> (pvesim::Running, ControllerService) {
-    let sim = Sim::new(State::from_yaml(cluster).unwrap())
-        .plain_http()
-        .volume_dir(images.to_path_buf())
-        .start("127.0.0.1:0")
+    let sim = testkit::sim::plain_with(cluster, |s| s.volume_dir(images.to_path_buf()))
         .await
         .unwrap();
-    let cfg = CloudConfig::parse(&format!(
-        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
-        sim.api_url()
-    ))
+    let cfg = CloudConfig::parse(&testkit::sim::config_of(&sim)).unwrap();
+    let mut controller = Controller::from_config(
+        &cfg,
+        Duration::from_secs(30),
+        Default::default(),
+        Duration::from_secs(60),
+    )
     .unwrap();
-    let clients = cfg
-        .clusters
-        .into_iter()
-        .map(|c| {
-            Arc::new(pve::Client::new(c, Duration::from_secs(30), Default::default()).unwrap())
-        })
-        .collect();
-    let mut controller = Controller::new(clients, 9999, Duration::from_secs(60));
     controller.cluster_id = cluster_id.map(|id| ClusterId::parse(id).unwrap());
     (sim, ControllerService(Arc::new(controller)))
 }
@@ -240,11 +230,7 @@ pub async fn provision(
 /// A Proxmox client with the CSI token, as the Go driver's controller
 /// calls the API (the test's hand behind this driver's back).
 pub fn token_client(sim: &pvesim::Running) -> pve::Client {
-    let cfg = CloudConfig::parse(&format!(
-        "clusters:\n  - url: {}\n    token_id: kubernetes-csi@pve!csi\n    token_secret: {SECRET}\n    region: region-1\n",
-        sim.api_url()
-    ))
-    .unwrap();
+    let cfg = CloudConfig::parse(&testkit::sim::config_of(sim)).unwrap();
     pve::Client::new(
         cfg.clusters.into_iter().next().unwrap(),
         Duration::from_secs(30),

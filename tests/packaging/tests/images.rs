@@ -33,31 +33,11 @@ fn layouts() -> Option<PathBuf> {
     {
         return Some(dir);
     }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{} lacks the image layouts, and CI is set: run `make images`",
-        dir.display()
+    testkit::skip::present(
+        false,
+        &format!("the image layouts in {} (make images)", dir.display()),
     );
-    eprintln!("SKIPPED: no image layouts in target/images (make images)");
     None
-}
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
-/// Whether the test can go on to WHAT, which needs root: without root it is
-/// skipped, unless CI is set, where that is a failure.
-fn root_for(what: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{what} needs root, and CI is set"
-    );
-    eprintln!("SKIPPED: {what} needs root");
-    false
 }
 
 /// The layout's manifest digest for tag VERSION.
@@ -184,9 +164,7 @@ fn each_image_holds_what_it_runs_and_says_what_it_is() {
         configs.insert(name, c);
     }
 
-    if !root_for("unpacking and chroot") {
-        return;
-    }
+    testkit::require_root!();
     let tmp = tempfile::tempdir().unwrap();
     let want = |bin: &str| format!("{bin} {VERSION}");
     for name in ["proxmox-csi-controller", "proxmox-csi-node"] {
@@ -290,10 +268,8 @@ fn the_same_binaries_give_the_same_digests() {
     if layouts().is_none() {
         return;
     }
-    if !is_root() {
-        eprintln!("SKIPPED: the image build needs root (file ownership)");
-        return;
-    }
+    // The image build sets file ownership.
+    testkit::require_root!();
     let build = |umask: &str| {
         let out = tempfile::tempdir().unwrap();
         let tmp = tempfile::tempdir().unwrap();
@@ -328,9 +304,7 @@ fn the_same_binaries_give_the_same_digests() {
 #[test]
 fn every_file_not_the_drivers_comes_from_a_locked_package() {
     let Some(dir) = layouts() else { return };
-    if !root_for("unpacking") {
-        return;
-    }
+    testkit::require_root!();
     let repo = repo_root();
     let scratch = tempfile::tempdir().unwrap();
     let contents = environment::Contents::of(

@@ -5,34 +5,22 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{Client, TOKEN};
 use pvesim::{Sim, State};
 use serde_json::{Value, json};
+use testkit::process::Proc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-struct Qemu(Child);
-
-impl Drop for Qemu {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn qemu(socket: &Path, with_scsi: bool) -> Option<Qemu> {
-    let bin = "qemu-system-x86_64";
-    if Command::new(bin).arg("--version").output().is_err() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{bin} is missing and CI is set (scripts/deps.sh test installs it)"
-        );
-        eprintln!("SKIPPED: {bin} not installed");
+/// QEMU, paused, with its QMP socket at `socket`; `None` (skipped) where
+/// it is not installed outside CI.
+fn qemu(socket: &Path, with_scsi: bool) -> Option<Proc> {
+    if !testkit::skip::qemu() {
         return None;
     }
-    let mut cmd = Command::new(bin);
+    let mut cmd = Command::new("qemu-system-x86_64");
     cmd.args([
         "-machine",
         "q35",
@@ -48,11 +36,11 @@ fn qemu(socket: &Path, with_scsi: bool) -> Option<Qemu> {
     }
     cmd.arg("-qmp")
         .arg(format!("unix:{},server=on,wait=off", socket.display()));
-    let child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
+    let log = socket.with_extension("log");
+    let child = match Proc::start("qemu", cmd, &log) {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
     let deadline = Instant::now() + Duration::from_secs(20);
     while !socket.exists() {
         assert!(
@@ -61,7 +49,7 @@ fn qemu(socket: &Path, with_scsi: bool) -> Option<Qemu> {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    Some(Qemu(child))
+    Some(child)
 }
 
 /// Our own QMP client, to look at QEMU from the outside.

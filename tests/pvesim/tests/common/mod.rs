@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 use pvesim::{Running, Sim, State};
 use serde_json::Value;
 
-pub const TOKEN: &str = "kubernetes-csi@pve!csi";
-pub const SECRET: &str = "5f0c6e8a-1234-4b5c-9d7e-0123456789ab";
+pub use testkit::sim::{SECRET, TOKEN_ID as TOKEN};
 pub const NARROW: &str = "narrow@pve!csi";
 pub const ADMIN: &str = "admin@pve!ops";
 
