@@ -64,27 +64,28 @@ async fn volumes(e: &Env) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
-async fn snapshot_restore_and_clone_with_a_token() {
+/// A 1 GiB volume attached to worker-2 and its snapshot "snapshot-1", taken
+/// by a token with the copy role while the copy takes 2 s (so that the
+/// first answer is seen unready): every answer seen, the last one, and the
+/// copy VM's VMID.
+struct Snapped {
+    e: Env,
+    v: csi::Volume,
+    seen: Vec<csi::Snapshot>,
+    snap: csi::Snapshot,
+    vmid: u32,
+}
+
+async fn snapped() -> Snapped {
     let e = env_with_role(COPY_ROLE).await;
-    // 1 GiB takes 2 s to copy, so that the snapshot is seen unready.
     e.knobs(r#"{"copy_ms_per_gib": 2000}"#).await;
     let v = create(&e, "pvc-a", Some("pve2")).await;
     e.svc
         .controller_publish_volume(Request::new(publish_req(&v, "worker-2")))
         .await
         .unwrap();
-
     let seen = until_ready(&e, "snapshot-1", &v.volume_id).await;
-    assert!(
-        !seen[0].ready_to_use,
-        "the first answer comes before the copy is done"
-    );
     let snap = seen.last().unwrap().clone();
-    assert!(
-        seen.iter().all(|s| s.snapshot_id == snap.snapshot_id),
-        "one ID for every answer: {seen:?}"
-    );
     let vmid: u32 = snap
         .snapshot_id
         .rsplit("snapshot-vm-")
@@ -95,6 +96,47 @@ async fn snapshot_restore_and_clone_with_a_token() {
         .unwrap()
         .parse()
         .unwrap();
+    Snapped {
+        e,
+        v,
+        seen,
+        snap,
+        vmid,
+    }
+}
+
+/// The worker VM 112 has nothing pending and no unusedN entry.
+async fn worker_is_clean(e: &Env) {
+    let w = e.vm(112).await;
+    assert_eq!(w["pending"], serde_json::json!({}), "{w}");
+    assert!(
+        !w["config"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .any(|k| k.starts_with("unused")),
+        "{w}"
+    );
+}
+
+#[tokio::test]
+async fn a_snapshot_is_a_stopped_tagged_copy_vm_named_by_its_vmid_and_mark() {
+    let Snapped {
+        e,
+        v,
+        seen,
+        snap,
+        vmid,
+        ..
+    } = snapped().await;
+    assert!(
+        !seen[0].ready_to_use,
+        "the first answer comes before the copy is done"
+    );
+    assert!(
+        seen.iter().all(|s| s.snapshot_id == snap.snapshot_id),
+        "one ID for every answer: {seen:?}"
+    );
     // The VMID, and the mark written into the copy VM's description at its
     // creation: a VMID handed out again never makes this id name another
     // snapshot.
@@ -135,7 +177,11 @@ async fn snapshot_restore_and_clone_with_a_token() {
             .await
             .contains(&format!("local-lvm:vm-{vmid}-disk-0"))
     );
+}
 
+#[tokio::test]
+async fn create_snapshot_repeats_its_answer_and_refuses_another_source_or_a_bad_parameter() {
+    let Snapped { e, v, snap, .. } = snapped().await;
     // Same name, same source: the same snapshot; another source: AlreadyExists.
     assert_eq!(create_snapshot(&e, "snapshot-1", &v.volume_id).await, snap);
     let other = create(&e, "pvc-b", Some("pve2")).await;
@@ -170,7 +216,13 @@ async fn snapshot_restore_and_clone_with_a_token() {
             "parameters.attached: \"never\" is not allowed; allowed: allow, refuse"
         )
     );
+}
 
+#[tokio::test]
+async fn a_restore_is_grown_repeatable_attachable_listed_and_deleted_with_its_copy_vm() {
+    let Snapped {
+        e, v, snap, vmid, ..
+    } = snapped().await;
     // Restore into a larger volume: grown after the copy.
     let restore = from(
         Source::Snapshot(SnapshotSource {
@@ -277,6 +329,12 @@ async fn snapshot_restore_and_clone_with_a_token() {
             .contains(&format!("local-lvm:vm-{rid}-disk-0"))
     );
 
+    worker_is_clean(&e).await;
+}
+
+#[tokio::test]
+async fn a_clone_of_an_attached_volume_has_its_sources_size() {
+    let Snapped { e, v, .. } = snapped().await;
     // A clone of the (attached) volume, at the source's size.
     let mut clone = from(
         Source::Volume(VolumeSource {
@@ -300,7 +358,11 @@ async fn snapshot_restore_and_clone_with_a_token() {
         "{}",
         c.volume_id
     );
+}
 
+#[tokio::test]
+async fn a_deleted_snapshot_takes_its_copy_vm_and_disk_and_is_not_found_after() {
+    let Snapped { e, snap, vmid, .. } = snapped().await;
     // Delete the snapshot: the VM and its disk are gone; a repeat is fine.
     for _ in 0..2 {
         e.svc
@@ -332,17 +394,7 @@ async fn snapshot_restore_and_clone_with_a_token() {
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
 
-    // The worker VM has nothing pending and no unusedN entry.
-    let w = e.vm(112).await;
-    assert_eq!(w["pending"], serde_json::json!({}), "{w}");
-    assert!(
-        !w["config"]
-            .as_object()
-            .unwrap()
-            .keys()
-            .any(|k| k.starts_with("unused")),
-        "{w}"
-    );
+    worker_is_clean(&e).await;
 }
 
 #[tokio::test]
