@@ -290,20 +290,37 @@ async fn doctor_reads_the_tag_policy_and_says_what_to_allow() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn doctor_finds_what_breaks_with_remedies() {
+/// The doctor's findings on the lab.
+async fn doctor_on_lab() -> (Lab, Vec<doctor::Finding>) {
     let lab = lab().await;
     let findings = doctor::run(&lab.state().await);
-    let has = |check: &str, subject: &str, severity: Severity, text: &str| {
-        findings.iter().any(|x| {
-            x.check == check
-                && x.subject == subject
-                && x.severity == severity
-                && (x.finding.contains(text) || x.remedy.contains(text))
-        })
-    };
+    (lab, findings)
+}
+
+/// Whether a finding of `check` on `subject` with `severity` says `text`
+/// (in its finding or remedy).
+fn has(
+    findings: &[doctor::Finding],
+    check: &str,
+    subject: &str,
+    severity: Severity,
+    text: &str,
+) -> bool {
+    findings.iter().any(|x| {
+        x.check == check
+            && x.subject == subject
+            && x.severity == severity
+            && (x.finding.contains(text) || x.remedy.contains(text))
+    })
+}
+
+/// The token's role, thick LVM's saferemove, the storages each node sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_checks_the_token_and_each_storage() {
+    let (_lab, findings) = doctor_on_lab().await;
     assert!(
         has(
+            &findings,
             "token privileges",
             "region-1",
             Severity::Ok,
@@ -314,6 +331,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
     // Thick LVM: the one without saferemove leaves deleted volumes' bytes.
     assert!(
         has(
+            &findings,
             "saferemove",
             "region-1/san",
             Severity::Warning,
@@ -322,7 +340,13 @@ async fn doctor_finds_what_breaks_with_remedies() {
         "{findings:#?}"
     );
     assert!(
-        has("saferemove", "region-1/san-safe", Severity::Ok, "zeroes"),
+        has(
+            &findings,
+            "saferemove",
+            "region-1/san-safe",
+            Severity::Ok,
+            "zeroes"
+        ),
         "{findings:#?}"
     );
     assert!(
@@ -333,6 +357,23 @@ async fn doctor_finds_what_breaks_with_remedies() {
     );
     assert!(
         has(
+            &findings,
+            "storages",
+            "region-1/pve2",
+            Severity::Ok,
+            "available: local-lvm"
+        ),
+        "{findings:#?}"
+    );
+}
+
+/// Topology labels and the VM each Kubernetes node runs in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_maps_each_node_to_its_vm_by_its_labels() {
+    let (_lab, findings) = doctor_on_lab().await;
+    assert!(
+        has(
+            &findings,
             "topology labels",
             "worker-2",
             Severity::Ok,
@@ -342,6 +383,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
     );
     assert!(
         has(
+            &findings,
             "topology labels",
             "worker-3",
             Severity::Error,
@@ -351,6 +393,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
     );
     assert!(
         has(
+            &findings,
             "node → VM",
             "worker-9",
             Severity::Error,
@@ -358,8 +401,15 @@ async fn doctor_finds_what_breaks_with_remedies() {
         ),
         "{findings:#?}"
     );
+}
+
+/// SCSI controllers, pending changes, protection, unused and placeholder disks, free slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_finds_what_breaks_on_each_worker_and_own_vm() {
+    let (_lab, findings) = doctor_on_lab().await;
     assert!(
         has(
+            &findings,
             "SCSI controller",
             "VM 113 (worker-3)",
             Severity::Error,
@@ -369,6 +419,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
     );
     assert!(
         has(
+            &findings,
             "SCSI controller",
             "VM 112 (worker-2)",
             Severity::Info,
@@ -378,6 +429,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
     );
     assert!(
         has(
+            &findings,
             "pending changes",
             "VM 113 (worker-3)",
             Severity::Error,
@@ -388,6 +440,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
     // A copy VM of an earlier version, unprotected; the new one is fine.
     assert!(
         has(
+            &findings,
             "own VM protection",
             "VM 10000 (snapshot-old)",
             Severity::Warning,
@@ -401,6 +454,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
     );
     assert!(
         has(
+            &findings,
             "protection",
             "VM 113 (worker-3)",
             Severity::Warning,
@@ -416,6 +470,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
     );
     assert!(
         has(
+            &findings,
             "unused disks",
             "VM 113 (worker-3)",
             Severity::Error,
@@ -425,6 +480,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
     );
     assert!(
         has(
+            &findings,
             "placeholder-owned disks",
             "VM 112 (worker-2)",
             Severity::Info,
@@ -434,6 +490,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
     );
     assert!(
         has(
+            &findings,
             "free SCSI slots",
             "VM 112 (worker-2)",
             Severity::Ok,
@@ -441,18 +498,16 @@ async fn doctor_finds_what_breaks_with_remedies() {
         ),
         "{findings:#?}"
     );
-    assert!(
-        has(
-            "storages",
-            "region-1/pve2",
-            Severity::Ok,
-            "available: local-lvm"
-        ),
-        "{findings:#?}"
-    );
+}
+
+/// Classes: what is taken with the Go driver's meaning is named, per key; another driver's classes are not read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reads_each_class_with_the_go_drivers_meaning() {
+    let (_lab, findings) = doctor_on_lab().await;
     // Classes: what is taken with the Go driver's meaning is named, per key.
     assert!(
         has(
+            &findings,
             "class parameters",
             "StorageClass proxmox-data",
             Severity::Ok,
@@ -462,6 +517,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
     );
     assert!(
         has(
+            &findings,
             "class parameters",
             "StorageClass proxmox-legacy",
             Severity::Warning,
@@ -472,6 +528,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
     );
     assert!(
         has(
+            &findings,
             "class parameters",
             "StorageClass proxmox-broken",
             Severity::Error,
@@ -481,6 +538,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
     );
     assert!(
         has(
+            &findings,
             "class parameters",
             "VolumeAttributesClass unlimited",
             Severity::Warning,
@@ -490,6 +548,7 @@ async fn doctor_finds_what_breaks_with_remedies() {
     );
     assert!(
         has(
+            &findings,
             "class parameters",
             "VolumeSnapshotClass proxmox-snapshot",
             Severity::Warning,
@@ -499,8 +558,12 @@ async fn doctor_finds_what_breaks_with_remedies() {
     );
     assert!(!findings.iter().any(|x| x.subject.contains("other")));
     assert!(doctor::failed(&findings));
+}
 
-    // The binary: a table, JSON for scripts, exit code 1 when something is wrong.
+/// The binary: a table, JSON for scripts, exit code 1 when something is wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_prints_a_table_or_json_and_exits_1_on_an_error() {
+    let (lab, findings) = doctor_on_lab().await;
     let (code, table, _) = lab.cli(&["doctor"]);
     assert_eq!(code, 1, "{table}");
     assert!(
