@@ -364,15 +364,14 @@ async fn df_bytes(g: &mut Guest, path: &str) -> u64 {
         * 1024
 }
 
-#[tokio::test]
-async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim,
-        images,
-    }) = Lab::start_with(
+/// The guest lab of a cluster switching from the Go driver: local-lvm, a
+/// ZFS pool and thick LVM without saferemove (san), this driver's disks
+/// carrying the cluster's id as deployed, and hostd restarted with
+/// `--go-takeover`, as docs/migrating.md says (the Go driver's disks carry
+/// no serial that ties them to a volume). `None` where QEMU is missing
+/// outside CI.
+async fn switching() -> Option<Lab> {
+    let mut lab = Lab::start_with(
         Share::Shared,
         ROLE,
         |cluster| {
@@ -382,17 +381,35 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
                  { id: san, type: lvm, total: 107374182400 }]",
             )
         },
-        // As deployed: this driver's disks carry the cluster's id.
         Some("e2eguest1"),
     )
-    .await
+    .await?;
+    let restarted = restart_hostd(&mut lab.g, "--go-takeover").await;
+    assert!(restarted.contains("--go-takeover"), "hostd: {restarted}");
+    Some(lab)
+}
+
+/// The pod that used a volume under the Go driver, and the one after the switch.
+fn old_pod() -> Pod {
+    Pod::new("0f1e2d3c-4b5a-4968-8776-655443322110")
+}
+
+fn new_pod() -> Pod {
+    Pod::new("1b2c3d4e-5f60-4172-8394-a5b6c7d8e9f0")
+}
+
+#[tokio::test]
+async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
+    let Some(Lab {
+        mut g,
+        ctl,
+        mut node,
+        sim,
+        images,
+    }) = switching().await
     else {
         return;
     };
-    // The switch runs with hostd's --go-takeover, as docs/migrating.md
-    // says: the Go driver's disks carry no serial that ties them to a volume.
-    let restarted = restart_hostd(&mut g, "--go-takeover").await;
-    assert!(restarted.contains("--go-takeover"), "hostd: {restarted}");
     let k = Kubelet::new("/var/lib/kubelet");
     let go = GoController::new(&sim);
     let ext4 = StorageClass::new(&[
@@ -579,114 +596,6 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     // The Go driver's unencrypted block volume of a LUKS class stays as it was.
     assert!(staged.contains("not encrypted: the disk holds"), "{staged}");
 
-    // A Go node plugin that died in NodeUnstageVolume between its unmount
-    // and its luksClose leaves the mapping open on the disk; this driver's
-    // next stage of that disk closes it instead of refusing the disk.
-    // Its mapping is the by-id one (`wwn-0x…-encrypted`).
-    let claim = Claim::new("go-idle", "go-idle", 1 << 30);
-    let mut idle = GoVolume {
-        pv: go.create(&claim, &ext4).await,
-        lun: 0,
-        encrypted: true,
-        by_id: true,
-        context: HashMap::new(),
-    };
-    go.attach(&mut idle).await;
-    let idle_sum = go_node_stage_and_publish(&mut g, &k, &idle, &old_pod).await;
-    g.sh(&format!(
-        "umount {} && umount {}",
-        k.target_path(&old_pod, &idle.pv),
-        k.staging_path(&idle.pv)
-    ))
-    .await
-    .unwrap();
-    let open = g.sh("ls /dev/mapper").await.unwrap();
-    assert!(
-        open.contains("wwn-0x") && open.contains("-encrypted"),
-        "{open}"
-    );
-    mkdirs(&mut g, k.stage_dirs(&idle.pv)).await;
-    node.node_stage_volume(k.node_stage(&idle.pv, &idle.context, luks()))
-        .await
-        .unwrap_or_else(|e| panic!("NodeStage over the Go driver's idle mapping: {e:?}"));
-    mkdirs(&mut g, k.publish_dirs(&pod, &idle.pv)).await;
-    node.node_publish_volume(k.node_publish(&idle.pv, &pod, &idle.context))
-        .await
-        .unwrap();
-    assert_eq!(sum_at(&mut g, &k, &idle.pv, &pod).await, idle_sum);
-    let open = g.sh("ls /dev/mapper").await.unwrap();
-    assert!(
-        !open.contains("-encrypted"),
-        "the Go mapping stayed: {open}"
-    );
-    node.node_unpublish_volume(k.node_unpublish(&idle.pv, &pod))
-        .await
-        .unwrap();
-    node.node_unstage_volume(k.node_unstage(&idle.pv))
-        .await
-        .unwrap();
-    detach(&ctl, &idle.pv, WORKER_2).await;
-
-    // Thick LVM without saferemove: a Go volume deleted leaves its ext4
-    // and data in the extents the next volume gets. This driver's new
-    // volume there is formatted on its first stage; nothing of the Go
-    // volume shows through.
-    let thick = StorageClass::new(&[("storage", "san"), ("csi.storage.k8s.io/fstype", "ext4")]);
-    let claim = Claim::new("go-thick", "go-thick", 1 << 30);
-    let mut old = GoVolume {
-        pv: go.create_on("san", &claim, &thick).await,
-        lun: 0,
-        encrypted: false,
-        by_id: false,
-        context: HashMap::new(),
-    };
-    go.attach(&mut old).await;
-    go_node_stage_and_publish(&mut g, &k, &old, &old_pod).await;
-    g.sh(&format!(
-        "umount {} && umount {}",
-        k.target_path(&old_pod, &old.pv),
-        k.staging_path(&old.pv)
-    ))
-    .await
-    .unwrap();
-    detach(&ctl, &old.pv, WORKER_2).await;
-    ctl.delete_volume(Request::new(provisioner::delete_volume(&old.pv)))
-        .await
-        .unwrap();
-    let fresh = provision(&ctl, &thick, &Claim::new("thick-new", "thick-new", 1 << 30)).await;
-    let pc = attach(&ctl, &fresh, WORKER_2).await;
-    mkdirs(&mut g, k.stage_dirs(&fresh)).await;
-    node.node_stage_volume(k.node_stage(&fresh, &pc, HashMap::new()))
-        .await
-        .unwrap_or_else(|e| panic!("first stage over the Go volume's extents: {e:?}"));
-    let staged = g
-        .sh("grep 'volume staged' /run/node.log | tail -1")
-        .await
-        .unwrap();
-    assert!(
-        staged.contains("wiped the head and tail") && staged.contains("mkfs ext4"),
-        "{staged}"
-    );
-    mkdirs(&mut g, k.publish_dirs(&pod, &fresh)).await;
-    node.node_publish_volume(k.node_publish(&fresh, &pod, &pc))
-        .await
-        .unwrap();
-    let listed = g
-        .sh(&format!("ls -A {}", k.target_path(&pod, &fresh)))
-        .await
-        .unwrap();
-    assert_eq!(listed.trim(), "lost+found", "the Go volume shows through");
-    node.node_unpublish_volume(k.node_unpublish(&fresh, &pod))
-        .await
-        .unwrap();
-    node.node_unstage_volume(k.node_unstage(&fresh))
-        .await
-        .unwrap();
-    detach(&ctl, &fresh, WORKER_2).await;
-    ctl.delete_volume(Request::new(provisioner::delete_volume(&fresh)))
-        .await
-        .unwrap();
-
     // Growth, online, of the filesystems (LUKS too).
     for v in volumes
         .iter()
@@ -796,7 +705,7 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
     for pv in volumes
         .iter()
         .map(|v| &v.pv)
-        .chain([&restored, &sealed, &idle.pv, &go_restore])
+        .chain([&restored, &sealed, &go_restore])
     {
         ctl.delete_volume(Request::new(provisioner::delete_volume(pv)))
             .await
@@ -828,4 +737,151 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
         !left.contains("-encrypted") && !left.contains("pvecsi-"),
         "{left}"
     );
+}
+
+/// A Go node plugin that died in NodeUnstageVolume between its unmount and
+/// its luksClose leaves the mapping open on the disk, named after the by-id
+/// link (`wwn-0x…-encrypted`); this driver's next stage of that disk closes
+/// it instead of refusing the disk, and the bytes are the Go volume's.
+#[tokio::test]
+async fn a_mapping_a_dead_go_node_plugin_left_open_is_closed_at_the_next_stage() {
+    let Some(Lab {
+        mut g,
+        ctl,
+        mut node,
+        sim,
+        images: _images,
+    }) = switching().await
+    else {
+        return;
+    };
+    let k = Kubelet::new("/var/lib/kubelet");
+    let go = GoController::new(&sim);
+    let (old_pod, pod) = (old_pod(), new_pod());
+    let ext4 = StorageClass::new(&[
+        ("storage", "local-lvm"),
+        ("csi.storage.k8s.io/fstype", "ext4"),
+    ]);
+    let claim = Claim::new("go-idle", "go-idle", 1 << 30);
+    let mut idle = GoVolume {
+        pv: go.create(&claim, &ext4).await,
+        lun: 0,
+        encrypted: true,
+        by_id: true,
+        context: HashMap::new(),
+    };
+    go.attach(&mut idle).await;
+    let idle_sum = go_node_stage_and_publish(&mut g, &k, &idle, &old_pod).await;
+    g.sh(&format!(
+        "umount {} && umount {}",
+        k.target_path(&old_pod, &idle.pv),
+        k.staging_path(&idle.pv)
+    ))
+    .await
+    .unwrap();
+    let open = g.sh("ls /dev/mapper").await.unwrap();
+    assert!(
+        open.contains("wwn-0x") && open.contains("-encrypted"),
+        "{open}"
+    );
+    mkdirs(&mut g, k.stage_dirs(&idle.pv)).await;
+    node.node_stage_volume(k.node_stage(&idle.pv, &idle.context, luks()))
+        .await
+        .unwrap_or_else(|e| panic!("NodeStage over the Go driver's idle mapping: {e:?}"));
+    mkdirs(&mut g, k.publish_dirs(&pod, &idle.pv)).await;
+    node.node_publish_volume(k.node_publish(&idle.pv, &pod, &idle.context))
+        .await
+        .unwrap();
+    assert_eq!(sum_at(&mut g, &k, &idle.pv, &pod).await, idle_sum);
+    let open = g.sh("ls /dev/mapper").await.unwrap();
+    assert!(
+        !open.contains("-encrypted"),
+        "the Go mapping stayed: {open}"
+    );
+    node.node_unpublish_volume(k.node_unpublish(&idle.pv, &pod))
+        .await
+        .unwrap();
+    node.node_unstage_volume(k.node_unstage(&idle.pv))
+        .await
+        .unwrap();
+    detach(&ctl, &idle.pv, WORKER_2).await;
+    ctl.delete_volume(Request::new(provisioner::delete_volume(&idle.pv)))
+        .await
+        .unwrap();
+}
+
+/// Thick LVM without saferemove: a Go volume deleted leaves its ext4 and
+/// data in the extents the next volume gets. This driver's new volume
+/// there is formatted on its first stage; nothing of the Go volume shows
+/// through.
+#[tokio::test]
+async fn a_new_volume_over_a_deleted_go_volumes_thick_lvm_extents_is_formatted() {
+    let Some(Lab {
+        mut g,
+        ctl,
+        mut node,
+        sim,
+        images: _images,
+    }) = switching().await
+    else {
+        return;
+    };
+    let k = Kubelet::new("/var/lib/kubelet");
+    let go = GoController::new(&sim);
+    let (old_pod, pod) = (old_pod(), new_pod());
+    let thick = StorageClass::new(&[("storage", "san"), ("csi.storage.k8s.io/fstype", "ext4")]);
+    let claim = Claim::new("go-thick", "go-thick", 1 << 30);
+    let mut old = GoVolume {
+        pv: go.create_on("san", &claim, &thick).await,
+        lun: 0,
+        encrypted: false,
+        by_id: false,
+        context: HashMap::new(),
+    };
+    go.attach(&mut old).await;
+    go_node_stage_and_publish(&mut g, &k, &old, &old_pod).await;
+    g.sh(&format!(
+        "umount {} && umount {}",
+        k.target_path(&old_pod, &old.pv),
+        k.staging_path(&old.pv)
+    ))
+    .await
+    .unwrap();
+    detach(&ctl, &old.pv, WORKER_2).await;
+    ctl.delete_volume(Request::new(provisioner::delete_volume(&old.pv)))
+        .await
+        .unwrap();
+    let fresh = provision(&ctl, &thick, &Claim::new("thick-new", "thick-new", 1 << 30)).await;
+    let pc = attach(&ctl, &fresh, WORKER_2).await;
+    mkdirs(&mut g, k.stage_dirs(&fresh)).await;
+    node.node_stage_volume(k.node_stage(&fresh, &pc, HashMap::new()))
+        .await
+        .unwrap_or_else(|e| panic!("first stage over the Go volume's extents: {e:?}"));
+    let staged = g
+        .sh("grep 'volume staged' /run/node.log | tail -1")
+        .await
+        .unwrap();
+    assert!(
+        staged.contains("wiped the head and tail") && staged.contains("mkfs ext4"),
+        "{staged}"
+    );
+    mkdirs(&mut g, k.publish_dirs(&pod, &fresh)).await;
+    node.node_publish_volume(k.node_publish(&fresh, &pod, &pc))
+        .await
+        .unwrap();
+    let listed = g
+        .sh(&format!("ls -A {}", k.target_path(&pod, &fresh)))
+        .await
+        .unwrap();
+    assert_eq!(listed.trim(), "lost+found", "the Go volume shows through");
+    node.node_unpublish_volume(k.node_unpublish(&fresh, &pod))
+        .await
+        .unwrap();
+    node.node_unstage_volume(k.node_unstage(&fresh))
+        .await
+        .unwrap();
+    detach(&ctl, &fresh, WORKER_2).await;
+    ctl.delete_volume(Request::new(provisioner::delete_volume(&fresh)))
+        .await
+        .unwrap();
 }

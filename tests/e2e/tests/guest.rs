@@ -95,7 +95,7 @@ async fn identity_is_true(g: &mut Guest, sim: &pvesim::Running, pc: &HashMap<Str
 }
 
 #[tokio::test]
-async fn luks_xfs_volume_in_a_guest_vm() {
+async fn a_luks_xfs_volume_stages_grows_and_comes_back_with_its_bytes() {
     let Some(Lab {
         mut g,
         ctl,
@@ -193,51 +193,6 @@ async fn luks_xfs_volume_in_a_guest_vm() {
         "{luks_dump}"
     );
 
-    // A node plugin that asks for this volume's open mapping on another
-    // volume's disk: refused by the serial the request names, then by the
-    // serial the disk carries; the other disk stays blank, the mapping on its own disk.
-    let other = provision(&ctl, &class("local-lvm", "xfs"), &claim("e2e-other")).await;
-    let mut other_pc = attach(&ctl, &other, WORKER_2).await;
-    let other_dev = g
-        .sh(&format!(
-            "udevadm settle; readlink -f /dev/disk/by-id/wwn-{}",
-            other_pc["wwn"]
-        ))
-        .await
-        .unwrap()
-        .trim()
-        .to_string();
-    for (named, code) in [
-        (true, tonic::Code::InvalidArgument),
-        (false, tonic::Code::FailedPrecondition),
-    ] {
-        if !named {
-            other_pc.remove("serial");
-        }
-        let e = node
-            .node_stage_volume(k.node_stage(&pv, &other_pc, luks()))
-            .await
-            .unwrap_err();
-        assert_eq!(e.code(), code, "serial in the request: {named}: {e:?}");
-        assert!(e.message().contains("serial"), "{}", e.message());
-    }
-    let blank = g
-        .sh(&format!("blkid -p {other_dev}; echo rc=$?"))
-        .await
-        .unwrap();
-    assert!(
-        blank.contains("rc=2"),
-        "the other disk was written to: {blank}"
-    );
-    let under = g
-        .sh("cat /sys/block/dm-*/slaves/*/dev 2>/dev/null; ls /sys/block/dm-*/slaves")
-        .await
-        .unwrap();
-    assert!(
-        under.contains(dev.trim_start_matches("/dev/")),
-        "the mapping left its disk: {under}"
-    );
-    detach(&ctl, &other, WORKER_2).await;
     mkdirs(&mut g, k.publish_dirs(&pod, &pv)).await;
     node.node_publish_volume(k.node_publish(&pv, &pod, &pc))
         .await
@@ -337,6 +292,82 @@ async fn luks_xfs_volume_in_a_guest_vm() {
         "{}",
         err.message()
     );
+}
+
+/// A node plugin that asks for a staged volume's open LUKS mapping on
+/// another volume's disk is refused: by the serial the request names, then
+/// by the serial the disk carries. The other disk stays blank, the mapping
+/// on its own disk.
+#[tokio::test]
+async fn a_staged_luks_mapping_is_never_used_on_another_volumes_disk() {
+    let Some(Lab {
+        mut g,
+        ctl,
+        mut node,
+        sim: _sim,
+        images: _images,
+    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    else {
+        return;
+    };
+    let k = kubelet();
+    let pv = provision(&ctl, &class("local-lvm", "xfs"), &claim("e2e")).await;
+    let pc = attach(&ctl, &pv, WORKER_2).await;
+    let dev = g
+        .sh(&format!(
+            "udevadm settle; readlink -f /dev/disk/by-id/wwn-{}",
+            pc["wwn"]
+        ))
+        .await
+        .unwrap()
+        .trim()
+        .to_string();
+    mkdirs(&mut g, k.stage_dirs(&pv)).await;
+    node.node_stage_volume(k.node_stage(&pv, &pc, luks()))
+        .await
+        .unwrap();
+    let other = provision(&ctl, &class("local-lvm", "xfs"), &claim("e2e-other")).await;
+    let mut other_pc = attach(&ctl, &other, WORKER_2).await;
+    let other_dev = g
+        .sh(&format!(
+            "udevadm settle; readlink -f /dev/disk/by-id/wwn-{}",
+            other_pc["wwn"]
+        ))
+        .await
+        .unwrap()
+        .trim()
+        .to_string();
+    for (named, code) in [
+        (true, tonic::Code::InvalidArgument),
+        (false, tonic::Code::FailedPrecondition),
+    ] {
+        if !named {
+            other_pc.remove("serial");
+        }
+        let e = node
+            .node_stage_volume(k.node_stage(&pv, &other_pc, luks()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), code, "serial in the request: {named}: {e:?}");
+        assert!(e.message().contains("serial"), "{}", e.message());
+    }
+    let blank = g
+        .sh(&format!("blkid -p {other_dev}; echo rc=$?"))
+        .await
+        .unwrap();
+    assert!(
+        blank.contains("rc=2"),
+        "the other disk was written to: {blank}"
+    );
+    let under = g
+        .sh("cat /sys/block/dm-*/slaves/*/dev 2>/dev/null; ls /sys/block/dm-*/slaves")
+        .await
+        .unwrap();
+    assert!(
+        under.contains(dev.trim_start_matches("/dev/")),
+        "the mapping left its disk: {under}"
+    );
+    detach(&ctl, &other, WORKER_2).await;
 }
 
 #[tokio::test]
