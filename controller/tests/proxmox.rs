@@ -13,6 +13,7 @@ use std::time::Duration;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use serde_json::Value;
+use testkit::requests::created;
 use tonic::Request;
 
 async fn count(e: &Env, key: &str) -> u64 {
@@ -95,22 +96,8 @@ async fn an_unknown_answer_for_a_volume_is_settled_by_the_listing() {
 async fn a_worker_vm_that_moved_keeps_attaching_and_detaching() {
     let e = env().await;
     let nfs = |name: &str| create_req(name, 1 << 30, &[("storage", "nfs")], None);
-    let a = e
-        .svc
-        .create_volume(Request::new(nfs("pvc-mv-a")))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    let b = e
-        .svc
-        .create_volume(Request::new(nfs("pvc-mv-b")))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let a = created(&e.svc, nfs("pvc-mv-a")).await;
+    let b = created(&e.svc, nfs("pvc-mv-b")).await;
     e.svc
         .controller_publish_volume(Request::new(publish_req(&a, "worker-2/112")))
         .await
@@ -208,19 +195,11 @@ async fn a_new_vm_never_takes_the_placeholder_vmid() {
 #[tokio::test]
 async fn a_restore_runs_on_the_node_of_the_snapshots_vm() {
     let e = env_with_role(COPY_ROLE).await;
-    let src = e
-        .svc
-        .create_volume(Request::new(create_req(
-            "pvc-shared",
-            1 << 30,
-            &[("storage", "nfs")],
-            None,
-        )))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let src = created(
+        &e.svc,
+        create_req("pvc-shared", 1 << 30, &[("storage", "nfs")], None),
+    )
+    .await;
     let snap = until_ready(&e, "snapshot-shared", &src.volume_id)
         .await
         .pop()
@@ -264,19 +243,11 @@ async fn a_restore_runs_on_the_node_of_the_snapshots_vm() {
 async fn a_node_down_leaves_the_rest_of_the_attachment_index_usable() {
     let e = env().await;
     let local = create(&e, "pvc-local", Some("pve2")).await;
-    let shared = e
-        .svc
-        .create_volume(Request::new(create_req(
-            "pvc-shared",
-            1 << 30,
-            &[("storage", "nfs")],
-            None,
-        )))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let shared = created(
+        &e.svc,
+        create_req("pvc-shared", 1 << 30, &[("storage", "nfs")], None),
+    )
+    .await;
     // worker-1 (VM 111) lives on pve1, which goes down before the index is built.
     e.admin("PUT", "nodes/pve1/online?value=0", "").await;
     e.svc
@@ -304,32 +275,16 @@ async fn a_node_down_leaves_the_rest_of_the_attachment_index_usable() {
     // VM read again) they keep the disks they were last read to hold, so
     // shared volumes still publish and delete, through a node that is up
     // (the storage's RRD row still says `available` on the one down).
-    let more = e
-        .svc
-        .create_volume(Request::new(create_req(
-            "pvc-shared-2",
-            1 << 30,
-            &[("storage", "nfs")],
-            None,
-        )))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    let gone = e
-        .svc
-        .create_volume(Request::new(create_req(
-            "pvc-shared-3",
-            1 << 30,
-            &[("storage", "nfs")],
-            None,
-        )))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let more = created(
+        &e.svc,
+        create_req("pvc-shared-2", 1 << 30, &[("storage", "nfs")], None),
+    )
+    .await;
+    let gone = created(
+        &e.svc,
+        create_req("pvc-shared-3", 1 << 30, &[("storage", "nfs")], None),
+    )
+    .await;
     e.admin("PUT", "nodes/pve1/online?value=0", "").await;
     // The attacher's reconcile lists every volume: the node that is down is
     // not asked, and the others' volumes are all there, the shared ones

@@ -11,6 +11,7 @@ use common::*;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use serde_json::Value;
+use testkit::requests::created;
 use tonic::{Code, Request};
 
 const CLUSTER: &str = r#"
@@ -55,14 +56,7 @@ fn holder_of(v: &csi::Volume) -> u64 {
 async fn replicated_volume_lives_in_a_holder_that_follows_the_pod() {
     let e = env_from(CLUSTER).await;
     let req = create_req("pvc-r", 1 << 30, PARAMS, Some("pve1"));
-    let v = e
-        .svc
-        .create_volume(Request::new(req.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let v = created(&e.svc, req.clone()).await;
     let h = holder_of(&v);
     assert_eq!(v.volume_id, format!("region-1//local-zfs/vm-{h}-pvc-r"));
     let zones: Vec<&str> = v
@@ -93,14 +87,7 @@ async fn replicated_volume_lives_in_a_holder_that_follows_the_pod() {
     assert_eq!(j[0]["comment"], "CSI Replication for Persistent Volume");
 
     // Idempotent: the same volume, one holder, one job.
-    let again = e
-        .svc
-        .create_volume(Request::new(req))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let again = created(&e.svc, req).await;
     assert_eq!(again, v);
     assert_eq!(jobs(&e).await.len(), 1);
     let named: Vec<Value> = e
@@ -416,19 +403,7 @@ async fn a_go_driver_replicated_volume_is_taken_over_by_its_shape() {
 #[tokio::test]
 async fn an_ha_managed_holder_is_attached_only_after_the_ha_manager_moved_it() {
     let e = env_from(CLUSTER).await;
-    let v = e
-        .svc
-        .create_volume(Request::new(create_req(
-            "pvc-ha",
-            1 << 30,
-            PARAMS,
-            Some("pve1"),
-        )))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let v = created(&e.svc, create_req("pvc-ha", 1 << 30, PARAMS, Some("pve1"))).await;
     let h = holder_of(&v);
     e.admin("PUT", &format!("vms/{h}/ha"), "").await;
     e.knobs(r#"{"ha_migrate_ms": 1500}"#).await;

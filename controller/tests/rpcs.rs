@@ -13,6 +13,7 @@ use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use proxmox_csi_proto::csi::v1::volume_capability::AccessMode;
 use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
+use testkit::requests::created;
 use tonic::{Code, Request};
 
 #[tokio::test]
@@ -48,19 +49,16 @@ async fn create_is_idempotent_and_strict() {
     assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
 
     // Sizes: 512 MiB steps; the default 10 GiB.
-    let v = e
-        .svc
-        .create_volume(Request::new(create_req(
+    let v = created(
+        &e.svc,
+        create_req(
             "pvc-b",
             (1 << 30) + 1,
             &[("storage", "local-lvm")],
             Some("pve2"),
-        )))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+        ),
+    )
+    .await;
     assert_eq!(v.capacity_bytes, 1536 << 20);
 
     // What the Go driver fails on (a number that does not parse; a boolean
@@ -142,33 +140,17 @@ async fn zone_is_chosen_by_free_capacity_and_shared_storage_has_region_topology(
             .volume_id
             .contains("/pve1/")
     );
-    let v = e
-        .svc
-        .create_volume(Request::new(create_req(
-            "pvc-free",
-            1 << 30,
-            &[("storage", "local-lvm")],
-            None,
-        )))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let v = created(
+        &e.svc,
+        create_req("pvc-free", 1 << 30, &[("storage", "local-lvm")], None),
+    )
+    .await;
     assert!(!v.volume_id.contains("/pve1/"), "{}", v.volume_id);
-    let s = e
-        .svc
-        .create_volume(Request::new(create_req(
-            "pvc-shared",
-            1 << 30,
-            &[("storage", "nfs")],
-            None,
-        )))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let s = created(
+        &e.svc,
+        create_req("pvc-shared", 1 << 30, &[("storage", "nfs")], None),
+    )
+    .await;
     assert_eq!(s.volume_id, "region-1//nfs/9999/vm-9999-pvc-shared.raw");
     let zones: Vec<&str> = s
         .accessible_topology
@@ -811,18 +793,11 @@ async fn several_regions_and_allow_lists() {
         .unwrap(),
     ));
     // region-1 may only use pve3, whatever has more room.
-    let v = svc
-        .create_volume(Request::new(create_req(
-            "pvc-r1",
-            1 << 30,
-            &[("storage", "local-lvm")],
-            None,
-        )))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let v = created(
+        &svc,
+        create_req("pvc-r1", 1 << 30, &[("storage", "local-lvm")], None),
+    )
+    .await;
     assert_eq!(v.volume_id, "region-1/pve3/local-lvm/vm-9999-pvc-r1");
     // region-2 goes to the second cluster, and only to nfs.
     let mut req = create_req("pvc-r2", 1 << 30, &[("storage", "local-lvm")], None);
@@ -846,13 +821,7 @@ async fn several_regions_and_allow_lists() {
         err.message()
     );
     req.parameters.insert("storage".into(), "nfs".into());
-    let v = svc
-        .create_volume(Request::new(req))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let v = created(&svc, req).await;
     assert_eq!(v.volume_id, "region-2//nfs/9999/vm-9999-pvc-r2.raw");
     let b_vols: serde_json::Value = reqwest::get(format!("http://{}/pvesim/volumes", b.addr))
         .await

@@ -17,6 +17,7 @@ use proxmox_csi_proto::csi::v1::volume_content_source::{
     SnapshotSource, Type as Source, VolumeSource,
 };
 use serde_json::Value;
+use testkit::requests::created;
 use tonic::{Code, Request};
 
 fn from(source: Source, name: &str, bytes: i64) -> csi::CreateVolumeRequest {
@@ -231,14 +232,7 @@ async fn a_restore_is_grown_repeatable_attachable_listed_and_deleted_with_its_co
         "pvc-r",
         2 << 30,
     );
-    let r = e
-        .svc
-        .create_volume(Request::new(restore.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let r = created(&e.svc, restore.clone()).await;
     let rvm = vms_named(&e, "pvc-r").await;
     assert_eq!(rvm.len(), 1);
     let rid = rvm[0]["vmid"].as_u64().unwrap();
@@ -254,14 +248,7 @@ async fn a_restore_is_grown_repeatable_attachable_listed_and_deleted_with_its_co
         format!("local-lvm:vm-{rid}-disk-0")
     );
     // Idempotent: the same answer, no second copy.
-    let again = e
-        .svc
-        .create_volume(Request::new(restore))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let again = created(&e.svc, restore).await;
     assert_eq!(again, r);
     assert_eq!(vms_named(&e, "pvc-r").await.len(), 1);
 
@@ -344,14 +331,7 @@ async fn a_clone_of_an_attached_volume_has_its_sources_size() {
         0,
     );
     clone.capacity_range = None;
-    let c = e
-        .svc
-        .create_volume(Request::new(clone))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let c = created(&e.svc, clone).await;
     assert_eq!(c.capacity_bytes, 1 << 30);
     assert!(
         c.volume_id.starts_with("region-1/pve2/local-lvm/vm-"),
@@ -564,14 +544,7 @@ async fn a_slow_copy_answers_aborted_with_progress_and_the_retry_finishes_it() {
         "progress from the task log: {}",
         second.message()
     );
-    let done = e
-        .svc
-        .create_volume(Request::new(req))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let done = created(&e.svc, req).await;
     assert_eq!(
         vms_named(&e, "pvc-slow").await.len(),
         1,
@@ -754,20 +727,17 @@ async fn calls_per_snapshot_operation() {
     create_snapshot(&e, "snapshot-n", &v.volume_id).await;
     n.push(("snapshot, repeated when ready", e.calls().await - b, 1));
     let before = counters(&e).await;
-    let r = e
-        .svc
-        .create_volume(Request::new(from(
+    let r = created(
+        &e.svc,
+        from(
             Source::Snapshot(SnapshotSource {
                 snapshot_id: s.snapshot_id.clone(),
             }),
             "pvc-n",
             2 << 30,
-        )))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+        ),
+    )
+    .await;
     let after = counters(&e).await;
     let used: u64 = after
         .iter()

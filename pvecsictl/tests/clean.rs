@@ -14,10 +14,9 @@ use callers::provisioner::{Claim, StorageClass, create_volume};
 use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::ctl::Controller;
-use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use serde_json::{Value, json};
-use tonic::Request;
 
+use testkit::requests::created;
 use testkit::sim::SECRET;
 const DRIVER: &str = "csi.proxmox.sinextra.dev";
 const UID_A: &str = "aaaa1111-2222-4333-8444-555566667777";
@@ -93,15 +92,7 @@ impl Cluster {
         let claim = Claim::new(name, &format!("{name}-uid"), 1 << 30);
         let mut req = create_volume(&sc, &claim, None);
         req.name = name.to_string();
-        let handle = self
-            .controller
-            .create_volume(Request::new(req))
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap()
-            .volume_id;
+        let handle = created(&self.controller, req).await.volume_id;
         if pv {
             self.kube.put(
                 "persistentvolumes",

@@ -15,6 +15,7 @@ use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use pvesim::Running;
 use serde_json::Value;
+use testkit::requests::created;
 use tonic::Request;
 
 pub use testkit::sim::SECRET;
@@ -242,28 +243,20 @@ pub async fn create_in(
     params: &[(&str, &str)],
     zone: Option<&str>,
 ) -> csi::Volume {
-    e.svc
-        .create_volume(Request::new(create_req(name, 1 << 30, params, zone)))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
+    created(&e.svc, create_req(name, 1 << 30, params, zone)).await
 }
 
 pub async fn create(e: &Env, name: &str, zone: Option<&str>) -> csi::Volume {
-    e.svc
-        .create_volume(Request::new(create_req(
+    created(
+        &e.svc,
+        create_req(
             name,
             1 << 30,
             &[("storage", "local-lvm"), ("ssd", "1")],
             zone,
-        )))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
+        ),
+    )
+    .await
 }
 
 /// The PersistentVolume the provisioner writes for `v` (its

@@ -19,6 +19,7 @@ use tonic::transport::Channel;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 
 use crate::guest::{Guest, Share, guest_cluster, qemu_present};
+use testkit::requests::created;
 
 /// The documented minimal role of the CSI token.
 pub use testkit::sim::MINIMAL_ROLE;
@@ -217,13 +218,7 @@ pub async fn provision(
         ("topology.kubernetes.io/zone", "pve2"),
     ];
     let req = provisioner::create_volume(sc, claim, Some(provisioner::requirement(&[&term], 0)));
-    let volume = ctl
-        .create_volume(tonic::Request::new(req))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let volume = created(ctl, req).await;
     provisioner::persistent_volume(sc, claim, &volume)
 }
 

@@ -10,6 +10,8 @@
 //! - [`node`]: hostd and the unprivileged node plugin on loop devices, as
 //!   kubelet's node sees them.
 //! - [`sim`]: pvesim started for a test, and the cloud config of a token on it.
+//! - [`requests`]: the calls a test makes to set up, failing it with the
+//!   call and its status.
 //! - [`lab`]: all of it with the controller binary: a volume's whole life on
 //!   this host.
 
@@ -17,6 +19,7 @@ pub mod lab;
 pub mod loopdev;
 pub mod node;
 pub mod process;
+pub mod requests;
 pub mod sim;
 pub mod skip;
 
