@@ -52,6 +52,22 @@ impl Report {
     }
 
     /// The closing line: `N passed, N failed`.
+    /// Prints the report under `title`, then fails the test unless at
+    /// least `min` clauses ran and none failed.
+    pub fn require_all_passed(&self, title: &str, min: usize) {
+        print!("{}", self.render(title));
+        assert!(
+            self.results.len() >= min,
+            "{title}: only {} clauses ran",
+            self.results.len()
+        );
+        assert!(
+            self.failed().is_empty(),
+            "{title}: failed clauses: {:#?}",
+            self.failed()
+        );
+    }
+
     pub fn summary(&self) -> String {
         let failed = self.failed().len();
         format!("{} passed, {failed} failed", self.results.len() - failed)

@@ -11,22 +11,10 @@ use conformance::Report;
 async fn controller_on(storage: &str, kind: &str) {
     let mut report = Report::default();
     conformance::controller::run_on(storage, kind, &mut report).await;
-    print!(
-        "{}",
-        report.render(&format!(
-            "CSI spec clauses: Identity and Controller (controller on pvesim, {kind} storage {storage})"
-        ))
+    let title = format!(
+        "CSI spec clauses: Identity and Controller (controller on pvesim, {kind} storage {storage})"
     );
-    assert!(
-        report.results.len() >= CONTROLLER_CLAUSES,
-        "only {} clauses ran",
-        report.results.len()
-    );
-    assert!(
-        report.failed().is_empty(),
-        "failed clauses on {kind}: {:#?}",
-        report.failed()
-    );
+    report.require_all_passed(&title, CONTROLLER_CLAUSES);
 }
 
 /// The Identity and Controller clauses `controller::run_on` reports.
@@ -70,18 +58,8 @@ async fn node_follows_the_spec() {
     testkit::require_root!();
     let mut report = Report::default();
     conformance::node::run(&mut report).await;
-    print!(
-        "{}",
-        report.render("CSI spec clauses: Node (node plugin and hostd on loop devices)")
-    );
-    assert!(
-        report.results.len() >= NODE_CLAUSES,
-        "only {} clauses ran",
-        report.results.len()
-    );
-    assert!(
-        report.failed().is_empty(),
-        "failed clauses: {:#?}",
-        report.failed()
+    report.require_all_passed(
+        "CSI spec clauses: Node (node plugin and hostd on loop devices)",
+        NODE_CLAUSES,
     );
 }
