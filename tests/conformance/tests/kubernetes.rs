@@ -639,3 +639,78 @@ async fn whole_life(lab: &Lab, storage: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The controller binary as deployed reads the UID of the namespace
+/// kube-system and writes the cluster's id into the names of the disks it
+/// creates (`.csf-<id>`: what `pvecsictl clean` attributes a disk by); the
+/// volume still publishes, stages and deletes by that name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployed_controller_names_new_disks_with_its_clusters_id() {
+    testkit::require_root!();
+    let lab = Lab::start_in_kubernetes(
+        "local-lvm",
+        "lvmthin",
+        "5bc58ec7-1c2d-4e5f-8a9b-0c1d2e3f4a5b",
+    )
+    .await
+    .unwrap();
+    let (mut ctl, mut node, info) = connect(&lab).await.unwrap();
+    let sc = provisioner::StorageClass::new(&[
+        ("storage", "local-lvm"),
+        ("csi.storage.k8s.io/fstype", "ext4"),
+    ]);
+    let claim = provisioner::Claim::new("marked", "6a1b2c3d-0000-4000-8000-00000000c1d0", 1 << 30);
+    let volume = ctl
+        .create_volume(provisioner::create_volume(&sc, &claim, None))
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", lab.logs()))
+        .into_inner()
+        .volume
+        .unwrap();
+    let disk = volume.volume_id.rsplit('/').next().unwrap().to_string();
+    assert!(
+        disk.ends_with(".csf-5bc58ec71c2d"),
+        "{disk}\n{}",
+        lab.logs()
+    );
+    assert!(
+        lab.logs().contains("new disks carry this cluster id"),
+        "{}",
+        lab.logs()
+    );
+    let pv = provisioner::persistent_volume(&sc, &claim, &volume);
+    let pc = ctl
+        .controller_publish_volume(attacher::controller_publish(&pv, &info.node_id))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    let kubelet = Kubelet::new(&lab.kubelet_root().display().to_string());
+    let pod = Pod::new("7d8e9f0a-1b2c-4d3e-8f40-5a6b7c8d9e0f");
+    stage_and_publish(&mut node, &kubelet, &pv, &pod, &pc)
+        .await
+        .unwrap();
+    node.node_unpublish_volume(kubelet.node_unpublish(&pv, &pod))
+        .await
+        .unwrap();
+    node.node_unstage_volume(kubelet.node_unstage(&pv))
+        .await
+        .unwrap();
+    ctl.controller_unpublish_volume(attacher::controller_unpublish(&pv, &info.node_id))
+        .await
+        .unwrap();
+    ctl.delete_volume(provisioner::delete_volume(&pv))
+        .await
+        .unwrap();
+    let left: Vec<String> = lab
+        .sim
+        .ctx
+        .cluster()
+        .volumes
+        .values()
+        .flat_map(|m| m.keys().cloned())
+        .filter(|n| n.contains("marked"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    settle();
+}

@@ -3,7 +3,9 @@
 //! where a disk published to VM 112 arrives as a loop device (pvesim's loop
 //! host), found by hostd through the kernel's device events as it finds a
 //! SCSI disk by its WWN. Needs root. The cluster is
-//! [`storage_cluster`] with the single node pve2.
+//! [`storage_cluster`] with the single node pve2. With
+//! [`Lab::start_in_kubernetes`] the controller also reads a Kubernetes API
+//! (kubesim), as a deployed one does.
 
 use std::path::{Path, PathBuf};
 
@@ -11,7 +13,7 @@ use crate::loopdev::detach_backed_by;
 use crate::node::LoopNode;
 use crate::process::Proc;
 use crate::sim::{Running, Sim, State, cloud_config, storage_cluster};
-use crate::{bin, free_ports, wait_for};
+use crate::{bin, free_ports, kubeconfig as kubeconfig_text, wait_for};
 
 /// The controller binary on pvesim (TLS, its CA in the cloud config), and
 /// the node on loop devices.
@@ -20,6 +22,8 @@ pub struct Lab {
     controller: Proc,
     pub node: LoopNode,
     pub sim: Running,
+    /// The Kubernetes API the controller reads, when started in one.
+    pub kube: Option<kubesim::Running>,
     pub controller_socket: PathBuf,
     /// Where the controller serves `/metrics` (127.0.0.1).
     pub controller_metrics: u16,
@@ -28,6 +32,24 @@ pub struct Lab {
 impl Lab {
     /// Volumes on `storage`, a pvesim storage of type `kind`. Needs root.
     pub async fn start(storage: &str, kind: &str) -> Result<Lab, String> {
+        Lab::start_with(storage, kind, None).await
+    }
+
+    /// Like `start`, the controller given a kubeconfig of kubesim, whose
+    /// namespace kube-system has the UID `namespace_uid` (the cluster's id).
+    pub async fn start_in_kubernetes(
+        storage: &str,
+        kind: &str,
+        namespace_uid: &str,
+    ) -> Result<Lab, String> {
+        Lab::start_with(storage, kind, Some(namespace_uid)).await
+    }
+
+    async fn start_with(
+        storage: &str,
+        kind: &str,
+        namespace_uid: Option<&str>,
+    ) -> Result<Lab, String> {
         let node = LoopNode::start(&["--luks-pbkdf", "pbkdf2:1000"]).await?;
         let dir = node.dir.path().to_path_buf();
         let volumes = dir.join("volumes");
@@ -52,17 +74,35 @@ impl Lab {
         let controller_socket = dir.join("sockets/controller.sock");
         // hostd's and the node plugin's ports are bound by now.
         let [controller_metrics] = free_ports()?;
+        let mut args = vec![
+            "--csi-address".to_string(),
+            format!("unix://{}", controller_socket.display()),
+            "--cloud-config".into(),
+            config.display().to_string(),
+            "--metrics-address".into(),
+            format!("127.0.0.1:{controller_metrics}"),
+        ];
+        let kube = match namespace_uid {
+            None => None,
+            Some(uid) => {
+                let kube = kubesim::start()
+                    .await
+                    .map_err(|e| format!("kubesim: {e}"))?;
+                kube.put(
+                    "namespaces",
+                    serde_json::json!({"metadata": {"name": "kube-system", "uid": uid}}),
+                );
+                let kubeconfig = dir.join("kubeconfig");
+                std::fs::write(&kubeconfig, kubeconfig_text(&kube.url, None))
+                    .map_err(|e| e.to_string())?;
+                args.extend(["--kubeconfig".into(), kubeconfig.display().to_string()]);
+                Some(kube)
+            }
+        };
         let controller = Proc::spawn(
             "controller",
             bin("proxmox-csi-controller"),
-            &[
-                "--csi-address",
-                &format!("unix://{}", controller_socket.display()),
-                "--cloud-config",
-                &config.display().to_string(),
-                "--metrics-address",
-                &format!("127.0.0.1:{controller_metrics}"),
-            ],
+            &args,
             &dir.join("controller.log"),
         )?;
         wait_for(&controller_socket).await?;
@@ -70,6 +110,7 @@ impl Lab {
             controller,
             node,
             sim,
+            kube,
             controller_socket,
             controller_metrics,
         })
