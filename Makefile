@@ -1,5 +1,5 @@
 # The two entry points. Each installs the Debian packages it needs.
-.PHONY: demo test check build bench images
+.PHONY: demo test check build bench images release
 
 demo:
 	scripts/deps.sh test
@@ -21,6 +21,12 @@ bench:
 # OCI image layouts and SBOMs under target/images (no container daemon).
 images:
 	scripts/images.sh
+
+# What a release publishes, for this machine's architecture, under
+# target/release/v$(VERSION) (docs/release.md): `make release VERSION=0.1.0`.
+release:
+	@test -n "$(VERSION)" || { echo "make release VERSION=x.y.z" >&2; exit 2; }
+	scripts/release.sh $(VERSION)
 
 build:
 	scripts/deps.sh build

@@ -65,7 +65,7 @@ if $build; then
   fi
   echo "==> building release binaries against the environment (cargo auditable)"
   CARGO_TARGET_DIR=$repo/target/images-build scripts/environment.sh cargo "$env_root" \
-    auditable build --release --locked -p proxmox-csi-controller -p proxmox-csi-node -p proxmox-csi-hostd
+    auditable build --release --locked -p proxmox-csi-controller -p proxmox-csi-node -p proxmox-csi-hostd -p pvecsictl
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
