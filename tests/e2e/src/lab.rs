@@ -27,7 +27,7 @@ pub use testkit::sim::MINIMAL_ROLE;
 /// A booted guest with pvesim and a controller bound to it, and a client of
 /// the node plugin in the guest, ready (its Probe answers).
 /// Bind every field: the ones left out would be dropped (pvesim stopped)
-/// at once.
+/// at once; [`Lab::parts`] gives the three a test works with and the rest.
 #[allow(missing_debug_implementations)] // a guest VM and servers: nothing to print
 pub struct Lab {
     pub g: Guest,
@@ -37,7 +37,29 @@ pub struct Lab {
     pub node: NodeClient<Channel>,
 }
 
+/// What a test keeps alive beside the guest, the controller and the node
+/// plugin's client: pvesim and the disks' files.
+#[allow(missing_debug_implementations)]
+pub struct Held {
+    pub sim: pvesim::Running,
+    pub images: tempfile::TempDir,
+}
+
+/// The parts of a lab: `let Some((mut g, ctl, mut node, held)) = Lab::start(…).await.map(Lab::parts)`.
+pub type Parts = (Guest, ControllerService, NodeClient<Channel>, Held);
+
 impl Lab {
+    pub fn parts(self) -> Parts {
+        let Lab {
+            g,
+            images,
+            sim,
+            ctl,
+            node,
+        } = self;
+        (g, ctl, node, Held { sim, images })
+    }
+
     /// `None` (the test is skipped) where QEMU is not installed outside CI.
     pub async fn start(share: Share, role: &str) -> Option<Self> {
         Self::start_in(share, role, |cluster| cluster).await

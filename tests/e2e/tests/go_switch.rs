@@ -400,16 +400,11 @@ fn new_pod() -> Pod {
 
 #[tokio::test]
 async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim,
-        images,
-    }) = switching().await
-    else {
+    let Some((mut g, ctl, mut node, held)) = switching().await.map(Lab::parts) else {
         return;
     };
+    let sim = held.sim;
+    let images = held.images;
     let k = Kubelet::new("/var/lib/kubelet");
     let go = GoController::new(&sim);
     let ext4 = StorageClass::new(&[
@@ -745,16 +740,10 @@ async fn a_cluster_switched_from_the_go_driver_keeps_its_volumes() {
 /// it instead of refusing the disk, and the bytes are the Go volume's.
 #[tokio::test]
 async fn a_mapping_a_dead_go_node_plugin_left_open_is_closed_at_the_next_stage() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim,
-        images: _images,
-    }) = switching().await
-    else {
+    let Some((mut g, ctl, mut node, held)) = switching().await.map(Lab::parts) else {
         return;
     };
+    let sim = held.sim;
     let k = Kubelet::new("/var/lib/kubelet");
     let go = GoController::new(&sim);
     let (old_pod, pod) = (old_pod(), new_pod());
@@ -816,16 +805,10 @@ async fn a_mapping_a_dead_go_node_plugin_left_open_is_closed_at_the_next_stage()
 /// through.
 #[tokio::test]
 async fn a_new_volume_over_a_deleted_go_volumes_thick_lvm_extents_is_formatted() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim,
-        images: _images,
-    }) = switching().await
-    else {
+    let Some((mut g, ctl, mut node, held)) = switching().await.map(Lab::parts) else {
         return;
     };
+    let sim = held.sim;
     let k = Kubelet::new("/var/lib/kubelet");
     let go = GoController::new(&sim);
     let (old_pod, pod) = (old_pod(), new_pod());

@@ -96,13 +96,9 @@ async fn identity_is_true(g: &mut Guest, sim: &pvesim::Running, pc: &HashMap<Str
 
 #[tokio::test]
 async fn a_luks_xfs_volume_stages_grows_and_comes_back_with_its_bytes() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim: _sim,
-        images: _images,
-    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    let Some((mut g, ctl, mut node, _held)) = Lab::start(Share::Shared, MINIMAL_ROLE)
+        .await
+        .map(Lab::parts)
     else {
         return;
     };
@@ -300,13 +296,9 @@ async fn a_luks_xfs_volume_stages_grows_and_comes_back_with_its_bytes() {
 /// on its own disk.
 #[tokio::test]
 async fn a_staged_luks_mapping_is_never_used_on_another_volumes_disk() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim: _sim,
-        images: _images,
-    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    let Some((mut g, ctl, mut node, _held)) = Lab::start(Share::Shared, MINIMAL_ROLE)
+        .await
+        .map(Lab::parts)
     else {
         return;
     };
@@ -372,16 +364,13 @@ async fn a_staged_luks_mapping_is_never_used_on_another_volumes_disk() {
 
 #[tokio::test]
 async fn ext4_growth_surprise_unplug_and_24_disks() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim,
-        images: _images,
-    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    let Some((mut g, ctl, mut node, held)) = Lab::start(Share::Shared, MINIMAL_ROLE)
+        .await
+        .map(Lab::parts)
     else {
         return;
     };
+    let sim = held.sim;
     let k = kubelet();
 
     // ext4, plain: online growth with resize2fs (root in the guest has CAP_SYS_RESOURCE).
@@ -527,13 +516,8 @@ async fn ext4_growth_surprise_unplug_and_24_disks() {
 #[tokio::test]
 async fn hostd_killed_mid_stage_in_the_guest() {
     // Alone on the machine, so that each phase lasts long enough to be hit.
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim: _sim,
-        images: _images,
-    }) = Lab::start(Share::Alone, MINIMAL_ROLE).await
+    let Some((mut g, ctl, mut node, _held)) =
+        Lab::start(Share::Alone, MINIMAL_ROLE).await.map(Lab::parts)
     else {
         return;
     };
@@ -749,13 +733,9 @@ acl:
 /// LUKS (cryptsetup resize, then resize2fs) and plain xfs (xfs_growfs).
 #[tokio::test]
 async fn online_growth_of_ext4_with_luks_and_of_plain_xfs() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim: _sim,
-        images: _images,
-    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    let Some((mut g, ctl, mut node, _held)) = Lab::start(Share::Shared, MINIMAL_ROLE)
+        .await
+        .map(Lab::parts)
     else {
         return;
     };
@@ -853,16 +833,11 @@ async fn grow_online(
 #[tokio::test]
 async fn snapshot_restore_keeps_the_bytes() {
     let role = "VM.Audit, VM.Config.Disk, VM.Allocate, VM.Config.CPU, VM.Config.Memory, VM.Config.HWType, VM.Config.Options, VM.Clone, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit";
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        images,
-        sim: _sim,
-    }) = Lab::start(Share::Shared, role).await
+    let Some((mut g, ctl, mut node, held)) = Lab::start(Share::Shared, role).await.map(Lab::parts)
     else {
         return;
     };
+    let images = held.images;
     let k = kubelet();
     let sc = class("local-lvm", "ext4");
 
@@ -1024,13 +999,9 @@ impl conformance::node::NodeHost for GuestNode<'_> {
 /// in the guest, with real hot-plugged disks and udev.
 #[tokio::test]
 async fn node_follows_the_spec_in_the_guest() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim: _sim,
-        images: _images,
-    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    let Some((mut g, ctl, mut node, _held)) = Lab::start(Share::Shared, MINIMAL_ROLE)
+        .await
+        .map(Lab::parts)
     else {
         return;
     };
@@ -1077,16 +1048,13 @@ where
 #[tokio::test]
 async fn soak_in_the_guest_keeps_every_byte() {
     use rand::{Rng, SeedableRng};
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim,
-        images: _images,
-    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    let Some((mut g, ctl, mut node, held)) = Lab::start(Share::Shared, MINIMAL_ROLE)
+        .await
+        .map(Lab::parts)
     else {
         return;
     };
+    let sim = held.sim;
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let k = kubelet();
     let pod = Pod::new("6a8c0e2f-4b6d-4f8a-9c1e-3d5f7a9b1c3e");
@@ -1246,13 +1214,9 @@ async fn soak_in_the_guest_keeps_every_byte() {
 /// and dm-crypt serves the data.
 #[tokio::test]
 async fn luks_without_af_alg_in_the_kernel() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim: _sim,
-        images: _images,
-    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    let Some((mut g, ctl, mut node, _held)) = Lab::start(Share::Shared, MINIMAL_ROLE)
+        .await
+        .map(Lab::parts)
     else {
         return;
     };

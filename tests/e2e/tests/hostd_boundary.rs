@@ -91,13 +91,9 @@ async fn written_luks_block(
 
 #[tokio::test]
 async fn an_existing_luks_volume_without_a_filesystem_is_never_formatted() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim: _sim,
-        images: _images,
-    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    let Some((mut g, ctl, mut node, _held)) = Lab::start(Share::Shared, MINIMAL_ROLE)
+        .await
+        .map(Lab::parts)
     else {
         return;
     };
@@ -147,13 +143,9 @@ async fn an_existing_luks_volume_without_a_filesystem_is_never_formatted() {
 
 #[tokio::test]
 async fn a_published_luks_block_volume_is_not_unstaged_and_keeps_its_mapping() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim: _sim,
-        images: _images,
-    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    let Some((mut g, ctl, mut node, _held)) = Lab::start(Share::Shared, MINIMAL_ROLE)
+        .await
+        .map(Lab::parts)
     else {
         return;
     };
@@ -187,13 +179,9 @@ async fn a_published_luks_block_volume_is_not_unstaged_and_keeps_its_mapping() {
 
 #[tokio::test]
 async fn a_luks_header_above_the_kdf_bounds_is_refused_before_deriving() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim: _sim,
-        images: _images,
-    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    let Some((mut g, ctl, mut node, _held)) = Lab::start(Share::Shared, MINIMAL_ROLE)
+        .await
+        .map(Lab::parts)
     else {
         return;
     };
@@ -243,16 +231,13 @@ async fn a_luks_header_above_the_kdf_bounds_is_refused_before_deriving() {
 /// under no volume id, its own included, unless it is already staged.
 #[tokio::test]
 async fn a_disk_without_this_drivers_serial_is_staged_under_no_volume() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim,
-        images: _images,
-    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    let Some((mut g, ctl, mut node, held)) = Lab::start(Share::Shared, MINIMAL_ROLE)
+        .await
+        .map(Lab::parts)
     else {
         return;
     };
+    let sim = held.sim;
     let k = Kubelet::new("/var/lib/kubelet");
     let class = StorageClass::new(&[
         ("storage", "local-lvm"),
@@ -293,16 +278,13 @@ async fn a_disk_without_this_drivers_serial_is_staged_under_no_volume() {
 /// grows over the other disk.
 #[tokio::test]
 async fn a_mapping_on_another_disk_is_not_this_volumes_staging() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim,
-        images: _images,
-    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    let Some((mut g, ctl, mut node, held)) = Lab::start(Share::Shared, MINIMAL_ROLE)
+        .await
+        .map(Lab::parts)
     else {
         return;
     };
+    let sim = held.sim;
     let restarted = restart_hostd(&mut g, "--go-takeover").await;
     assert!(restarted.contains("--go-takeover"), "hostd: {restarted}");
     let k = Kubelet::new("/var/lib/kubelet");
@@ -352,13 +334,9 @@ async fn a_mapping_on_another_disk_is_not_this_volumes_staging() {
 /// each derivation runs in a process of its own (hostd's `kdf`).
 #[tokio::test]
 async fn a_slow_key_derivation_holds_no_other_volumes_luks_call() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        node,
-        sim: _sim,
-        images: _images,
-    }) = Lab::start(Share::Shared, MINIMAL_ROLE).await
+    let Some((mut g, ctl, node, _held)) = Lab::start(Share::Shared, MINIMAL_ROLE)
+        .await
+        .map(Lab::parts)
     else {
         return;
     };

@@ -109,16 +109,14 @@ async fn use_and_delete(
 
 #[tokio::test]
 async fn thick_lvm_disks_with_old_bytes_are_formatted_once_and_never_after_their_header_is_gone() {
-    let Some(Lab {
-        mut g,
-        ctl,
-        mut node,
-        sim: _sim,
-        images,
-    }) = Lab::start_with(Share::Shared, MINIMAL_ROLE, with_thick_lvm, Some(CLUSTER)).await
+    let Some((mut g, ctl, mut node, held)) =
+        Lab::start_with(Share::Shared, MINIMAL_ROLE, with_thick_lvm, Some(CLUSTER))
+            .await
+            .map(Lab::parts)
     else {
         return;
     };
+    let images = held.images;
     let k = kubelet();
     let sc = StorageClass::new(&[("storage", "san"), ("csi.storage.k8s.io/fstype", "ext4")]);
 
