@@ -5,7 +5,9 @@ would, from its package's directory) in two lanes side by side:
   guests  the binaries of tests/e2e: QEMU guests under software emulation,
           at most two at once (tests/e2e/src/guest.rs), mostly waiting on
           the guests' CPU
-  host    every other binary: pvesim, kubesim, loop devices, processes
+  host    every other binary: pvesim, kubesim, loop devices, processes;
+          then the doc tests and the fuzz smoke (scripts/fuzz.sh), which
+          fit in the time the guests take
 
 Each binary's output is printed whole when it ends, so the lanes' lines do
 not interleave. Ends with the wall time of every binary, longest first.
@@ -65,7 +67,7 @@ results = []
 lock = threading.Lock()
 
 
-def run_lane(name, binaries, then=None):
+def run_lane(name, binaries, then=()):
     for b in binaries:
         label = f"{b['package']}::{b['target']}" + (" (unit)" if b["kind"] in ("lib", "bin") else "")
         env = dict(os.environ, CARGO_MANIFEST_DIR=b["dir"], CARGO_PKG_NAME=b["package"])
@@ -80,15 +82,14 @@ def run_lane(name, binaries, then=None):
             verdict = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
             print(f"==> [{name}] {label}: {verdict} in {took:.0f} s", flush=True)
             results.append((took, name, label, proc.returncode))
-    if then:
+    for label, command in then:
         start = time.monotonic()
-        proc = subprocess.run(then, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         took = time.monotonic() - start
         with lock:
-            print(f"\n==> [{name}] {' '.join(then)}", flush=True)
+            print(f"\n==> [{name}] {' '.join(command)}", flush=True)
             sys.stdout.buffer.write(proc.stdout)
-            results.append((took, name, "doc tests", proc.returncode))
-
+            results.append((took, name, label, proc.returncode))
 
 def main():
     binaries = test_binaries(sys.argv[1:])
@@ -96,9 +97,12 @@ def main():
     host = [b for b in binaries if b["package"] not in GUEST_PACKAGES]
     # Doc tests are not binaries cargo lists: cargo builds and runs them.
     doc = ["cargo", "test", "--workspace", "--locked", "--doc", *sys.argv[1:]]
+    fuzz = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz.sh")]
     lanes = [
         threading.Thread(target=run_lane, args=("guests", guests)),
-        threading.Thread(target=run_lane, args=("host", host, doc)),
+        threading.Thread(
+            target=run_lane, args=("host", host, [("doc tests", doc), ("fuzz smoke", fuzz)])
+        ),
     ]
     for t in lanes:
         t.start()

@@ -41,7 +41,5 @@ step "build (debug, all targets)" build
 echo "==> images (checked by tests/packaging/tests/images.rs)"
 step "images (release build, layouts)" scripts/images.sh
 
-echo "==> tests (the guest VMs' binaries beside the others: scripts/run-tests.py)"
-step "tests" scripts/run-tests.py
-
-step "fuzz smoke" scripts/fuzz.sh
+echo "==> tests and the fuzz smoke (the guest VMs' binaries beside the others: scripts/run-tests.py)"
+step "tests, fuzz smoke" scripts/run-tests.py
