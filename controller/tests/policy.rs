@@ -106,16 +106,7 @@ async fn copy_vms_are_made_under_a_tag_policy_that_lists_the_driver_tags() {
     ))
     .await;
     let snap = snapshot(&e).await.unwrap();
-    let vmid: u32 = snap
-        .snapshot_id
-        .rsplit("snapshot-vm-")
-        .next()
-        .unwrap()
-        .split('.')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let vmid = copy_vmid(&snap.snapshot_id);
     let vm = e.vm(vmid).await;
     assert_eq!(vm["config"]["tags"], "proxmox-csi;csi-snapshot", "{vm}");
     assert_eq!(vm["config"]["protection"], "1", "{vm}");
@@ -162,16 +153,7 @@ async fn existing_driver_tags_admit_new_copy_vms_under_the_existing_policy() {
     ))
     .await;
     let snap = snapshot(&e).await.unwrap();
-    let vmid: u32 = snap
-        .snapshot_id
-        .rsplit("snapshot-vm-")
-        .next()
-        .unwrap()
-        .split('.')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let vmid = copy_vmid(&snap.snapshot_id);
     assert_eq!(
         e.vm(vmid).await["config"]["tags"],
         "proxmox-csi;csi-snapshot"

@@ -112,18 +112,9 @@ async fn a_retried_snapshot_delete_never_destroys_a_newer_snapshot_under_its_vmi
         .await
         .pop()
         .unwrap();
-    let vmid = |id: &str| {
-        id.rsplit("snapshot-vm-")
-            .next()
-            .unwrap()
-            .split('.')
-            .next()
-            .unwrap()
-            .to_string()
-    };
     assert_eq!(
-        vmid(&s1.snapshot_id),
-        vmid(&s2.snapshot_id),
+        copy_vmid(&s1.snapshot_id),
+        copy_vmid(&s2.snapshot_id),
         "the VMID was not handed out again"
     );
     assert_ne!(s1.snapshot_id, s2.snapshot_id, "two snapshots share an id");

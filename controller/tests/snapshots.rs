@@ -87,16 +87,7 @@ async fn snapped() -> Snapped {
         .unwrap();
     let seen = until_ready(&e, "snapshot-1", &v.volume_id).await;
     let snap = seen.last().unwrap().clone();
-    let vmid: u32 = snap
-        .snapshot_id
-        .rsplit("snapshot-vm-")
-        .next()
-        .unwrap()
-        .split('.')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let vmid = copy_vmid(&snap.snapshot_id);
     Snapped {
         e,
         v,
@@ -603,16 +594,7 @@ async fn a_restore_waits_out_a_locked_snapshot_vm() {
         .await
         .pop()
         .unwrap();
-    let holder: u32 = snap
-        .snapshot_id
-        .rsplit("snapshot-vm-")
-        .next()
-        .unwrap()
-        .split('.')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let holder = copy_vmid(&snap.snapshot_id);
     // The owner lock is given 3 × 200 ms; another task holds it for 4 s.
     e.knobs(r#"{"lock_timeout_ms": 200}"#).await;
     e.admin("POST", &format!("vms/{holder}/hold-lock?seconds=4"), "")

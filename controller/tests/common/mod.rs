@@ -381,3 +381,14 @@ pub async fn until_created(e: &Env, req: csi::CreateVolumeRequest) -> csi::Volum
         }
     }
 }
+
+/// The VMID of the copy VM a snapshot id of this driver names
+/// (`…/snapshot-vm-<vmid>[.<mark>]`).
+pub fn copy_vmid(snapshot_id: &str) -> u32 {
+    snapshot_id
+        .rsplit("snapshot-vm-")
+        .next()
+        .and_then(|rest| rest.split('.').next())
+        .and_then(|vmid| vmid.parse().ok())
+        .unwrap_or_else(|| panic!("{snapshot_id} names no copy VM"))
+}

@@ -5,17 +5,13 @@
 
 // Test code: a failed unwrap is the test failing, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-use std::path::PathBuf;
 use std::process::Command;
 
 use packaging::repo_root;
 
 #[test]
 fn deployment_renders_validates_and_keeps_the_node_plugin_unprivileged() {
-    let venv = std::env::var_os("PROXMOX_CSI_TOOLS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/opt/proxmox-csi-tools".into());
-    let python = venv.join("bin/python");
+    let python = packaging::tools_dir().join("bin/python");
     testkit::require!(
         python.is_file(),
         format!("{} (scripts/pytools.sh)", python.display())

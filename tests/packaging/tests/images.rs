@@ -13,15 +13,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use packaging::{chroot, environment, repo_root, talos};
-
-const VERSION: &str = env!("CARGO_PKG_VERSION");
-const IMAGES: [&str; 4] = [
-    "proxmox-csi-controller",
-    "proxmox-csi-node",
-    "proxmox-csi-hostd",
-    "proxmox-csi-hostd-talos",
-];
+use packaging::{IMAGES, VERSION, chroot, environment, repo_root, talos};
 
 /// target/images, or None (and the test skipped) when `make images` has not
 /// run outside CI.

@@ -9,15 +9,7 @@
 
 use std::process::Command;
 
-use packaging::repo_root;
-
-const VERSION: &str = env!("CARGO_PKG_VERSION");
-const IMAGES: [&str; 4] = [
-    "proxmox-csi-controller",
-    "proxmox-csi-node",
-    "proxmox-csi-hostd",
-    "proxmox-csi-hostd-talos",
-];
+use packaging::{IMAGES, VERSION, repo_root};
 
 /// The plural kubesim stores a kind under, as the API server names it.
 fn plural(kind: &str) -> String {

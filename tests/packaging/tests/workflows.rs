@@ -8,13 +8,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use packaging::repo_root;
-
-fn tools() -> PathBuf {
-    std::env::var_os("PROXMOX_CSI_TOOLS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/opt/proxmox-csi-tools".into())
-}
+use packaging::{repo_root, tools_dir as tools};
 
 fn workflows() -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(repo_root().join(".github/workflows"))

@@ -12,6 +12,7 @@ use tonic::transport::Channel;
 
 use crate::loopdev::{Loop, unmount_under};
 use crate::process::Proc;
+use crate::sim::REGION;
 use crate::{bin, chmod, free_ports, wait_for};
 
 /// The node plugin's uid: the chart's `runAsUser` for the unprivileged container.
@@ -20,7 +21,6 @@ pub const NODE_PLUGIN_UID: &str = "65534";
 /// The node plugin's identity: the worker VM it runs in.
 pub const NODE_ID: &str = "worker-2";
 pub const VMID: &str = "112";
-pub const REGION: &str = "region-1";
 pub const ZONE: &str = "pve2";
 
 /// hostd and the node plugin, their scratch directory, loops and sockets.
