@@ -15,6 +15,9 @@ export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions"
 echo "==> fuzz targets (${seconds} s each)"
+# The workspace of make test lints its crates through clippy-driver; these
+# targets are built by rustc alone.
+unset RUSTC_WORKSPACE_WRAPPER
 cargo build --release --locked --target "$host" --bins
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
