@@ -16,6 +16,7 @@ pub mod mount_options;
 pub mod rpc;
 pub mod secret;
 pub mod shutdown;
+pub mod support;
 
 pub use endpoint::{Endpoint, EndpointError, Listener};
 pub use ids::{DEFAULT_MAX_VOLUMES, MAX_VOLUMES_LABEL, NodeId, SCSI_SLOTS, max_volumes_label};

@@ -133,6 +133,53 @@ async fn answers_plugin_info_and_a_real_probe_over_tls() {
     );
 }
 
+/// A cluster on a Proxmox release outside docs/support.md is served, and
+/// the log says once which release and what is supported; a supported one
+/// says nothing.
+#[tokio::test]
+async fn a_proxmox_release_outside_the_support_matrix_is_warned_about_once() {
+    let mut old = state();
+    old.version = "7.4-3".into();
+    let sim = Sim::new(old).start("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, sim.ca_pem.as_ref().unwrap()).unwrap();
+    let ctl = start_controller(
+        dir.path(),
+        &cluster_config(&sim.api_url(), Some(&ca), TOKEN_SECRET),
+        &["--cluster-check-interval", "1"],
+    );
+    let text = "Proxmox VE release outside this driver's support";
+    let log = log_with(&ctl.log, text).await;
+    assert!(
+        log.contains("release=7.4-3") && log.contains("supported=8.x, 9.x"),
+        "{log}"
+    );
+    // Three more checks, no second warning.
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    let log = std::fs::read_to_string(&ctl.log).unwrap();
+    assert_eq!(log.matches(text).count(), 1, "{log}");
+
+    let sim = Sim::new(state()).start("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.pem"), sim.ca_pem.as_ref().unwrap()).unwrap();
+    let ctl = start_controller(
+        dir.path(),
+        &cluster_config(
+            &sim.api_url(),
+            Some(&dir.path().join("ca.pem")),
+            TOKEN_SECRET,
+        ),
+        &["--cluster-check-interval", "1"],
+    );
+    let mut client = connect(&ctl.socket).await;
+    let probe = client.probe(callers::identity::probe()).await.unwrap();
+    assert_eq!(probe.into_inner().ready, Some(true));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let log = std::fs::read_to_string(&ctl.log).unwrap();
+    assert!(!log.contains(text), "{log}");
+}
+
 /// The log once it holds `text` (the clusters are checked apart from the
 /// calls), within 10 s.
 async fn log_with(log: &Path, text: &str) -> String {

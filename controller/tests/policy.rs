@@ -279,7 +279,24 @@ acl:
 
 #[tokio::test]
 async fn the_documented_narrowed_acls_run_a_volumes_whole_life() {
-    let e = env_from(NARROWED_ROLE).await;
+    whole_life(NARROWED_ROLE).await;
+}
+
+/// docs/support.md's oldest Proxmox VE: the same life on 8.4, whose
+/// qemu-server (8.4.10, Proxmox 8's last) waits and answers otherwise on
+/// an unplug.
+#[tokio::test]
+async fn a_volumes_whole_life_runs_on_proxmox_ve_8() {
+    whole_life(&format!(
+        "version: 8.4.14\nqemu-server: 8.4.10\n{NARROWED_ROLE}"
+    ))
+    .await;
+}
+
+/// Create, publish, expand, unpublish and delete under `cluster`; a storage
+/// outside its ACLs is refused with what to grant.
+async fn whole_life(cluster: &str) {
+    let e = env_from(cluster).await;
     let v = create_in(&e, "pvc-narrow", &[("storage", "local-lvm")], Some("pve2")).await;
     let pc = e
         .svc

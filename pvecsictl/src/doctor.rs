@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use proxmox_csi_common::support;
 use proxmox_csi_controller::drive::is_disk_key;
 
 use crate::state::State;
@@ -55,6 +56,7 @@ fn f(
 pub fn run(s: &State) -> Vec<Finding> {
     let mut out = Vec::new();
     token(s, &mut out);
+    versions(s, &mut out);
     tag_policy(s, &mut out);
     nodes(s, &mut out);
     storages(s, &mut out);
@@ -63,6 +65,70 @@ pub fn run(s: &State) -> Vec<Finding> {
     own_vms(s, &mut out);
     classes(s, &mut out);
     out
+}
+
+/// Proxmox VE and Kubernetes against docs/support.md: outside it is a
+/// warning, not an error (most things work; nothing was tested there).
+fn versions(s: &State, out: &mut Vec<Finding>) {
+    let matrix = "docs/support.md";
+    for (region, version) in &s.proxmox_versions {
+        let supported = support::proxmox_supported_text();
+        out.push(match support::proxmox_supported(version) {
+            Some(true) => f(
+                "versions",
+                region.as_str(),
+                Severity::Ok,
+                format!("Proxmox VE {version} (supported: {supported})"),
+                "",
+            ),
+            _ => f(
+                "versions",
+                region.as_str(),
+                Severity::Warning,
+                format!("Proxmox VE {version} is outside this release's support ({supported})"),
+                format!("upgrade Proxmox VE to a supported release ({matrix})"),
+            ),
+        });
+    }
+    let Some((major, minor, git)) = &s.kubernetes_version else {
+        return;
+    };
+    let (lo, hi) = support::KUBERNETES_MINORS;
+    // Some distributions serve the minor as `34+`.
+    let digits: String = minor.chars().take_while(char::is_ascii_digit).collect();
+    let finding = match (major.as_str(), digits.parse::<u32>()) {
+        ("1", Ok(m)) if m < lo => f(
+            "versions",
+            "kubernetes",
+            Severity::Warning,
+            format!("Kubernetes {git} is older than this release supports (1.{lo}–1.{hi})"),
+            format!("upgrade Kubernetes to 1.{lo} or later ({matrix})"),
+        ),
+        ("1", Ok(m)) if m > hi => f(
+            "versions",
+            "kubernetes",
+            Severity::Info,
+            format!("Kubernetes {git} is newer than this release was tested with (1.{lo}–1.{hi})"),
+            format!("check {matrix} of a newer release"),
+        ),
+        ("1", Ok(_)) => f(
+            "versions",
+            "kubernetes",
+            Severity::Ok,
+            format!("Kubernetes {git} (supported: 1.{lo}–1.{hi})"),
+            "",
+        ),
+        _ => f(
+            "versions",
+            "kubernetes",
+            Severity::Warning,
+            format!(
+                "Kubernetes reports version {major}.{minor} ({git}), which is not a release this driver knows"
+            ),
+            format!("see {matrix}"),
+        ),
+    };
+    out.push(finding);
 }
 
 /// The driver's own VMs (copy VMs, holders) that hold volume data without

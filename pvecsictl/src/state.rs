@@ -97,6 +97,11 @@ pub struct State {
     pub attachments: Vec<Attachment>,
     /// The Kubernetes cluster's own id (`kube::cluster_id`), when it has one.
     pub cluster_id: Option<ClusterId>,
+    /// The Proxmox VE version each region's cluster reports (`GET /version`).
+    pub proxmox_versions: BTreeMap<String, String>,
+    /// The Kubernetes API server's version (`/version`): major, minor as
+    /// served (`34`, or `34+` on some distributions) and gitVersion.
+    pub kubernetes_version: Option<(String, String, String)>,
 }
 
 /// datacenter.cfg's tag policy (pve-cluster src/PVE/DataCenterConfig.pm
@@ -182,9 +187,16 @@ impl State {
             snapshot_handles: BTreeSet::new(),
             attachments: Vec::new(),
             cluster_id: None,
+            proxmox_versions: BTreeMap::new(),
+            kubernetes_version: None,
         };
         for c in clients {
             let region = c.region().to_string();
+            let version = c
+                .version()
+                .await
+                .with_context(|| format!("region {region}: GET /version"))?;
+            s.proxmox_versions.insert(region.clone(), version.version);
             for res in c
                 .vms(d())
                 .await
@@ -278,6 +290,11 @@ impl State {
             s.tag_policy
                 .insert(region, TagPolicy::from_options(&options, audit));
         }
+        s.kubernetes_version = kube
+            .apiserver_version()
+            .await
+            .ok()
+            .map(|v| (v.major, v.minor, v.git_version));
         let pvs: Api<PersistentVolume> = Api::all(kube.clone());
         for pv in pvs
             .list(&ListParams::default())

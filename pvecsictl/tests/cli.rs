@@ -168,6 +168,15 @@ async fn lab_with(cluster: &str) -> Lab {
     let app = axum::Router::new()
         .route("/api/v1/persistentvolumes", get(pvs))
         .route("/api/v1/nodes", get(nodes))
+        // k8s.io/apimachinery pkg/version/types.go Info, as the API server
+        // serves it on /version.
+        .route(
+            "/version",
+            get(|| async {
+                Json(json!({"major": "1", "minor": "30", "gitVersion": "v1.30.14",
+                    "platform": "linux/amd64"}))
+            }),
+        )
         .route(
             "/api/v1/namespaces/kube-system",
             get(|| async {
@@ -286,6 +295,43 @@ async fn doctor_reads_the_tag_policy_and_says_what_to_allow() {
         (
             Severity::Ok,
             "user-tag-access is free: any tag not registered may be set"
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_holds_proxmox_and_kubernetes_to_the_support_matrix() {
+    let versions = |findings: &[doctor::Finding]| {
+        findings
+            .iter()
+            .filter(|x| x.check == "versions")
+            .map(|x| (x.subject.clone(), x.severity, x.finding.clone()))
+            .collect::<Vec<_>>()
+    };
+    let found = versions(&doctor::run(&lab().await.state().await));
+    assert_eq!(
+        found,
+        vec![
+            (
+                "region-1".to_string(),
+                Severity::Ok,
+                "Proxmox VE 9.0.3 (supported: 8.x, 9.x)".to_string()
+            ),
+            (
+                "kubernetes".to_string(),
+                Severity::Warning,
+                "Kubernetes v1.30.14 is older than this release supports (1.31–1.34)".to_string()
+            ),
+        ]
+    );
+    let lab = lab_with(&format!("version: 7.4-3\n{CLUSTER}")).await;
+    let found = versions(&doctor::run(&lab.state().await));
+    assert_eq!(
+        found[0],
+        (
+            "region-1".to_string(),
+            Severity::Warning,
+            "Proxmox VE 7.4-3 is outside this release's support (8.x, 9.x)".to_string()
         )
     );
 }

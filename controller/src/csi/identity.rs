@@ -14,6 +14,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use proxmox_csi_common::support;
 use proxmox_csi_proto::csi::v1 as csi;
 use tonic::{Request, Response, Status};
 
@@ -53,25 +54,45 @@ impl ClusterHealth {
     }
 
     /// Checks every cluster once; `last` holds each region's last failure
-    /// (`None` while it answers), so that only changes are logged.
+    /// (`None` while it answers) and `releases` the Proxmox release it last
+    /// reported, so that only changes are logged.
     async fn check(
         &self,
         clusters: &[Arc<pve::Client>],
         timeout: Duration,
         last: &mut HashMap<String, Option<String>>,
+        releases: &mut HashMap<String, String>,
     ) {
         let checks = clusters.iter().map(|c| async move {
-            let failure = match tokio::time::timeout(timeout, c.version()).await {
-                Ok(Ok(_)) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(_) => Some(format!(
-                    "Proxmox cluster {}: GET /version: no answer within {timeout:?}",
-                    c.region()
-                )),
+            let (failure, release) = match tokio::time::timeout(timeout, c.version()).await {
+                Ok(Ok(v)) => (None, Some(v.version)),
+                Ok(Err(e)) => (Some(e.to_string()), None),
+                Err(_) => (
+                    Some(format!(
+                        "Proxmox cluster {}: GET /version: no answer within {timeout:?}",
+                        c.region()
+                    )),
+                    None,
+                ),
             };
-            (c.region().to_string(), failure)
+            (c.region().to_string(), failure, release)
         });
-        for (region, failure) in join_all(checks).await {
+        for (region, failure, release) in join_all(checks).await {
+            if let Some(release) = release
+                && releases.get(&region) != Some(&release)
+            {
+                // Served all the same: an unlisted release usually works,
+                // but nothing here was tested against it.
+                if support::proxmox_supported(&release) == Some(false) {
+                    tracing::warn!(
+                        %region,
+                        %release,
+                        supported = %support::proxmox_supported_text(),
+                        "Proxmox VE release outside this driver's support (docs/support.md)"
+                    );
+                }
+                releases.insert(region.clone(), release);
+            }
             let labels = RegionLabel {
                 region: region.clone(),
             };
@@ -96,12 +117,13 @@ impl ClusterHealth {
         timeout: Duration,
         interval: Duration,
     ) {
-        let mut last = HashMap::new();
+        let (mut last, mut releases) = (HashMap::new(), HashMap::new());
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            self.check(&clusters, timeout, &mut last).await;
+            self.check(&clusters, timeout, &mut last, &mut releases)
+                .await;
         }
     }
 }
