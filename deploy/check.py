@@ -184,7 +184,7 @@ def pod_monitor_ok(o):
 
 def monitoring(r, version):
     """The dashboard ConfigMap and the PrometheusRule carry the chart's files as they are."""
-    values = {"dashboard": {"enabled": True},
+    values = {"dashboard": {"enabled": True}, "metrics": {"type": "podmonitor"},
               "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}}
     objs = helm(values)
     validate(r, objs, "chart (dashboard and alerts)", version)
@@ -220,6 +220,64 @@ def monitoring(r, version):
             and not any("prometheus.io/scrape" in t["metadata"].get("annotations", {}) for t in pods),
             "metrics.type=podmonitor: a PodMonitor scrapes the controller's and the node plugin's metrics ports",
             json.dumps(pm))
+    # The controller's sidecars serve their metrics on --http-endpoint
+    # (csi-lib-utils standardflags; each sidecar's main.go at the chart's
+    # tags), on a declared port the PodMonitor names.
+    controller = next(t for t in pods if any(c["name"] == "csi-provisioner" for c in t["spec"]["containers"]))
+    endpoints = {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} if pm else set()
+    for c in controller["spec"]["containers"]:
+        if c["name"] not in ("csi-attacher", "csi-provisioner", "csi-resizer", "csi-snapshotter"):
+            continue
+        served = [a.rsplit(":", 1)[1] for a in c["args"] if a.startswith("--http-endpoint=")]
+        ports = {str(p["containerPort"]): p["name"] for p in c.get("ports", [])}
+        r.check(len(served) == 1 and served[0] in ports and ports[served[0]] in endpoints,
+                f"{c['name']} serves its metrics on a port the PodMonitor scrapes",
+                f"args {c['args']}, ports {ports}, endpoints {sorted(endpoints)}")
+    # The rule without a scrape prometheus-operator reads would fire on a
+    # correct install: the chart refuses it, naming the values.
+    try:
+        helm({"prometheusRule": {"enabled": True}})
+        refused = ""
+    except Exception as e:
+        refused = str(e)
+    r.check("prometheusRule.enabled needs metrics.enabled=true and metrics.type=podmonitor" in refused
+            and "ProxmoxCSIControllerAbsent" in refused,
+            "prometheusRule.enabled with the annotations alone is refused, naming the values", refused[:300])
+
+
+def hostd_daemonset(r, version):
+    """hostd.daemonset.enabled: the chart's hostd DaemonSet is deploy/hostd/daemonset.yaml's
+    pod, and it serves the node plugin the chart renders beside it: its socket, uid, group,
+    plugin directory and driver name."""
+    r.check(not any(o["kind"] == "DaemonSet" and o["metadata"]["name"].endswith("-hostd") for o in helm({})),
+            "no hostd DaemonSet by default")
+    objs = helm({"hostd": {"daemonset": {"enabled": True}}})
+    validate(r, objs, "chart (hostd DaemonSet)", version)
+    ds = next((o for o in objs if o["kind"] == "DaemonSet" and o["metadata"]["name"].endswith("-hostd")), None)
+    with open(os.path.join(HERE, "hostd", "daemonset.yaml")) as f:
+        plain = yaml.safe_load(f)
+    diff = differences(plain["spec"]["template"]["spec"], ds["spec"]["template"]["spec"]) if ds else ["not rendered"]
+    r.check(not diff, "hostd.daemonset.enabled renders deploy/hostd/daemonset.yaml's pod", "; ".join(diff[:5]))
+    for provisioner in ("csi.proxmox.sinextra.dev", "csi.example.org"):
+        objs = helm({"hostd": {"daemonset": {"enabled": True}}, "provisionerName": provisioner})
+        ds = next(o for o in objs if o["kind"] == "DaemonSet" and o["metadata"]["name"].endswith("-hostd"))
+        node = next(o for o in objs if o["kind"] == "DaemonSet" and not o["metadata"]["name"].endswith("-hostd"))
+        args = dict(a[2:].split("=", 1) for a in ds["spec"]["template"]["spec"]["containers"][0]["args"] if "=" in a)
+        pspec = node["spec"]["template"]["spec"]
+        plugin = pspec["containers"][0]
+        sc = {**pspec.get("securityContext", {}), **plugin.get("securityContext", {})}
+        plugin_dir = next(v["hostPath"]["path"] for v in pspec["volumes"] if v["name"] == "plugin-dir")
+        wanted = {
+            "socket": next(a.split("=", 1)[1] for a in plugin["args"] if a.startswith("--hostd-socket=")),
+            "allow-uid": str(sc.get("runAsUser")),
+            "socket-group": str(sc.get("runAsGroup")),
+            "plugin-dir": plugin_dir,
+        }
+        if provisioner != "csi.proxmox.sinextra.dev":
+            wanted["driver-name"] = provisioner
+        wrong = {k: (args.get(k), v) for k, v in wanted.items() if args.get(k) != v}
+        r.check(not wrong and plugin_dir.endswith("/" + provisioner),
+                f"hostd DaemonSet serves the node plugin beside it ({provisioner})", str(wrong))
 
 
 def pod_problems(ds):
@@ -421,6 +479,7 @@ def main():
     go_values(r, args.kubernetes_version)
     go_upgrade(r)
     monitoring(r, args.kubernetes_version)
+    hostd_daemonset(r, args.kubernetes_version)
     for name, values in VARIANTS.items():
         try:
             objs = helm(values)

@@ -10,6 +10,12 @@
 #   proxmox-csi.yaml          the kustomize base rendered into one file: the
 #                             URL Talos's cluster.externalCloudProvider.manifests takes
 #   pvecsictl-linux-<arch>    the operator CLI
+#   proxmox-csi-<version>.tar.gz
+#                             the source at HEAD (git archive), which the
+#                             siderolabs recipe builds hostd from
+#   siderolabs/storage/proxmox-csi-hostd/
+#                             the recipe for siderolabs/extensions, complete:
+#                             its vars.yaml names that tarball's checksums
 #   SHA256SUMS                the checksums of all of the above files
 #
 # The release workflow (.github/workflows/release.yml) runs this on an amd64
@@ -66,6 +72,19 @@ tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$epoch" \
 
 echo "==> manifests"
 kubectl kustomize deploy/kustomize > "$out/proxmox-csi.yaml"
+
+echo "==> source and the siderolabs recipe"
+src=proxmox-csi-$version.tar.gz
+git archive --format=tar --prefix="proxmox-csi-$version/" HEAD | gzip -n -9 > "$out/$src"
+recipe=$out/siderolabs/storage/proxmox-csi-hostd
+mkdir -p "$recipe"
+cp talos-extension/siderolabs/storage/proxmox-csi-hostd/* "$recipe/"
+{
+  printf 'VERSION: %s\n' "$version"
+  grep -v -e '^VERSION:' -e '^PROXMOX_CSI_SHA' talos-extension/siderolabs/storage/proxmox-csi-hostd/vars.yaml
+  printf 'PROXMOX_CSI_SHA256: "%s"\n' "$(sha256sum "$out/$src" | cut -d' ' -f1)"
+  printf 'PROXMOX_CSI_SHA512: "%s"\n' "$(sha512sum "$out/$src" | cut -d' ' -f1)"
+} > "$recipe/vars.yaml"
 
 sums=$(cd "$out" && find . -maxdepth 1 -type f -printf '%f\n' | sort | xargs sha256sum)
 printf '%s\n' "$sums" > "$out/SHA256SUMS"

@@ -1,5 +1,8 @@
 //! Per-call metrics of the Proxmox API: count and latency by region,
-//! method, endpoint (path template) and status; retries by reason.
+//! method, path (its template) and status; retries by reason. The path's
+//! label is `path`, not `endpoint`: prometheus-operator labels every
+//! target with `endpoint` (the scraped port's name), and Prometheus would
+//! rename ours to `exported_endpoint`.
 
 use std::time::Instant;
 
@@ -14,7 +17,7 @@ use reqwest::Method;
 struct Labels {
     region: String,
     method: String,
-    endpoint: String,
+    path: String,
     code: String,
 }
 
@@ -22,7 +25,7 @@ struct Labels {
 struct RetryLabels {
     region: String,
     method: String,
-    endpoint: String,
+    path: String,
     reason: &'static str,
 }
 
@@ -77,7 +80,7 @@ impl ApiMetrics {
         let labels = RetryLabels {
             region: region.to_string(),
             method: method.to_string(),
-            endpoint: template(path),
+            path: template(path),
             reason: match why {
                 Retry::Transport => "transport",
                 Retry::Transient => "transient",
@@ -90,7 +93,7 @@ impl ApiMetrics {
         let labels = Labels {
             region: region.to_string(),
             method: method.to_string(),
-            endpoint: template(path),
+            path: template(path),
             code: code.to_string(),
         };
         self.calls.get_or_create(&labels).inc();

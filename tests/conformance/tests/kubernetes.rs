@@ -274,6 +274,12 @@ fn monitored(lab: &Lab) {
             exposed.names().collect::<Vec<_>>()
         );
     }
+    // Scraped through the chart's PodMonitor, no label is renamed.
+    assert_eq!(
+        exposed.target_label_clashes(),
+        Vec::<String>::new(),
+        "labels Prometheus renames when scraping through prometheus-operator"
+    );
     let queries = packaging::observability::chart_queries().unwrap();
     assert!(queries.len() > 20, "{queries:?}");
     let problems: Vec<String> = queries

@@ -61,7 +61,37 @@ impl Exposed {
     pub fn has(&self, name: &str) -> bool {
         self.series.contains_key(name)
     }
+
+    /// Served labels that a scrape through prometheus-operator would rename
+    /// (`exported_<name>`), each as `series: label`.
+    pub fn target_label_clashes(&self) -> Vec<String> {
+        self.series
+            .iter()
+            .flat_map(|(name, labels)| {
+                labels
+                    .iter()
+                    .filter(|l| OPERATOR_TARGET_LABELS.contains(&l.as_str()))
+                    .map(move |l| format!("{name}: {l}"))
+            })
+            .collect()
+    }
 }
+
+/// The labels prometheus-operator puts on the targets of a PodMonitor or
+/// ServiceMonitor (prometheus-operator pkg/prometheus/promcfg.go,
+/// generatePodMonitorConfig and generateServiceMonitorConfig: namespace,
+/// container, pod, job, endpoint, service), and Prometheus's instance. With
+/// `honorLabels` off, the default, Prometheus renames a served label of the
+/// same name to `exported_<name>`, so a query on it reads the target's.
+pub const OPERATOR_TARGET_LABELS: [&str; 7] = [
+    "namespace",
+    "container",
+    "pod",
+    "job",
+    "endpoint",
+    "service",
+    "instance",
+];
 
 /// `GET /metrics` on 127.0.0.1:`port`: the body of a 200 answer.
 pub fn scrape(port: u16) -> Result<String, String> {
@@ -81,13 +111,41 @@ pub fn scrape(port: u16) -> Result<String, String> {
     Ok(body.to_string())
 }
 
+/// A sample's labels in the order served (values as written, escapes kept).
+pub type Labels = Vec<(String, String)>;
+
+/// One served sample: its name, labels and value.
+pub type Sample = (String, Labels, String);
+
+/// Every sample of a `/metrics` answer in the OpenMetrics text format.
+pub fn samples(text: &str) -> Result<Vec<Sample>, String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|line| {
+            let (name, labels, rest) =
+                sample_with_rest(line).ok_or_else(|| format!("not a sample: {line}"))?;
+            let value = rest
+                .split_whitespace()
+                .next()
+                .ok_or_else(|| format!("a sample without a value: {line}"))?;
+            Ok((name, labels, value.to_string()))
+        })
+        .collect()
+}
+
 /// `name{a="x",b="y\"z"} 1` → (`name`, [(a, x), (b, y\"z)]).
-fn sample(line: &str) -> Option<(String, Vec<(String, String)>)> {
+fn sample(line: &str) -> Option<(String, Labels)> {
+    sample_with_rest(line).map(|(name, labels, _)| (name, labels))
+}
+
+/// The name and labels of a sample line, and the text after them.
+fn sample_with_rest(line: &str) -> Option<(String, Labels, &str)> {
     let end = line.find(['{', ' '])?;
     let name = line[..end].to_string();
     let mut labels = Vec::new();
-    if line[end..].starts_with('{') {
-        let mut rest = &line[end + 1..];
+    let mut rest = &line[end..];
+    if rest.starts_with('{') {
+        rest = &rest[1..];
         while !rest.starts_with('}') {
             let eq = rest.find('=')?;
             let label = rest[..eq].trim_start_matches(',').to_string();
@@ -103,8 +161,9 @@ fn sample(line: &str) -> Option<(String, Vec<(String, String)>)> {
             rest = &rest[close + 1..];
             rest = rest.strip_prefix(',').unwrap_or(rest);
         }
+        rest = &rest[1..];
     }
-    Some((name, labels))
+    Some((name, labels, rest))
 }
 
 /// One query of the dashboard or the alerts, and where it is.
@@ -318,6 +377,22 @@ mod tests {
             ))
         );
         assert_eq!(sample("x_up 1"), Some(("x_up".into(), vec![])));
+        assert_eq!(
+            samples(
+                "# TYPE x_up gauge\nx_up 1\nx_h_bucket{path=\"/a/{b}\",le=\"+Inf\"} 3 1700000000\n"
+            ),
+            Ok(vec![
+                ("x_up".into(), vec![], "1".into()),
+                (
+                    "x_h_bucket".into(),
+                    vec![
+                        ("path".into(), "/a/{b}".into()),
+                        ("le".into(), "+Inf".into())
+                    ],
+                    "3".into()
+                )
+            ])
+        );
     }
 
     #[test]

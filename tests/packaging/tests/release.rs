@@ -11,6 +11,86 @@ use std::process::Command;
 
 use packaging::{IMAGES, VERSION, repo_root};
 
+/// The release's recipe for siderolabs/extensions: no placeholder left,
+/// the source it fetches is the release's tarball, by its checksums, and
+/// that tarball holds what the recipe builds from.
+fn the_siderolabs_recipe_is_complete(dir: &std::path::Path) {
+    use sha2::Digest;
+    let recipe = dir.join("siderolabs/storage/proxmox-csi-hostd");
+    let mut vars: std::collections::HashMap<String, String> =
+        serde_norway::from_str(&std::fs::read_to_string(recipe.join("vars.yaml")).unwrap())
+            .unwrap();
+    for (k, v) in &vars {
+        assert!(!v.contains('<'), "vars.yaml {k} is a placeholder: {v}");
+    }
+    assert_eq!(vars["VERSION"], VERSION);
+    let cargo = std::fs::read_to_string(repo_root().join("Cargo.toml")).unwrap();
+    assert!(
+        cargo.contains(&format!(
+            "repository = \"https://github.com/{}\"",
+            vars["PROXMOX_CSI_REPOSITORY"]
+        )),
+        "the recipe fetches from {}, not the workspace's repository",
+        vars["PROXMOX_CSI_REPOSITORY"]
+    );
+    let name = format!("proxmox-csi-{VERSION}.tar.gz");
+    let tarball = std::fs::read(dir.join(&name)).unwrap();
+    let hex = |d: &[u8]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    assert_eq!(
+        vars["PROXMOX_CSI_SHA256"],
+        hex(&sha2::Sha256::digest(&tarball))
+    );
+    assert_eq!(
+        vars["PROXMOX_CSI_SHA512"],
+        hex(&sha2::Sha512::digest(&tarball))
+    );
+
+    vars.insert("ARCH".into(), "aarch64".into());
+    let pkg = packaging::bldr::render(
+        &std::fs::read_to_string(recipe.join("pkg.yaml")).unwrap(),
+        &vars,
+    )
+    .unwrap();
+    let pkg: packaging::bldr::Pkg = serde_norway::from_str(&pkg).unwrap();
+    let problems = packaging::bldr::problems(&pkg);
+    assert!(
+        problems.is_empty(),
+        "bldr refuses the release's recipe: {problems:?}"
+    );
+    let source = &pkg
+        .steps
+        .iter()
+        .flat_map(|s| &s.sources)
+        .next()
+        .unwrap()
+        .url;
+    assert_eq!(
+        source,
+        &format!(
+            "https://github.com/{}/releases/download/v{VERSION}/{name}",
+            vars["PROXMOX_CSI_REPOSITORY"]
+        )
+    );
+    let listing = Command::new("tar")
+        .args(["-tzf"])
+        .arg(dir.join(&name))
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    for file in [
+        "Cargo.lock",
+        "hostd/Cargo.toml",
+        "talos-extension/proxmox-csi-hostd.yaml",
+    ] {
+        assert!(
+            listing
+                .lines()
+                .any(|l| l == format!("proxmox-csi-{VERSION}/{file}")),
+            "the source tarball has no {file}"
+        );
+    }
+}
+
 /// The plural kubesim stores a kind under, as the API server names it.
 fn plural(kind: &str) -> String {
     let lower = kind.to_lowercase();
@@ -56,9 +136,11 @@ async fn a_release_holds_what_it_publishes_and_its_manifests_run_the_images_buil
         format!("proxmox-csi-plugin-{VERSION}.tgz"),
         "proxmox-csi.yaml".into(),
         "pvecsictl-linux-amd64".into(),
+        format!("proxmox-csi-{VERSION}.tar.gz"),
     ]);
     want.sort();
     assert_eq!(listed, want);
+    the_siderolabs_recipe_is_complete(&dir);
     let check = Command::new("sha256sum")
         .args(["--check", "--quiet", "SHA256SUMS"])
         .current_dir(&dir)
