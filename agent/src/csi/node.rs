@@ -57,6 +57,15 @@ impl Node {
     }
 }
 
+/// What the node plugin implements, and nothing more.
+pub const CAPABILITIES: &[rpc::Type] = &[
+    rpc::Type::StageUnstageVolume,
+    rpc::Type::ExpandVolume,
+    rpc::Type::GetVolumeStats,
+    rpc::Type::VolumeCondition,
+    rpc::Type::SingleNodeMultiWriter,
+];
+
 fn capability(t: rpc::Type) -> csi::NodeServiceCapability {
     csi::NodeServiceCapability {
         r#type: Some(node_service_capability::Type::Rpc(
@@ -212,13 +221,7 @@ impl csi::node_server::Node for Node {
         _: Request<csi::NodeGetCapabilitiesRequest>,
     ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
         Ok(Response::new(csi::NodeGetCapabilitiesResponse {
-            capabilities: vec![
-                capability(rpc::Type::StageUnstageVolume),
-                capability(rpc::Type::ExpandVolume),
-                capability(rpc::Type::GetVolumeStats),
-                capability(rpc::Type::VolumeCondition),
-                capability(rpc::Type::SingleNodeMultiWriter),
-            ],
+            capabilities: CAPABILITIES.iter().copied().map(capability).collect(),
         }))
     }
 
