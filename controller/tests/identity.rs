@@ -75,20 +75,16 @@ fn cluster_config(url: &str, ca: Option<&Path>, secret: &str) -> String {
 
 #[tokio::test]
 async fn answers_plugin_info_and_a_real_probe_over_tls() {
-    let sim = Sim::new(state()).start("127.0.0.1:0").await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let ca = dir.path().join("ca.pem");
-    std::fs::write(&ca, sim.ca_pem.as_ref().unwrap()).unwrap();
-    let ctl = start_controller(
-        dir.path(),
-        &cluster_config(&sim.api_url(), Some(&ca), TOKEN_SECRET),
+    let (sim, _dir, ctl) = over_tls(
+        state(),
         &[
             "--driver-name",
             "csi.example.test",
             "--cluster-check-interval",
             "1",
         ],
-    );
+    )
+    .await;
     let mut client = connect(&ctl.socket).await;
 
     let info = client
@@ -140,15 +136,7 @@ async fn answers_plugin_info_and_a_real_probe_over_tls() {
 async fn a_proxmox_release_outside_the_support_matrix_is_warned_about_once() {
     let mut old = state();
     old.version = "7.4-3".into();
-    let sim = Sim::new(old).start("127.0.0.1:0").await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let ca = dir.path().join("ca.pem");
-    std::fs::write(&ca, sim.ca_pem.as_ref().unwrap()).unwrap();
-    let ctl = start_controller(
-        dir.path(),
-        &cluster_config(&sim.api_url(), Some(&ca), TOKEN_SECRET),
-        &["--cluster-check-interval", "1"],
-    );
+    let (_sim, _dir, ctl) = over_tls(old, &["--cluster-check-interval", "1"]).await;
     let text = "Proxmox VE release outside this driver's support";
     let log = log_with(&ctl.log, text).await;
     assert!(
@@ -160,24 +148,31 @@ async fn a_proxmox_release_outside_the_support_matrix_is_warned_about_once() {
     let log = std::fs::read_to_string(&ctl.log).unwrap();
     assert_eq!(log.matches(text).count(), 1, "{log}");
 
-    let sim = Sim::new(state()).start("127.0.0.1:0").await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("ca.pem"), sim.ca_pem.as_ref().unwrap()).unwrap();
-    let ctl = start_controller(
-        dir.path(),
-        &cluster_config(
-            &sim.api_url(),
-            Some(&dir.path().join("ca.pem")),
-            TOKEN_SECRET,
-        ),
-        &["--cluster-check-interval", "1"],
-    );
+    let (_sim, _dir, ctl) = over_tls(state(), &["--cluster-check-interval", "1"]).await;
     let mut client = connect(&ctl.socket).await;
     let probe = client.probe(callers::identity::probe()).await.unwrap();
     assert_eq!(probe.into_inner().ready, Some(true));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let log = std::fs::read_to_string(&ctl.log).unwrap();
     assert!(!log.contains(text), "{log}");
+}
+
+/// pvesim serving `state` over TLS, and the controller started with
+/// `extra` on it, trusting its CA; the directory holds the socket and log.
+async fn over_tls(
+    state: State,
+    extra: &[&str],
+) -> (pvesim::Running, tempfile::TempDir, Controller) {
+    let sim = Sim::new(state).start("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, sim.ca_pem.as_ref().unwrap()).unwrap();
+    let ctl = start_controller(
+        dir.path(),
+        &cluster_config(&sim.api_url(), Some(&ca), TOKEN_SECRET),
+        extra,
+    );
+    (sim, dir, ctl)
 }
 
 /// The log once it holds `text` (the clusters are checked apart from the

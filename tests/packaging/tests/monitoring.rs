@@ -57,9 +57,20 @@ fn input_series(samples: &[Sample], target: &[(String, String)], minutes: u32) -
     out
 }
 
-/// Runs promtool's rule unit test `body` (its `tests:` list) against the
-/// chart's alerts; its verdict and output.
-fn promtool(dir: &Path, body: &str) -> (bool, String) {
+/// No alert at 5 minutes (the rule's `for` is 10).
+const QUIET_AT_5M: &str =
+    "      - {eval_time: 5m, alertname: ProxmoxCSIControllerAbsent, exp_alerts: []}\n";
+
+/// The alert at 15 minutes, naming the controller.
+const FIRING_AT_15M: &str = "      - eval_time: 15m\n        alertname: ProxmoxCSIControllerAbsent\n        \
+     exp_alerts:\n          - exp_labels: {severity: critical, component: controller}\n";
+
+/// Runs promtool's rule unit test of `cases` (its `alert_rule_test` list)
+/// over the `series` scraped, against the chart's alerts; its verdict and
+/// output.
+fn promtool(dir: &Path, series: &str, cases: &str) -> (bool, String) {
+    let body =
+        format!("  - interval: 1m\n    input_series:\n{series}    alert_rule_test:\n{cases}");
     let file = dir.join("alerts_test.yaml");
     let rules = repo_root().join("deploy/helm/proxmox-csi-plugin/files/alerts.yaml");
     std::fs::write(
@@ -148,15 +159,16 @@ async fn controller_absent_fires_only_when_no_controller_is_scraped() {
         ),
         30,
     );
+    let quiet_at_25m = QUIET_AT_5M.replace("5m", "25m");
     let (ok, out) = promtool(
         dir.path(),
-        &format!(
-            "  - interval: 1m\n    input_series:\n{scraped}    alert_rule_test:\n      \
-             - {{eval_time: 5m, alertname: ProxmoxCSIControllerAbsent, exp_alerts: []}}\n      \
-             - {{eval_time: 25m, alertname: ProxmoxCSIControllerAbsent, exp_alerts: []}}\n"
-        ),
+        &scraped,
+        &format!("{QUIET_AT_5M}{quiet_at_25m}"),
     );
     assert!(ok, "the alert fires on a correct install:\n{out}");
+    // The test can fail: promtool refuses the alert on that install.
+    let (ok, _) = promtool(dir.path(), &scraped, FIRING_AT_15M);
+    assert!(!ok, "promtool accepted an alert that cannot fire");
 
     // Only a node plugin scraped: the alert fires once its 10 minutes
     // have passed, naming the controller, and not before.
@@ -183,34 +195,13 @@ async fn controller_absent_fires_only_when_no_controller_is_scraped() {
         ),
         30,
     );
+    let annotations = "            exp_annotations:\n              \
+        summary: No Proxmox CSI controller is scraped\n              \
+        description: Volumes are neither created, attached nor deleted while no controller runs.\n";
     let (ok, out) = promtool(
         dir.path(),
-        &format!(
-            "  - interval: 1m\n    input_series:\n{scraped}    alert_rule_test:\n      \
-             - {{eval_time: 5m, alertname: ProxmoxCSIControllerAbsent, exp_alerts: []}}\n      \
-             - eval_time: 15m\n        alertname: ProxmoxCSIControllerAbsent\n        exp_alerts:\n          \
-             - exp_labels: {{severity: critical, component: controller}}\n            \
-             exp_annotations:\n              \
-             summary: No Proxmox CSI controller is scraped\n              \
-             description: Volumes are neither created, attached nor deleted while no controller runs.\n"
-        ),
+        &scraped,
+        &format!("{QUIET_AT_5M}{FIRING_AT_15M}{annotations}"),
     );
     assert!(ok, "the alert does not fire without a controller:\n{out}");
-
-    // The test can fail: the same expectation on the correct install is
-    // refused by promtool.
-    let (ok, _) = promtool(
-        dir.path(),
-        &format!(
-            "  - interval: 1m\n    input_series:\n{}    alert_rule_test:\n      \
-             - eval_time: 15m\n        alertname: ProxmoxCSIControllerAbsent\n        exp_alerts:\n          \
-             - exp_labels: {{severity: critical, component: controller}}\n",
-            input_series(
-                &controller,
-                &target("proxmox-csi-plugin-controller-6d9f7c-x2x8q", "c", port),
-                30
-            )
-        ),
-    );
-    assert!(!ok, "promtool accepted an alert that cannot fire");
 }
