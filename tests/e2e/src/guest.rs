@@ -14,9 +14,13 @@ pub fn image_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/e2e-guest")
 }
 
-/// The driver's binaries, shared with the guest over 9p.
+/// The driver's binaries, shared with the guest over 9p: `E2E_BIN_DIR`
+/// when set (`make test` sets the images' release build:
+/// the binaries that ship), else the debug build's.
 pub fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug")
+    std::env::var_os("E2E_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debug"))
 }
 
 /// Shared with every guest over 9p at /ext; [`assemble_extension`] puts the
@@ -26,7 +30,7 @@ pub fn extension_dir() -> PathBuf {
 }
 
 /// Assembles the Talos extension's tree (talos-extension/assemble.sh, with
-/// the debug hostd and the images' environment) once per run, aside and
+/// `bin_dir`'s hostd and the images' environment) once per run, aside and
 /// then moved into place, so that a test can run hostd from the service
 /// root Talos would run. Only the tests that need it pay for it.
 pub fn assemble_extension() -> Result<()> {
