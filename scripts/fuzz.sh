@@ -7,18 +7,26 @@
 # without a sanitizer: the targets are safe Rust, and a panic is the
 # failure), in release with debug assertions, for the host target so that
 # build scripts and proc macros stay uninstrumented.
+#
+# Usage: scripts/fuzz.sh [build|run]   (both by default; `make test` builds
+# beside the tests at the lowest priority and runs after them)
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
+what=${1:-all}
 seconds=${FUZZ_SECONDS:-5}
 host=$(rustc -vV | sed -n 's/^host: //p')
 export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions"
-echo "==> fuzz targets (${seconds} s each)"
 # The workspace of make test lints its crates through clippy-driver; these
 # targets are built by rustc alone.
 unset RUSTC_WORKSPACE_WRAPPER
-cargo build --release --locked --target "$host" --bins
+if [ "$what" != run ]; then
+  echo "==> building the fuzz targets"
+  cargo build --release --locked --target "$host" --bins
+fi
+[ "$what" != build ] || exit 0
+echo "==> fuzz targets (${seconds} s each)"
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 mkdir -p artifacts
