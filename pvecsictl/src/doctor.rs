@@ -71,8 +71,8 @@ pub fn run(s: &State) -> Vec<Finding> {
 /// warning, not an error (most things work; nothing was tested there).
 fn versions(s: &State, out: &mut Vec<Finding>) {
     let matrix = "docs/support.md";
+    let supported = support::proxmox_supported_text();
     for (region, version) in &s.proxmox_versions {
-        let supported = support::proxmox_supported_text();
         out.push(match support::proxmox_supported(version) {
             Some(true) => f(
                 "versions",

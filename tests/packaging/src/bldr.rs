@@ -123,6 +123,24 @@ pub struct Finalize {
     pub to: String,
 }
 
+/// A recipe directory's vars.yaml.
+pub fn vars(dir: &std::path::Path) -> Result<HashMap<String, String>, String> {
+    let path = dir.join("vars.yaml");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_norway::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The recipe as bldr reads it: its vars.yaml, ARCH as bldr sets it
+/// (x86_64), the given overrides, then pkg.yaml rendered and decoded.
+pub fn recipe(dir: &std::path::Path, overrides: &HashMap<String, String>) -> Result<Pkg, String> {
+    let mut vars = vars(dir)?;
+    vars.insert("ARCH".into(), "x86_64".into());
+    vars.extend(overrides.clone());
+    let path = dir.join("pkg.yaml");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_norway::from_str(&render(&text, &vars)?).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// Renders bldr's Go templates the recipe uses: `{{ .NAME }}` from `vars`
 /// (bldr merges vars.yaml files parent directory first, and sets ARCH).
 /// A variable without a value is an error: Go's text/template would write

@@ -17,9 +17,7 @@ use packaging::{IMAGES, VERSION, repo_root};
 fn the_siderolabs_recipe_is_complete(dir: &std::path::Path) {
     use sha2::Digest;
     let recipe = dir.join("siderolabs/storage/proxmox-csi-hostd");
-    let mut vars: std::collections::HashMap<String, String> =
-        serde_norway::from_str(&std::fs::read_to_string(recipe.join("vars.yaml")).unwrap())
-            .unwrap();
+    let vars = packaging::bldr::vars(&recipe).unwrap();
     for (k, v) in &vars {
         assert!(!v.contains('<'), "vars.yaml {k} is a placeholder: {v}");
     }
@@ -45,13 +43,8 @@ fn the_siderolabs_recipe_is_complete(dir: &std::path::Path) {
         hex(&sha2::Sha512::digest(&tarball))
     );
 
-    vars.insert("ARCH".into(), "aarch64".into());
-    let pkg = packaging::bldr::render(
-        &std::fs::read_to_string(recipe.join("pkg.yaml")).unwrap(),
-        &vars,
-    )
-    .unwrap();
-    let pkg: packaging::bldr::Pkg = serde_norway::from_str(&pkg).unwrap();
+    let arm = std::collections::HashMap::from([("ARCH".to_string(), "aarch64".to_string())]);
+    let pkg = packaging::bldr::recipe(&recipe, &arm).unwrap();
     let problems = packaging::bldr::problems(&pkg);
     assert!(
         problems.is_empty(),

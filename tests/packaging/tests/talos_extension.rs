@@ -217,7 +217,7 @@ fn the_siderolabs_recipe_builds_offline_from_its_own_files() {
             .unwrap(),
         "the recipe's service spec differs from talos-extension/proxmox-csi-hostd.yaml"
     );
-    let pkg = recipe(&dir, &release_sums());
+    let pkg = bldr::recipe(&dir, &release_sums()).unwrap();
     let problems = bldr::problems(&pkg);
     assert!(problems.is_empty(), "bldr refuses the recipe: {problems:?}");
     assert_eq!(pkg.name, "proxmox-csi-hostd");
@@ -273,14 +273,7 @@ fn the_siderolabs_recipe_builds_offline_from_its_own_files() {
     // vars.yaml leaves the source tarball's sums to `make release`, which
     // writes them into the release's recipe (tests/packaging/tests/release.rs
     // checks that one): the template alone does not render, naming them.
-    let mut vars: HashMap<String, String> =
-        serde_norway::from_str(&std::fs::read_to_string(dir.join("vars.yaml")).unwrap()).unwrap();
-    vars.insert("ARCH".into(), "x86_64".into());
-    let unfilled = bldr::render(
-        &std::fs::read_to_string(dir.join("pkg.yaml")).unwrap(),
-        &vars,
-    )
-    .unwrap_err();
+    let unfilled = bldr::recipe(&dir, &HashMap::new()).unwrap_err();
     assert!(
         unfilled.contains("PROXMOX_CSI_SHA256") && unfilled.contains("PROXMOX_CSI_SHA512"),
         "{unfilled}"
@@ -293,18 +286,6 @@ fn release_sums() -> HashMap<String, String> {
         ("PROXMOX_CSI_SHA256".to_string(), "a".repeat(64)),
         ("PROXMOX_CSI_SHA512".to_string(), "b".repeat(128)),
     ])
-}
-
-/// The recipe as bldr reads it: its vars.yaml, ARCH as bldr sets it, the
-/// given overrides, then pkg.yaml rendered and decoded.
-fn recipe(dir: &Path, overrides: &HashMap<String, String>) -> bldr::Pkg {
-    let mut vars: HashMap<String, String> =
-        serde_norway::from_str(&std::fs::read_to_string(dir.join("vars.yaml")).unwrap()).unwrap();
-    vars.insert("ARCH".into(), "x86_64".into());
-    vars.extend(overrides.clone());
-    let text = std::fs::read_to_string(dir.join("pkg.yaml")).unwrap();
-    let rendered = bldr::render(&text, &vars).unwrap();
-    serde_norway::from_str(&rendered).unwrap()
 }
 
 /// bldr's checks, and keys bldr would silently drop, are refused.
