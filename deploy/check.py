@@ -245,6 +245,27 @@ def monitoring(r, version):
             "prometheusRule.enabled with the annotations alone is refused, naming the values", refused[:300])
 
 
+def timeouts(objs):
+    """Each controller sidecar's --timeout."""
+    pod = next(o for o in objs if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    return {c["name"]: a.split("=", 1)[1] for c in pod["containers"]
+            for a in c.get("args", []) if a.startswith("--timeout=")}
+
+
+def sidecar_timeouts(r, base):
+    """CreateVolume waits for a clone or restore within the provisioner's timeout, its
+    progress on the claim as Normal events (controller/src/progress.rs); every other
+    sidecar keeps `timeout`, the Go chart's 3m, as the controller holds every other
+    operation to 3 minutes (ctl::OPERATION_LIMIT)."""
+    got = timeouts(base)
+    r.check(got.get("csi-provisioner") == "30m"
+            and all(v == "3m" for k, v in got.items() if k != "csi-provisioner"),
+            "the provisioner waits 30m for copies, the other sidecars 3m", str(got))
+    emptied = timeouts(helm({"controller": {"provisioner": {"timeout": ""}}, "timeout": "5m"}))
+    r.check(emptied.get("csi-provisioner") == "5m",
+            "controller.provisioner.timeout empty: the provisioner takes `timeout`", str(emptied))
+
+
 def hostd_daemonset(r, version):
     """hostd.daemonset.enabled: the chart's hostd DaemonSet is deploy/hostd/daemonset.yaml's
     pod, and it serves the node plugin the chart renders beside it: its socket, uid, group,
@@ -476,6 +497,7 @@ def main():
         r.check(not diff, f"chart = base for {k[0]} {k[2]}", "; ".join(diff[:5]))
 
     validate(r, base, "kustomize", args.kubernetes_version)
+    sidecar_timeouts(r, base)
     go_values(r, args.kubernetes_version)
     go_upgrade(r)
     monitoring(r, args.kubernetes_version)

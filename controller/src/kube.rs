@@ -1,10 +1,13 @@
-//! What the controller reads from Kubernetes (read-only): a Node's VM
-//! (providerID, the instance-id annotation), a PersistentVolume's
-//! `lifecycle: keep` annotation and VolumeAttributesClass.
+//! What the controller reads from Kubernetes: a Node's VM (providerID, the
+//! instance-id annotation), a PersistentVolume's `lifecycle: keep`
+//! annotation and VolumeAttributesClass. It writes only events, on a claim
+//! whose copy it is waiting for (`progress`).
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume};
+use k8s_openapi::api::core::v1::{
+    Event, EventSource, Namespace, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim,
+};
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, ListParams};
@@ -88,6 +91,74 @@ impl Kube {
 
     pub fn client(&self) -> &kube::Client {
         &self.client
+    }
+
+    /// Posts a Normal event on `claim`, shaped as client-go's recorder makes
+    /// one (tools/record/event.go makeEvent: named `<object>.<hex nanos>`,
+    /// in the object's namespace, count 1): the claim's UID is read first
+    /// unless given, since `kubectl describe` selects events by it. Returns
+    /// the UID.
+    pub async fn claim_event(
+        &self,
+        claim: &crate::progress::ClaimRef,
+        uid: Option<String>,
+        reason: &str,
+        message: &str,
+    ) -> Result<String, CtlError> {
+        let uid = match uid {
+            Some(uid) => uid,
+            None => {
+                let claims: Api<PersistentVolumeClaim> =
+                    Api::namespaced(self.client.clone(), &claim.namespace);
+                let pvc = claims.get(&claim.name).await.map_err(|e| {
+                    unavailable(
+                        &format!(
+                            "reading PersistentVolumeClaim {}/{}",
+                            claim.namespace, claim.name
+                        ),
+                        e,
+                    )
+                })?;
+                pvc.metadata.uid.unwrap_or_default()
+            }
+        };
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        let nanos = now.0.as_nanosecond();
+        let event = Event {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("{}.{nanos:x}", claim.name)),
+                namespace: Some(claim.namespace.clone()),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("PersistentVolumeClaim".into()),
+                name: Some(claim.name.clone()),
+                namespace: Some(claim.namespace.clone()),
+                uid: Some(uid.clone()).filter(|u| !u.is_empty()),
+                ..Default::default()
+            },
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            type_: Some("Normal".into()),
+            count: Some(1),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            source: Some(EventSource {
+                component: Some(crate::progress::COMPONENT.into()),
+                host: None,
+            }),
+            reporting_component: Some(crate::progress::COMPONENT.into()),
+            ..Default::default()
+        };
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &claim.namespace);
+        events
+            .create(&Default::default(), &event)
+            .await
+            .map_err(|e| unavailable(&format!("posting a {reason} event"), e))?;
+        Ok(uid)
     }
 
     /// What a Kubernetes node says about its VM: `spec.providerID`, then the

@@ -9,6 +9,7 @@ pub mod drive;
 pub mod error;
 pub mod kube;
 pub mod params;
+pub mod progress;
 pub mod pve;
 pub mod server;
 pub mod vms;

@@ -78,6 +78,7 @@ pub async fn run(
     let mut metrics = Metrics::new("controller", env!("CARGO_PKG_VERSION"));
     api_metrics.register(metrics.registry_mut());
     crate::warnings::register(metrics.registry_mut());
+    crate::progress::register(metrics.registry_mut());
     crate::attach::register(metrics.registry_mut());
     let identity = Identity::new(opts.driver_name.clone());
     let health = ClusterHealth::default();

@@ -3,8 +3,10 @@
 //! `copy`). Proxmox names the copy (`vm-<copy VMID>-disk-0`), so the new
 //! volume's handle carries that name; DeleteVolume destroys the copy VM.
 //!
-//! The copy may outlast one call: CreateVolume then answers `Aborted` with
-//! the task's progress and the provisioner calls again with the same name.
+//! CreateVolume waits for the copy within its deadline, showing its progress
+//! on the claim (`progress`). A copy that outlasts the call answers
+//! `Aborted` with the task's progress, and the provisioner calls again with
+//! the same name.
 
 use std::collections::HashMap;
 
@@ -117,6 +119,9 @@ impl Controller {
         source: &Source,
         d: Deadline,
     ) -> Result<csi::Volume, CtlError> {
+        // The whole call's deadline is for waiting on the copy (`finish_copy`).
+        let wait = d;
+        let d = d.capped(self.operation_limit);
         let src = self.resolve_source(source, d).await?;
         let (region, zones) = wanted(r.accessibility_requirements.as_ref());
         if region.as_ref().is_some_and(|reg| reg != &src.region) {
@@ -180,7 +185,15 @@ impl Controller {
             source_handle: handle,
             min_size: min,
         };
-        let info = match self.finish_copy(&client, &spec, d).await? {
+        let job = crate::progress::CopyJob {
+            volume: &r.name,
+            claim: crate::progress::ClaimRef::from_parameters(&r.parameters),
+            what: match source {
+                Source::Volume(v) => format!("cloning volume {}", v.volume_id),
+                Source::Snapshot(s) => format!("restoring snapshot {}", s.snapshot_id),
+            },
+        };
+        let info = match self.finish_copy(&client, &spec, &job, wait).await? {
             CopyState::Ready(info) => info,
             CopyState::Copying { vmid, progress, .. } => {
                 return Err(CtlError::Aborted(format!(
@@ -200,6 +213,7 @@ impl Controller {
             storage: params.storage.clone(),
             disk,
         };
+        let d = wait.capped(self.operation_limit);
         let topology = self.topology_of(&client, &id, target_shared, d).await?;
         Ok(csi::Volume {
             capacity_bytes: info.size as i64,

@@ -407,26 +407,35 @@ impl Controller {
     }
 
     /// Like `advance_copy`, then waits for the import while the deadline
-    /// leaves room, checking again every few seconds.
+    /// leaves room, reporting its progress to the claim (`progress`).
     pub async fn finish_copy(
         &self,
         client: &Client,
         spec: &CopySpec,
+        job: &crate::progress::CopyJob<'_>,
         d: Deadline,
     ) -> Result<CopyState, CtlError> {
+        let mut pause = std::time::Duration::from_millis(500);
         loop {
-            let state = self.advance_copy(client, spec, d).await?;
-            let CopyState::Copying { .. } = &state else {
+            let step = d.capped(self.operation_limit);
+            let state = self.advance_copy(client, spec, step).await?;
+            let kube = self.kube.as_ref();
+            let CopyState::Copying { progress, .. } = &state else {
+                if let CopyState::Ready(info) = &state {
+                    self.progress.copied(kube, job, info.size).await;
+                }
                 return Ok(state);
             };
+            self.progress.copying(kube, job, progress).await;
             // Room to answer after the pause, with the progress seen last.
             let margin = std::time::Duration::from_millis(300);
-            let pause =
-                std::time::Duration::from_millis(500).min(d.remaining().saturating_sub(margin * 2));
-            if pause.is_zero() {
+            let wait = pause.min(d.remaining().saturating_sub(margin * 2));
+            if wait.is_zero() {
                 return Ok(state);
             }
-            tokio::time::sleep(pause).await;
+            tokio::time::sleep(wait).await;
+            // A long copy is read every 2 s: three API calls a look.
+            pause = (pause * 2).min(std::time::Duration::from_secs(2));
         }
     }
 

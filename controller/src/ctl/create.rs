@@ -133,6 +133,8 @@ impl Controller {
         {
             return self.create_copy(r, &params, size, source, d).await;
         }
+        // The provisioner's long timeout is for waiting on copies.
+        let d = d.capped(self.operation_limit);
         let (region, zones) = wanted(r.accessibility_requirements.as_ref());
         let region = match region {
             Some(r) => r,

@@ -50,10 +50,14 @@ pub struct Controller {
     pub vms: Arc<VmIndex>,
     pub attacher: Arc<Attacher>,
     imports: copy::Imports,
+    /// The copies CreateVolume is waiting for: events on their claims.
+    pub progress: crate::progress::Progress,
     /// Per region: the storage rows, and until when they are trusted.
     storages: Mutex<HashMap<String, (std::time::Instant, Vec<StorageResource>)>>,
     /// Deadline of a call when the caller set none.
     pub default_timeout: Duration,
+    /// How long one operation retries Proxmox (`OPERATION_LIMIT`).
+    pub operation_limit: Duration,
     /// The Kubernetes API, when reachable: node → VM by providerID,
     /// `lifecycle: keep`, VolumeAttributesClasses.
     pub kube: Option<crate::kube::Kube>,
@@ -73,6 +77,13 @@ pub struct Controller {
     /// disk's cluster is known from Proxmox alone (`volume::ClusterId`).
     pub cluster_id: Option<crate::volume::ClusterId>,
 }
+
+/// How long one operation retries Proxmox before it answers: the sidecars'
+/// timeout (the chart's `timeout`). The provisioner's is longer, for
+/// CreateVolume to wait for a copy (`progress`); everything else a call
+/// does stays within this, so that an unreachable Proxmox is reported as
+/// soon as before.
+pub const OPERATION_LIMIT: Duration = Duration::from_secs(180);
 
 /// 512 MiB: the Go driver's size step.
 pub const CHUNK: u64 = 512 << 20;
@@ -112,8 +123,10 @@ impl Controller {
             vms: vms.clone(),
             attacher: Arc::new(Attacher::new(vms)),
             imports: copy::Imports::default(),
+            progress: Default::default(),
             storages: Mutex::new(HashMap::new()),
             default_timeout,
+            operation_limit: OPERATION_LIMIT,
             kube: None,
             driver_name: "csi.proxmox.sinextra.dev".into(),
             node_ids: node_ids::Published::default(),

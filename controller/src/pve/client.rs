@@ -211,6 +211,11 @@ impl Deadline {
     pub fn passed(&self) -> bool {
         self.remaining().is_zero()
     }
+
+    /// This deadline, or `max` from now if that comes first.
+    pub fn capped(&self, max: Duration) -> Self {
+        Self(self.0.min(Instant::now() + max))
+    }
 }
 
 /// Jittered exponential backoff: 50 ms doubling to 2 s.

@@ -55,12 +55,17 @@ pub async fn env() -> Env {
 
 /// Like `env`, with the token's role holding `privileges` (a YAML list).
 pub async fn env_with_role(privileges: &str) -> Env {
+    env_with_role_then(privileges, |c| c).await
+}
+
+/// Like `env_with_role`, the controller then built by `f`.
+pub async fn env_with_role_then(privileges: &str, f: impl FnOnce(Controller) -> Controller) -> Env {
     build(
         &CLUSTER.replace(
             "CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]",
             &format!("CSI: {privileges}"),
         ),
-        |c| c,
+        f,
     )
     .await
 }

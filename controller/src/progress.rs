@@ -1,0 +1,300 @@
+//! Progress of a CreateVolume that copies (a clone or a restore), shown as
+//! progress and not as failure.
+//!
+//! The external-provisioner turns every error answer into a Warning
+//! `ProvisioningFailed` event on the claim, Aborted included, and calls
+//! again (pkg/controller/controller.go checkError: Aborted, DeadlineExceeded,
+//! Unavailable and Canceled mean "still in progress"; sig-storage-lib-
+//! external-provisioner controller.go provisionClaimOperation records the
+//! Warning). So CreateVolume waits for the copy within the call's deadline
+//! (the chart gives the provisioner a long `--timeout`), and meanwhile the
+//! controller posts Normal `Copying` events on the claim itself, named by
+//! the provisioner's `--extra-create-metadata` parameters, and a gauge of
+//! each running copy's progress.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::kube::Kube;
+
+/// The parameters `--extra-create-metadata` adds to CreateVolume
+/// (external-provisioner pkg/controller/controller.go pvcNameKey,
+/// pvcNamespaceKey).
+pub const PVC_NAME_KEY: &str = "csi.storage.k8s.io/pvc/name";
+pub const PVC_NAMESPACE_KEY: &str = "csi.storage.k8s.io/pvc/namespace";
+
+/// The events' source (`kubectl describe`'s "From").
+pub const COMPONENT: &str = "proxmox-csi-controller";
+
+/// The event reasons on the claim.
+pub const COPYING: &str = "Copying";
+pub const COPIED: &str = "Copied";
+
+/// How often a running copy posts an event, at most.
+pub const DEFAULT_EVENT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// A copy not heard of for this long is forgotten (its claim was deleted,
+/// or another controller took over): its gauge goes.
+const FORGET_AFTER: Duration = Duration::from_secs(600);
+
+/// The claim a CreateVolume provisions, from its parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ClaimRef {
+    /// The claim named by `--extra-create-metadata`; `None` without it.
+    pub fn from_parameters(parameters: &HashMap<String, String>) -> Option<Self> {
+        let name = parameters.get(PVC_NAME_KEY).filter(|n| !n.is_empty())?;
+        let namespace = parameters
+            .get(PVC_NAMESPACE_KEY)
+            .filter(|n| !n.is_empty())?;
+        Some(Self {
+            namespace: namespace.clone(),
+            name: name.clone(),
+        })
+    }
+}
+
+/// What is being copied, for the messages: "restoring snapshot <id>" or
+/// "cloning volume <id>".
+#[derive(Debug, Clone)]
+pub struct CopyJob<'a> {
+    /// The CSI volume name (`pvc-<uid>`).
+    pub volume: &'a str,
+    pub claim: Option<ClaimRef>,
+    pub what: String,
+}
+
+/// The fraction done in a progress line of a task log (`tasks::is_progress`):
+/// `transferred X of Y (NN.NN%)` or rbd's `NN% complete`; `None` for a
+/// line without a percentage (dd's byte counts).
+pub fn fraction(line: &str) -> Option<f64> {
+    let end = line.find("%)").or_else(|| line.find("% complete"))?;
+    let head = &line[..end];
+    let number = &head[head
+        .trim_end_matches(|c: char| c.is_ascii_digit() || c == '.')
+        .len()..];
+    let p: f64 = number.parse().ok()?;
+    (0.0..=100.0).contains(&p).then_some(p / 100.0)
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Labels {
+    volume: String,
+}
+
+static PROGRESS: LazyLock<Family<Labels, Gauge<f64, AtomicU64>>> = LazyLock::new(Family::default);
+
+pub fn register(registry: &mut Registry) {
+    registry.register(
+        "volume_copy_progress_ratio",
+        "Fraction done of each clone or restore CreateVolume is waiting for",
+        PROGRESS.clone(),
+    );
+}
+
+/// One running copy, as this controller has seen it.
+#[derive(Debug)]
+struct Running {
+    started: Instant,
+    seen: Instant,
+    last_event: Option<Instant>,
+    last_text: String,
+    /// The claim's UID, read once: events are matched to their object by it
+    /// (`kubectl describe` selects on `involvedObject.uid`).
+    claim_uid: Option<String>,
+}
+
+/// The copies being waited for, by volume name.
+#[derive(Debug)]
+pub struct Progress {
+    running: tokio::sync::Mutex<HashMap<String, Running>>,
+    /// How often a running copy posts an event, at most.
+    pub event_interval: Duration,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self {
+            running: Default::default(),
+            event_interval: DEFAULT_EVENT_INTERVAL,
+        }
+    }
+}
+
+impl Progress {
+    /// The copy for `job` is still running at `progress` (a task log line,
+    /// or what the controller is doing): the gauge follows, and a Normal
+    /// event goes to the claim at the first sight and then once per
+    /// interval when something changed.
+    pub async fn copying(&self, kube: Option<&Kube>, job: &CopyJob<'_>, progress: &str) {
+        let now = Instant::now();
+        let mut running = self.running.lock().await;
+        running.retain(|volume, r| {
+            let keep = now.duration_since(r.seen) < FORGET_AFTER;
+            if !keep {
+                PROGRESS.remove(&Labels {
+                    volume: volume.clone(),
+                });
+            }
+            keep
+        });
+        let entry = running.entry(job.volume.to_string()).or_insert(Running {
+            started: now,
+            seen: now,
+            last_event: None,
+            last_text: String::new(),
+            claim_uid: None,
+        });
+        entry.seen = now;
+        if let Some(f) = fraction(progress) {
+            PROGRESS
+                .get_or_create(&Labels {
+                    volume: job.volume.to_string(),
+                })
+                .set(f);
+        }
+        let due = entry
+            .last_event
+            .is_none_or(|t| now.duration_since(t) >= self.event_interval);
+        if !due || entry.last_text == progress {
+            return;
+        }
+        entry.last_event = Some(now);
+        entry.last_text = progress.to_string();
+        let message = format!("{} into {}: {progress}", job.what, job.volume);
+        tracing::info!(volume = job.volume, "{message}");
+        let uid = entry.claim_uid.clone();
+        drop(running);
+        let uid = self.post(kube, job, uid, COPYING, &message).await;
+        if let Some(r) = self.running.lock().await.get_mut(job.volume) {
+            r.claim_uid = r.claim_uid.take().or(uid);
+        }
+    }
+
+    /// The copy for `job` is done: a last Normal event (when the claim saw
+    /// the copy run), and its gauge goes.
+    pub async fn copied(&self, kube: Option<&Kube>, job: &CopyJob<'_>, bytes: u64) {
+        PROGRESS.remove(&Labels {
+            volume: job.volume.to_string(),
+        });
+        let Some(r) = self.running.lock().await.remove(job.volume) else {
+            return;
+        };
+        let message = format!(
+            "{} into {}: done, {} in {} s",
+            job.what,
+            job.volume,
+            human_bytes(bytes),
+            r.started.elapsed().as_secs()
+        );
+        tracing::info!(volume = job.volume, "{message}");
+        if r.last_event.is_some() {
+            self.post(kube, job, r.claim_uid, COPIED, &message).await;
+        }
+    }
+
+    /// Posts a Normal event on the job's claim; the claim's UID, when known.
+    /// A failure is logged, never the call's: the copy goes on regardless.
+    async fn post(
+        &self,
+        kube: Option<&Kube>,
+        job: &CopyJob<'_>,
+        uid: Option<String>,
+        reason: &str,
+        message: &str,
+    ) -> Option<String> {
+        let (kube, claim) = (kube?, job.claim.as_ref()?);
+        match kube.claim_event(claim, uid, reason, message).await {
+            Ok(uid) => Some(uid),
+            Err(e) => {
+                tracing::warn!(
+                    volume = job.volume,
+                    claim = %format!("{}/{}", claim.namespace, claim.name),
+                    "posting a {reason} event on the claim: {e}"
+                );
+                None
+            }
+        }
+    }
+}
+
+/// Bytes as Proxmox's task logs write them (`1.5 GiB`).
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fractions_come_from_the_progress_lines_proxmox_writes() {
+        assert_eq!(
+            fraction("transferred 4.0 GiB of 10.0 GiB (40.00%)"),
+            Some(0.4)
+        );
+        // qemu-server BlockJob.pm monitor.
+        assert_eq!(
+            fraction("drive-scsi0: transferred 1.0 GiB of 4.0 GiB (25.00%) in 3s"),
+            Some(0.25)
+        );
+        assert_eq!(fraction("Importing image: 42% complete..."), Some(0.42));
+        assert_eq!(
+            fraction("1073741824 bytes (1.1 GB, 1.0 GiB) copied, 2 s, 537 MB/s"),
+            None
+        );
+        assert_eq!(fraction("transferred 0 B of 1.0 GiB (120.00%)"), None);
+        assert_eq!(fraction("task UPID:pve1:… started"), None);
+    }
+
+    #[test]
+    fn the_claim_comes_from_the_provisioners_extra_metadata() {
+        let p: HashMap<String, String> = [
+            (PVC_NAME_KEY, "data"),
+            (PVC_NAMESPACE_KEY, "apps"),
+            ("storage", "local-lvm"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(
+            ClaimRef::from_parameters(&p),
+            Some(ClaimRef {
+                namespace: "apps".into(),
+                name: "data".into()
+            })
+        );
+        let mut without = p.clone();
+        without.remove(PVC_NAMESPACE_KEY);
+        assert_eq!(ClaimRef::from_parameters(&without), None);
+    }
+
+    #[test]
+    fn sizes_read_as_in_task_logs() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(10 << 30), "10.0 GiB");
+        assert_eq!(human_bytes(1536 << 20), "1.5 GiB");
+    }
+}
