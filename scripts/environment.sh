@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # The images' declared environment (deploy/images/environment.list), pinned
-# in deploy/images/environment.lock: one line per Debian package,
+# for each of its architectures in deploy/images/environment.<arch>.lock: one
+# line per Debian package,
 #
 #   <package> <architecture> <version> <sha256 of the .deb>
 #
-#   scripts/environment.sh lock        resolve the list's packages and their
-#                                      dependencies and write the lock
+# Every command but `lock` works for one architecture: $ARCH, by default the
+# machine's (images are built on a machine of their architecture).
+#
+#   scripts/environment.sh lock [ARCH...]
+#                                      resolve the list's packages and their
+#                                      dependencies for each ARCH (default:
+#                                      every declared one) and write the locks
+#   scripts/environment.sh arch        the architecture in use, if declared
 #   scripts/environment.sh root DIR    DIR: every locked package extracted,
 #                                      with DIR/.packages/<package>.{control,files}
 #                                      (its control fields and the files it holds)
@@ -35,18 +42,24 @@ set -euo pipefail
 umask 022
 cd "$(dirname "$0")/.."
 list=deploy/images/environment.list
-lock=deploy/images/environment.lock
 state=$PWD/target/environment
 
 field() { sed -n "s/^$1[[:space:]]\+//p" "$list"; }
 suite=$(field suite)
-arch=$(field architecture)
+read -r -a declared <<<"$(field architectures)"
 read -r -a runtime <<<"$(field runtime)"
 read -r -a build <<<"$(field build)"
+arch=${ARCH:-$(dpkg --print-architecture)}
+case " ${declared[*]} " in
+  *" $arch "*) ;;
+  *) echo "environment.sh: architecture $arch is not one of environment.list's (${declared[*]})" >&2; exit 1 ;;
+esac
+lock=deploy/images/environment.$arch.lock
 # Where Debian puts the libraries and the loader of that architecture.
 case $arch in
   amd64) multiarch=x86_64-linux-gnu loader=/lib64/ld-linux-x86-64.so.2 ;;
-  *) echo "environment.sh: architecture $arch is not supported (amd64)" >&2; exit 1 ;;
+  arm64) multiarch=aarch64-linux-gnu loader=/lib/ld-linux-aarch64.so.1 ;;
+  *) echo "environment.sh: architecture $arch is not supported (amd64, arm64)" >&2; exit 1 ;;
 esac
 
 # The machine's mirror for Debian and for its security archive.
@@ -83,7 +96,15 @@ apt_update() {
 }
 
 case ${1:-} in
+  arch)
+    echo "$arch"
+    ;;
   lock)
+    shift
+    [ $# -gt 0 ] || set -- "${declared[@]}"
+    for a in "$@"; do ARCH=$a "$0" lock-one; done
+    ;;
+  lock-one)
     apt_update
     # With no package installed, apt's plan is the whole closure.
     apt-get "${apt_opts[@]}" -s install "${runtime[@]}" "${build[@]}" |
@@ -217,7 +238,7 @@ case ${1:-} in
     done
     ;;
   *)
-    echo "usage: scripts/environment.sh lock | root DIR | install ENV DEST SRC[:TO]... | cargo ENV ARGS... | record ENV DEST [PACKAGE...]" >&2
+    echo "usage: scripts/environment.sh lock [ARCH...] | arch | root DIR | install ENV DEST SRC[:TO]... | cargo ENV ARGS... | record ENV DEST [PACKAGE...]" >&2
     exit 2
     ;;
 esac

@@ -15,7 +15,7 @@
 # same digests.
 #
 # Every file that is not the driver's own comes from the declared environment
-# (deploy/images/environment.list, pinned in environment.lock; made by
+# (deploy/images/environment.list, pinned in environment.<arch>.lock; made by
 # scripts/environment.sh), and the binaries are linked against it as their
 # sysroot: nothing is taken from the build host's libraries.
 #
@@ -53,7 +53,7 @@ license=$(sed -n '/^\[workspace.package\]/,/^\[/s/^license = "\(.*\)"/\1/p' Carg
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
 created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
-arch=$(sed -n 's/^architecture[[:space:]]\+//p' deploy/images/environment.list)
+arch=$(scripts/environment.sh arch)
 env_root=$repo/target/environment/root
 bins=$repo/target/images-build/release
 scripts/environment.sh root "$env_root"

@@ -49,7 +49,7 @@ if [ "$chart_version" != "$version" ]; then
   echo "release.sh: deploy/helm/proxmox-csi-plugin/Chart.yaml has version $chart_version, not $version" >&2
   exit 2
 fi
-arch=$(sed -n 's/^architecture[[:space:]]\+//p' deploy/images/environment.list)
+arch=$(scripts/environment.sh arch)
 epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
 out=target/release/v$version
 rm -rf "$out"

@@ -8,7 +8,8 @@
 # The service's root holds hostd, the filesystem tools it runs, their
 # configuration and every shared library they need, so it depends on nothing
 # of the Talos host. Tools, libraries and configuration come from the images'
-# declared environment (deploy/images/environment.list, pinned in its lock),
+# declared environment (deploy/images/environment.list, pinned in its lock
+# for the machine's architecture),
 # never from the machine that assembles the tree.
 #
 # Usage: talos-extension/assemble.sh <out-dir> <hostd binary> [<environment root>]

@@ -17,7 +17,7 @@ pub const KUBERNETES_MINORS: (u32, u32) = (31, 34);
 pub const TALOS_MIN: &str = "v1.10.0";
 
 /// The architectures of the images and binaries a release publishes.
-pub const ARCHITECTURES: &[&str] = &["amd64"];
+pub const ARCHITECTURES: &[&str] = &["amd64", "arm64"];
 
 /// The major release in a Proxmox version string (`9.0.3`, `8.4-1`).
 pub fn proxmox_major(release: &str) -> Option<u32> {

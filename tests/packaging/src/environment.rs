@@ -1,5 +1,6 @@
-//! The images' declared environment as its lock pins it
-//! (deploy/images/environment.lock): the locked .deb files, checked against
+//! The images' declared environment as its lock pins it for this machine's
+//! architecture (deploy/images/environment.<arch>.lock, the one
+//! `make images` builds from here): the locked .deb files, checked against
 //! their SHA-256, and the contents of every file they hold, so an image's
 //! files can be traced to the package they came from.
 
@@ -18,10 +19,19 @@ pub struct Locked {
     pub sha256: String,
 }
 
-/// The lock's packages.
+/// This machine's architecture as Debian names it.
+pub fn debian_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// The lock's packages, for this machine's architecture.
 pub fn lock(repo: &Path) -> Vec<Locked> {
-    let text = std::fs::read_to_string(repo.join("deploy/images/environment.lock"))
-        .unwrap_or_else(|e| panic!("environment.lock: {e}"));
+    let name = format!("deploy/images/environment.{}.lock", debian_arch());
+    let text = std::fs::read_to_string(repo.join(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .map(|l| {

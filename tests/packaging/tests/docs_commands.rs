@@ -160,12 +160,14 @@ fn render_all(renders: &[(String, Value)]) -> Vec<String> {
         .collect()
 }
 
-/// What the release publishes beside its images (scripts/release.sh).
+/// What the release publishes beside its images (scripts/release.sh, on
+/// each architecture of the release workflow's matrix).
 fn release_files() -> Vec<String> {
     vec![
         "proxmox-csi.yaml".into(),
         format!("proxmox-csi-plugin-{VERSION}.tgz"),
         "pvecsictl-linux-amd64".into(),
+        "pvecsictl-linux-arm64".into(),
         format!("proxmox-csi-{VERSION}.tar.gz"),
         "SHA256SUMS".into(),
     ]

@@ -81,8 +81,8 @@ fn the_support_table_is_what_the_code_and_the_artifacts_hold() {
     assert_eq!(t["Architectures"], support::ARCHITECTURES.join(", "));
     let env_arch: Vec<String> = read("deploy/images/environment.list")
         .lines()
-        .filter_map(|l| l.strip_prefix("architecture "))
-        .map(|a| a.trim().to_string())
+        .filter_map(|l| l.strip_prefix("architectures "))
+        .flat_map(|a| a.split_whitespace().map(str::to_string))
         .collect();
     assert_eq!(env_arch, support::ARCHITECTURES, "environment.list");
     let workflow = yaml(".github/workflows/release.yml");
