@@ -93,35 +93,46 @@ impl Kube {
         &self.client
     }
 
-    /// Posts a Normal event on `claim`, shaped as client-go's recorder makes
+    /// The UID of `claim`; `None` when there is no such claim.
+    pub async fn claim_uid(
+        &self,
+        claim: &crate::progress::ClaimRef,
+    ) -> Result<Option<String>, CtlError> {
+        let claims: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &claim.namespace);
+        let pvc = claims.get_opt(&claim.name).await.map_err(|e| {
+            unavailable(
+                &format!(
+                    "reading PersistentVolumeClaim {}/{}",
+                    claim.namespace, claim.name
+                ),
+                e,
+            )
+        })?;
+        Ok(pvc.map(|p| p.metadata.uid.unwrap_or_default()))
+    }
+
+    /// Whether a PersistentVolume named `name` exists.
+    pub async fn pv_exists(&self, name: &str) -> Result<bool, CtlError> {
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        Ok(pvs
+            .get_opt(name)
+            .await
+            .map_err(|e| unavailable(&format!("reading PersistentVolume {name}"), e))?
+            .is_some())
+    }
+
+    /// Posts a Normal event on `claim` (of UID `uid`, which `kubectl
+    /// describe` selects events by), shaped as client-go's recorder makes
     /// one (tools/record/event.go makeEvent: named `<object>.<hex nanos>`,
-    /// in the object's namespace, count 1): the claim's UID is read first
-    /// unless given, since `kubectl describe` selects events by it. Returns
-    /// the UID.
+    /// in the object's namespace, count 1).
     pub async fn claim_event(
         &self,
         claim: &crate::progress::ClaimRef,
-        uid: Option<String>,
+        uid: &str,
         reason: &str,
         message: &str,
-    ) -> Result<String, CtlError> {
-        let uid = match uid {
-            Some(uid) => uid,
-            None => {
-                let claims: Api<PersistentVolumeClaim> =
-                    Api::namespaced(self.client.clone(), &claim.namespace);
-                let pvc = claims.get(&claim.name).await.map_err(|e| {
-                    unavailable(
-                        &format!(
-                            "reading PersistentVolumeClaim {}/{}",
-                            claim.namespace, claim.name
-                        ),
-                        e,
-                    )
-                })?;
-                pvc.metadata.uid.unwrap_or_default()
-            }
-        };
+    ) -> Result<(), CtlError> {
         let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             k8s_openapi::jiff::Timestamp::now(),
         );
@@ -137,7 +148,7 @@ impl Kube {
                 kind: Some("PersistentVolumeClaim".into()),
                 name: Some(claim.name.clone()),
                 namespace: Some(claim.namespace.clone()),
-                uid: Some(uid.clone()).filter(|u| !u.is_empty()),
+                uid: Some(uid.to_string()).filter(|u| !u.is_empty()),
                 ..Default::default()
             },
             reason: Some(reason.into()),
@@ -158,7 +169,7 @@ impl Kube {
             .create(&Default::default(), &event)
             .await
             .map_err(|e| unavailable(&format!("posting a {reason} event"), e))?;
-        Ok(uid)
+        Ok(())
     }
 
     /// What a Kubernetes node says about its VM: `spec.providerID`, then the

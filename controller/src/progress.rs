@@ -11,6 +11,12 @@
 //! controller posts Normal `Copying` events on the claim itself, named by
 //! the provisioner's `--extra-create-metadata` parameters, and a gauge of
 //! each running copy's progress.
+//!
+//! A claim deleted while its copy runs is never bound: the provisioner calls
+//! again with the claim it remembers, or not at all (it forgets claims on a
+//! restart), and never calls DeleteVolume for a volume it was not given.
+//! So the claim is read along with the events, and the copy of a claim that
+//! is gone is destroyed once its import ends (`ctl::copy`).
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -37,7 +43,7 @@ pub const COMPONENT: &str = "proxmox-csi-controller";
 pub const COPYING: &str = "Copying";
 pub const COPIED: &str = "Copied";
 
-/// How often a running copy posts an event, at most.
+/// How often a running copy's claim is read and an event posted, at most.
 pub const DEFAULT_EVENT_INTERVAL: Duration = Duration::from_secs(30);
 
 /// A copy not heard of for this long is forgotten (its claim was deleted,
@@ -103,14 +109,47 @@ pub fn register(registry: &mut Registry) {
     );
 }
 
+/// Whether the claim a copy is made for is still there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// There, with this UID.
+    Present(String),
+    /// Deleted, or replaced by another claim of the same name: no
+    /// PersistentVolume will take the copy.
+    Gone,
+    /// Not read: no claim named, no Kubernetes API, an error, or not due.
+    Unknown,
+}
+
+/// The claim UID a volume name carries: the external-provisioner names a
+/// volume `pvc-<claim UID>` (pkg/controller/controller.go makeVolumeName,
+/// with the default prefix and `--volume-name-uuid-length`); `None` for any
+/// other name.
+pub fn claim_uid_of(volume: &str) -> Option<&str> {
+    let uid = volume.strip_prefix("pvc-")?;
+    (uid.len() == 36 && uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-')).then_some(uid)
+}
+
+/// What one read of the claim says (its UID, `None` when not found), held
+/// to the UID the volume's name carries, if any.
+pub fn judge(found: Option<String>, expected: Option<&str>) -> Claim {
+    match found {
+        None => Claim::Gone,
+        Some(uid) if expected.is_some_and(|e| e != uid) => Claim::Gone,
+        Some(uid) => Claim::Present(uid),
+    }
+}
+
 /// One running copy, as this controller has seen it.
 #[derive(Debug)]
 struct Running {
     started: Instant,
     seen: Instant,
-    last_event: Option<Instant>,
-    last_text: String,
-    /// The claim's UID, read once: events are matched to their object by it
+    /// When the claim was last read.
+    last_look: Option<Instant>,
+    /// The progress of the last event posted.
+    last_text: Option<String>,
+    /// The claim's UID, once read: events are matched to their object by it
     /// (`kubectl describe` selects on `involvedObject.uid`).
     claim_uid: Option<String>,
 }
@@ -119,7 +158,7 @@ struct Running {
 #[derive(Debug)]
 pub struct Progress {
     running: tokio::sync::Mutex<HashMap<String, Running>>,
-    /// How often a running copy posts an event, at most.
+    /// How often a running copy's claim is read and an event posted, at most.
     pub event_interval: Duration,
 }
 
@@ -133,11 +172,26 @@ impl Default for Progress {
 }
 
 impl Progress {
+    /// Reads the job's claim now.
+    pub async fn claim(&self, kube: Option<&Kube>, job: &CopyJob<'_>) -> Claim {
+        let (Some(kube), Some(claim)) = (kube, job.claim.as_ref()) else {
+            return Claim::Unknown;
+        };
+        match kube.claim_uid(claim).await {
+            Ok(found) => judge(found, claim_uid_of(job.volume)),
+            Err(e) => {
+                tracing::warn!(volume = job.volume, "reading the copy's claim: {e}");
+                Claim::Unknown
+            }
+        }
+    }
+
     /// The copy for `job` is still running at `progress` (a task log line,
-    /// or what the controller is doing): the gauge follows, and a Normal
-    /// event goes to the claim at the first sight and then once per
-    /// interval when something changed.
-    pub async fn copying(&self, kube: Option<&Kube>, job: &CopyJob<'_>, progress: &str) {
+    /// or what the controller is doing): the gauge follows; at the first
+    /// sight and then once per interval the claim is read, and a Normal
+    /// event posted on it when the progress changed. Returns what that read
+    /// said (`Unknown` when not due).
+    pub async fn copying(&self, kube: Option<&Kube>, job: &CopyJob<'_>, progress: &str) -> Claim {
         let now = Instant::now();
         let mut running = self.running.lock().await;
         running.retain(|volume, r| {
@@ -152,8 +206,8 @@ impl Progress {
         let entry = running.entry(job.volume.to_string()).or_insert(Running {
             started: now,
             seen: now,
-            last_event: None,
-            last_text: String::new(),
+            last_look: None,
+            last_text: None,
             claim_uid: None,
         });
         entry.seen = now;
@@ -164,31 +218,37 @@ impl Progress {
                 })
                 .set(f);
         }
-        let due = entry
-            .last_event
-            .is_none_or(|t| now.duration_since(t) >= self.event_interval);
-        if !due || entry.last_text == progress {
-            return;
+        if entry
+            .last_look
+            .is_some_and(|t| now.duration_since(t) < self.event_interval)
+        {
+            return Claim::Unknown;
         }
-        entry.last_event = Some(now);
-        entry.last_text = progress.to_string();
-        let message = format!("{} into {}: {progress}", job.what, job.volume);
-        tracing::info!(volume = job.volume, "{message}");
-        let uid = entry.claim_uid.clone();
+        entry.last_look = Some(now);
+        let changed = entry.last_text.as_deref() != Some(progress);
         drop(running);
-        let uid = self.post(kube, job, uid, COPYING, &message).await;
+        let claim = self.claim(kube, job).await;
+        let Claim::Present(uid) = &claim else {
+            return claim;
+        };
         if let Some(r) = self.running.lock().await.get_mut(job.volume) {
-            r.claim_uid = r.claim_uid.take().or(uid);
+            r.claim_uid = Some(uid.clone());
+            if changed {
+                r.last_text = Some(progress.to_string());
+            }
         }
+        if changed {
+            let message = format!("{} into {}: {progress}", job.what, job.volume);
+            tracing::info!(volume = job.volume, "{message}");
+            self.post(kube, job, uid, COPYING, &message).await;
+        }
+        claim
     }
 
     /// The copy for `job` is done: a last Normal event (when the claim saw
     /// the copy run), and its gauge goes.
     pub async fn copied(&self, kube: Option<&Kube>, job: &CopyJob<'_>, bytes: u64) {
-        PROGRESS.remove(&Labels {
-            volume: job.volume.to_string(),
-        });
-        let Some(r) = self.running.lock().await.remove(job.volume) else {
+        let Some(r) = self.forget(job.volume).await else {
             return;
         };
         let message = format!(
@@ -199,32 +259,43 @@ impl Progress {
             r.started.elapsed().as_secs()
         );
         tracing::info!(volume = job.volume, "{message}");
-        if r.last_event.is_some() {
-            self.post(kube, job, r.claim_uid, COPIED, &message).await;
+        if let (Some(uid), Some(_)) = (&r.claim_uid, &r.last_text) {
+            self.post(kube, job, uid, COPIED, &message).await;
         }
     }
 
-    /// Posts a Normal event on the job's claim; the claim's UID, when known.
-    /// A failure is logged, never the call's: the copy goes on regardless.
+    /// Stops following the copy for `volume`: its gauge goes.
+    async fn forget(&self, volume: &str) -> Option<Running> {
+        PROGRESS.remove(&Labels {
+            volume: volume.to_string(),
+        });
+        self.running.lock().await.remove(volume)
+    }
+
+    /// The copy for `job` is given up (its claim is gone).
+    pub async fn abandoned(&self, job: &CopyJob<'_>) {
+        self.forget(job.volume).await;
+    }
+
+    /// Posts a Normal event on the job's claim. A failure is logged, never
+    /// the call's: the copy goes on regardless.
     async fn post(
         &self,
         kube: Option<&Kube>,
         job: &CopyJob<'_>,
-        uid: Option<String>,
+        uid: &str,
         reason: &str,
         message: &str,
-    ) -> Option<String> {
-        let (kube, claim) = (kube?, job.claim.as_ref()?);
-        match kube.claim_event(claim, uid, reason, message).await {
-            Ok(uid) => Some(uid),
-            Err(e) => {
-                tracing::warn!(
-                    volume = job.volume,
-                    claim = %format!("{}/{}", claim.namespace, claim.name),
-                    "posting a {reason} event on the claim: {e}"
-                );
-                None
-            }
+    ) {
+        let (Some(kube), Some(claim)) = (kube, job.claim.as_ref()) else {
+            return;
+        };
+        if let Err(e) = kube.claim_event(claim, uid, reason, message).await {
+            tracing::warn!(
+                volume = job.volume,
+                claim = %format!("{}/{}", claim.namespace, claim.name),
+                "posting a {reason} event on the claim: {e}"
+            );
         }
     }
 }
@@ -289,6 +360,29 @@ mod tests {
         let mut without = p.clone();
         without.remove(PVC_NAMESPACE_KEY);
         assert_eq!(ClaimRef::from_parameters(&without), None);
+    }
+
+    #[test]
+    fn a_claim_is_gone_when_deleted_or_replaced_under_its_name() {
+        let uid = "5bc58ec7-1f2a-4c3b-9d8e-0123456789ab";
+        let volume = format!("pvc-{uid}");
+        assert_eq!(claim_uid_of(&volume), Some(uid));
+        assert_eq!(claim_uid_of("pvc-data"), None);
+        assert_eq!(
+            judge(Some(uid.into()), claim_uid_of(&volume)),
+            Claim::Present(uid.into())
+        );
+        assert_eq!(judge(None, claim_uid_of(&volume)), Claim::Gone);
+        assert_eq!(
+            judge(Some("another".into()), claim_uid_of(&volume)),
+            Claim::Gone,
+            "a new claim of the same name is not the one the copy is for"
+        );
+        assert_eq!(
+            judge(Some("any".into()), claim_uid_of("pvc-data")),
+            Claim::Present("any".into()),
+            "a volume name without a UID: only a missing claim is gone"
+        );
     }
 
     #[test]

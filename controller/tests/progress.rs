@@ -12,7 +12,7 @@ use common::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
 use kube::Api;
 use proxmox_csi_controller::kube::Kube;
 use proxmox_csi_controller::progress;
@@ -339,4 +339,155 @@ async fn the_long_timeout_is_for_copies_an_unreachable_proxmox_is_reported_withi
         "{err:?}"
     );
     assert!(started.elapsed() < Duration::from_secs(60));
+}
+
+/// Deletes the claim as kubectl does; kubesim's pvc-protection then lets
+/// it go (no pod uses it).
+async fn delete_claim(kube: &kubesim::Running, name: &str) {
+    Api::<PersistentVolumeClaim>::namespaced(kube_client(kube), "default")
+        .delete(name, &Default::default())
+        .await
+        .unwrap();
+}
+
+/// The copy VMs and volumes pvesim holds for the volume `name`.
+async fn left_for(e: &Env, name: &str) -> (Vec<serde_json::Value>, Vec<String>) {
+    let vms = vms_named(e, name).await;
+    let vmids: Vec<String> = vms.iter().map(|v| format!("vm-{}-", v["vmid"])).collect();
+    let disks = volumes(e)
+        .await
+        .into_iter()
+        .filter(|v| vmids.iter().any(|m| v.contains(m.as_str())))
+        .collect();
+    (vms, disks)
+}
+
+#[tokio::test]
+async fn a_claim_deleted_while_its_copy_runs_leaves_no_copy_behind() {
+    let kube = kubesim::start().await.unwrap();
+    let (e, source) = copying_env(&kube, 1, 3000).await;
+    claim_in(&kube, "pvc-dropped");
+    let req = from_source(
+        Source::Volume(VolumeSource { volume_id: source }),
+        "pvc-dropped",
+        1 << 30,
+        &[("storage", "local-lvm")],
+        Some("pve2"),
+    );
+    let call = {
+        let svc = e.svc.clone();
+        let req = req.clone();
+        tokio::spawn(async move { svc.create_volume(with_timeout(req, 60_000)).await })
+    };
+    // The copy runs (3 s); the claim goes.
+    for _ in 0..100 {
+        if !vms_named(&e, "pvc-dropped").await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!vms_named(&e, "pvc-dropped").await.is_empty(), "no copy VM");
+    delete_claim(&kube, "pvc-dropped").await;
+    let err = call.await.unwrap().unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message()
+            .contains("its claim default/pvc-dropped no longer exists")
+            && err.message().contains("is destroyed"),
+        "{}",
+        err.message()
+    );
+    let (vms, disks) = left_for(&e, "pvc-dropped").await;
+    assert!(vms.is_empty() && disks.is_empty(), "{vms:?} {disks:?}");
+    assert_eq!(gauge("pvc-dropped"), None);
+    // The provisioner's next call, with the claim it remembers: final.
+    let again = e
+        .svc
+        .create_volume(with_timeout(req, 60_000))
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Code::FailedPrecondition, "{again:?}");
+    assert!(again.message().contains("nothing was copied"), "{again:?}");
+    assert!(vms_named(&e, "pvc-dropped").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_claim_deleted_between_calls_has_its_copy_destroyed_on_the_next_call() {
+    let kube = kubesim::start().await.unwrap();
+    let (e, source) = copying_env(&kube, 1, 3000).await;
+    claim_in(&kube, "pvc-later");
+    let req = from_source(
+        Source::Volume(VolumeSource { volume_id: source }),
+        "pvc-later",
+        1 << 30,
+        &[("storage", "local-lvm")],
+        Some("pve2"),
+    );
+    let first = e
+        .svc
+        .create_volume(with_timeout(req.clone(), 1500))
+        .await
+        .unwrap_err();
+    assert_eq!(first.code(), Code::Aborted, "{first:?}");
+    delete_claim(&kube, "pvc-later").await;
+    for _ in 0..100 {
+        if kube
+            .get("persistentvolumeclaims", "default", "pvc-later")
+            .is_none()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Until the copy VM is destroyed, the answer says "in progress".
+    let mut answers = Vec::new();
+    let last = loop {
+        let s = e
+            .svc
+            .create_volume(with_timeout(req.clone(), 60_000))
+            .await
+            .unwrap_err();
+        if s.code() != Code::Unavailable {
+            break s;
+        }
+        answers.push(s);
+        assert!(answers.len() < 10, "{answers:?}");
+    };
+    assert_eq!(
+        last.code(),
+        Code::FailedPrecondition,
+        "{last:?} after {answers:?}"
+    );
+    let (vms, disks) = left_for(&e, "pvc-later").await;
+    assert!(vms.is_empty() && disks.is_empty(), "{vms:?} {disks:?}");
+}
+
+#[tokio::test]
+async fn a_claim_replaced_under_the_same_name_gets_no_copy_and_no_events() {
+    let kube = kubesim::start().await.unwrap();
+    let (e, source) = copying_env(&kube, 1, 3000).await;
+    // The provisioner names the volume after the claim it saw; the claim
+    // of that name now is another one.
+    let name = "pvc-5bc58ec7-1f2a-4c3b-9d8e-0123456789ab";
+    kube.put(
+        "persistentvolumeclaims",
+        json!({"metadata": {"name": name, "namespace": "default",
+                            "uid": "0e9d8c7b-6a5f-4e3d-2c1b-a09876543210"}}),
+    );
+    let req = from_source(
+        Source::Volume(VolumeSource { volume_id: source }),
+        name,
+        1 << 30,
+        &[("storage", "local-lvm")],
+        Some("pve2"),
+    );
+    let err = e
+        .svc
+        .create_volume(with_timeout(req, 60_000))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("nothing was copied"), "{err:?}");
+    assert!(vms_named(&e, name).await.is_empty());
+    assert_eq!(events(&kube_client(&kube)).await.len(), 0);
 }

@@ -37,31 +37,12 @@ fn with_timeout<T>(msg: T, ms: u64) -> Request<T> {
     r
 }
 
-async fn vms_named(e: &Env, name: &str) -> Vec<Value> {
-    let all = e.admin("GET", "vms", "").await;
-    all.as_array()
-        .unwrap()
-        .iter()
-        .filter(|v| v["config"]["name"] == name)
-        .cloned()
-        .collect()
-}
-
 async fn counters(e: &Env) -> HashMap<String, u64> {
     let c = e.admin("GET", "counters", "").await;
     c.as_object()
         .unwrap()
         .iter()
         .map(|(k, v)| (k.clone(), v.as_u64().unwrap()))
-        .collect()
-}
-
-async fn volumes(e: &Env) -> Vec<String> {
-    let vols = e.admin("GET", "volumes", "").await;
-    vols.as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["volid"].as_str().unwrap().to_string())
         .collect()
 }
 

@@ -63,6 +63,7 @@ pub fn run(s: &State) -> Vec<Finding> {
     thick_lvm(s, &mut out);
     workers(s, &mut out);
     own_vms(s, &mut out);
+    unclaimed_copies(s, &mut out);
     classes(s, &mut out);
     out
 }
@@ -147,6 +148,39 @@ fn own_vms(s: &State, out: &mut Vec<Finding>) {
             Severity::Warning,
             "a VM of the driver without protection: destroying it destroys the volume data it holds",
             format!("qm set {} --protection 1", vm.res.vmid),
+        ));
+    }
+}
+
+/// Clone and restore copy VMs (tagged `csi-volume`) whose volume no
+/// PersistentVolume names: still copying, or the claim was deleted while it
+/// copied and the provisioner forgot it (a restart between two calls), so
+/// nothing will destroy it (docs/snapshots.md, Limits). Which one only the
+/// claim's UID, in the VM's name, tells.
+fn unclaimed_copies(s: &State, out: &mut Vec<Finding>) {
+    use proxmox_csi_controller::ctl::VOLUME_TAG;
+    use proxmox_csi_controller::vms::OWN_TAG;
+    for vm in s
+        .vms
+        .iter()
+        .filter(|v| v.res.has_tag(OWN_TAG) && v.res.has_tag(VOLUME_TAG))
+    {
+        let vmid = vm.res.vmid;
+        let disk = format!("/vm-{vmid}-");
+        if s.all_handles.iter().any(|h| h.contains(&disk)) {
+            continue;
+        }
+        let name = vm.res.name.as_deref().unwrap_or_default();
+        let uid = name.strip_prefix("pvc-").unwrap_or(name);
+        out.push(f(
+            "unclaimed copy",
+            format!("VM {vmid} ({name})").as_str(),
+            Severity::Warning,
+            "a clone or restore that no PersistentVolume holds: still copying, or its claim was deleted while it copied",
+            format!(
+                "if no claim has UID {uid} (kubectl get pvc -A -o custom-columns=UID:.metadata.uid): \
+                 qm set {vmid} --protection 0 && qm destroy {vmid} --purge"
+            ),
         ));
     }
 }

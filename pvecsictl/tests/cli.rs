@@ -55,7 +55,10 @@ async fn pvs() -> Json<Value> {
     let pv = |name: &str, handle: &str| json!({"metadata": {"name": name}, "spec": {"csi": {"driver": "csi.proxmox.sinextra.dev", "volumeHandle": handle}, "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"]}});
     list(
         "PersistentVolumeList",
-        vec![pv("pvc-bound", "region-1/pve2/local-lvm/vm-9999-pvc-bound")],
+        vec![
+            pv("pvc-bound", "region-1/pve2/local-lvm/vm-9999-pvc-bound"),
+            pv("pvc-held", "region-1/pve1/local-lvm/vm-10003-disk-0"),
+        ],
     )
 }
 
@@ -498,6 +501,7 @@ async fn doctor_finds_what_breaks_on_each_worker_and_own_vm() {
         !findings.iter().any(|x| x.subject.starts_with("VM 10001")),
         "{findings:#?}"
     );
+
     assert!(
         has(
             &findings,
@@ -547,6 +551,32 @@ async fn doctor_finds_what_breaks_on_each_worker_and_own_vm() {
 }
 
 /// Classes: what is taken with the Go driver's meaning is named, per key; another driver's classes are not read.
+/// Clone copies: one whose claim was deleted while it copied (no PV names
+/// its disk), one a PV holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_finds_a_clone_copy_no_volume_holds() {
+    let lab = lab_with(&CLUSTER.replace("volumes:\n", &format!("{COPIES}volumes:\n"))).await;
+    let findings = doctor::run(&lab.state().await);
+    assert!(
+        has(
+            &findings,
+            "unclaimed copy",
+            "VM 10002 (pvc-0e9d8c7b-6a5f-4e3d-2c1b-a09876543210)",
+            Severity::Warning,
+            "if no claim has UID 0e9d8c7b-6a5f-4e3d-2c1b-a09876543210"
+        ),
+        "{findings:#?}"
+    );
+    assert!(
+        !findings.iter().any(|x| x.subject.starts_with("VM 10003")),
+        "{findings:#?}"
+    );
+}
+
+const COPIES: &str = r#"  - { vmid: 10002, node: pve1, name: pvc-0e9d8c7b-6a5f-4e3d-2c1b-a09876543210, config: { tags: "proxmox-csi;csi-volume", protection: "1", unused0: "local-lvm:vm-10002-disk-0" } }
+  - { vmid: 10003, node: pve1, name: pvc-held, config: { tags: "proxmox-csi;csi-volume", protection: "1", unused0: "local-lvm:vm-10003-disk-0" } }
+"#;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn doctor_reads_each_class_with_the_go_drivers_meaning() {
     let (_lab, findings) = doctor_on_lab().await;

@@ -13,8 +13,12 @@ use crate::ctl::{Controller, SnapshotId, deadline};
 pub struct ControllerService(pub Arc<Controller>);
 
 impl ControllerService {
+    /// The caller's deadline, held to the operation limit: the
+    /// provisioner's long timeout (for waiting on copies) also bounds its
+    /// DeleteVolume and GetCapacity, which must report an unreachable
+    /// Proxmox as soon as any other call.
     fn deadline<T>(&self, r: &Request<T>) -> crate::pve::Deadline {
-        deadline(r, self.0.default_timeout)
+        deadline(r, self.0.default_timeout).capped(self.0.operation_limit)
     }
 }
 
@@ -52,7 +56,9 @@ impl csi::controller_server::Controller for ControllerService {
     ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
         let id = req.get_ref().name.clone();
         traced("CreateVolume", &id, async move {
-            let d = self.deadline(&req);
+            // The whole deadline: a copy is waited for within it, every
+            // other step is held to the operation limit (`ctl::create`).
+            let d = deadline(&req, self.0.default_timeout);
             let volume = self.0.create_volume(req.get_ref(), d).await?;
             tracing::info!(
                 name = req.get_ref().name,

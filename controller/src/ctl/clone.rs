@@ -19,6 +19,7 @@ use super::create::{REGION, wanted};
 use super::snapshot::SnapshotId;
 use crate::error::CtlError;
 use crate::params::StorageParams;
+use crate::progress::{Claim, ClaimRef, CopyJob};
 use crate::pve::Deadline;
 use crate::volume::VolumeId;
 
@@ -122,6 +123,41 @@ impl Controller {
         // The whole call's deadline is for waiting on the copy (`finish_copy`).
         let wait = d;
         let d = d.capped(self.operation_limit);
+        let job = CopyJob {
+            volume: &r.name,
+            claim: ClaimRef::from_parameters(&r.parameters),
+            what: match source {
+                Source::Volume(v) => format!("cloning volume {}", v.volume_id),
+                Source::Snapshot(s) => format!("restoring snapshot {}", s.snapshot_id),
+            },
+        };
+        // The provisioner calls again for a claim deleted while its copy
+        // ran (it remembers the claim): the copy is given up, whatever
+        // became of its source.
+        if self.progress.claim(self.kube.as_ref(), &job).await == Claim::Gone {
+            let (what, raw, region) = match source {
+                Source::Volume(v) => (
+                    "volume",
+                    &v.volume_id,
+                    super::volume_ref("volume_content_source.volume.volume_id", &v.volume_id)?
+                        .region,
+                ),
+                Source::Snapshot(s) => (
+                    "snapshot",
+                    &s.snapshot_id,
+                    super::snapshot_ref(
+                        "volume_content_source.snapshot.snapshot_id",
+                        &s.snapshot_id,
+                    )?
+                    .region()
+                    .to_string(),
+                ),
+            };
+            let client = self.client_of(what, raw, &region)?;
+            return Err(self
+                .abandon_copy(&client, &vm_name(&r.name), VOLUME_TAG, &job, d)
+                .await);
+        }
         let src = self.resolve_source(source, d).await?;
         let (region, zones) = wanted(r.accessibility_requirements.as_ref());
         if region.as_ref().is_some_and(|reg| reg != &src.region) {
@@ -184,14 +220,6 @@ impl Controller {
             source: src.volid.clone(),
             source_handle: handle,
             min_size: min,
-        };
-        let job = crate::progress::CopyJob {
-            volume: &r.name,
-            claim: crate::progress::ClaimRef::from_parameters(&r.parameters),
-            what: match source {
-                Source::Volume(v) => format!("cloning volume {}", v.volume_id),
-                Source::Snapshot(s) => format!("restoring snapshot {}", s.snapshot_id),
-            },
         };
         let info = match self.finish_copy(&client, &spec, &job, wait).await? {
             CopyState::Ready(info) => info,

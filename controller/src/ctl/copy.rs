@@ -19,6 +19,7 @@ use super::Controller;
 use super::holder::NewVm;
 use crate::drive::DriveLine;
 use crate::error::CtlError;
+use crate::progress::{Claim, CopyJob};
 use crate::pve::api::VmResource;
 use crate::pve::errors::{Origin, classify, task_type};
 use crate::pve::tasks::TaskState;
@@ -407,36 +408,122 @@ impl Controller {
     }
 
     /// Like `advance_copy`, then waits for the import while the deadline
-    /// leaves room, reporting its progress to the claim (`progress`).
+    /// leaves room, reporting its progress to the claim (`progress`). A
+    /// copy whose claim is gone is destroyed once its import ends
+    /// (`abandon_copy`): nothing would ever take it.
     pub async fn finish_copy(
         &self,
         client: &Client,
         spec: &CopySpec,
-        job: &crate::progress::CopyJob<'_>,
+        job: &CopyJob<'_>,
         d: Deadline,
     ) -> Result<CopyState, CtlError> {
+        // Room to answer after a step or a pause, with the progress seen last.
+        let margin = std::time::Duration::from_millis(300);
         let mut pause = std::time::Duration::from_millis(500);
+        let mut abandoned = false;
         loop {
-            let step = d.capped(self.operation_limit);
+            let step =
+                Deadline(d.0.checked_sub(margin).unwrap_or(d.0)).capped(self.operation_limit);
             let state = self.advance_copy(client, spec, step).await?;
             let kube = self.kube.as_ref();
-            let CopyState::Copying { progress, .. } = &state else {
-                if let CopyState::Ready(info) = &state {
+            match &state {
+                CopyState::Ready(info) => {
+                    if abandoned {
+                        return Err(self
+                            .abandon_copy(client, &spec.name, spec.kind, job, step)
+                            .await);
+                    }
                     self.progress.copied(kube, job, info.size).await;
+                    return Ok(state);
                 }
-                return Ok(state);
-            };
-            self.progress.copying(kube, job, progress).await;
-            // Room to answer after the pause, with the progress seen last.
-            let margin = std::time::Duration::from_millis(300);
+                CopyState::Copying { progress, .. } => {
+                    if !abandoned && self.progress.copying(kube, job, progress).await == Claim::Gone
+                    {
+                        tracing::warn!(
+                            volume = job.volume,
+                            "the claim is gone: its copy is destroyed once its import ends"
+                        );
+                        self.progress.abandoned(job).await;
+                        abandoned = true;
+                    }
+                }
+            }
             let wait = pause.min(d.remaining().saturating_sub(margin * 2));
             if wait.is_zero() {
+                if abandoned {
+                    // In progress for the provisioner, which calls again
+                    // with the claim it remembers.
+                    return Err(CtlError::Aborted(format!(
+                        "volume {}: its claim is gone; the copy is destroyed once its import ends; call again",
+                        job.volume
+                    )));
+                }
                 return Ok(state);
             }
             tokio::time::sleep(wait).await;
             // A long copy is read every 2 s: three API calls a look.
             pause = (pause * 2).min(std::time::Duration::from_secs(2));
         }
+    }
+
+    /// Gives up the copy VM `name` (tagged `kind`) of a claim that is gone:
+    /// destroys it, unless a PersistentVolume took the volume. The answer is
+    /// always an error: FailedPrecondition once nothing is left, so the
+    /// provisioner stops; Unavailable while the VM could not be destroyed
+    /// (its import still holds its lock), so it calls again.
+    pub async fn abandon_copy(
+        &self,
+        client: &Client,
+        name: &str,
+        kind: &str,
+        job: &CopyJob<'_>,
+        d: Deadline,
+    ) -> CtlError {
+        let claim = job
+            .claim
+            .as_ref()
+            .map(|c| format!("{}/{}", c.namespace, c.name))
+            .unwrap_or_default();
+        let gone = |what: String| {
+            CtlError::FailedPrecondition(format!(
+                "volume {}: its claim {claim} no longer exists (deleted, or replaced by a claim of the same name): {what}",
+                job.volume
+            ))
+        };
+        let again = |e: CtlError| {
+            CtlError::Unavailable(format!(
+                "volume {}: its claim {claim} no longer exists, and its copy VM is not destroyed yet: {e}; the next call tries again",
+                job.volume
+            ))
+        };
+        if let Some(kube) = self.kube.as_ref() {
+            match kube.pv_exists(job.volume).await {
+                Ok(true) => {
+                    return gone(format!(
+                        "the copy is kept, as PersistentVolume {} holds it",
+                        job.volume
+                    ));
+                }
+                Ok(false) => {}
+                Err(e) => return again(e),
+            }
+        }
+        let vm = match self.copy_vm(client, name, kind, d).await {
+            Ok(Some(vm)) => vm,
+            Ok(None) => return gone("nothing was copied".into()),
+            Err(e) => return again(e),
+        };
+        if let Err(e) = self.destroy_copy(client, &vm, d).await {
+            return again(e);
+        }
+        self.progress.abandoned(job).await;
+        tracing::info!(
+            volume = job.volume,
+            vmid = vm.vmid,
+            "the claim is gone: its copy VM is destroyed"
+        );
+        gone(format!("its copy VM {} is destroyed", vm.vmid))
     }
 
     /// Destroys a copy VM and the volume it owns: the only place its

@@ -80,8 +80,9 @@ pub struct Controller {
 
 /// How long one operation retries Proxmox before it answers: the sidecars'
 /// timeout (the chart's `timeout`). The provisioner's is longer, for
-/// CreateVolume to wait for a copy (`progress`); everything else a call
-/// does stays within this, so that an unreachable Proxmox is reported as
+/// CreateVolume to wait for a copy (`progress`); every call (the
+/// provisioner's DeleteVolume and GetCapacity too) and every step of a
+/// copy stays within this, so that an unreachable Proxmox is reported as
 /// soon as before.
 pub const OPERATION_LIMIT: Duration = Duration::from_secs(180);
 

@@ -397,3 +397,24 @@ pub fn copy_vmid(snapshot_id: &str) -> u32 {
         .and_then(|vmid| vmid.parse().ok())
         .unwrap_or_else(|| panic!("{snapshot_id} names no copy VM"))
 }
+
+/// pvesim's VMs named `name`, as its admin API lists them.
+pub async fn vms_named(e: &Env, name: &str) -> Vec<Value> {
+    let all = e.admin("GET", "vms", "").await;
+    all.as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["config"]["name"] == name)
+        .cloned()
+        .collect()
+}
+
+/// Every volume pvesim holds (`<storage>:<name>`).
+pub async fn volumes(e: &Env) -> Vec<String> {
+    let vols = e.admin("GET", "volumes", "").await;
+    vols.as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["volid"].as_str().unwrap().to_string())
+        .collect()
+}
