@@ -109,35 +109,42 @@ pub fn register(registry: &mut Registry) {
     );
 }
 
-/// Whether the claim a copy is made for is still there.
+/// What one read of a copy's claim found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
-    /// There, with this UID.
-    Present(String),
-    /// Deleted, or replaced by another claim of the same name: no
-    /// PersistentVolume will take the copy.
-    Gone,
+pub enum ClaimRead {
+    /// A claim of that name, with this UID.
+    Found(String),
+    /// No claim of that name.
+    Missing,
     /// Not read: no claim named, no Kubernetes API, an error, or not due.
     Unknown,
+}
+
+impl ClaimRead {
+    /// Whether the claim the copy is for (of UID `expected`, when known) is
+    /// gone: no claim of its name, or another claim under it. Nothing will
+    /// take the copy then.
+    pub fn gone(&self, expected: Option<&str>) -> bool {
+        match self {
+            Self::Missing => true,
+            Self::Found(uid) => expected.is_some_and(|e| e != uid),
+            Self::Unknown => false,
+        }
+    }
 }
 
 /// The claim UID a volume name carries: the external-provisioner names a
 /// volume `pvc-<claim UID>` (pkg/controller/controller.go makeVolumeName,
 /// with the default prefix and `--volume-name-uuid-length`); `None` for any
-/// other name.
+/// other name, such as another prefix or a UID cut short or without dashes.
 pub fn claim_uid_of(volume: &str) -> Option<&str> {
     let uid = volume.strip_prefix("pvc-")?;
-    (uid.len() == 36 && uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-')).then_some(uid)
-}
-
-/// What one read of the claim says (its UID, `None` when not found), held
-/// to the UID the volume's name carries, if any.
-pub fn judge(found: Option<String>, expected: Option<&str>) -> Claim {
-    match found {
-        None => Claim::Gone,
-        Some(uid) if expected.is_some_and(|e| e != uid) => Claim::Gone,
-        Some(uid) => Claim::Present(uid),
-    }
+    let groups: Vec<&str> = uid.split('-').collect();
+    let canonical = groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12])
+        && groups
+            .iter()
+            .all(|g| g.chars().all(|c| c.is_ascii_hexdigit()));
+    canonical.then_some(uid)
 }
 
 /// One running copy, as this controller has seen it.
@@ -173,25 +180,34 @@ impl Default for Progress {
 
 impl Progress {
     /// Reads the job's claim now.
-    pub async fn claim(&self, kube: Option<&Kube>, job: &CopyJob<'_>) -> Claim {
+    pub async fn read_claim(&self, kube: Option<&Kube>, job: &CopyJob<'_>) -> ClaimRead {
         let (Some(kube), Some(claim)) = (kube, job.claim.as_ref()) else {
-            return Claim::Unknown;
+            return ClaimRead::Unknown;
         };
         match kube.claim_uid(claim).await {
-            Ok(found) => judge(found, claim_uid_of(job.volume)),
+            Ok(Some(uid)) if !uid.is_empty() => ClaimRead::Found(uid),
+            Ok(Some(_)) => ClaimRead::Unknown,
+            Ok(None) => ClaimRead::Missing,
             Err(e) => {
                 tracing::warn!(volume = job.volume, "reading the copy's claim: {e}");
-                Claim::Unknown
+                ClaimRead::Unknown
             }
         }
     }
 
-    /// The copy for `job` is still running at `progress` (a task log line,
-    /// or what the controller is doing): the gauge follows; at the first
-    /// sight and then once per interval the claim is read, and a Normal
-    /// event posted on it when the progress changed. Returns what that read
-    /// said (`Unknown` when not due).
-    pub async fn copying(&self, kube: Option<&Kube>, job: &CopyJob<'_>, progress: &str) -> Claim {
+    /// The copy for `job` (made for the claim of UID `expected`, when
+    /// known) is still running at `progress` (a task log line, or what the
+    /// controller is doing): the gauge follows; at the first sight and then
+    /// once per interval the claim is read, and a Normal event posted on it
+    /// when the progress changed. Returns what that read found (`Unknown`
+    /// when not due).
+    pub async fn copying(
+        &self,
+        kube: Option<&Kube>,
+        job: &CopyJob<'_>,
+        progress: &str,
+        expected: Option<&str>,
+    ) -> ClaimRead {
         let now = Instant::now();
         let mut running = self.running.lock().await;
         running.retain(|volume, r| {
@@ -222,15 +238,18 @@ impl Progress {
             .last_look
             .is_some_and(|t| now.duration_since(t) < self.event_interval)
         {
-            return Claim::Unknown;
+            return ClaimRead::Unknown;
         }
         entry.last_look = Some(now);
         let changed = entry.last_text.as_deref() != Some(progress);
         drop(running);
-        let claim = self.claim(kube, job).await;
-        let Claim::Present(uid) = &claim else {
-            return claim;
+        let read = self.read_claim(kube, job).await;
+        let ClaimRead::Found(uid) = &read else {
+            return read;
         };
+        if read.gone(expected) {
+            return read;
+        }
         if let Some(r) = self.running.lock().await.get_mut(job.volume) {
             r.claim_uid = Some(uid.clone());
             if changed {
@@ -242,7 +261,7 @@ impl Progress {
             tracing::info!(volume = job.volume, "{message}");
             self.post(kube, job, uid, COPYING, &message).await;
         }
-        claim
+        read
     }
 
     /// The copy for `job` is done: a last Normal event (when the claim saw
@@ -365,24 +384,37 @@ mod tests {
     #[test]
     fn a_claim_is_gone_when_deleted_or_replaced_under_its_name() {
         let uid = "5bc58ec7-1f2a-4c3b-9d8e-0123456789ab";
-        let volume = format!("pvc-{uid}");
-        assert_eq!(claim_uid_of(&volume), Some(uid));
-        assert_eq!(claim_uid_of("pvc-data"), None);
-        assert_eq!(
-            judge(Some(uid.into()), claim_uid_of(&volume)),
-            Claim::Present(uid.into())
+        let found = ClaimRead::Found(uid.into());
+        assert!(!found.gone(Some(uid)));
+        assert!(
+            !found.gone(None),
+            "no UID known: only a missing claim is gone"
         );
-        assert_eq!(judge(None, claim_uid_of(&volume)), Claim::Gone);
-        assert_eq!(
-            judge(Some("another".into()), claim_uid_of(&volume)),
-            Claim::Gone,
+        assert!(ClaimRead::Missing.gone(Some(uid)));
+        assert!(ClaimRead::Missing.gone(None));
+        assert!(
+            ClaimRead::Found("0e9d8c7b-6a5f-4e3d-2c1b-a09876543210".into()).gone(Some(uid)),
             "a new claim of the same name is not the one the copy is for"
         );
+        assert!(!ClaimRead::Unknown.gone(Some(uid)));
+    }
+
+    #[test]
+    fn only_a_whole_uid_after_the_default_prefix_is_read_from_a_volume_name() {
+        let uid = "5bc58ec7-1f2a-4c3b-9d8e-0123456789ab";
+        assert_eq!(claim_uid_of(&format!("pvc-{uid}")), Some(uid));
+        assert_eq!(claim_uid_of("pvc-data"), None);
+        // --volume-name-prefix=pvc-abc --volume-name-uuid-length=32: the
+        // UID without its dashes after another prefix.
         assert_eq!(
-            judge(Some("any".into()), claim_uid_of("pvc-data")),
-            Claim::Present("any".into()),
-            "a volume name without a UID: only a missing claim is gone"
+            claim_uid_of("pvc-abc-5bc58ec71f2a4c3b9d8e0123456789ab"),
+            None
         );
+        assert_eq!(
+            claim_uid_of("pvc-abc-5bc58ec7-1f2a-4c3b-9d8e-0123456789"),
+            None
+        );
+        assert_eq!(claim_uid_of(&format!("vol-{uid}")), None);
     }
 
     #[test]

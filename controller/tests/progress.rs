@@ -392,7 +392,7 @@ async fn a_claim_deleted_while_its_copy_runs_leaves_no_copy_behind() {
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(
         err.message()
-            .contains("its claim default/pvc-dropped no longer exists")
+            .contains("its claim default/pvc-dropped is not in the Kubernetes API")
             && err.message().contains("is destroyed"),
         "{}",
         err.message()
@@ -490,4 +490,45 @@ async fn a_claim_replaced_under_the_same_name_gets_no_copy_and_no_events() {
     assert!(err.message().contains("nothing was copied"), "{err:?}");
     assert!(vms_named(&e, name).await.is_empty());
     assert_eq!(events(&kube_client(&kube)).await.len(), 0);
+}
+
+#[tokio::test]
+async fn a_copy_that_does_not_record_its_claim_is_never_destroyed_for_it() {
+    let kube = kubesim::start().await.unwrap();
+    let (e, source) = copying_env(&kube, 1, 3000).await;
+    claim_in(&kube, "pvc-unrecorded");
+    let req = from_source(
+        Source::Volume(VolumeSource { volume_id: source }),
+        "pvc-unrecorded",
+        1 << 30,
+        &[("storage", "local-lvm")],
+        Some("pve2"),
+    );
+    // A controller that reads no claim (no Kubernetes API) starts the copy:
+    // its VM records no claim UID.
+    let blind =
+        proxmox_csi_controller::csi::controller::ControllerService(Arc::new(controller_on(&e)));
+    let first = blind
+        .create_volume(with_timeout(req.clone(), 1500))
+        .await
+        .unwrap_err();
+    assert_eq!(first.code(), Code::Aborted, "{first:?}");
+    delete_claim(&kube, "pvc-unrecorded").await;
+    for _ in 0..100 {
+        if kube
+            .get("persistentvolumeclaims", "default", "pvc-unrecorded")
+            .is_none()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let err = e
+        .svc
+        .create_volume(with_timeout(req, 60_000))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("is kept"), "{err:?}");
+    assert_eq!(vms_named(&e, "pvc-unrecorded").await.len(), 1);
 }

@@ -19,7 +19,7 @@ use super::create::{REGION, wanted};
 use super::snapshot::SnapshotId;
 use crate::error::CtlError;
 use crate::params::StorageParams;
-use crate::progress::{Claim, ClaimRef, CopyJob};
+use crate::progress::{ClaimRead, ClaimRef, CopyJob, claim_uid_of};
 use crate::pve::Deadline;
 use crate::volume::VolumeId;
 
@@ -133,8 +133,10 @@ impl Controller {
         };
         // The provisioner calls again for a claim deleted while its copy
         // ran (it remembers the claim): the copy is given up, whatever
-        // became of its source.
-        if self.progress.claim(self.kube.as_ref(), &job).await == Claim::Gone {
+        // became of its source. A new copy starts only for a claim that is
+        // there, whose UID its VM then records.
+        let read = self.progress.read_claim(self.kube.as_ref(), &job).await;
+        if read.gone(claim_uid_of(&r.name)) {
             let (what, raw, region) = match source {
                 Source::Volume(v) => (
                     "volume",
@@ -155,9 +157,13 @@ impl Controller {
             };
             let client = self.client_of(what, raw, &region)?;
             return Err(self
-                .abandon_copy(&client, &vm_name(&r.name), VOLUME_TAG, &job, d)
+                .abandon_copy(&client, &vm_name(&r.name), VOLUME_TAG, &job, &read, d)
                 .await);
         }
+        let claim_uid = match read {
+            ClaimRead::Found(uid) => Some(uid),
+            _ => None,
+        };
         let src = self.resolve_source(source, d).await?;
         let (region, zones) = wanted(r.accessibility_requirements.as_ref());
         if region.as_ref().is_some_and(|reg| reg != &src.region) {
@@ -220,6 +226,7 @@ impl Controller {
             source: src.volid.clone(),
             source_handle: handle,
             min_size: min,
+            claim_uid,
         };
         let info = match self.finish_copy(&client, &spec, &job, wait).await? {
             CopyState::Ready(info) => info,

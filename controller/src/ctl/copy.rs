@@ -19,7 +19,7 @@ use super::Controller;
 use super::holder::NewVm;
 use crate::drive::DriveLine;
 use crate::error::CtlError;
-use crate::progress::{Claim, CopyJob};
+use crate::progress::{ClaimRead, CopyJob};
 use crate::pve::api::VmResource;
 use crate::pve::errors::{Origin, classify, task_type};
 use crate::pve::tasks::TaskState;
@@ -40,6 +40,11 @@ pub struct CopySpec {
     pub source_handle: String,
     /// Grow the copy to at least this many bytes.
     pub min_size: u64,
+    /// The UID of the claim a clone or restore is made for, as read before
+    /// the copy started: kept in the VM's description (`csi-claim-uid`), the
+    /// only claim whose absence lets the controller destroy the copy
+    /// (`abandon_copy`).
+    pub claim_uid: Option<String>,
 }
 
 /// Where a copy stands.
@@ -111,13 +116,22 @@ fn describe(spec: &CopySpec, created: i64) -> String {
          csi-source={src}\n\
          csi-storage={storage}\n\
          csi-created={created}\n\
-         csi-mark={mark}\n",
+         csi-mark={mark}\n\
+         {claim}",
         name = spec.name,
         src = spec.source_handle,
         storage = spec.storage,
         owned = super::holder::OWNED,
+        claim = spec
+            .claim_uid
+            .as_ref()
+            .map(|u| format!("{CLAIM_UID_KEY}={u}\n"))
+            .unwrap_or_default(),
     )
 }
+
+/// The description key of the claim UID a copy is made for.
+const CLAIM_UID_KEY: &str = "csi-claim-uid";
 
 /// Unix seconds now.
 fn now_secs() -> i64 {
@@ -421,37 +435,40 @@ impl Controller {
         // Room to answer after a step or a pause, with the progress seen last.
         let margin = std::time::Duration::from_millis(300);
         let mut pause = std::time::Duration::from_millis(500);
-        let mut abandoned = false;
+        // What the claim read as once it was gone (`abandon_copy`).
+        let mut abandoned: Option<ClaimRead> = None;
         loop {
             let step =
                 Deadline(d.0.checked_sub(margin).unwrap_or(d.0)).capped(self.operation_limit);
             let state = self.advance_copy(client, spec, step).await?;
             let kube = self.kube.as_ref();
+            let expected = spec.claim_uid.as_deref();
             match &state {
                 CopyState::Ready(info) => {
-                    if abandoned {
+                    if let Some(read) = &abandoned {
                         return Err(self
-                            .abandon_copy(client, &spec.name, spec.kind, job, step)
+                            .abandon_copy(client, &spec.name, spec.kind, job, read, step)
                             .await);
                     }
                     self.progress.copied(kube, job, info.size).await;
                     return Ok(state);
                 }
-                CopyState::Copying { progress, .. } => {
-                    if !abandoned && self.progress.copying(kube, job, progress).await == Claim::Gone
-                    {
+                CopyState::Copying { progress, .. } if abandoned.is_none() => {
+                    let read = self.progress.copying(kube, job, progress, expected).await;
+                    if read.gone(expected) {
                         tracing::warn!(
                             volume = job.volume,
                             "the claim is gone: its copy is destroyed once its import ends"
                         );
                         self.progress.abandoned(job).await;
-                        abandoned = true;
+                        abandoned = Some(read);
                     }
                 }
+                CopyState::Copying { .. } => {}
             }
             let wait = pause.min(d.remaining().saturating_sub(margin * 2));
             if wait.is_zero() {
-                if abandoned {
+                if abandoned.is_some() {
                     // In progress for the provisioner, which calls again
                     // with the claim it remembers.
                     return Err(CtlError::Aborted(format!(
@@ -467,17 +484,20 @@ impl Controller {
         }
     }
 
-    /// Gives up the copy VM `name` (tagged `kind`) of a claim that is gone:
-    /// destroys it, unless a PersistentVolume took the volume. The answer is
-    /// always an error: FailedPrecondition once nothing is left, so the
-    /// provisioner stops; Unavailable while the VM could not be destroyed
-    /// (its import still holds its lock), so it calls again.
+    /// Gives up the copy VM `name` (tagged `kind`) of a claim that is gone
+    /// (`read`: what the claim read as): destroys it, only if its
+    /// description records the UID of the claim it was made for and `read`
+    /// says that claim is gone, and no PersistentVolume took the volume. The
+    /// answer is always an error: FailedPrecondition once nothing is left to
+    /// do, so the provisioner stops; Unavailable while the VM could not be
+    /// destroyed (its import still holds its lock), so it calls again.
     pub async fn abandon_copy(
         &self,
         client: &Client,
         name: &str,
         kind: &str,
         job: &CopyJob<'_>,
+        read: &ClaimRead,
         d: Deadline,
     ) -> CtlError {
         let claim = job
@@ -487,13 +507,14 @@ impl Controller {
             .unwrap_or_default();
         let gone = |what: String| {
             CtlError::FailedPrecondition(format!(
-                "volume {}: its claim {claim} no longer exists (deleted, or replaced by a claim of the same name): {what}",
+                "volume {}: its claim {claim} is not in the Kubernetes API the controller reads \
+                 (deleted, or replaced by a claim of the same name): {what}",
                 job.volume
             ))
         };
         let again = |e: CtlError| {
             CtlError::Unavailable(format!(
-                "volume {}: its claim {claim} no longer exists, and its copy VM is not destroyed yet: {e}; the next call tries again",
+                "volume {}: its claim {claim} is gone, and its copy VM is not destroyed yet: {e}; the next call tries again",
                 job.volume
             ))
         };
@@ -509,10 +530,25 @@ impl Controller {
                 Err(e) => return again(e),
             }
         }
+        // Read now, not from the index: a VMID Proxmox handed out again
+        // since the index was filled is someone else's VM.
+        self.vms.invalidate(client.region()).await;
         let vm = match self.copy_vm(client, name, kind, d).await {
             Ok(Some(vm)) => vm,
             Ok(None) => return gone("nothing was copied".into()),
             Err(e) => return again(e),
+        };
+        let cfg = match client.vm_config(&vm.node, vm.vmid, d).await {
+            Ok(cfg) => cfg,
+            Err(e) => return again(e.into()),
+        };
+        let made_for = described(&cfg.values, CLAIM_UID_KEY);
+        let Some(made_for) = made_for.filter(|u| read.gone(Some(u))) else {
+            return gone(format!(
+                "its copy VM {} does not record the claim it was made for as gone, and is kept \
+                 (pvecsictl doctor lists such copies)",
+                vm.vmid
+            ));
         };
         if let Err(e) = self.destroy_copy(client, &vm, d).await {
             return again(e);
@@ -521,6 +557,7 @@ impl Controller {
         tracing::info!(
             volume = job.volume,
             vmid = vm.vmid,
+            claim_uid = made_for,
             "the claim is gone: its copy VM is destroyed"
         );
         gone(format!("its copy VM {} is destroyed", vm.vmid))
@@ -536,18 +573,28 @@ impl Controller {
     ) -> Result<(), CtlError> {
         let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
         // Read now, not from a cached list: a VM made under the VMID since
-        // the driver's was destroyed is someone else's. (A Go driver's
-        // replication holder carries no tag: its caller proved it by shape.)
-        if !crate::vms::is_own(&cfg.values) && vm.has_tag(crate::vms::OWN_TAG) {
+        // the driver's was destroyed is someone else's, or another of the
+        // driver's (another name). (A Go driver's replication holder carries
+        // no tag: its caller proved it by shape.)
+        let renamed = vm
+            .name
+            .as_deref()
+            .is_some_and(|n| cfg.values.get("name").map(String::as_str) != Some(n));
+        if renamed || (!crate::vms::is_own(&cfg.values) && vm.has_tag(crate::vms::OWN_TAG)) {
             tracing::info!(
                 vmid = vm.vmid,
-                "the VMID holds a VM that is not this driver's now: nothing to destroy"
+                "the VMID holds another VM now (not this driver's, or of another name): nothing to destroy"
             );
             return Ok(());
         }
         self.retire_vmid(vm.vmid);
         let lifted = self.unprotect(client, &vm.node, vm.vmid, &cfg, d).await?;
         let destroyed = client.destroy_vm(&vm.node, vm.vmid, d).await;
+        if destroyed.is_err() {
+            // The destroy may have gone through after all: the VMID must be
+            // looked up afresh.
+            self.vms.invalidate(client.region()).await;
+        }
         if destroyed.is_err() && lifted {
             // Still there (a backup's lock, a refusal): protected again,
             // unless the answer was lost and the VM may be gone.
@@ -604,6 +651,7 @@ mod tests {
             source: "local-lvm:vm-9999-pvc-a".into(),
             source_handle: "r/pve1/local-lvm/vm-9999-pvc-a".into(),
             min_size: 0,
+            claim_uid: Some("5bc58ec7-1f2a-4c3b-9d8e-0123456789ab".into()),
         };
         let cfg = std::collections::BTreeMap::from([(
             "description".to_string(),
@@ -616,6 +664,10 @@ mod tests {
         assert_eq!(
             described(&cfg, "csi-created").as_deref(),
             Some("1764440000")
+        );
+        assert_eq!(
+            described(&cfg, CLAIM_UID_KEY).as_deref(),
+            Some("5bc58ec7-1f2a-4c3b-9d8e-0123456789ab")
         );
     }
 }

@@ -254,6 +254,7 @@ impl Controller {
             source: src.volid(),
             source_handle: r.source_volume_id.clone(),
             min_size: 0,
+            claim_uid: None,
         };
         match self.advance_copy(&client, &spec, d).await? {
             CopyState::Ready(info) => Ok(snapshot_of(&src.region, &info)),
