@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
 use kube::Api;
 use proxmox_csi_controller::kube::Kube;
 use proxmox_csi_controller::progress;
+use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use proxmox_csi_proto::csi::v1::volume_content_source::{
     SnapshotSource, Type as Source, VolumeSource,
@@ -55,6 +56,30 @@ fn gauge(volume: &str) -> Option<f64> {
 }
 
 const LIMIT: Duration = Duration::from_secs(1);
+
+/// CreateVolume as the provisioner sends it for the claim `name` (in
+/// `default`, 1 GiB) cloning the volume `source`.
+fn clone_of(source: &str, name: &str) -> csi::CreateVolumeRequest {
+    from_source(
+        Source::Volume(VolumeSource {
+            volume_id: source.to_string(),
+        }),
+        name,
+        1 << 30,
+        &[("storage", "local-lvm")],
+        Some("pve2"),
+    )
+}
+
+/// A first call cut short by its 1.5 s deadline while the copy runs.
+async fn aborted_first_call(e: &Env, req: &csi::CreateVolumeRequest) {
+    let first = e
+        .svc
+        .create_volume(with_timeout(req.clone(), 1500))
+        .await
+        .unwrap_err();
+    assert_eq!(first.code(), Code::Aborted, "{first:?}");
+}
 
 fn with_timeout<T>(msg: T, ms: u64) -> Request<T> {
     let mut r = Request::new(msg);
@@ -98,6 +123,16 @@ async fn copying_env(kube: &kubesim::Running, gib: i64, ms_per_gib: u64) -> (Env
     e.knobs(&format!(r#"{{"copy_ms_per_gib": {ms_per_gib}}}"#))
         .await;
     (e, v.volume_id)
+}
+
+/// `copying_env` of 1 GiB at 3 s per GiB, the claim `name`, and the
+/// provisioner's CreateVolume cloning the volume for it.
+async fn claimed_clone(name: &str) -> (kubesim::Running, Env, String, csi::CreateVolumeRequest) {
+    let kube = kubesim::start().await.unwrap();
+    let (e, source) = copying_env(&kube, 1, 3000).await;
+    claim_in(&kube, name);
+    let req = clone_of(&source, name);
+    (kube, e, source, req)
 }
 
 /// What `kubectl describe` shows of each event: type, reason, message.
@@ -217,18 +252,7 @@ async fn a_10_gib_restore_answers_once_with_normal_progress_events_on_its_claim(
 /// its next call carries on with Normal progress.
 #[tokio::test]
 async fn a_failure_answers_once_and_the_next_call_shows_progress() {
-    let kube = kubesim::start().await.unwrap();
-    let (e, source) = copying_env(&kube, 1, 3000).await;
-    claim_in(&kube, "pvc-copy");
-    let req = from_source(
-        Source::Volume(VolumeSource {
-            volume_id: source.clone(),
-        }),
-        "pvc-copy",
-        1 << 30,
-        &[("storage", "local-lvm")],
-        Some("pve2"),
-    );
+    let (kube, e, source, req) = claimed_clone("pvc-copy").await;
     // The next task (the copy VM's creation) fails after its UPID.
     e.knobs(r#"{"fail_tasks": 1}"#).await;
     let mut errors = Vec::new();
@@ -258,22 +282,8 @@ async fn a_failure_answers_once_and_the_next_call_shows_progress() {
 
 #[tokio::test]
 async fn a_copy_outlasting_the_call_answers_aborted_and_its_claim_still_sees_progress() {
-    let kube = kubesim::start().await.unwrap();
-    let (e, source) = copying_env(&kube, 1, 3000).await;
-    claim_in(&kube, "pvc-long");
-    let req = from_source(
-        Source::Volume(VolumeSource { volume_id: source }),
-        "pvc-long",
-        1 << 30,
-        &[("storage", "local-lvm")],
-        Some("pve2"),
-    );
-    let first = e
-        .svc
-        .create_volume(with_timeout(req.clone(), 1500))
-        .await
-        .unwrap_err();
-    assert_eq!(first.code(), Code::Aborted, "{first:?}");
+    let (kube, e, _, req) = claimed_clone("pvc-long").await;
+    aborted_first_call(&e, &req).await;
     let running = events(&kube_client(&kube)).await;
     assert!(
         !running.is_empty()
@@ -296,13 +306,7 @@ async fn a_copy_outlasting_the_call_answers_aborted_and_its_claim_still_sees_pro
 async fn without_the_claims_name_a_copy_posts_no_event_and_still_answers() {
     let kube = kubesim::start().await.unwrap();
     let (e, source) = copying_env(&kube, 1, 3000).await;
-    let mut req = from_source(
-        Source::Volume(VolumeSource { volume_id: source }),
-        "pvc-bare",
-        1 << 30,
-        &[("storage", "local-lvm")],
-        Some("pve2"),
-    );
+    let mut req = clone_of(&source, "pvc-bare");
     // A provisioner without --extra-create-metadata.
     req.parameters
         .retain(|k, _| !k.starts_with("csi.storage.k8s.io/"));
@@ -342,12 +346,23 @@ async fn the_long_timeout_is_for_copies_an_unreachable_proxmox_is_reported_withi
 }
 
 /// Deletes the claim as kubectl does; kubesim's pvc-protection then lets
-/// it go (no pod uses it).
-async fn delete_claim(kube: &kubesim::Running, name: &str) {
+/// it go (no pod uses it). With `wait`, until it is gone.
+async fn delete_claim(kube: &kubesim::Running, name: &str, wait: bool) {
     Api::<PersistentVolumeClaim>::namespaced(kube_client(kube), "default")
         .delete(name, &Default::default())
         .await
         .unwrap();
+    for _ in 0..100 {
+        if !wait
+            || kube
+                .get("persistentvolumeclaims", "default", name)
+                .is_none()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("claim {name} never went");
 }
 
 /// The copy VMs and volumes pvesim holds for the volume `name`.
@@ -364,16 +379,7 @@ async fn left_for(e: &Env, name: &str) -> (Vec<serde_json::Value>, Vec<String>) 
 
 #[tokio::test]
 async fn a_claim_deleted_while_its_copy_runs_leaves_no_copy_behind() {
-    let kube = kubesim::start().await.unwrap();
-    let (e, source) = copying_env(&kube, 1, 3000).await;
-    claim_in(&kube, "pvc-dropped");
-    let req = from_source(
-        Source::Volume(VolumeSource { volume_id: source }),
-        "pvc-dropped",
-        1 << 30,
-        &[("storage", "local-lvm")],
-        Some("pve2"),
-    );
+    let (kube, e, _, req) = claimed_clone("pvc-dropped").await;
     let call = {
         let svc = e.svc.clone();
         let req = req.clone();
@@ -387,7 +393,7 @@ async fn a_claim_deleted_while_its_copy_runs_leaves_no_copy_behind() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(!vms_named(&e, "pvc-dropped").await.is_empty(), "no copy VM");
-    delete_claim(&kube, "pvc-dropped").await;
+    delete_claim(&kube, "pvc-dropped", false).await;
     let err = call.await.unwrap().unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(
@@ -413,32 +419,9 @@ async fn a_claim_deleted_while_its_copy_runs_leaves_no_copy_behind() {
 
 #[tokio::test]
 async fn a_claim_deleted_between_calls_has_its_copy_destroyed_on_the_next_call() {
-    let kube = kubesim::start().await.unwrap();
-    let (e, source) = copying_env(&kube, 1, 3000).await;
-    claim_in(&kube, "pvc-later");
-    let req = from_source(
-        Source::Volume(VolumeSource { volume_id: source }),
-        "pvc-later",
-        1 << 30,
-        &[("storage", "local-lvm")],
-        Some("pve2"),
-    );
-    let first = e
-        .svc
-        .create_volume(with_timeout(req.clone(), 1500))
-        .await
-        .unwrap_err();
-    assert_eq!(first.code(), Code::Aborted, "{first:?}");
-    delete_claim(&kube, "pvc-later").await;
-    for _ in 0..100 {
-        if kube
-            .get("persistentvolumeclaims", "default", "pvc-later")
-            .is_none()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (kube, e, _, req) = claimed_clone("pvc-later").await;
+    aborted_first_call(&e, &req).await;
+    delete_claim(&kube, "pvc-later", true).await;
     // Until the copy VM is destroyed, the answer says "in progress".
     let mut answers = Vec::new();
     let last = loop {
@@ -474,13 +457,7 @@ async fn a_claim_replaced_under_the_same_name_gets_no_copy_and_no_events() {
         json!({"metadata": {"name": name, "namespace": "default",
                             "uid": "0e9d8c7b-6a5f-4e3d-2c1b-a09876543210"}}),
     );
-    let req = from_source(
-        Source::Volume(VolumeSource { volume_id: source }),
-        name,
-        1 << 30,
-        &[("storage", "local-lvm")],
-        Some("pve2"),
-    );
+    let req = clone_of(&source, name);
     let err = e
         .svc
         .create_volume(with_timeout(req, 60_000))
@@ -494,16 +471,7 @@ async fn a_claim_replaced_under_the_same_name_gets_no_copy_and_no_events() {
 
 #[tokio::test]
 async fn a_copy_that_does_not_record_its_claim_is_never_destroyed_for_it() {
-    let kube = kubesim::start().await.unwrap();
-    let (e, source) = copying_env(&kube, 1, 3000).await;
-    claim_in(&kube, "pvc-unrecorded");
-    let req = from_source(
-        Source::Volume(VolumeSource { volume_id: source }),
-        "pvc-unrecorded",
-        1 << 30,
-        &[("storage", "local-lvm")],
-        Some("pve2"),
-    );
+    let (kube, e, _, req) = claimed_clone("pvc-unrecorded").await;
     // A controller that reads no claim (no Kubernetes API) starts the copy:
     // its VM records no claim UID.
     let blind =
@@ -513,16 +481,7 @@ async fn a_copy_that_does_not_record_its_claim_is_never_destroyed_for_it() {
         .await
         .unwrap_err();
     assert_eq!(first.code(), Code::Aborted, "{first:?}");
-    delete_claim(&kube, "pvc-unrecorded").await;
-    for _ in 0..100 {
-        if kube
-            .get("persistentvolumeclaims", "default", "pvc-unrecorded")
-            .is_none()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    delete_claim(&kube, "pvc-unrecorded", true).await;
     let err = e
         .svc
         .create_volume(with_timeout(req, 60_000))
