@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 
-use proxmox_csi_common::contract::{CTX_GO_DEVICE_PATH, CTX_SERIAL, CTX_WWN};
+use proxmox_csi_common::contract::PublishContext;
 use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::volume_capability::AccessType;
 use proxmox_csi_proto::csi::v1::volume_capability::access_mode::Mode;
@@ -202,31 +202,15 @@ fn passphrase(
     }
 }
 
-/// The disk's identity from the publish context: ours (`wwn`, `serial`) or
-/// the Go driver's (`DevicePath` = `/dev/disk/by-id/wwn-0x…`), so volumes
-/// attached before a switch of drivers keep staging.
+/// The disk's identity from the publish context (`PublishContext`: ours,
+/// or a Go driver's, so volumes attached before a switch of drivers keep
+/// staging).
 fn device(ctx: &HashMap<String, String>) -> Result<hostd::Device, AgentError> {
-    let wwn = match (ctx.get(CTX_WWN), ctx.get(CTX_GO_DEVICE_PATH)) {
-        (Some(w), _) if !w.is_empty() => w.clone(),
-        (_, Some(p)) => p
-            .strip_prefix("/dev/disk/by-id/wwn-")
-            .map(str::to_string)
-            .ok_or_else(|| {
-                AgentError::invalid(
-                    "publish_context.DevicePath",
-                    format!("{p:?} does not name a disk by WWN (/dev/disk/by-id/wwn-0x…)"),
-                )
-            })?,
-        _ => {
-            return Err(AgentError::invalid(
-                "publish_context.wwn",
-                "is required: ControllerPublishVolume sets it when it attaches the disk",
-            ));
-        }
-    };
+    let c =
+        PublishContext::from_map(ctx).map_err(|e| AgentError::invalid(e.field(), e.to_string()))?;
     Ok(hostd::Device {
-        wwn,
-        serial: ctx.get(CTX_SERIAL).cloned().unwrap_or_default(),
+        wwn: c.wwn,
+        serial: c.serial.unwrap_or_default(),
     })
 }
 

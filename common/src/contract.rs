@@ -1,7 +1,7 @@
 //! What the controller and the node agree on about a disk: the publish
-//! context keys ControllerPublishVolume writes, and the WWN and serial the
-//! controller derives from a volume's handle, which hostd checks again on
-//! the node before it touches the disk.
+//! context ControllerPublishVolume writes (`PublishContext`), and the WWN
+//! and serial the controller derives from a volume's handle, which hostd
+//! checks again on the node before it touches the disk.
 
 use sha2::{Digest, Sha256};
 
@@ -26,6 +26,117 @@ pub const CTX_GO_DEVICE_PATH: &str = "DevicePath";
 /// NodeStageVolume).
 pub const CTX_GO_RESIZE_REQUIRED: &str = "resizeRequired";
 pub const CTX_GO_RESIZE_SIZE_BYTES: &str = "resizeSizeBytes";
+
+/// What ControllerPublishVolume tells the node about the disk it attached,
+/// as the publish context carries it (`to_map`, `from_map`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishContext {
+    /// The disk's WWN (`0x` + 16 hex digits), by which the node finds it.
+    pub wwn: String,
+    /// The disk's SCSI serial (`serial_for`), which hostd checks against
+    /// the handle; `None` from a Go driver's controller.
+    pub serial: Option<String>,
+    /// The SCSI address as the guest sees it; `None` from a Go driver's
+    /// controller.
+    pub address: Option<ScsiAddress>,
+    /// The Go driver's `resizeRequired`: for a Go node plugin still staging
+    /// during a switch of drivers, which grows the filesystem at stage.
+    pub go_resize_required: bool,
+}
+
+/// A disk's SCSI target and LUN, as the guest sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ScsiAddress {
+    pub target: u32,
+    pub lun: u32,
+}
+
+/// A publish context the node cannot take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContextError {
+    #[error("is required: ControllerPublishVolume sets it when it attaches the disk")]
+    NoWwn,
+    #[error("{0:?} does not name a disk by WWN (/dev/disk/by-id/wwn-0x…)")]
+    NotAWwnPath(String),
+    #[error("{value:?} is not a number")]
+    NotANumber { key: &'static str, value: String },
+}
+
+impl ContextError {
+    /// The request field at fault.
+    pub fn field(&self) -> String {
+        let key = match self {
+            Self::NoWwn => CTX_WWN,
+            Self::NotAWwnPath(_) => CTX_GO_DEVICE_PATH,
+            Self::NotANumber { key, .. } => key,
+        };
+        format!("publish_context.{key}")
+    }
+}
+
+/// The Go driver's device path of a WWN (what its node plugin reads).
+const GO_WWN_PATH: &str = "/dev/disk/by-id/wwn-";
+
+impl PublishContext {
+    /// The publish context's entries, the Go driver's `DevicePath` among
+    /// them so that its node plugin stages during a switch of drivers.
+    pub fn to_map(&self) -> std::collections::HashMap<String, String> {
+        let mut ctx = std::collections::HashMap::from([
+            (CTX_WWN.to_string(), self.wwn.clone()),
+            (
+                CTX_GO_DEVICE_PATH.to_string(),
+                format!("{GO_WWN_PATH}{}", self.wwn),
+            ),
+        ]);
+        if let Some(serial) = self.serial.as_ref().filter(|s| !s.is_empty()) {
+            ctx.insert(CTX_SERIAL.into(), serial.clone());
+        }
+        if let Some(a) = self.address {
+            ctx.insert(CTX_LUN.into(), a.lun.to_string());
+            ctx.insert(CTX_TARGET.into(), a.target.to_string());
+        }
+        if self.go_resize_required {
+            ctx.insert(CTX_GO_RESIZE_REQUIRED.into(), "true".into());
+        }
+        ctx
+    }
+
+    /// Reads a publish context: this driver's (`wwn`, `serial`, `lun`,
+    /// `target`), or a Go driver's (`DevicePath` =
+    /// `/dev/disk/by-id/wwn-0x…`), so that volumes attached before a switch
+    /// of drivers keep staging. Keys it does not know are ignored, as the
+    /// spec lets a CO pass the context through unchanged.
+    pub fn from_map(ctx: &std::collections::HashMap<String, String>) -> Result<Self, ContextError> {
+        let wwn = match (ctx.get(CTX_WWN), ctx.get(CTX_GO_DEVICE_PATH)) {
+            (Some(w), _) if !w.is_empty() => w.clone(),
+            (_, Some(p)) => p
+                .strip_prefix(GO_WWN_PATH)
+                .map(str::to_string)
+                .ok_or_else(|| ContextError::NotAWwnPath(p.clone()))?,
+            _ => return Err(ContextError::NoWwn),
+        };
+        let number = |key: &'static str| -> Result<Option<u32>, ContextError> {
+            ctx.get(key)
+                .map(|v| {
+                    v.parse().map_err(|_| ContextError::NotANumber {
+                        key,
+                        value: v.clone(),
+                    })
+                })
+                .transpose()
+        };
+        let address = match (number(CTX_TARGET)?, number(CTX_LUN)?) {
+            (Some(target), Some(lun)) => Some(ScsiAddress { target, lun }),
+            _ => None,
+        };
+        Ok(Self {
+            wwn,
+            serial: ctx.get(CTX_SERIAL).filter(|s| !s.is_empty()).cloned(),
+            address,
+            go_resize_required: ctx.get(CTX_GO_RESIZE_REQUIRED).map(String::as_str) == Some("true"),
+        })
+    }
+}
 
 /// The filesystems a volume may be formatted with, the default first: ext4
 /// and xfs, and ext2 and ext3, which the Go driver formats too (it hands any
@@ -149,6 +260,65 @@ mod tests {
             serial_for("r/pve2/local-lvm/vm-9999-pvc-b")
         );
     }
+    proptest::proptest! {
+        /// Whatever the controller writes, the node reads back as written,
+        /// and the Go node plugin finds the same disk.
+        #[test]
+        fn a_publish_context_reads_back_as_written(
+            wwn in "0x5[0-9a-f]{15}",
+            serial in proptest::option::of("csi-[0-9a-f]{16}"),
+            address in proptest::option::of((0u32..16, 0u32..31)),
+            go_resize_required: bool,
+        ) {
+            let written = PublishContext {
+                wwn: wwn.clone(),
+                serial,
+                address: address.map(|(target, lun)| ScsiAddress { target, lun }),
+                go_resize_required,
+            };
+            let map = written.to_map();
+            proptest::prop_assert_eq!(PublishContext::from_map(&map), Ok(written));
+            proptest::prop_assert_eq!(
+                map.get(CTX_GO_DEVICE_PATH).cloned(),
+                Some(format!("/dev/disk/by-id/wwn-{wwn}"))
+            );
+        }
+
+        /// A Go controller's context (DevicePath only) names the same disk.
+        #[test]
+        fn a_go_publish_context_names_its_disk(wwn in "0x5[0-9a-f]{15}") {
+            let go = std::collections::HashMap::from([(
+                CTX_GO_DEVICE_PATH.to_string(),
+                format!("/dev/disk/by-id/wwn-{wwn}"),
+            )]);
+            let read = PublishContext::from_map(&go);
+            proptest::prop_assert_eq!(read.map(|c| (c.wwn, c.serial, c.address)), Ok((wwn, None, None)));
+        }
+    }
+
+    #[test]
+    fn a_publish_context_without_a_disk_names_the_key_at_fault() {
+        let err = PublishContext::from_map(&Default::default()).unwrap_err();
+        assert_eq!(err.field(), "publish_context.wwn");
+        let sdb = std::collections::HashMap::from([(
+            CTX_GO_DEVICE_PATH.to_string(),
+            "/dev/sdb".to_string(),
+        )]);
+        let err = PublishContext::from_map(&sdb).unwrap_err();
+        assert_eq!(
+            format!("{}: {err}", err.field()),
+            "publish_context.DevicePath: \"/dev/sdb\" does not name a disk by WWN (/dev/disk/by-id/wwn-0x…)"
+        );
+        let lun = std::collections::HashMap::from([
+            (CTX_WWN.to_string(), "0x5000000000000001".to_string()),
+            (CTX_LUN.to_string(), "x".to_string()),
+        ]);
+        assert_eq!(
+            PublishContext::from_map(&lun).unwrap_err().field(),
+            "publish_context.lun"
+        );
+    }
+
     #[test]
     fn marks_read_back_from_names_volids_and_handles() {
         for name in [

@@ -80,12 +80,9 @@ pub fn scsi_address(scsihw: Option<&str>, index: u32) -> ScsiAddress {
     }
 }
 
-/// A drive's SCSI target and LUN as the guest sees them (`scsi_address`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ScsiAddress {
-    pub target: u32,
-    pub lun: u32,
-}
+/// A drive's SCSI target and LUN as the guest sees them (`scsi_address`),
+/// as the publish context carries them.
+pub use proxmox_csi_common::contract::ScsiAddress;
 
 pub fn is_disk_key(k: &str) -> bool {
     ["scsi", "virtio", "sata", "ide"].iter().any(|bus| {

@@ -5,14 +5,11 @@
 use std::collections::HashMap;
 
 use proxmox_csi_common::NodeId;
-use proxmox_csi_common::contract::{
-    CTX_GO_DEVICE_PATH, CTX_GO_RESIZE_REQUIRED, CTX_GO_RESIZE_SIZE_BYTES, CTX_LUN, CTX_SERIAL,
-    CTX_TARGET, CTX_WWN,
-};
+use proxmox_csi_common::contract::{CTX_GO_RESIZE_SIZE_BYTES, PublishContext};
 use proxmox_csi_proto::csi::v1 as csi;
 
 use super::{Controller, check_capabilities};
-use crate::attach::{Attached, Op};
+use crate::attach::Op;
 use crate::error::CtlError;
 use crate::kube::{NodeFacts, NodeVm};
 use crate::params::StorageParams;
@@ -234,12 +231,13 @@ impl Controller {
             );
         }
         self.remember_node_id(&id.region, vm.vmid, &r.node_id);
-        let mut ctx = publish_context(&attached);
-        if go_resize.is_some() {
-            // For a Go node plugin still staging during a switch of drivers.
-            ctx.insert(CTX_GO_RESIZE_REQUIRED.into(), "true".into());
+        Ok(PublishContext {
+            wwn: attached.wwn.clone(),
+            serial: Some(attached.serial.clone()).filter(|s| !s.is_empty()),
+            address: Some(attached.address),
+            go_resize_required: go_resize.is_some(),
         }
-        Ok(ctx)
+        .to_map())
     }
 
     pub async fn unpublish(
@@ -312,23 +310,4 @@ fn go_resize_bytes(ctx: &HashMap<String, String>) -> Option<u64> {
             None
         }
     }
-}
-
-fn publish_context(a: &Attached) -> HashMap<String, String> {
-    let mut ctx = HashMap::from([
-        (CTX_WWN.to_string(), a.wwn.clone()),
-        (CTX_LUN.to_string(), a.address.lun.to_string()),
-        (CTX_TARGET.to_string(), a.address.target.to_string()),
-    ]);
-    if !a.serial.is_empty() {
-        ctx.insert(CTX_SERIAL.into(), a.serial.clone());
-    }
-    if !a.wwn.is_empty() {
-        // What the Go driver's node plugin reads.
-        ctx.insert(
-            CTX_GO_DEVICE_PATH.into(),
-            format!("/dev/disk/by-id/wwn-{}", a.wwn),
-        );
-    }
-    ctx
 }
