@@ -21,7 +21,7 @@ struct Args {
     #[arg(long, default_value = "/run/proxmox-csi-hostd/hostd.sock")]
     hostd_socket: PathBuf,
     /// CSI driver name.
-    #[arg(long, default_value = "csi.proxmox.sinextra.dev")]
+    #[arg(long, default_value = proxmox_csi_common::contract::DRIVER_NAME)]
     driver_name: String,
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:8081, or :8081).
     #[arg(long, value_parser = goflags::listen_addr)]
@@ -36,7 +36,7 @@ struct Args {
     #[arg(long, default_value = "/var/lib/kubelet")]
     kubelet_root: PathBuf,
     /// Volumes per node when the Node has no csi.proxmox.sinextra.dev/max-volume-attachments label.
-    #[arg(long, default_value_t = proxmox_csi_common::DEFAULT_MAX_VOLUMES, value_parser = clap::value_parser!(i64).range(1..=30))]
+    #[arg(long, default_value_t = proxmox_csi_common::DEFAULT_MAX_VOLUMES, value_parser = clap::value_parser!(i64).range(1..=proxmox_csi_common::SCSI_SLOTS))]
     max_volumes: i64,
     /// Region, instead of reading the Node's labels (with --zone, or
     /// alone for a node that reaches shared storage only).

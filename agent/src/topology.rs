@@ -6,8 +6,7 @@ use kube::Api;
 
 use crate::error::AgentError;
 
-pub const REGION: &str = "topology.kubernetes.io/region";
-pub const ZONE: &str = "topology.kubernetes.io/zone";
+pub use proxmox_csi_common::contract::{TOPOLOGY_REGION as REGION, TOPOLOGY_ZONE as ZONE};
 /// Labels that override the standard ones, as in the Go driver
 /// (pkg/csi/helper.go GetNodeTopology: `ProxmoxRegion`, `ProxmoxNode` first),
 /// for nodes whose standard labels another controller owns.

@@ -5,6 +5,16 @@
 
 use sha2::{Digest, Sha256};
 
+/// The driver's name by default: the Go driver's, which this driver
+/// replaces in place (its CSIDriver, StorageClasses and PersistentVolumes
+/// name it).
+pub const DRIVER_NAME: &str = "csi.proxmox.sinextra.dev";
+
+/// The topology keys: a volume's and a node's Proxmox cluster (region) and
+/// Proxmox node (zone), as the Go driver and the cloud provider write them.
+pub const TOPOLOGY_REGION: &str = "topology.kubernetes.io/region";
+pub const TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
+
 /// Publish context: the disk's WWN (`0x` + 16 hex digits).
 pub const CTX_WWN: &str = "wwn";
 /// Publish context: the disk's SCSI serial, when the controller set one.

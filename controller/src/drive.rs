@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 
-/// `scsi1`–`scsi30`: the slots a CSI volume may take (scsi0 is the boot disk).
-pub const SLOTS: std::ops::RangeInclusive<u32> = 1..=30;
+/// `scsi1`–`scsi30`: the slots a CSI volume may take (scsi0 is the boot
+/// disk), as many as the node plugin reports at most (`SCSI_SLOTS`).
+pub const SLOTS: std::ops::RangeInclusive<u32> = 1..=(proxmox_csi_common::SCSI_SLOTS as u32);
 
 /// A drive value split into its volume and options.
 #[derive(Debug, Clone, PartialEq, Eq)]

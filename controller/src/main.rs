@@ -21,7 +21,7 @@ struct Args {
     #[arg(long, env = "PROXMOX_CSI_CLOUD_CONFIG")]
     cloud_config: PathBuf,
     /// CSI driver name.
-    #[arg(long, default_value = "csi.proxmox.sinextra.dev")]
+    #[arg(long, default_value = proxmox_csi_common::contract::DRIVER_NAME)]
     driver_name: String,
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:8080, or
     /// :8080 as the Go driver's chart writes it).

@@ -62,7 +62,7 @@ struct Args {
     #[arg(
         long,
         env = "PROXMOX_CSI_HOSTD_DRIVER_NAME",
-        default_value = "csi.proxmox.sinextra.dev"
+        default_value = proxmox_csi_common::contract::DRIVER_NAME
     )]
     driver_name: String,
     /// Where hostd records which volume is staged and published where

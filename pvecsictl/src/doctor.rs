@@ -1,5 +1,6 @@
 //! `doctor`: what commonly breaks, each finding with its remedy.
 
+use proxmox_csi_common::contract::{TOPOLOGY_REGION, TOPOLOGY_ZONE};
 use serde::Serialize;
 
 use proxmox_csi_common::support;
@@ -380,7 +381,7 @@ fn nodes(s: &State, out: &mut Vec<Finding>) {
                 n.name.as_str(),
                 Severity::Error,
                 format!(
-                    "topology.kubernetes.io/region={r} is not a region of the cloud config ({})",
+                    "{TOPOLOGY_REGION}={r} is not a region of the cloud config ({})",
                     s.regions.join(", ")
                 ),
                 "label the node with its cluster's region, or add the cluster to the cloud config",
@@ -390,11 +391,11 @@ fn nodes(s: &State, out: &mut Vec<Finding>) {
                 n.name.as_str(),
                 Severity::Error,
                 format!(
-                    "topology.kubernetes.io/zone={z}, but its VM {} runs on Proxmox node {}",
+                    "{TOPOLOGY_ZONE}={z}, but its VM {} runs on Proxmox node {}",
                     vm.res.vmid, vm.res.node
                 ),
                 format!(
-                    "kubectl label node {} topology.kubernetes.io/zone={} --overwrite",
+                    "kubectl label node {} {TOPOLOGY_ZONE}={} --overwrite",
                     n.name, vm.res.node
                 ),
             )),
@@ -409,7 +410,7 @@ fn nodes(s: &State, out: &mut Vec<Finding>) {
                 "topology labels",
                 n.name.as_str(),
                 Severity::Error,
-                "the node has no topology.kubernetes.io/region or zone label",
+                format!("the node has no {TOPOLOGY_REGION} or zone label"),
                 "run the Proxmox cloud controller manager, or label the node by hand",
             )),
         }

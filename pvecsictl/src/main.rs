@@ -29,7 +29,7 @@ struct Args {
     /// kubeconfig; the usual lookup (KUBECONFIG, ~/.kube/config, in-cluster) when absent.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
-    #[arg(long, default_value = "csi.proxmox.sinextra.dev")]
+    #[arg(long, default_value = proxmox_csi_common::contract::DRIVER_NAME)]
     driver_name: String,
     /// Output: a table, or JSON for scripts.
     #[arg(short, long, value_enum, default_value = "table")]

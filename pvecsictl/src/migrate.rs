@@ -15,6 +15,7 @@
 //! the state, so an interrupted run continues with `--resume`. Reclaim
 //! policies are restored and cordons undone on every exit path.
 
+use proxmox_csi_common::contract::{TOPOLOGY_REGION, TOPOLOGY_ZONE};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -328,8 +329,8 @@ async fn forward(
         });
         spec.node_affinity = Some(serde_json::from_value(
             json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
-            {"key": "topology.kubernetes.io/region", "operator": "In", "values": [id.region]},
-            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [plan.to]}]}]}}),
+            {"key": TOPOLOGY_REGION, "operator": "In", "values": [id.region]},
+            {"key": TOPOLOGY_ZONE, "operator": "In", "values": [plan.to]}]}]}}),
         )?);
         v.spec = Some(spec);
         k.pvs().create(&PostParams::default(), &v).await?;

@@ -3,6 +3,7 @@
 //! PersistentVolumes, classes and the Nodes from Kubernetes. Read once, then
 //! judged.
 
+use proxmox_csi_common::contract::{TOPOLOGY_REGION, TOPOLOGY_ZONE};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -318,8 +319,8 @@ impl State {
             let annotations = n.metadata.annotations.clone().unwrap_or_default();
             s.nodes.push(KubeNode {
                 name: n.metadata.name.clone().unwrap_or_default(),
-                region: labels.get("topology.kubernetes.io/region").cloned(),
-                zone: labels.get("topology.kubernetes.io/zone").cloned(),
+                region: labels.get(TOPOLOGY_REGION).cloned(),
+                zone: labels.get(TOPOLOGY_ZONE).cloned(),
                 provider_id: n.spec.and_then(|sp| sp.provider_id),
                 instance_id: annotations.get("proxmox.sinextra.dev/instance-id").cloned(),
             });

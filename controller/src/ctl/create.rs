@@ -14,8 +14,7 @@ use crate::pve::{Client, Deadline};
 use crate::volume::{VolumeId, disk_filename};
 use crate::warnings::{self, ClassKind};
 
-pub const REGION: &str = "topology.kubernetes.io/region";
-pub const ZONE: &str = "topology.kubernetes.io/zone";
+pub use proxmox_csi_common::contract::{TOPOLOGY_REGION as REGION, TOPOLOGY_ZONE as ZONE};
 
 /// The size to allocate, in the Go driver's 512 MiB steps.
 pub fn size_for(range: Option<&csi::CapacityRange>) -> Result<u64, CtlError> {

@@ -129,7 +129,7 @@ impl Controller {
             default_timeout,
             operation_limit: OPERATION_LIMIT,
             kube: None,
-            driver_name: "csi.proxmox.sinextra.dev".into(),
+            driver_name: proxmox_csi_common::contract::DRIVER_NAME.into(),
             node_ids: node_ids::Published::default(),
             last_held: Default::default(),
             unsafe_mount: false,
