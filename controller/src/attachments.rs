@@ -104,12 +104,7 @@ async fn candidates(
     zone: Option<&str>,
     d: Deadline,
 ) -> Result<Vec<VmResource>, PveError> {
-    use crate::ctl::{REPLICATED_TAG, SNAPSHOT_TAG, VOLUME_TAG};
-    let copies = |v: &VmResource| {
-        [SNAPSHOT_TAG, VOLUME_TAG, REPLICATED_TAG]
-            .iter()
-            .any(|t| v.has_tag(t))
-    };
+    let copies = |v: &VmResource| crate::naming::COPY_TAGS.iter().any(|t| v.has_tag(t));
     Ok(index
         .all(client, d)
         .await?

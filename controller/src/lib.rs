@@ -8,6 +8,7 @@ pub mod ctl;
 pub mod drive;
 pub mod error;
 pub mod kube;
+pub mod naming;
 pub mod params;
 pub mod progress;
 pub mod pve;

@@ -163,7 +163,7 @@ impl VmIndex {
                     let made_by_driver = cfg
                         .values
                         .get("description")
-                        .is_some_and(|d| d.contains(crate::ctl::OWNED_VM_NOTE.trim_end()));
+                        .is_some_and(|d| d.contains(crate::naming::OWNED.trim_end()));
                     if !made_by_driver {
                         continue;
                     }
@@ -240,8 +240,7 @@ impl VmIndex {
     }
 }
 
-/// Every VM the controller creates carries this tag.
-pub const OWN_TAG: &str = "proxmox-csi";
+pub use crate::naming::OWN_TAG;
 
 /// Whether a VM config is one of the controller's own VMs (its tag).
 pub fn is_own(cfg: &std::collections::BTreeMap<String, String>) -> bool {

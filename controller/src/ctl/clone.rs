@@ -23,7 +23,7 @@ use crate::progress::{ClaimRead, ClaimRef, CopyJob, claim_uid_of};
 use crate::pve::Deadline;
 use crate::volume::VolumeId;
 
-pub const VOLUME_TAG: &str = "csi-volume";
+pub use crate::naming::VOLUME_TAG;
 
 /// The source of a copy, resolved.
 struct Resolved {

@@ -19,6 +19,7 @@ use super::Controller;
 use super::holder::NewVm;
 use crate::drive::DriveLine;
 use crate::error::CtlError;
+use crate::naming::described::{CLAIM_UID, CREATED, MARK, SOURCE, STORAGE};
 use crate::progress::{ClaimRead, CopyJob};
 use crate::pve::api::VmResource;
 use crate::pve::errors::{Origin, classify, task_type};
@@ -113,10 +114,10 @@ fn describe(spec: &CopySpec, created: i64) -> String {
     format!(
         "Proxmox CSI {what} {name}, a copy of {src}, held as this VM's unused0.\n\
          {owned}\
-         csi-source={src}\n\
-         csi-storage={storage}\n\
-         csi-created={created}\n\
-         csi-mark={mark}\n\
+         {SOURCE}={src}\n\
+         {STORAGE}={storage}\n\
+         {CREATED}={created}\n\
+         {MARK}={mark}\n\
          {claim}",
         name = spec.name,
         src = spec.source_handle,
@@ -125,13 +126,10 @@ fn describe(spec: &CopySpec, created: i64) -> String {
         claim = spec
             .claim_uid
             .as_ref()
-            .map(|u| format!("{CLAIM_UID_KEY}={u}\n"))
+            .map(|u| format!("{CLAIM_UID}={u}\n"))
             .unwrap_or_default(),
     )
 }
-
-/// The description key of the claim UID a copy is made for.
-const CLAIM_UID_KEY: &str = "csi-claim-uid";
 
 /// Unix seconds now.
 fn now_secs() -> i64 {
@@ -143,7 +141,7 @@ fn now_secs() -> i64 {
 
 /// A copy VM's mark (`describe`); `None` for one made before marks.
 pub fn mark_of(config: &std::collections::BTreeMap<String, String>) -> Option<String> {
-    described(config, "csi-mark")
+    described(config, MARK)
 }
 
 /// A `key=value` line of a copy VM's description.
@@ -200,15 +198,15 @@ impl Controller {
         if let Some(info) = self.copy_info(client, vm, &cfg.values, d).await? {
             return Ok(super::snapshot::snapshot_of(region, &info));
         }
-        let source = described(&cfg.values, "csi-source").unwrap_or_default();
-        let storage = described(&cfg.values, "csi-storage")
+        let source = described(&cfg.values, SOURCE).unwrap_or_default();
+        let storage = described(&cfg.values, STORAGE)
             .or_else(|| {
                 crate::volume::VolumeId::parse(&source)
                     .ok()
                     .map(|v| v.storage)
             })
             .unwrap_or_default();
-        let created = described(&cfg.values, "csi-created")
+        let created = described(&cfg.values, CREATED)
             .and_then(|c| c.parse().ok())
             .unwrap_or(0);
         Ok(csi::Snapshot {
@@ -263,8 +261,8 @@ impl Controller {
             node: vm.node.clone(),
             volid,
             size,
-            source_handle: described(cfg, "csi-source").unwrap_or_default(),
-            created: described(cfg, "csi-created")
+            source_handle: described(cfg, SOURCE).unwrap_or_default(),
+            created: described(cfg, CREATED)
                 .and_then(|c| c.parse().ok())
                 .unwrap_or(0),
         }))
@@ -300,7 +298,7 @@ impl Controller {
         let key = (client.region().to_string(), vm.vmid);
         loop {
             let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
-            if let Some(src) = described(&cfg.values, "csi-source")
+            if let Some(src) = described(&cfg.values, SOURCE)
                 && src != spec.source_handle
             {
                 return Err(CtlError::AlreadyExists(format!(
@@ -311,7 +309,7 @@ impl Controller {
             let copying = |progress: String| CopyState::Copying {
                 vmid: vm.vmid,
                 node: vm.node.clone(),
-                created: described(&cfg.values, "csi-created")
+                created: described(&cfg.values, CREATED)
                     .and_then(|c| c.parse().ok())
                     .unwrap_or(0),
                 mark: mark_of(&cfg.values),
@@ -542,7 +540,7 @@ impl Controller {
             Ok(cfg) => cfg,
             Err(e) => return again(e.into()),
         };
-        let made_for = described(&cfg.values, CLAIM_UID_KEY);
+        let made_for = described(&cfg.values, CLAIM_UID);
         let Some(made_for) = made_for.filter(|u| read.gone(Some(u))) else {
             return gone(format!(
                 "its copy VM {} does not record the claim it was made for as gone, and is kept \
@@ -658,15 +656,12 @@ mod tests {
             describe(&spec, 1_764_440_000),
         )]);
         assert_eq!(
-            described(&cfg, "csi-source").as_deref(),
+            described(&cfg, SOURCE).as_deref(),
             Some("r/pve1/local-lvm/vm-9999-pvc-a")
         );
+        assert_eq!(described(&cfg, CREATED).as_deref(), Some("1764440000"));
         assert_eq!(
-            described(&cfg, "csi-created").as_deref(),
-            Some("1764440000")
-        );
-        assert_eq!(
-            described(&cfg, CLAIM_UID_KEY).as_deref(),
+            described(&cfg, CLAIM_UID).as_deref(),
             Some("5bc58ec7-1f2a-4c3b-9d8e-0123456789ab")
         );
     }

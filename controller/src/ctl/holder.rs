@@ -18,31 +18,13 @@ use crate::pve::api::{VmConfig, VmResource};
 use crate::pve::{Client, Deadline, ErrorKind, PveError};
 use crate::vms::is_protected;
 
-/// Every VM the controller creates carries this tag.
-pub const TAG: &str = crate::vms::OWN_TAG;
-
-/// The kind tag of holder VMs.
-pub const HOLDER_TAG: &str = "csi-holder";
-
-/// Every tag the driver sets on its VMs: a cluster's tag policy must admit
-/// them all (`pvecsictl doctor` checks).
-pub const DRIVER_TAGS: [&str; 5] = [
-    TAG,
-    HOLDER_TAG,
-    super::snapshot::SNAPSHOT_TAG,
-    super::clone::VOLUME_TAG,
-    super::replicate::REPLICATED_TAG,
-];
+pub use crate::naming::{DRIVER_TAGS, HOLDER_TAG, OWN_TAG as TAG};
 
 pub fn holder_name(node: &str) -> String {
     format!("proxmox-csi-holder-{node}")
 }
 
-/// The close of every description the controller writes: who owns the VM
-/// and what destroying it costs, for whoever finds it in the UI.
-pub const OWNED: &str = "Owned by the Proxmox CSI driver: destroying this VM destroys the volume data it holds. \
-It is kept stopped and protected (protection: 1); the driver removes it when its Kubernetes object is deleted. \
-Delete that object, not this VM.\n";
+pub use crate::naming::OWNED;
 
 /// A new VM's identity and notes.
 #[derive(Debug)]

@@ -23,7 +23,7 @@ use crate::pve::api::VmResource;
 use crate::pve::{Client, Deadline, PveError};
 use crate::volume::{VolumeId, disk_filename};
 
-pub const REPLICATED_TAG: &str = "csi-replicated";
+pub use crate::naming::REPLICATED_TAG;
 
 #[derive(Debug, Deserialize)]
 struct Job {

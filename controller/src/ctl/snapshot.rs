@@ -23,7 +23,7 @@ use crate::pve::Deadline;
 use crate::volume::VolumeId;
 use crate::warnings::{self, ClassKind, ParamWarning, Reason};
 
-pub const SNAPSHOT_TAG: &str = "csi-snapshot";
+pub use crate::naming::SNAPSHOT_TAG;
 const PREFIX: &str = "snapshot-vm-";
 
 /// A parsed snapshot handle.
