@@ -31,8 +31,19 @@ pub struct NodeId {
     pub vmid: Option<u32>,
 }
 
+/// Why a string is not a CSI node id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeIdError {
+    #[error("node id {raw:?}: {vmid:?} after '/' is not a VM id (100 or more)")]
+    NotAVmId { raw: String, vmid: String },
+    #[error(
+        "node id {raw:?}: {name:?} is not a Kubernetes node name (lower-case letters, digits, '-' and '.')"
+    )]
+    NotANodeName { raw: String, name: String },
+}
+
 impl NodeId {
-    pub fn parse(raw: &str) -> Result<Self, String> {
+    pub fn parse(raw: &str) -> Result<Self, NodeIdError> {
         let (name, vmid) = match raw.split_once('/') {
             Some((n, v)) => {
                 // Digits only, no leading zero: one spelling per VM id.
@@ -42,8 +53,9 @@ impl NodeId {
                     .parse::<u32>()
                     .ok()
                     .filter(|id| canonical && *id >= 100)
-                    .ok_or_else(|| {
-                        format!("node id {raw:?}: {v:?} after '/' is not a VM id (100 or more)")
+                    .ok_or_else(|| NodeIdError::NotAVmId {
+                        raw: raw.to_string(),
+                        vmid: v.to_string(),
                     })?;
                 (n, Some(vmid))
             }
@@ -55,9 +67,10 @@ impl NodeId {
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
         if !valid {
-            return Err(format!(
-                "node id {raw:?}: {name:?} is not a Kubernetes node name (lower-case letters, digits, '-' and '.')"
-            ));
+            return Err(NodeIdError::NotANodeName {
+                raw: raw.to_string(),
+                name: name.to_string(),
+            });
         }
         Ok(Self {
             name: name.to_string(),
@@ -89,8 +102,21 @@ mod tests {
             assert!(NodeId::parse(raw).is_err(), "{raw}");
         }
         assert_eq!(NodeId::parse("w/112").unwrap().vmid, Some(112));
-        for bad in ["", "/112", "Worker", "w/abc", "w/99", "w/112/3", "w x"] {
-            assert!(NodeId::parse(bad).is_err(), "{bad}");
+        for bad in ["", "/112", "Worker", "w x"] {
+            assert!(
+                matches!(NodeId::parse(bad), Err(NodeIdError::NotANodeName { .. })),
+                "{bad}"
+            );
         }
+        for bad in ["w/abc", "w/99", "w/112/3"] {
+            assert!(
+                matches!(NodeId::parse(bad), Err(NodeIdError::NotAVmId { .. })),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            NodeId::parse("w/99").unwrap_err().to_string(),
+            "node id \"w/99\": \"99\" after '/' is not a VM id (100 or more)"
+        );
     }
 }

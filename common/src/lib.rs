@@ -19,5 +19,7 @@ pub mod shutdown;
 pub mod support;
 
 pub use endpoint::{Endpoint, EndpointError, Listener};
-pub use ids::{DEFAULT_MAX_VOLUMES, MAX_VOLUMES_LABEL, NodeId, SCSI_SLOTS, max_volumes_label};
+pub use ids::{
+    DEFAULT_MAX_VOLUMES, MAX_VOLUMES_LABEL, NodeId, NodeIdError, SCSI_SLOTS, max_volumes_label,
+};
 pub use secret::Secret;
