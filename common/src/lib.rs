@@ -6,6 +6,7 @@ pub mod client;
 pub mod contract;
 pub mod endpoint;
 pub mod goflags;
+pub mod handles;
 pub mod hostd_api;
 pub mod ids;
 #[cfg(feature = "kube")]

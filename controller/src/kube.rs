@@ -14,6 +14,9 @@ use kube::api::{ApiResource, DynamicObject, ListParams};
 
 use crate::error::CtlError;
 
+/// The source of the events the controller posts (`kubectl describe`'s "From").
+pub const COMPONENT: &str = "proxmox-csi-controller";
+
 pub const INSTANCE_ID: &str = "proxmox.sinextra.dev/instance-id";
 pub const LIFECYCLE: &str = "csi.proxmox.sinextra.dev/lifecycle";
 
@@ -93,19 +96,12 @@ impl Kube {
         &self.client
     }
 
-    /// The UID of `claim`; `None` when there is no such claim.
-    pub async fn claim_uid(
-        &self,
-        claim: &crate::progress::ClaimRef,
-    ) -> Result<Option<String>, CtlError> {
-        let claims: Api<PersistentVolumeClaim> =
-            Api::namespaced(self.client.clone(), &claim.namespace);
-        let pvc = claims.get_opt(&claim.name).await.map_err(|e| {
+    /// The UID of the claim `namespace/name`; `None` when there is no such claim.
+    pub async fn claim_uid(&self, namespace: &str, name: &str) -> Result<Option<String>, CtlError> {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), namespace);
+        let pvc = claims.get_opt(name).await.map_err(|e| {
             unavailable(
-                &format!(
-                    "reading PersistentVolumeClaim {}/{}",
-                    claim.namespace, claim.name
-                ),
+                &format!("reading PersistentVolumeClaim {namespace}/{name}"),
                 e,
             )
         })?;
@@ -122,13 +118,13 @@ impl Kube {
             .is_some())
     }
 
-    /// Posts a Normal event on `claim` (of UID `uid`, which `kubectl
+    /// Posts a Normal event on the claim `namespace/name` (of UID `uid`, which `kubectl
     /// describe` selects events by), shaped as client-go's recorder makes
     /// one (tools/record/event.go makeEvent: named `<object>.<hex nanos>`,
     /// in the object's namespace, count 1).
     pub async fn claim_event(
         &self,
-        claim: &crate::progress::ClaimRef,
+        (namespace, name): (&str, &str),
         uid: &str,
         reason: &str,
         message: &str,
@@ -139,15 +135,15 @@ impl Kube {
         let nanos = now.0.as_nanosecond();
         let event = Event {
             metadata: kube::api::ObjectMeta {
-                name: Some(format!("{}.{nanos:x}", claim.name)),
-                namespace: Some(claim.namespace.clone()),
+                name: Some(format!("{name}.{nanos:x}")),
+                namespace: Some(namespace.to_string()),
                 ..Default::default()
             },
             involved_object: ObjectReference {
                 api_version: Some("v1".into()),
                 kind: Some("PersistentVolumeClaim".into()),
-                name: Some(claim.name.clone()),
-                namespace: Some(claim.namespace.clone()),
+                name: Some(name.to_string()),
+                namespace: Some(namespace.to_string()),
                 uid: Some(uid.to_string()).filter(|u| !u.is_empty()),
                 ..Default::default()
             },
@@ -158,13 +154,13 @@ impl Kube {
             first_timestamp: Some(now.clone()),
             last_timestamp: Some(now),
             source: Some(EventSource {
-                component: Some(crate::progress::COMPONENT.into()),
+                component: Some(COMPONENT.into()),
                 host: None,
             }),
-            reporting_component: Some(crate::progress::COMPONENT.into()),
+            reporting_component: Some(COMPONENT.into()),
             ..Default::default()
         };
-        let events: Api<Event> = Api::namespaced(self.client.clone(), &claim.namespace);
+        let events: Api<Event> = Api::namespaced(self.client.clone(), namespace);
         events
             .create(&Default::default(), &event)
             .await

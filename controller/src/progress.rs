@@ -36,8 +36,7 @@ use crate::kube::Kube;
 pub const PVC_NAME_KEY: &str = "csi.storage.k8s.io/pvc/name";
 pub const PVC_NAMESPACE_KEY: &str = "csi.storage.k8s.io/pvc/namespace";
 
-/// The events' source (`kubectl describe`'s "From").
-pub const COMPONENT: &str = "proxmox-csi-controller";
+pub use crate::kube::COMPONENT;
 
 /// The event reasons on the claim.
 pub const COPYING: &str = "Copying";
@@ -184,7 +183,7 @@ impl Progress {
         let (Some(kube), Some(claim)) = (kube, job.claim.as_ref()) else {
             return ClaimRead::Unknown;
         };
-        match kube.claim_uid(claim).await {
+        match kube.claim_uid(&claim.namespace, &claim.name).await {
             Ok(Some(uid)) if !uid.is_empty() => ClaimRead::Found(uid),
             Ok(Some(_)) => ClaimRead::Unknown,
             Ok(None) => ClaimRead::Missing,
@@ -309,7 +308,10 @@ impl Progress {
         let (Some(kube), Some(claim)) = (kube, job.claim.as_ref()) else {
             return;
         };
-        if let Err(e) = kube.claim_event(claim, uid, reason, message).await {
+        if let Err(e) = kube
+            .claim_event((&claim.namespace, &claim.name), uid, reason, message)
+            .await
+        {
             tracing::warn!(
                 volume = job.volume,
                 claim = %format!("{}/{}", claim.namespace, claim.name),

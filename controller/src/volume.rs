@@ -1,142 +1,8 @@
 //! Volume handles, exactly as the Go driver writes them:
 //! `region/zone/storage/disk`, or `region//storage/disk` on shared storage.
 
-use std::fmt;
-
 use proxmox_csi_common::contract::{self, BlankFor};
-
-/// A parsed volume handle.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct VolumeId {
-    pub region: String,
-    /// The Proxmox node for local storage; `None` on shared storage.
-    pub zone: Option<String>,
-    pub storage: String,
-    /// The volume name after `<storage>:` (may contain `/` on file storage).
-    pub disk: String,
-}
-
-impl VolumeId {
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        let parts: Vec<&str> = raw.splitn(4, '/').collect();
-        let [region, zone, storage, disk] = parts.as_slice() else {
-            return Err(format!(
-                "volume id {raw:?}: VolumeID must be in the format of region/zone/storageName/diskName"
-            ));
-        };
-        if region.is_empty() || storage.is_empty() || disk.is_empty() {
-            return Err(format!(
-                "volume id {raw:?}: region, storage and disk must not be empty (region/zone/storageName/diskName)"
-            ));
-        }
-        Ok(Self {
-            region: region.to_string(),
-            zone: (!zone.is_empty()).then(|| zone.to_string()),
-            storage: storage.to_string(),
-            disk: disk.to_string(),
-        })
-    }
-
-    /// `<storage>:<disk>`.
-    pub fn volid(&self) -> String {
-        format!("{}:{}", self.storage, self.disk)
-    }
-
-    /// The owner VMID in the disk name (`vm-<vmid>-…`).
-    pub fn owner(&self) -> Option<u32> {
-        owner_of(&self.disk)
-    }
-}
-
-impl fmt::Display for VolumeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}/{}/{}/{}",
-            self.region,
-            self.zone.as_deref().unwrap_or_default(),
-            self.storage,
-            self.disk
-        )
-    }
-}
-
-/// The Go driver's owner regex: `(^|-|/)vm-([1-9][0-9]{2,8})(-|$)`.
-/// The PV name in a disk name, as the Go driver reads it (pkg/utils/volume
-/// volume.go PV): what follows `vm-<id>-`, without an extension.
-pub fn pv_of(disk: &str) -> Option<&str> {
-    let mut parts = disk.splitn(3, '-');
-    let (_, _, rest) = (parts.next()?, parts.next()?, parts.next()?);
-    rest.split('.').next().filter(|pv| !pv.is_empty())
-}
-
-pub fn owner_of(disk: &str) -> Option<u32> {
-    let bytes = disk.as_bytes();
-    let mut i = 0;
-    while let Some(pos) = disk[i..].find("vm-") {
-        let start = i + pos;
-        let boundary = start == 0 || matches!(bytes[start - 1], b'-' | b'/');
-        let digits: String = disk[start + 3..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        let end = start + 3 + digits.len();
-        let after_ok = end == disk.len() || bytes[end] == b'-';
-        if boundary && (3..=9).contains(&digits.len()) && !digits.starts_with('0') && after_ok {
-            return digits.parse().ok();
-        }
-        i = start + 3;
-    }
-    None
-}
-
-/// The Kubernetes cluster whose controller created a disk, written into the
-/// disk's name after its mark (`vm-<vmid>-<name>.csf-<id>`, see
-/// `contract::BlankFor`), so that which cluster a disk belongs to is read
-/// from Proxmox alone: by `pvecsictl clean` on a Proxmox cluster that
-/// several Kubernetes clusters share.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ClusterId(String);
-
-/// 12 hex digits of a UID: 48 bits, so two clusters sharing one Proxmox
-/// cluster do not meet by chance.
-const DERIVED_LEN: usize = 12;
-
-impl ClusterId {
-    /// 1 to 16 of `[a-z0-9]`: valid in a disk name on every storage.
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        if !contract::is_cluster_id(raw) {
-            return Err(format!(
-                "cluster id {raw:?}: 1 to {} lower-case letters and digits",
-                contract::CLUSTER_ID_MAX
-            ));
-        }
-        Ok(Self(raw.to_string()))
-    }
-
-    /// The default id: the first 12 hex digits of the `kube-system`
-    /// namespace's UID, which lives as long as the cluster and no two
-    /// clusters share.
-    pub fn from_namespace_uid(uid: &str) -> Option<Self> {
-        let hex: String = uid
-            .chars()
-            .filter(char::is_ascii_hexdigit)
-            .map(|c| c.to_ascii_lowercase())
-            .take(DERIVED_LEN)
-            .collect();
-        (hex.len() == DERIVED_LEN).then_some(Self(hex))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for ClusterId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+pub use proxmox_csi_common::handles::{ClusterId, VolumeId, owner_of, pv_of};
 
 /// The disk name of a new volume: `vm-<vmid>-<name>`, with the format as
 /// its extension where the storage names formats so (file storage, where
@@ -160,7 +26,7 @@ pub fn disk_filename(
 /// it, a format extension may follow); `None` for disks named without one:
 /// the Go driver's, and this driver's before cluster ids.
 pub fn cluster_of(disk: &str) -> Option<ClusterId> {
-    contract::disk_mark(disk).map(|(_, id)| ClusterId(id.to_string()))
+    ClusterId::of_disk(disk)
 }
 
 /// A CSI volume name as the part of a disk name every storage accepts:
@@ -267,35 +133,5 @@ mod tests {
             let forged = disk_filename(9999, name, None, None);
             assert_eq!(cluster_of(&forged), None, "{forged}");
         }
-        assert!(ClusterId::parse("").is_err() && ClusterId::parse("a-b").is_err());
-        assert!(ClusterId::parse("prod1").is_ok());
-    }
-
-    #[test]
-    fn parses_and_prints_the_go_drivers_handles() {
-        let v = VolumeId::parse("Region-1/pve-1/data/vm-9999-pvc-5bc58ec7").unwrap();
-        assert_eq!(v.zone.as_deref(), Some("pve-1"));
-        assert_eq!(v.volid(), "data:vm-9999-pvc-5bc58ec7");
-        assert_eq!(v.owner(), Some(9999));
-        assert_eq!(v.to_string(), "Region-1/pve-1/data/vm-9999-pvc-5bc58ec7");
-        let s = VolumeId::parse("r//nfs/9999/vm-9999-pvc-a.raw").unwrap();
-        assert_eq!(s.zone, None);
-        assert_eq!(s.disk, "9999/vm-9999-pvc-a.raw");
-        assert_eq!(s.to_string(), "r//nfs/9999/vm-9999-pvc-a.raw");
-        let e = VolumeId::parse("r/z/s").unwrap_err();
-        assert!(
-            e.contains("VolumeID must be in the format of region/zone/storageName/diskName"),
-            "{e}"
-        );
-        assert!(VolumeId::parse("r/z//d").is_err());
-    }
-
-    #[test]
-    fn owner_follows_the_go_regex() {
-        assert_eq!(owner_of("vm-100-disk-1"), Some(100));
-        assert_eq!(owner_of("9999/vm-9999-pvc-a.raw"), Some(9999));
-        assert_eq!(owner_of("base-100-disk-0/vm-101-disk-0"), Some(101));
-        assert_eq!(owner_of("vm-99-disk-1"), None);
-        assert_eq!(owner_of("pvc-1"), None);
     }
 }

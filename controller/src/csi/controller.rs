@@ -236,7 +236,7 @@ impl csi::controller_server::Controller for ControllerService {
                 return Err(crate::error::CtlError::invalid("snapshot_id", "is required").into());
             }
             let id = SnapshotId::parse(raw)
-                .map_err(|e| crate::error::CtlError::invalid("snapshot_id", e))?;
+                .map_err(|e| crate::error::CtlError::invalid("snapshot_id", e.to_string()))?;
             let snapshot = self.0.snapshot(&id, d).await?.ok_or_else(|| {
                 crate::error::CtlError::NotFound(format!("snapshot {raw} does not exist"))
             })?;

@@ -14,7 +14,7 @@ use proxmox_csi_proto::csi::v1 as csi;
 use proxmox_csi_proto::csi::v1::volume_content_source::Type as Source;
 
 use super::Controller;
-use super::copy::{CopySpec, CopyState, vm_name};
+use super::copy::{CopyKind, CopySpec, CopyState, vm_name};
 use super::create::{REGION, wanted};
 use super::snapshot::SnapshotId;
 use crate::error::CtlError;
@@ -220,7 +220,7 @@ impl Controller {
         };
         let spec = CopySpec {
             name: vm_name(&r.name),
-            kind: VOLUME_TAG,
+            kind: CopyKind::Volume,
             node: node.clone(),
             storage: params.storage.clone(),
             source: src.volid.clone(),

@@ -12,103 +12,20 @@
 //! still understood, for restores and deletes.
 
 use std::collections::HashMap;
-use std::fmt;
 
 use proxmox_csi_proto::csi::v1 as csi;
 
 use super::Controller;
-use super::copy::{CopyInfo, CopySpec, CopyState, vm_name};
+use super::copy::{CopyInfo, CopyKind, CopySpec, CopyState, described, mark_of, vm_name};
 use crate::error::CtlError;
-use crate::pve::Deadline;
+use crate::naming::described::{CREATED, SOURCE, STORAGE};
+use crate::pve::api::VmResource;
+use crate::pve::{Client, Deadline};
 use crate::volume::VolumeId;
 use crate::warnings::{self, ClassKind, ParamWarning, Reason};
 
 pub use crate::naming::SNAPSHOT_TAG;
-const PREFIX: &str = "snapshot-vm-";
-
-/// A parsed snapshot handle.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SnapshotId {
-    /// A copy VM of this controller.
-    Copy {
-        region: String,
-        zone: String,
-        storage: String,
-        vmid: u32,
-        /// The copy VM's mark (`csi-mark` in its description, random at its
-        /// creation): Proxmox hands a VMID out again once its VM is gone, and
-        /// a snapshot id must never name another snapshot's copy. Absent in
-        /// ids of earlier versions, which match only unmarked VMs.
-        mark: Option<String>,
-    },
-    /// A Go driver snapshot: a plain volume.
-    Volume(VolumeId),
-}
-
-impl SnapshotId {
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        let v = VolumeId::parse(raw).map_err(|e| e.replace("volume id", "snapshot id"))?;
-        let copy = v.disk.strip_prefix(PREFIX).map(|rest| {
-            let (vmid, mark) = match rest.split_once('.') {
-                Some((vmid, mark)) => (vmid, Some(mark)),
-                None => (rest, None),
-            };
-            match (vmid.parse::<u32>(), mark) {
-                (Ok(vmid), None) => Some((vmid, None)),
-                (Ok(vmid), Some(m)) if is_mark(m) => Some((vmid, Some(m.to_string()))),
-                _ => None,
-            }
-        });
-        match copy {
-            Some(Some((vmid, mark))) => Ok(Self::Copy {
-                region: v.region,
-                zone: v.zone.unwrap_or_default(),
-                storage: v.storage,
-                vmid,
-                mark,
-            }),
-            Some(None) => Err(format!(
-                "snapshot id {raw:?}: {PREFIX} must be followed by a VMID (and .<8 hex digits>)"
-            )),
-            None => Ok(Self::Volume(v)),
-        }
-    }
-
-    pub fn region(&self) -> &str {
-        match self {
-            Self::Copy { region, .. } => region,
-            Self::Volume(v) => &v.region,
-        }
-    }
-}
-
-impl fmt::Display for SnapshotId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Copy {
-                region,
-                zone,
-                storage,
-                vmid,
-                mark: None,
-            } => write!(f, "{region}/{zone}/{storage}/{PREFIX}{vmid}"),
-            Self::Copy {
-                region,
-                zone,
-                storage,
-                vmid,
-                mark: Some(mark),
-            } => write!(f, "{region}/{zone}/{storage}/{PREFIX}{vmid}.{mark}"),
-            Self::Volume(v) => v.fmt(f),
-        }
-    }
-}
-
-fn is_mark(s: &str) -> bool {
-    s.len() == 8
-        && s.bytes()
-            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-}
+pub use proxmox_csi_common::handles::SnapshotId;
 
 pub(super) fn timestamp(secs: i64) -> Option<prost_types::Timestamp> {
     Some(prost_types::Timestamp {
@@ -200,7 +117,7 @@ impl Controller {
             return Err(CtlError::invalid("source_volume_id", "is required"));
         }
         let src = VolumeId::parse(&r.source_volume_id)
-            .map_err(|e| CtlError::invalid("source_volume_id", e))?;
+            .map_err(|e| CtlError::invalid("source_volume_id", e.to_string()))?;
         let class = snapshot_class(&r.parameters)?;
         warnings::report(ClassKind::VolumeSnapshotClass, &class.warnings);
         let storage = class.storage.clone().unwrap_or_else(|| src.storage.clone());
@@ -248,7 +165,7 @@ impl Controller {
         }
         let spec = CopySpec {
             name: vm_name(&r.name),
-            kind: SNAPSHOT_TAG,
+            kind: CopyKind::Snapshot,
             node,
             storage,
             source: src.volid(),
@@ -453,48 +370,48 @@ impl Controller {
             },
         })
     }
+
+    /// A copy VM as a CSI snapshot: ready, or still copying (then its id,
+    /// source and creation time come from the VM's description).
+    pub async fn copy_snapshot(
+        &self,
+        client: &Client,
+        vm: &VmResource,
+        region: &str,
+        d: Deadline,
+    ) -> Result<csi::Snapshot, CtlError> {
+        let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
+        if let Some(info) = self.copy_info(client, vm, &cfg.values, d).await? {
+            return Ok(snapshot_of(region, &info));
+        }
+        let source = described(&cfg.values, SOURCE).unwrap_or_default();
+        let storage = described(&cfg.values, STORAGE)
+            .or_else(|| VolumeId::parse(&source).ok().map(|v| v.storage))
+            .unwrap_or_default();
+        let created = described(&cfg.values, CREATED)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        Ok(csi::Snapshot {
+            size_bytes: 0,
+            snapshot_id: SnapshotId::Copy {
+                region: region.to_string(),
+                zone: vm.node.clone(),
+                storage,
+                vmid: vm.vmid,
+                mark: mark_of(&cfg.values),
+            }
+            .to_string(),
+            source_volume_id: source,
+            creation_time: timestamp(created),
+            ready_to_use: false,
+            group_snapshot_id: String::new(),
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn snapshot_ids_round_trip() {
-        let ours = SnapshotId::parse("region-1/pve2/local-lvm/snapshot-vm-104").unwrap();
-        assert_eq!(
-            ours,
-            SnapshotId::Copy {
-                region: "region-1".into(),
-                zone: "pve2".into(),
-                storage: "local-lvm".into(),
-                vmid: 104,
-                mark: None,
-            }
-        );
-        assert_eq!(ours.to_string(), "region-1/pve2/local-lvm/snapshot-vm-104");
-        let marked = SnapshotId::parse("region-1/pve2/local-lvm/snapshot-vm-104.0a1b2c3d").unwrap();
-        assert!(
-            matches!(&marked, SnapshotId::Copy { vmid: 104, mark: Some(m), .. } if m == "0a1b2c3d")
-        );
-        assert_eq!(
-            marked.to_string(),
-            "region-1/pve2/local-lvm/snapshot-vm-104.0a1b2c3d"
-        );
-        assert!(SnapshotId::parse("region-1/pve2/local-lvm/snapshot-vm-104.xyz").is_err());
-        let go = SnapshotId::parse("region-1/pve2/local-lvm/vm-9999-snapshot-5bc58ec7").unwrap();
-        assert!(matches!(go, SnapshotId::Volume(ref v) if v.disk == "vm-9999-snapshot-5bc58ec7"));
-        assert!(
-            SnapshotId::parse("r/z/s/snapshot-vm-x")
-                .unwrap_err()
-                .contains("VMID")
-        );
-        assert!(
-            SnapshotId::parse("r/z")
-                .unwrap_err()
-                .contains("snapshot id")
-        );
-    }
 
     #[test]
     fn class_parameters() {

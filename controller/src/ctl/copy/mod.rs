@@ -12,27 +12,60 @@
 
 use std::collections::HashMap;
 
-use proxmox_csi_proto::csi::v1 as csi;
 use tokio::sync::Mutex;
+
+mod description;
+mod destroy;
+
+pub(crate) use description::described;
+use description::{describe, now_secs};
+pub use description::{drive_size, mark_of, vm_name};
 
 use super::Controller;
 use super::holder::NewVm;
 use crate::drive::DriveLine;
 use crate::error::CtlError;
-use crate::naming::described::{CLAIM_UID, CREATED, MARK, SOURCE, STORAGE};
+use crate::naming::described::{CREATED, SOURCE};
+use crate::naming::{SNAPSHOT_TAG, VOLUME_TAG};
 use crate::progress::{ClaimRead, CopyJob};
 use crate::pve::api::VmResource;
 use crate::pve::errors::{Origin, classify, task_type};
 use crate::pve::tasks::TaskState;
 use crate::pve::{Client, Deadline, ErrorKind};
 
+/// What a copy VM holds, written in its kind tag and description.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyKind {
+    /// A VolumeSnapshot's content.
+    Snapshot,
+    /// A clone's or restore's new volume, until its PersistentVolume takes it.
+    Volume,
+}
+
+impl CopyKind {
+    /// The VM's kind tag.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Self::Snapshot => SNAPSHOT_TAG,
+            Self::Volume => VOLUME_TAG,
+        }
+    }
+
+    /// What the description calls it.
+    fn what(self) -> &'static str {
+        match self {
+            Self::Snapshot => "snapshot",
+            Self::Volume => "volume",
+        }
+    }
+}
+
 /// What to copy where.
 #[derive(Debug, Clone)]
 pub struct CopySpec {
     /// The VM's name: the CSI snapshot or volume name, made DNS-safe.
     pub name: String,
-    /// `csi-snapshot` or `csi-volume`.
-    pub kind: &'static str,
+    pub kind: CopyKind,
     pub node: String,
     pub storage: String,
     /// `<storage>:<volume>` to copy.
@@ -83,96 +116,6 @@ pub struct CopyInfo {
 #[derive(Debug, Default)]
 pub struct Imports(Mutex<HashMap<(String, u32), String>>);
 
-/// A CSI name as a Proxmox VM name (a DNS label: `[a-z0-9-]`, ≤ 63).
-pub fn vm_name(csi_name: &str) -> String {
-    let mut s: String = csi_name
-        .to_ascii_lowercase()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    s.truncate(63);
-    s.trim_matches('-').to_string()
-}
-
-/// A new copy VM's description: what it holds, and its mark (`csi-mark`,
-/// random, written once at its creation): a snapshot id names its copy VM
-/// by VMID and mark, since Proxmox hands a VMID out again once its VM is
-/// gone.
-fn describe(spec: &CopySpec, created: i64) -> String {
-    let mark = format!("{:08x}", rand::random::<u32>());
-    let what = if spec.kind == super::snapshot::SNAPSHOT_TAG {
-        "snapshot"
-    } else {
-        "volume"
-    };
-    format!(
-        "Proxmox CSI {what} {name}, a copy of {src}, held as this VM's unused0.\n\
-         {owned}\
-         {SOURCE}={src}\n\
-         {STORAGE}={storage}\n\
-         {CREATED}={created}\n\
-         {MARK}={mark}\n\
-         {claim}",
-        name = spec.name,
-        src = spec.source_handle,
-        storage = spec.storage,
-        owned = super::holder::OWNED,
-        claim = spec
-            .claim_uid
-            .as_ref()
-            .map(|u| format!("{CLAIM_UID}={u}\n"))
-            .unwrap_or_default(),
-    )
-}
-
-/// Unix seconds now.
-fn now_secs() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|t| t.as_secs() as i64)
-        .unwrap_or(0)
-}
-
-/// A copy VM's mark (`describe`); `None` for one made before marks.
-pub fn mark_of(config: &std::collections::BTreeMap<String, String>) -> Option<String> {
-    described(config, MARK)
-}
-
-/// A `key=value` line of a copy VM's description.
-fn described(config: &std::collections::BTreeMap<String, String>, key: &str) -> Option<String> {
-    config.get("description")?.lines().find_map(|l| {
-        l.trim()
-            .strip_prefix(key)?
-            .strip_prefix('=')
-            .map(str::to_string)
-    })
-}
-
-/// `size=` of a drive line, in bytes.
-pub fn drive_size(line: &DriveLine) -> Option<u64> {
-    let v = line.opts.get("size")?;
-    let (num, unit) = v.split_at(
-        v.find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(v.len()),
-    );
-    let n: f64 = num.parse().ok()?;
-    let mul = match unit {
-        "" => 1u64,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        "T" => 1 << 40,
-        _ => return None,
-    };
-    Some((n * mul as f64) as u64)
-}
-
 impl Controller {
     /// The copy VM named `name` (tagged `kind`), if any.
     pub async fn copy_vm(
@@ -183,47 +126,6 @@ impl Controller {
         d: Deadline,
     ) -> Result<Option<VmResource>, CtlError> {
         Ok(self.vms.own(client, name, kind, d).await?)
-    }
-
-    /// A copy VM as a CSI snapshot: ready, or still copying (then its id,
-    /// source and creation time come from the VM's description).
-    pub async fn copy_snapshot(
-        &self,
-        client: &Client,
-        vm: &VmResource,
-        region: &str,
-        d: Deadline,
-    ) -> Result<csi::Snapshot, CtlError> {
-        let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
-        if let Some(info) = self.copy_info(client, vm, &cfg.values, d).await? {
-            return Ok(super::snapshot::snapshot_of(region, &info));
-        }
-        let source = described(&cfg.values, SOURCE).unwrap_or_default();
-        let storage = described(&cfg.values, STORAGE)
-            .or_else(|| {
-                crate::volume::VolumeId::parse(&source)
-                    .ok()
-                    .map(|v| v.storage)
-            })
-            .unwrap_or_default();
-        let created = described(&cfg.values, CREATED)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        Ok(csi::Snapshot {
-            size_bytes: 0,
-            snapshot_id: super::SnapshotId::Copy {
-                region: region.to_string(),
-                zone: vm.node.clone(),
-                storage,
-                vmid: vm.vmid,
-                mark: mark_of(&cfg.values),
-            }
-            .to_string(),
-            source_volume_id: source,
-            creation_time: super::snapshot::timestamp(created),
-            ready_to_use: false,
-            group_snapshot_id: String::new(),
-        })
     }
 
     /// Reads a copy VM: ready (with what it holds), or not yet.
@@ -238,7 +140,7 @@ impl Controller {
     }
 
     /// What a copy VM's config says it holds, once ready.
-    async fn copy_info(
+    pub(super) async fn copy_info(
         &self,
         client: &Client,
         vm: &VmResource,
@@ -276,13 +178,13 @@ impl Controller {
         spec: &CopySpec,
         d: Deadline,
     ) -> Result<CopyState, CtlError> {
-        let vm = match self.copy_vm(client, &spec.name, spec.kind, d).await? {
+        let vm = match self.copy_vm(client, &spec.name, spec.kind.tag(), d).await? {
             Some(vm) => vm,
             None => {
                 let created = now_secs();
                 let new = NewVm {
                     name: &spec.name,
-                    kind: spec.kind,
+                    kind: spec.kind.tag(),
                     description: describe(spec, created),
                 };
                 let vm = self.new_vm(client, &spec.node, &new, d).await?;
@@ -445,7 +347,7 @@ impl Controller {
                 CopyState::Ready(info) => {
                     if let Some(read) = &abandoned {
                         return Err(self
-                            .abandon_copy(client, &spec.name, spec.kind, job, read, step)
+                            .abandon_copy(client, &spec.name, spec.kind.tag(), job, read, step)
                             .await);
                     }
                     self.progress.copied(kube, job, info.size).await;
@@ -480,189 +382,5 @@ impl Controller {
             // A long copy is read every 2 s: three API calls a look.
             pause = (pause * 2).min(std::time::Duration::from_secs(2));
         }
-    }
-
-    /// Gives up the copy VM `name` (tagged `kind`) of a claim that is gone
-    /// (`read`: what the claim read as): destroys it, only if its
-    /// description records the UID of the claim it was made for and `read`
-    /// says that claim is gone, and no PersistentVolume took the volume. The
-    /// answer is always an error: FailedPrecondition once nothing is left to
-    /// do, so the provisioner stops; Unavailable while the VM could not be
-    /// destroyed (its import still holds its lock), so it calls again.
-    pub async fn abandon_copy(
-        &self,
-        client: &Client,
-        name: &str,
-        kind: &str,
-        job: &CopyJob<'_>,
-        read: &ClaimRead,
-        d: Deadline,
-    ) -> CtlError {
-        let claim = job
-            .claim
-            .as_ref()
-            .map(|c| format!("{}/{}", c.namespace, c.name))
-            .unwrap_or_default();
-        let gone = |what: String| {
-            CtlError::FailedPrecondition(format!(
-                "volume {}: its claim {claim} is not in the Kubernetes API the controller reads \
-                 (deleted, or replaced by a claim of the same name): {what}",
-                job.volume
-            ))
-        };
-        let again = |e: CtlError| {
-            CtlError::Unavailable(format!(
-                "volume {}: its claim {claim} is gone, and its copy VM is not destroyed yet: {e}; the next call tries again",
-                job.volume
-            ))
-        };
-        if let Some(kube) = self.kube.as_ref() {
-            match kube.pv_exists(job.volume).await {
-                Ok(true) => {
-                    return gone(format!(
-                        "the copy is kept, as PersistentVolume {} holds it",
-                        job.volume
-                    ));
-                }
-                Ok(false) => {}
-                Err(e) => return again(e),
-            }
-        }
-        // Read now, not from the index: a VMID Proxmox handed out again
-        // since the index was filled is someone else's VM.
-        self.vms.invalidate(client.region()).await;
-        let vm = match self.copy_vm(client, name, kind, d).await {
-            Ok(Some(vm)) => vm,
-            Ok(None) => return gone("nothing was copied".into()),
-            Err(e) => return again(e),
-        };
-        let cfg = match client.vm_config(&vm.node, vm.vmid, d).await {
-            Ok(cfg) => cfg,
-            Err(e) => return again(e.into()),
-        };
-        let made_for = described(&cfg.values, CLAIM_UID);
-        let Some(made_for) = made_for.filter(|u| read.gone(Some(u))) else {
-            return gone(format!(
-                "its copy VM {} does not record the claim it was made for as gone, and is kept \
-                 (pvecsictl doctor lists such copies)",
-                vm.vmid
-            ));
-        };
-        if let Err(e) = self.destroy_copy(client, &vm, d).await {
-            return again(e);
-        }
-        self.progress.abandoned(job).await;
-        tracing::info!(
-            volume = job.volume,
-            vmid = vm.vmid,
-            claim_uid = made_for,
-            "the claim is gone: its copy VM is destroyed"
-        );
-        gone(format!("its copy VM {} is destroyed", vm.vmid))
-    }
-
-    /// Destroys a copy VM and the volume it owns: the only place its
-    /// protection is lifted for good.
-    pub async fn destroy_copy(
-        &self,
-        client: &Client,
-        vm: &VmResource,
-        d: Deadline,
-    ) -> Result<(), CtlError> {
-        let cfg = client.vm_config(&vm.node, vm.vmid, d).await?;
-        // Read now, not from a cached list: a VM made under the VMID since
-        // the driver's was destroyed is someone else's, or another of the
-        // driver's (another name). (A Go driver's replication holder carries
-        // no tag: its caller proved it by shape.)
-        let renamed = vm
-            .name
-            .as_deref()
-            .is_some_and(|n| cfg.values.get("name").map(String::as_str) != Some(n));
-        if renamed || (!crate::vms::is_own(&cfg.values) && vm.has_tag(crate::vms::OWN_TAG)) {
-            tracing::info!(
-                vmid = vm.vmid,
-                "the VMID holds another VM now (not this driver's, or of another name): nothing to destroy"
-            );
-            return Ok(());
-        }
-        self.retire_vmid(vm.vmid);
-        let lifted = self.unprotect(client, &vm.node, vm.vmid, &cfg, d).await?;
-        let destroyed = client.destroy_vm(&vm.node, vm.vmid, d).await;
-        if destroyed.is_err() {
-            // The destroy may have gone through after all: the VMID must be
-            // looked up afresh.
-            self.vms.invalidate(client.region()).await;
-        }
-        if destroyed.is_err() && lifted {
-            // Still there (a backup's lock, a refusal): protected again,
-            // unless the answer was lost and the VM may be gone.
-            if client.vm_config(&vm.node, vm.vmid, d).await.is_ok() {
-                self.protect_again(client, &vm.node, vm.vmid, d).await;
-            }
-        }
-        destroyed.map_err(|e| match e.status().map(|s| s.as_u16()) {
-            Some(403) => CtlError::FailedPrecondition(format!(
-                "destroying VM {} ({}): {}; grant VM.Allocate to the CSI role",
-                vm.vmid,
-                vm.name.as_deref().unwrap_or_default(),
-                e.message()
-            )),
-            _ => CtlError::from(e),
-        })?;
-        self.imports
-            .0
-            .lock()
-            .await
-            .remove(&(client.region().to_string(), vm.vmid));
-        self.vms.invalidate(client.region()).await;
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_become_dns_labels() {
-        assert_eq!(vm_name("snapshot-5bc58ec7-AB"), "snapshot-5bc58ec7-ab");
-        assert_eq!(vm_name("a_b.c"), "a-b-c");
-        assert_eq!(vm_name(&"x".repeat(80)).len(), 63);
-    }
-
-    #[test]
-    fn sizes_and_descriptions_read_back() {
-        assert_eq!(
-            drive_size(&DriveLine::parse("l:vm-1-disk-0,size=1536M")),
-            Some(1536 << 20)
-        );
-        assert_eq!(
-            drive_size(&DriveLine::parse("l:vm-1-disk-0,size=2G")),
-            Some(2 << 30)
-        );
-        assert_eq!(drive_size(&DriveLine::parse("l:vm-1-disk-0")), None);
-        let spec = CopySpec {
-            name: "snap-1".into(),
-            kind: crate::ctl::SNAPSHOT_TAG,
-            node: "pve1".into(),
-            storage: "local-lvm".into(),
-            source: "local-lvm:vm-9999-pvc-a".into(),
-            source_handle: "r/pve1/local-lvm/vm-9999-pvc-a".into(),
-            min_size: 0,
-            claim_uid: Some("5bc58ec7-1f2a-4c3b-9d8e-0123456789ab".into()),
-        };
-        let cfg = std::collections::BTreeMap::from([(
-            "description".to_string(),
-            describe(&spec, 1_764_440_000),
-        )]);
-        assert_eq!(
-            described(&cfg, SOURCE).as_deref(),
-            Some("r/pve1/local-lvm/vm-9999-pvc-a")
-        );
-        assert_eq!(described(&cfg, CREATED).as_deref(), Some("1764440000"));
-        assert_eq!(
-            described(&cfg, CLAIM_UID).as_deref(),
-            Some("5bc58ec7-1f2a-4c3b-9d8e-0123456789ab")
-        );
     }
 }
