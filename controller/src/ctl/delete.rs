@@ -356,7 +356,6 @@ impl Controller {
             return Ok(());
         }
         if let Some(vmid) = self
-            .attacher
             .attachments
             .certain(&client, &self.vms, &id.volid(), id.zone.as_deref(), d)
             .await?

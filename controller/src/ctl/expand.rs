@@ -42,7 +42,6 @@ impl Controller {
             return Ok((info.size, fs));
         }
         let attached = self
-            .attacher
             .attachments
             .certain(&client, &self.vms, &id.volid(), id.zone.as_deref(), d)
             .await?;

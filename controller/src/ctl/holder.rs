@@ -9,7 +9,6 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use reqwest::Method;
 use serde_json::Value;
 
 use super::Controller;
@@ -351,15 +350,7 @@ impl Controller {
             .filter(|id| !self.recent_vmids.recent(*id));
         for candidate in candidates.take(100) {
             self.recent_vmids.hand_out(candidate);
-            match client
-                .call::<Value>(
-                    Method::GET,
-                    "/cluster/nextid",
-                    &[("vmid", candidate.to_string())],
-                    d,
-                )
-                .await
-            {
+            match client.next_id(candidate, d).await {
                 Ok(v) if parse(&v) == Some(candidate) => return Ok(candidate),
                 Ok(v) => {
                     return Err(CtlError::Unavailable(format!(

@@ -22,6 +22,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 
 use crate::attach::Attacher;
+use crate::attachments::Attachments;
 use crate::error::CtlError;
 use crate::pve::api::StorageResource;
 use crate::pve::{Client, Deadline};
@@ -49,6 +50,8 @@ pub struct Controller {
     holder_locks: holder::HolderLocks,
     pub vms: Arc<VmIndex>,
     pub attacher: Arc<Attacher>,
+    /// Which volume is attached to which VM, as the controller last saw it.
+    pub attachments: Arc<Attachments>,
     imports: copy::Imports,
     /// The copies CreateVolume is waiting for: events on their claims.
     pub progress: crate::progress::Progress,
@@ -112,6 +115,7 @@ impl Controller {
 
     pub fn new(clients: Vec<Arc<Client>>, controller_vmid: u32, default_timeout: Duration) -> Self {
         let vms = Arc::new(VmIndex::default());
+        let attachments = Arc::new(Attachments::default());
         Self {
             clients: clients
                 .into_iter()
@@ -122,7 +126,8 @@ impl Controller {
             recent_vmids: holder::RecentVmids::default(),
             holder_locks: holder::HolderLocks::default(),
             vms: vms.clone(),
-            attacher: Arc::new(Attacher::new(vms)),
+            attacher: Arc::new(Attacher::new(vms, attachments.clone())),
+            attachments,
             imports: copy::Imports::default(),
             progress: Default::default(),
             storages: Mutex::new(HashMap::new()),

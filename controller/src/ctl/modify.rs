@@ -57,7 +57,6 @@ impl Controller {
         let client = self.client_of("volume", &r.volume_id, &id.region)?;
         self.existing(&client, &id, d).await?;
         let Some(vmid) = self
-            .attacher
             .attachments
             .confirmed(&client, &self.vms, &id.volid(), id.zone.as_deref(), d)
             .await?

@@ -173,7 +173,6 @@ impl Controller {
         // volume's holder migrates offline, which leaves the source as the
         // replica, so the writes of a VM still using it would be lost.
         if let Some(other) = self
-            .attacher
             .attachments
             .confirmed(&client, &self.vms, &id.volid(), zone, d)
             .await?
@@ -258,7 +257,6 @@ impl Controller {
         let vm = if r.node_id.is_empty() {
             // From every node: the VM the volume is attached to, if any.
             match self
-                .attacher
                 .attachments
                 .confirmed(&client, &self.vms, &id.volid(), id.zone.as_deref(), d)
                 .await?

@@ -152,7 +152,7 @@ impl Controller {
         // and a disk attached or detached outside the driver is seen.
         if r.starting_token.is_empty() {
             for region in self.clients.keys() {
-                self.attacher.attachments.reread(region).await;
+                self.attachments.reread(region).await;
             }
         }
         let mut entries = Vec::new();
@@ -181,16 +181,9 @@ impl Controller {
                 if row.shared == 1 && !seen.insert(row.storage.clone()) {
                     continue;
                 }
-                let content: Vec<serde_json::Value> = client
-                    .call(
-                        reqwest::Method::GET,
-                        &format!("/nodes/{}/storage/{}/content", row.node, row.storage),
-                        &[("content", "images".into())],
-                        d,
-                    )
-                    .await?;
-                for v in content {
-                    let volid = v["volid"].as_str().unwrap_or_default().to_string();
+                let content = client.storage_images(&row.node, &row.storage, d).await?;
+                for image in content {
+                    let volid = image.volid;
                     let Some((storage, disk)) = volid.split_once(':') else {
                         continue;
                     };
@@ -216,7 +209,6 @@ impl Controller {
                         disk: disk.into(),
                     };
                     let published = match self
-                        .attacher
                         .attachments
                         .vm_of(
                             &client,
@@ -241,7 +233,7 @@ impl Controller {
                     };
                     entries.push(csi::list_volumes_response::Entry {
                         volume: Some(csi::Volume {
-                            capacity_bytes: v["size"].as_i64().unwrap_or(0),
+                            capacity_bytes: image.size as i64,
                             volume_id: id.to_string(),
                             ..Default::default()
                         }),
@@ -319,7 +311,6 @@ impl Controller {
         let mut problems = Vec::new();
         let mut published = Vec::new();
         if let Some(vmid) = self
-            .attacher
             .attachments
             .vm_of(&client, &self.vms, &id.volid(), id.zone.as_deref(), d)
             .await?

@@ -11,8 +11,6 @@
 use std::collections::HashMap;
 
 use proxmox_csi_proto::csi::v1 as csi;
-use reqwest::Method;
-use serde::Deserialize;
 
 use super::Controller;
 use super::create::{REGION, ZONE};
@@ -20,35 +18,11 @@ use super::holder::NewVm;
 use crate::error::CtlError;
 use crate::params::StorageParams;
 use crate::pve::api::VmResource;
+use crate::pve::replication::{NewReplicationJob, ReplicationJob as Job};
 use crate::pve::{Client, Deadline, PveError};
 use crate::volume::{VolumeId, disk_filename};
 
 pub use crate::naming::REPLICATED_TAG;
-
-#[derive(Debug, Deserialize)]
-struct Job {
-    id: String,
-    /// Proxmox answers it as a JSON string (the parser makes it a hash
-    /// key: pve-guest-common src/PVE/ReplicationConfig.pm); a number too.
-    #[serde(default, deserialize_with = "number_or_string")]
-    guest: u32,
-    #[serde(default)]
-    target: String,
-    /// Set while the job is being removed (`full`: with its replicas).
-    #[serde(default)]
-    remove_job: Option<String>,
-}
-
-fn number_or_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
-    match serde_json::Value::deserialize(d)? {
-        serde_json::Value::Number(n) => n
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| serde::de::Error::custom("not a VMID")),
-        serde_json::Value::String(s) => s.parse().map_err(serde::de::Error::custom),
-        other => Err(serde::de::Error::custom(format!("not a VMID: {other}"))),
-    }
-}
 
 /// Whether `vm`, the owner of `disk`, is a replicated volume's holder: ours
 /// (tagged), or the Go driver's (untagged, named after the PV: pkg/csi/utils.go
@@ -223,9 +197,7 @@ impl Controller {
         params: &StorageParams,
         d: Deadline,
     ) -> Result<(), CtlError> {
-        let jobs: Vec<Job> = client
-            .call(Method::GET, "/cluster/replication", &[], d)
-            .await?;
+        let jobs: Vec<Job> = client.replication_jobs(d).await?;
         for (i, zone) in params.replicate_zones.iter().enumerate() {
             if *zone == holder.node
                 || jobs
@@ -238,24 +210,15 @@ impl Controller {
             if jobs.iter().any(|j| j.id == id) {
                 continue;
             }
-            let form = [
-                ("id", id.clone()),
-                ("type", "local".to_string()),
-                ("target", zone.clone()),
-                (
-                    "schedule",
-                    params
-                        .replicate_schedule
-                        .clone()
-                        .unwrap_or_else(|| "*/15".into()),
-                ),
-                (
-                    "comment",
-                    "CSI Replication for Persistent Volume".to_string(),
-                ),
-            ];
+            let schedule = params.replicate_schedule.as_deref().unwrap_or("*/15");
+            let job = NewReplicationJob {
+                id: &id,
+                target: zone,
+                schedule,
+                comment: "CSI Replication for Persistent Volume",
+            };
             client
-                .call::<Option<serde_json::Value>>(Method::POST, "/cluster/replication", &form, d)
+                .create_replication_job(&job, d)
                 .await
                 .map_err(denied(
                     &format!("replication job {id} to {zone}"),
@@ -283,21 +246,14 @@ impl Controller {
     ) -> Result<(), CtlError> {
         let mut attempt = 0;
         loop {
-            let jobs: Vec<Job> = client
-                .call(Method::GET, "/cluster/replication", &[], d)
-                .await?;
+            let jobs: Vec<Job> = client.replication_jobs(d).await?;
             let mine: Vec<&Job> = jobs.iter().filter(|j| j.guest == holder.vmid).collect();
             if mine.is_empty() {
                 return Ok(());
             }
             for j in mine.iter().filter(|j| j.remove_job.is_none()) {
                 client
-                    .call::<Option<serde_json::Value>>(
-                        Method::DELETE,
-                        &format!("/cluster/replication/{}", j.id),
-                        &[],
-                        d,
-                    )
+                    .delete_replication_job(&j.id, d)
                     .await
                     .map_err(denied(
                         &format!("removing replication job {}", j.id),
@@ -391,14 +347,8 @@ impl Controller {
         // An HA-managed holder already on its way: its move is waited for,
         // not asked for again.
         if !holder.hastate.as_deref().is_some_and(ha_moving) {
-            let path = format!("/nodes/{}/qemu/{}/migrate", holder.node, holder.vmid);
-            let upid: String = client
-                .call(
-                    Method::POST,
-                    &path,
-                    &[("target", node.to_string()), ("online", "0".to_string())],
-                    d,
-                )
+            let upid = client
+                .migrate_offline(&holder.node, holder.vmid, node, d)
                 .await
                 .map_err(denied(
                     &format!("moving replicated volume {id} to {node}"),

@@ -145,7 +145,6 @@ impl Controller {
             .await?
             .is_none()
             && let Some(vmid) = self
-                .attacher
                 .attachments
                 .confirmed(&client, &self.vms, &src.volid(), src.zone.as_deref(), d)
                 .await?

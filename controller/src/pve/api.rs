@@ -147,6 +147,17 @@ fn listed_info(row: &Value) -> VolumeInfo {
     }
 }
 
+/// A disk image of a storage's content list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageImage {
+    /// `<storage>:<volume>`.
+    pub volid: String,
+    /// The VM that owns it, as Proxmox reads it from the name.
+    pub vmid: Option<u32>,
+    /// Bytes.
+    pub size: u64,
+}
+
 impl Client {
     pub async fn storage_status(
         &self,
@@ -325,21 +336,41 @@ impl Client {
             let Some(id) = st["storage"].as_str() else {
                 continue;
             };
-            let path = format!("/nodes/{node}/storage/{id}/content");
-            match self
-                .call::<Vec<Value>>(Method::GET, &path, &[images()], d)
-                .await
-            {
-                Ok(list) => owners.extend(
-                    list.iter()
-                        .filter_map(|v| v["vmid"].as_u64())
-                        .filter_map(|v| u32::try_from(v).ok()),
-                ),
+            match self.storage_images(node, id, d).await {
+                Ok(list) => owners.extend(list.iter().filter_map(|v| v.vmid)),
                 Err(e) if e.is_transient() => return Err(e),
                 Err(e) => tracing::debug!(storage = id, error = %e, "storage content not readable"),
             }
         }
         Ok(owners)
+    }
+
+    /// The disk images on `storage`, read through `node`.
+    pub async fn storage_images(
+        &self,
+        node: &str,
+        storage: &str,
+        d: Deadline,
+    ) -> Result<Vec<StorageImage>, PveError> {
+        let path = format!("/nodes/{node}/storage/{storage}/content");
+        let list: Vec<Value> = self
+            .call(Method::GET, &path, &[("content", "images".into())], d)
+            .await?;
+        Ok(list
+            .iter()
+            .map(|v| StorageImage {
+                volid: v["volid"].as_str().unwrap_or_default().to_string(),
+                vmid: v["vmid"].as_u64().and_then(|n| u32::try_from(n).ok()),
+                size: v["size"].as_u64().unwrap_or(0),
+            })
+            .collect())
+    }
+
+    /// `/cluster/nextid?vmid=N`: `vmid` back when no VM has it, a 400
+    /// (pve-manager PVE/API2/Cluster.pm nextid) when one does.
+    pub async fn next_id(&self, vmid: u32, d: Deadline) -> Result<Value, PveError> {
+        let form = [("vmid", vmid.to_string())];
+        self.call(Method::GET, "/cluster/nextid", &form, d).await
     }
 
     pub async fn storages(&self, d: Deadline) -> Result<Vec<StorageResource>, PveError> {

@@ -4,6 +4,7 @@ pub mod api;
 pub mod client;
 pub mod errors;
 pub mod metrics;
+pub mod replication;
 pub mod tasks;
 mod tls;
 
