@@ -6,6 +6,7 @@
 
 pub mod clean;
 pub mod doctor;
+pub mod kube_ops;
 pub mod migrate;
 pub mod output;
 pub mod rebind;

@@ -34,7 +34,8 @@ use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::rebind::{Kube, OPERATION, Options, held_by};
+use crate::kube_ops::{Kube, held_by};
+use crate::rebind::{OPERATION, Options};
 
 /// What is recorded on the volume before anything changes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

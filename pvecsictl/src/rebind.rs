@@ -17,18 +17,16 @@
 //! `shouldDelete`). If it is not Bound in time, the policy stays `Retain`
 //! and the plan stays recorded for `--resume`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
-};
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::Api;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+
+pub use crate::kube_ops::Kube;
+use crate::kube_ops::{bound_to, held_by};
 
 /// The annotation that records an operation in progress.
 pub const OPERATION: &str = "pvecsictl.proxmox.sinextra.dev/operation";
@@ -37,38 +35,6 @@ pub const OPERATION: &str = "pvecsictl.proxmox.sinextra.dev/operation";
 /// stops, leaving the policy `Retain` and the plan recorded. The
 /// PersistentVolume controller binds within seconds, and resyncs every 15 s.
 pub const BIND_WAIT: Duration = Duration::from_secs(300);
-
-fn human(d: Duration) -> String {
-    match d.as_secs() {
-        s if s >= 60 && s % 60 == 0 => format!("{} minutes", s / 60),
-        s => format!("{s} s"),
-    }
-}
-
-/// What holds an object that is being deleted: its finalizers, with what
-/// each waits for.
-pub(crate) fn held_by(meta: &ObjectMeta) -> String {
-    let Some(f) = meta.finalizers.as_ref().filter(|f| !f.is_empty()) else {
-        return String::new();
-    };
-    let why: Vec<String> = f
-        .iter()
-        .map(|f| match f.as_str() {
-            // pvc-protection: a scheduled pod names the claim (podUsesPVC).
-            "kubernetes.io/pvc-protection" => {
-                format!("{f} (a pod on a node still names the claim)")
-            }
-            // pv-protection: the volume is still Bound.
-            "kubernetes.io/pv-protection" => format!("{f} (the volume is still Bound)"),
-            // external-attacher: a VolumeAttachment still names the volume.
-            a if a.starts_with("external-attacher/") => {
-                format!("{f} (a VolumeAttachment still names the volume)")
-            }
-            _ => f.clone(),
-        })
-        .collect();
-    format!(", held by the finalizers {}", why.join(", "))
-}
 
 /// One claim replaced: `from` goes, `to` is bound to `volume`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,280 +68,6 @@ pub struct Options {
     /// How long to wait for a volume to be Bound to its new claim
     /// ([`BIND_WAIT`] when `None`).
     pub bind_wait: Option<Duration>,
-}
-
-#[derive(Clone)]
-pub struct Kube {
-    pub client: kube::Client,
-    pub namespace: String,
-}
-
-impl std::fmt::Debug for Kube {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kube")
-            .field("namespace", &self.namespace)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Kube {
-    pub(crate) fn pvcs(&self) -> Api<PersistentVolumeClaim> {
-        Api::namespaced(self.client.clone(), &self.namespace)
-    }
-
-    pub(crate) fn pvs(&self) -> Api<PersistentVolume> {
-        Api::all(self.client.clone())
-    }
-
-    /// Refuses before any change when the caller may not do what the plan needs.
-    pub async fn check_rbac(&self, needs: &[(&str, &str, bool)]) -> Result<()> {
-        let api: Api<SelfSubjectAccessReview> = Api::all(self.client.clone());
-        let mut missing = Vec::new();
-        for (verb, resource, namespaced) in needs {
-            let review = SelfSubjectAccessReview {
-                spec: SelfSubjectAccessReviewSpec {
-                    resource_attributes: Some(ResourceAttributes {
-                        verb: Some(verb.to_string()),
-                        resource: Some(resource.to_string()),
-                        namespace: namespaced.then(|| self.namespace.clone()),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            let r = api
-                .create(&PostParams::default(), &review)
-                .await
-                .context("SelfSubjectAccessReview")?;
-            if !r.status.is_some_and(|s| s.allowed) {
-                missing.push(format!("{verb} {resource}"));
-            }
-        }
-        if !missing.is_empty() {
-            bail!(
-                "rbac: you are not allowed to {}; nothing was changed",
-                missing.join(", ")
-            );
-        }
-        Ok(())
-    }
-
-    /// Pods that mount one of `claims`: those not finished, and finished
-    /// ones still on a node, which hold the claim as much (pvc-protection's
-    /// `podUsesPVC` counts any pod with `spec.nodeName` that names it).
-    async fn users(&self, claims: &[String]) -> Result<Vec<Pod>> {
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
-        Ok(pods
-            .list(&ListParams::default())
-            .await?
-            .into_iter()
-            .filter(|p| !finished(p) || node_of(p).is_some())
-            .filter(|p| {
-                p.spec.as_ref().is_some_and(|s| {
-                    s.volumes.iter().flatten().any(|v| {
-                        v.persistent_volume_claim
-                            .as_ref()
-                            .is_some_and(|c| claims.contains(&c.claim_name))
-                    })
-                })
-            })
-            .collect())
-    }
-
-    /// The pods using `claims`, with their nodes cordoned (each one this
-    /// run cordons is added to `cordoned`); refused without `force`.
-    pub(crate) async fn cordon_users(
-        &self,
-        claims: &[String],
-        force: bool,
-        cordoned: &mut Vec<String>,
-        steps: &mut Vec<String>,
-    ) -> Result<Vec<Pod>> {
-        let users = self.users(claims).await?;
-        if users.is_empty() {
-            return Ok(users);
-        }
-        let names: Vec<String> = users
-            .iter()
-            .filter_map(|p| {
-                let name = p.metadata.name.clone()?;
-                Some(if finished(p) {
-                    format!("{name} (finished, but it holds the claim until deleted)")
-                } else {
-                    name
-                })
-            })
-            .collect();
-        if !force {
-            bail!(
-                "claims {} are used by pods {}: stop them or use --force (cordons their nodes and deletes them)",
-                claims.join(", "),
-                names.join(", ")
-            );
-        }
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        // A finished pod is not started again: its node stays as it is.
-        for node in users
-            .iter()
-            .filter(|p| !finished(p))
-            .filter_map(|p| node_of(p).map(String::from))
-        {
-            let already = nodes
-                .get(&node)
-                .await?
-                .spec
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false);
-            if !already && !cordoned.contains(&node) {
-                self.set_unschedulable(&node, true).await?;
-                cordoned.push(node.clone());
-                steps.push(format!("cordoned {node}"));
-            }
-        }
-        Ok(users)
-    }
-
-    /// Deletes `users` and waits until no pod uses `claims`.
-    pub(crate) async fn remove_users(
-        &self,
-        users: &[Pod],
-        claims: &[String],
-        steps: &mut Vec<String>,
-    ) -> Result<()> {
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
-        for p in users {
-            let name = p.metadata.name.clone().unwrap_or_default();
-            pods.delete(&name, &DeleteParams::default()).await?;
-            steps.push(format!("deleted pod {name}"));
-        }
-        self.wait_gone("pods using the claims", async || {
-            let left: Vec<String> = self
-                .users(claims)
-                .await?
-                .into_iter()
-                .filter_map(|p| p.metadata.name)
-                .collect();
-            Ok((!left.is_empty()).then(|| format!(" ({})", left.join(", "))))
-        })
-        .await
-    }
-
-    pub(crate) async fn set_unschedulable(&self, node: &str, yes: bool) -> Result<()> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        nodes
-            .patch(
-                node,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"unschedulable": yes}})),
-            )
-            .await?;
-        Ok(())
-    }
-
-    /// Waits until `exists` answers None; it answers Some(why) while the
-    /// thing is still there (`why` completes the error after 10 minutes).
-    pub(crate) async fn wait_gone(
-        &self,
-        what: &str,
-        mut exists: impl AsyncFnMut() -> Result<Option<String>>,
-    ) -> Result<()> {
-        let started = Instant::now();
-        while let Some(why) = exists().await? {
-            if started.elapsed() > Duration::from_secs(600) {
-                bail!("{what} is still there after 10 minutes{why}");
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        Ok(())
-    }
-
-    /// Waits until volume `volume` reads `Bound` with claimRef naming claim
-    /// `claim` by `uid`, and the claim reads `Bound` to it: only then is a
-    /// `Delete` policy safe (a `Released` volume with `Delete` is deleted by
-    /// the external-provisioner, whatever its claimRef says).
-    pub(crate) async fn wait_bound(
-        &self,
-        volume: &str,
-        claim: &str,
-        uid: &str,
-        limit: Duration,
-    ) -> Result<()> {
-        let ns = &self.namespace;
-        let keep = "its reclaimPolicy stays Retain and the plan stays recorded";
-        let started = Instant::now();
-        loop {
-            let Some(pv) = self.pvs().get_opt(volume).await? else {
-                bail!(
-                    "PersistentVolume {volume} is gone while waiting for it to be Bound to claim {ns}/{claim}"
-                );
-            };
-            let r = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
-            if !r.is_some_and(|r| {
-                r.name.as_deref() == Some(claim)
-                    && r.namespace.as_deref() == Some(ns.as_str())
-                    && r.uid.as_deref() == Some(uid)
-            }) {
-                bail!(
-                    "PersistentVolume {volume} no longer names claim {ns}/{claim} (uid {uid}) in its claimRef: something else changed it; {keep}: check it, then run again with --resume or --rollback"
-                );
-            }
-            let Some(c) = self
-                .pvcs()
-                .get_opt(claim)
-                .await?
-                .filter(|c| c.metadata.uid.as_deref() == Some(uid))
-            else {
-                bail!(
-                    "claim {ns}/{claim} (uid {uid}) is gone while PersistentVolume {volume} waits to be Bound to it; {keep}: check it, then run again with --resume or --rollback"
-                );
-            };
-            let pv_phase = pv.status.and_then(|s| s.phase).unwrap_or_default();
-            let claim_phase = c
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.clone())
-                .unwrap_or_default();
-            if pv_phase == "Bound" && claim_phase == "Bound" && bound_to(&c, volume) {
-                return Ok(());
-            }
-            if started.elapsed() >= limit {
-                bail!(
-                    "PersistentVolume {volume} is not Bound to claim {ns}/{claim} (uid {uid}) after {}: the volume is {}, the claim {}; {keep} (restoring the policy before the PersistentVolume controller binds it could let the provisioner delete a Released volume's disk): run again with --resume once it is Bound",
-                    human(limit),
-                    if pv_phase.is_empty() {
-                        "without a phase"
-                    } else {
-                        &pv_phase
-                    },
-                    if claim_phase.is_empty() {
-                        "without a phase"
-                    } else {
-                        &claim_phase
-                    },
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
-}
-
-fn finished(p: &Pod) -> bool {
-    matches!(
-        p.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
-}
-
-fn node_of(p: &Pod) -> Option<&str> {
-    p.spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .filter(|n| !n.is_empty())
-}
-
-fn bound_to(c: &PersistentVolumeClaim, volume: &str) -> bool {
-    c.spec.as_ref().and_then(|s| s.volume_name.as_deref()) == Some(volume)
 }
 
 fn annotation(pv: &PersistentVolume) -> Option<Plan> {
@@ -626,60 +318,11 @@ async fn forward(k: &Kube, plan: &mut Plan, force: bool, wait: Duration) -> Resu
     for m in &plan.moves {
         // In a resumed run the old claim may already be gone, or (swap) be
         // the new claim of the other volume.
-        if let Some(c) = k.pvcs().get_opt(&m.from).await?
-            && bound_to(&c, &m.volume)
-        {
-            k.pvcs()
-                .delete(&m.from, &DeleteParams::foreground())
-                .await?;
-            steps.push(format!("deleted claim {}/{}", k.namespace, m.from));
-            k.wait_gone(
-                &format!("the old claim {}/{}", k.namespace, m.from),
-                async || {
-                    Ok(k.pvcs()
-                        .get_opt(&m.from)
-                        .await?
-                        .filter(|c| bound_to(c, &m.volume))
-                        .map(|c| held_by(&c.metadata)))
-                },
-            )
-            .await?;
-        }
+        drop_claim(k, &m.from, &m.volume, "old", &mut steps).await?;
     }
     let mut bindings = Vec::new();
     for m in &plan.moves {
-        let created = match k.pvcs().get_opt(&m.to).await? {
-            Some(c) if bound_to(&c, &m.volume) => c,
-            Some(_) => bail!(
-                "claim {}/{} exists and is bound elsewhere",
-                k.namespace,
-                m.to
-            ),
-            None => {
-                let c = k
-                    .pvcs()
-                    .create(&PostParams::default(), &new_claim(&k.namespace, &m.to, m)?)
-                    .await?;
-                steps.push(format!(
-                    "created claim {}/{} bound to {}",
-                    k.namespace, m.to, m.volume
-                ));
-                c
-            }
-        };
-        let uid = created
-            .metadata
-            .uid
-            .clone()
-            .with_context(|| format!("claim {}/{} has no uid", k.namespace, m.to))?;
-        let claim_ref = json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": k.namespace, "name": m.to, "uid": uid});
-        k.pvs()
-            .patch(
-                &m.volume,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"claimRef": claim_ref}})),
-            )
-            .await?;
+        let uid = bind_claim(k, &m.to, m, Binding::New, &mut steps).await?;
         bindings.push((m.clone(), m.to.clone(), uid));
     }
     finish(k, plan, &bindings, wait, &mut steps).await?;
@@ -729,62 +372,100 @@ async fn roll_back(k: &Kube, plan: &Plan, wait: Duration) -> Result<Vec<String>>
             .await?;
     }
     for m in &plan.moves {
-        if let Some(c) = k.pvcs().get_opt(&m.to).await?
-            && bound_to(&c, &m.volume)
-        {
-            k.pvcs().delete(&m.to, &DeleteParams::foreground()).await?;
-            steps.push(format!("deleted claim {}/{}", k.namespace, m.to));
-            k.wait_gone(
-                &format!("the new claim {}/{}", k.namespace, m.to),
-                async || {
-                    Ok(k.pvcs()
-                        .get_opt(&m.to)
-                        .await?
-                        .filter(|c| bound_to(c, &m.volume))
-                        .map(|c| held_by(&c.metadata)))
-                },
-            )
-            .await?;
-        }
+        drop_claim(k, &m.to, &m.volume, "new", &mut steps).await?;
     }
     for m in &plan.moves {
-        let claim = match k.pvcs().get_opt(&m.from).await? {
-            Some(c) if bound_to(&c, &m.volume) => c,
-            Some(_) => bail!(
-                "claim {}/{} exists and is bound elsewhere; nothing more was undone",
-                k.namespace,
-                m.from
-            ),
-            None => {
-                let c = k
-                    .pvcs()
-                    .create(
-                        &PostParams::default(),
-                        &new_claim(&k.namespace, &m.from, m)?,
-                    )
-                    .await?;
-                steps.push(format!(
-                    "recreated claim {}/{} bound to {}",
-                    k.namespace, m.from, m.volume
-                ));
-                c
-            }
-        };
-        let uid = claim
-            .metadata
-            .uid
-            .clone()
-            .with_context(|| format!("claim {}/{} has no uid", k.namespace, m.from))?;
-        let claim_ref = json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": k.namespace, "name": m.from, "uid": uid});
-        k.pvs()
-            .patch(
-                &m.volume,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"claimRef": claim_ref}})),
-            )
-            .await?;
+        let uid = bind_claim(k, &m.from, m, Binding::Restored, &mut steps).await?;
         bindings.push((m.clone(), m.from.clone(), uid));
     }
     finish(k, plan, &bindings, wait, &mut steps).await?;
     Ok(steps)
+}
+
+/// Deletes claim `name` if it is bound to `volume`, and waits until it is
+/// gone (`which`: "old" or "new", for the messages).
+async fn drop_claim(
+    k: &Kube,
+    name: &str,
+    volume: &str,
+    which: &str,
+    steps: &mut Vec<String>,
+) -> Result<()> {
+    let Some(c) = k.pvcs().get_opt(name).await? else {
+        return Ok(());
+    };
+    if !bound_to(&c, volume) {
+        return Ok(());
+    }
+    k.pvcs().delete(name, &DeleteParams::foreground()).await?;
+    steps.push(format!("deleted claim {}/{name}", k.namespace));
+    k.wait_gone(
+        &format!("the {which} claim {}/{name}", k.namespace),
+        async || {
+            Ok(k.pvcs()
+                .get_opt(name)
+                .await?
+                .filter(|c| bound_to(c, volume))
+                .map(|c| held_by(&c.metadata)))
+        },
+    )
+    .await
+}
+
+/// Whether a claim is made for a run going forward or for its rollback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Binding {
+    New,
+    Restored,
+}
+
+/// Binds claim `name` to `m.volume`: made from the recorded claim when it
+/// is absent, refused when it is bound to another volume; the volume's
+/// claimRef is then pointed at it. Its uid.
+async fn bind_claim(
+    k: &Kube,
+    name: &str,
+    m: &Move,
+    how: Binding,
+    steps: &mut Vec<String>,
+) -> Result<String> {
+    let claim = match k.pvcs().get_opt(name).await? {
+        Some(c) if bound_to(&c, &m.volume) => c,
+        Some(_) => match how {
+            Binding::New => bail!("claim {}/{name} exists and is bound elsewhere", k.namespace),
+            Binding::Restored => bail!(
+                "claim {}/{name} exists and is bound elsewhere; nothing more was undone",
+                k.namespace
+            ),
+        },
+        None => {
+            let c = k
+                .pvcs()
+                .create(&PostParams::default(), &new_claim(&k.namespace, name, m)?)
+                .await?;
+            let made = match how {
+                Binding::New => "created",
+                Binding::Restored => "recreated",
+            };
+            steps.push(format!(
+                "{made} claim {}/{name} bound to {}",
+                k.namespace, m.volume
+            ));
+            c
+        }
+    };
+    let uid = claim
+        .metadata
+        .uid
+        .clone()
+        .with_context(|| format!("claim {}/{name} has no uid", k.namespace))?;
+    let claim_ref = json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": k.namespace, "name": name, "uid": uid});
+    k.pvs()
+        .patch(
+            &m.volume,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"claimRef": claim_ref}})),
+        )
+        .await?;
+    Ok(uid)
 }

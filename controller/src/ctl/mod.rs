@@ -2,18 +2,21 @@
 //! only adapts them to the gRPC service.
 
 mod capability;
+mod capacity;
 mod clone;
 mod copy;
 mod create;
 mod delete;
 mod expand;
+mod get;
 mod holder;
+mod list;
 mod modify;
 mod node_ids;
 mod publish;
-mod query;
 mod replicate;
 mod snapshot;
+mod validate;
 
 use std::collections::HashMap;
 use std::sync::Arc;
