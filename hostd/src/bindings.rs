@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::HostdError;
-use crate::paths::Layout;
+use crate::paths::{Layout, VOL_DATA};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Binding {
@@ -229,9 +229,6 @@ pub fn kubelet_tie(path: &Path, layout: Layout, volume_id: &str, driver: &str) -
 pub fn kubelet_says(path: &Path, layout: Layout, volume_id: &str, driver: &str) -> bool {
     kubelet_tie(path, layout, volume_id, driver) == Tie::Ours
 }
-
-/// The file kubelet keeps a volume's record in; never a path hostd acts on.
-pub const VOL_DATA: &str = "vol_data.json";
 
 fn sha256_hex(s: &str) -> String {
     Sha256::digest(s.as_bytes())

@@ -4,6 +4,27 @@ use std::path::Path;
 
 nix::ioctl_none!(blkflsbuf, 0x12, 97);
 
+/// The block-device facts a decision reads, from sysfs on a host
+/// ([`crate::host::System`]), from a table in unit tests.
+pub trait BlockDevices {
+    /// See [`kernel_name`].
+    fn kernel_name(&self, node: &Path) -> Option<String>;
+    /// `major:minor` of a device node (see `device::majmin`).
+    fn majmin(&self, node: &Path) -> Result<String, crate::error::HostdError>;
+    /// See [`majmin_of`].
+    fn majmin_of(&self, name: &str) -> Option<String>;
+    /// See [`active`].
+    fn active(&self, mapping: &str) -> Option<String>;
+    /// See [`slaves`].
+    fn slaves(&self, name: &str) -> Vec<String>;
+    /// See [`held`].
+    fn held(&self, name: &str) -> bool;
+    /// See [`backing_present`].
+    fn backing_present(&self, mapping: &str) -> bool;
+    /// The SCSI serial of the disk called `name` (see `device::serial_of`).
+    fn serial(&self, name: &str) -> Option<String>;
+}
+
 /// The kernel name (`sdb`, `dm-0`) of `major:minor`, from sysfs (which,
 /// unlike `/dev/block`, exists without udev).
 pub fn name_of(majmin: &str) -> Option<String> {
@@ -62,11 +83,22 @@ pub fn slaves(name: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The kernel name (`dm-N`) of the device-mapper device called `name`, if
+/// the kernel has one, whether or not its `/dev/mapper` node exists. Here,
+/// not in `luks`: it is a sysfs fact, and `luks` builds on this module.
+pub fn active(name: &str) -> Option<String> {
+    let entries = std::fs::read_dir("/sys/block").ok()?;
+    entries.flatten().find_map(|e| {
+        let dm = std::fs::read_to_string(e.path().join("dm/name")).ok()?;
+        (dm.trim() == name).then(|| e.file_name().to_string_lossy().into_owned())
+    })
+}
+
 /// Whether the LUKS mapping `name` still has its disk underneath. The
 /// mapping is found in sysfs: with `DM_DISABLE_UDEV` its `/dev/mapper` entry
 /// is a device node, not a link to `dm-N`.
 pub fn backing_present(mapping: &str) -> bool {
-    let Some(dm) = crate::luks::active(mapping) else {
+    let Some(dm) = active(mapping) else {
         return false;
     };
     // An unplugged disk leaves sysfs even while the mapping still holds it.
@@ -75,6 +107,13 @@ pub fn backing_present(mapping: &str) -> bool {
         && under
             .iter()
             .all(|s| Path::new("/sys/class/block").join(s).exists())
+}
+
+/// Whether another device sits on the block device `name` (`holders/`).
+pub fn held(name: &str) -> bool {
+    std::fs::read_dir(Path::new("/sys/block").join(name).join("holders"))
+        .map(|d| d.flatten().next().is_some())
+        .unwrap_or(false)
 }
 
 /// Asks a SCSI disk to re-read its capacity (after a Proxmox resize).

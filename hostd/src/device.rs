@@ -303,7 +303,7 @@ pub fn verify_unused(
     // it. The volume's own open mapping holds it too: then it was checked
     // above to be this disk's only holder.
     let own_open = own_mapping
-        .and_then(crate::luks::active)
+        .and_then(crate::blockdev::active)
         .is_some_and(|dm| crate::blockdev::slaves(&dm) == [name.to_string()]);
     if !own_open {
         use std::os::unix::fs::OpenOptionsExt;

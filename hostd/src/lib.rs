@@ -11,6 +11,7 @@ pub mod error;
 pub mod grow;
 pub mod hardening;
 pub mod health;
+pub mod host;
 pub mod identity;
 pub mod kdf;
 pub mod luks;

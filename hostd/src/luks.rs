@@ -294,9 +294,22 @@ pub fn go_mapping_names(disk: &str) -> Vec<String> {
 /// disk alone: its name and kernel name (`dm-N`).
 pub fn go_mapping_on(disk: &str) -> Option<(String, String)> {
     go_mapping_names(disk).into_iter().find_map(|name| {
-        let dm = active(&name)?;
+        let dm = crate::blockdev::active(&name)?;
         (crate::blockdev::slaves(&dm) == [disk.to_string()]).then_some((name, dm))
     })
+}
+
+/// The LUKS facts and the one action a decision takes: libcryptsetup on a
+/// host ([`crate::host::System`]), a table that records closes in unit tests.
+pub trait Crypt {
+    /// See [`is_open`].
+    fn is_open(&self, name: &str) -> bool;
+    /// See [`has_keyslot`].
+    fn has_keyslot(&self, device: &Path) -> Result<bool, HostdError>;
+    /// See [`go_mapping_on`].
+    fn go_mapping_on(&self, disk: &str) -> Option<(String, String)>;
+    /// See [`close`].
+    fn close(&self, name: &str, force: bool) -> Result<(), HostdError>;
 }
 
 pub fn mapper_path(name: &str) -> PathBuf {
@@ -449,16 +462,6 @@ pub fn has_keyslot(device: &Path) -> Result<bool, HostdError> {
 
 pub fn is_open(name: &str) -> bool {
     mapper_path(name).exists()
-}
-
-/// The kernel name (`dm-N`) of the device-mapper device called `name`, if
-/// the kernel has one, whether or not its `/dev/mapper` node exists.
-pub fn active(name: &str) -> Option<String> {
-    let entries = std::fs::read_dir("/sys/block").ok()?;
-    entries.flatten().find_map(|e| {
-        let dm = std::fs::read_to_string(e.path().join("dm/name")).ok()?;
-        (dm.trim() == name).then(|| e.file_name().to_string_lossy().into_owned())
-    })
 }
 
 /// Closes the mapping; with `force`, also one whose device has vanished

@@ -23,6 +23,13 @@ pub struct MountEntry {
     pub super_read_only: bool,
 }
 
+/// The mount table as a decision reads it: `/proc/self/mountinfo` on a host
+/// ([`crate::host::System`]), a list in unit tests.
+pub trait Mounts {
+    /// See [`table`].
+    fn table(&self) -> Result<Vec<MountEntry>, HostdError>;
+}
+
 pub fn table() -> Result<Vec<MountEntry>, HostdError> {
     let infos = procfs::process::Process::myself()
         .and_then(|p| p.mountinfo())

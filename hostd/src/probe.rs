@@ -35,6 +35,16 @@ impl std::fmt::Display for Contents {
     }
 }
 
+/// What a device holds, as a decision asks it: libblkid and the sampled
+/// bytes on a host ([`crate::host::System`]), a table in unit tests.
+pub trait Probe {
+    fn probe(&self, device: &Path) -> Result<Contents, HostdError>;
+    /// See [`first_data`].
+    fn first_data(&self, device: &Path) -> Result<Option<u64>, HostdError>;
+    /// See [`first_data_in`].
+    fn first_data_in(&self, device: &Path, len: u64) -> Result<Option<u64>, HostdError>;
+}
+
 pub fn probe(device: &Path) -> Result<Contents, HostdError> {
     let fail = |e: libblkid_rs::BlkidErr| HostdError::failed("probing", device.display(), e);
     let mut p = BlkidProbe::new_from_filename(device).map_err(fail)?;
