@@ -9,6 +9,8 @@ scripts/deps.sh build
 
 echo "==> rustfmt"
 cargo fmt --all --check
+echo "==> module layout (no import cycles, no file over 600 lines)"
+scripts/module-cycles.py --max-lines 600 controller/src hostd/src agent/src pvecsictl/src common/src
 echo "==> clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 

@@ -9,7 +9,11 @@ trees and inline `crate::`/`super::`/`self::` paths, outside
 is an edge between the siblings `a::x` and `a::y`; references between a
 module and its own parent or children are not cycles.
 
-Usage: module-cycles.py CRATE_SRC_DIR...   (exit 1 when a cycle exists)
+With `--max-lines N`, a source file longer than N lines fails too: a file
+is meant to be read in one sitting.
+
+Usage: module-cycles.py [--max-lines N] CRATE_SRC_DIR...
+(exit 1 when a cycle or an over-long file exists)
 """
 
 import re
@@ -128,9 +132,19 @@ def cycles(graph):
 
 def main() -> int:
     sys.setrecursionlimit(10000)
+    args = sys.argv[1:]
+    max_lines = None
+    if args[:1] == ["--max-lines"]:
+        max_lines, args = int(args[1]), args[2:]
     found = False
-    for arg in sys.argv[1:]:
+    for arg in args:
         src = Path(arg)
+        if max_lines is not None:
+            for f in sorted(src.rglob("*.rs")):
+                n = len(f.read_text().splitlines())
+                if n > max_lines:
+                    found = True
+                    print(f"  {f}: {n} lines (at most {max_lines})")
         graph = edges(src)
         n_edges = sum(len(v) for v in graph.values())
         rings = cycles(graph)

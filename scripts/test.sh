@@ -24,6 +24,9 @@ step "Python tools" scripts/pytools.sh
 
 echo "==> rustfmt"
 step "rustfmt" cargo fmt --all --check
+echo "==> module layout (no import cycles, no file over 600 lines)"
+step "module layout" scripts/module-cycles.py --max-lines 600 \
+  controller/src hostd/src agent/src pvecsictl/src common/src
 
 # One build that is also the lint: cargo runs the workspace's own crates
 # through clippy-driver (as `cargo clippy` does, but compiling them), the
