@@ -64,6 +64,12 @@ impl From<AgentError> for Status {
 
 /// hostd is down or restarting: retryable, said plainly. A call hostd does
 /// not implement: a hostd of an older release.
+///
+/// Which is which is read from the status's origin, not its wording: a
+/// status hostd sent is decoded from its answer and has no source, while
+/// one tonic made because no answer came (it could not connect, or the
+/// connection broke) keeps the transport error as its source (tonic
+/// src/status.rs try_from_error: a ConnectError becomes Unavailable).
 pub fn hostd_status(s: Status) -> AgentError {
     if s.code() == Code::Unimplemented {
         return AgentError::HostdLacks {
@@ -71,12 +77,45 @@ pub fn hostd_status(s: Status) -> AgentError {
             what: format!("serve this call ({})", s.message()),
         };
     }
-    if s.code() == Code::Unavailable && s.message().contains("onnect") {
+    let unanswered = std::error::Error::source(&s).is_some();
+    if s.code() == Code::Unavailable && unanswered {
         AgentError::Hostd(Status::unavailable(format!(
             "hostd is not reachable ({}); is the proxmox-csi-hostd service running on this node?",
             s.message()
         )))
     } else {
         AgentError::Hostd(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proxmox_csi_proto::hostd::v1::HealthRequest;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn hostd_down_is_said_plainly_and_hostds_own_answers_pass_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("absent.sock");
+        let mut client = crate::hostd::connect(socket, Duration::from_secs(2));
+        let down = client.health(HealthRequest {}).await.unwrap_err();
+        let AgentError::Hostd(s) = hostd_status(down) else {
+            panic!("not a hostd error");
+        };
+        assert_eq!(s.code(), Code::Unavailable);
+        assert!(
+            s.message().starts_with("hostd is not reachable ("),
+            "{}",
+            s.message()
+        );
+        // hostd's own Unavailable, whatever its words, is hostd's answer.
+        let said = Status::unavailable("connect the disk first: no device yet");
+        let AgentError::Hostd(s) = hostd_status(said) else {
+            panic!("not a hostd error");
+        };
+        assert_eq!(s.message(), "connect the disk first: no device yet");
     }
 }

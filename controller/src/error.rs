@@ -71,7 +71,7 @@ impl From<PveError> for CtlError {
 pub fn permission_remedy(e: &PveError) -> String {
     let message = e.message();
     match crate::pve::errors::denied_privilege(&message) {
-        Some((_, privs)) if privs.contains("for modifying tag") => format!(
+        Some(_) if crate::pve::errors::is_tag_refusal(&message) => format!(
             "{e}: the cluster's tag policy (datacenter.cfg user-tag-access or registered-tags) keeps the API token \
              from setting a tag of the driver's VMs; allow the driver's tags (pvecsictl doctor lists them) or grant \
              Sys.Modify on / to the CSI role"

@@ -36,9 +36,7 @@ pub struct NewVm<'a> {
 
 /// Proxmox refused a tag (its tag policy), as opposed to another privilege.
 fn is_tag_refusal(e: &PveError) -> bool {
-    e.kind() == ErrorKind::PermissionDenied
-        && crate::pve::errors::denied_privilege(&e.message())
-            .is_some_and(|(_, privs)| privs.contains("for modifying tag"))
+    e.kind() == ErrorKind::PermissionDenied && crate::pve::errors::is_tag_refusal(&e.message())
 }
 
 impl Controller {

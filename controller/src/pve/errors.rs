@@ -295,6 +295,14 @@ pub fn denied_privilege(message: &str) -> Option<(&str, &str)> {
     Some((path.trim(), privs.trim()))
 }
 
+/// Whether a permission failure is the cluster's tag policy refusing a
+/// tag, as opposed to another privilege (pve-guest-common
+/// src/PVE/GuestHelpers.pm assert_tag_permissions: `Permission check failed
+/// (/, Sys.Modify for modifying tag '…')`).
+pub fn is_tag_refusal(message: &str) -> bool {
+    denied_privilege(message).is_some_and(|(_, privs)| privs.contains("for modifying tag"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
