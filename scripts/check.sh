@@ -17,7 +17,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # The unit tests, and the integration tests that need neither root nor QEMU.
 without_root='kind(lib) | kind(bin)
   | (kind(test) & (package(proxmox-csi-controller) | package(pvecsictl) | package(proxmox-csi-proto) | package(kubesim)))
-  | binary_id(pvesim::api) | binary_id(pvesim::schema_walk)
+  | binary_id(/^pvesim::api_/) | binary_id(pvesim::schema_walk)
   | binary_id(proxmox-csi-node::node_info) | binary_id(packaging::deploy)'
 if cargo nextest --version >/dev/null 2>&1; then
   # One build for all of them (one feature set), every test side by side:
@@ -34,7 +34,8 @@ else
   echo "==> integration tests without root or QEMU"
   cargo test --locked --tests \
     -p proxmox-csi-controller -p pvecsictl -p proxmox-csi-proto -p kubesim
-  cargo test --locked -p pvesim --test api --test schema_walk
+  cargo test --locked -p pvesim --test api_access --test api_storage --test api_hotplug \
+    --test api_qemu --test api_tasks --test api_cluster --test schema_walk
   cargo test --locked -p proxmox-csi-node --test node_info
   cargo test --locked -p packaging --test deploy
 fi

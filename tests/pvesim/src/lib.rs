@@ -8,6 +8,8 @@
 
 pub mod api;
 pub mod auth;
+pub mod clock;
+pub mod ctx;
 pub mod drive;
 pub mod knobs;
 pub mod locks;
@@ -19,6 +21,7 @@ pub mod server;
 pub mod state;
 pub mod tasks;
 pub mod tls;
+pub mod users;
 
 pub use schema::Schema;
 pub use server::{Running, Sim};

@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
+use crate::ctx::Ctx;
 use crate::drive::Drive;
-use crate::server::Ctx;
 
 /// A disk change on a running VM.
 #[derive(Debug, Clone)]

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::knobs::Knobs;
-use crate::perms::{AclEntry, User};
 use crate::tasks::Task;
+use crate::users::{AclEntry, User};
 
 /// The state file.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
@@ -432,13 +432,6 @@ pub struct ReplicationJob {
     pub remove_job: Option<String>,
 }
 
-pub fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
 /// The owner VMID in a volume name: `vm-<vmid>-…`, `base-<vmid>-…`, or the
 /// directory of a file-storage volume (`<vmid>/…`).
 pub fn owner_of(volname: &str) -> Option<u32> {
@@ -535,7 +528,7 @@ impl Cluster {
                     size: vol.size,
                     format,
                     owner,
-                    ctime: vol.ctime.unwrap_or_else(now),
+                    ctime: vol.ctime.unwrap_or_else(crate::clock::now),
                 },
             );
         }

@@ -22,7 +22,7 @@ static NEXT_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::ne
 impl Task {
     pub fn new(node: &str, kind: &str, id: &str, user: &str) -> Self {
         let pid = NEXT_PID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let starttime = crate::state::now();
+        let starttime = crate::clock::now();
         let pstart = 0x01B2_C3D4 + u64::from(pid);
         let upid =
             format!("UPID:{node}:{pid:08X}:{pstart:08X}:{starttime:08X}:{kind}:{id}:{user}:");

@@ -2,8 +2,8 @@
 
 use serde_json::{Value, json};
 
+use crate::ctx::Ctx;
 use crate::reply::ApiError;
-use crate::server::Ctx;
 use std::collections::BTreeMap;
 
 pub fn ticket(ctx: &Ctx, params: &BTreeMap<String, String>) -> Result<Value, ApiError> {

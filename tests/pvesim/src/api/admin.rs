@@ -25,8 +25,8 @@ use std::time::Duration;
 use axum::http::Method;
 use serde_json::{Value, json};
 
+use crate::ctx::Ctx;
 use crate::reply::ApiError;
-use crate::server::Ctx;
 
 fn query(q: Option<&str>) -> BTreeMap<String, String> {
     url::form_urlencoded::parse(q.unwrap_or_default().as_bytes())

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::Call;
+use crate::ctx::Ctx;
 use crate::reply::ApiError;
-use crate::server::Ctx;
 
 pub async fn version(ctx: Arc<Ctx>, _: Call) -> Result<Value, ApiError> {
     let c = ctx.cluster();

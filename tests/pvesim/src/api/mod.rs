@@ -9,7 +9,9 @@ mod replication;
 mod snapshot;
 mod storage;
 mod tasks;
+mod texts;
 mod vm_ops;
+mod worker;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -20,8 +22,8 @@ use axum::http::{HeaderMap, Method, Uri, header};
 use serde_json::Value;
 
 use crate::auth;
+use crate::ctx::Ctx;
 use crate::reply::ApiError;
-use crate::server::Ctx;
 
 /// One authenticated, validated call.
 #[derive(Debug, Clone)]

@@ -9,9 +9,10 @@ use serde_json::{Value, json};
 
 use super::Call;
 use super::common;
+use super::worker::spawn_task;
+use crate::ctx::Ctx;
 use crate::drive::{self, Drive};
 use crate::reply::ApiError;
-use crate::server::Ctx;
 use crate::state::{Cluster, StorageType, Vm, Volume, owner_of};
 use crate::tasks::Task;
 
@@ -397,7 +398,7 @@ fn allocate_for(
             size,
             format,
             owner: vmid,
-            ctime: crate::state::now(),
+            ctime: crate::clock::now(),
         },
     );
     Ok((format!("{storage}:{name}"), size))
@@ -559,8 +560,8 @@ fn stage_update(
                     .storages
                     .get(storage)
                     .map_or(StorageType::Lvmthin, |s| s.kind);
-                let why = super::storage::activation_error(kind, storage, volname, in_worker)
-                    .unwrap_or_else(|| super::storage::size_probe_error(kind, storage, volname));
+                let why = super::texts::activation_error(kind, storage, volname, in_worker)
+                    .unwrap_or_else(|| super::texts::size_probe_error(kind, storage, volname));
                 return Err(ApiError::die(why));
             }
             if let Some((storage, gib)) = d.allocation() {
@@ -634,9 +635,9 @@ fn stage_update(
                     }
                     None => {
                         return Err(ApiError::die(
-                            super::storage::activation_error(kind, storage, volname, in_worker)
+                            super::texts::activation_error(kind, storage, volname, in_worker)
                                 .unwrap_or_else(|| {
-                                    super::storage::size_probe_error(kind, storage, volname)
+                                    super::texts::size_probe_error(kind, storage, volname)
                                 }),
                         ));
                     }
@@ -1144,53 +1145,6 @@ pub async fn config_post(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     Ok(json!(upid))
 }
 
-/// Runs `work` as a task after the configured task latency. The returned
-/// receiver yields its outcome (for `background_delay`).
-pub fn spawn_task<F, Fut>(
-    ctx: Arc<Ctx>,
-    task: Task,
-    work: F,
-) -> tokio::sync::oneshot::Receiver<Result<(), String>>
-where
-    F: FnOnce(Arc<Ctx>) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Result<Vec<String>, String>> + Send + 'static,
-{
-    let upid = task.upid.clone();
-    ctx.cluster().tasks.insert(upid.clone(), task);
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let latency = ctx.cluster().knobs.task_latency_ms;
-        if latency > 0 {
-            tokio::time::sleep(Duration::from_millis(latency)).await;
-        }
-        let injected = {
-            let mut c = ctx.cluster();
-            let injected = crate::knobs::take(&mut c.knobs.fail_tasks);
-            c.faults.failed_tasks += u64::from(injected);
-            injected
-        };
-        let result = if injected {
-            Err("task failed (injected by pvesim)".to_string())
-        } else {
-            let result = work(ctx.clone()).await;
-            let mut c = ctx.cluster();
-            if result.is_ok() && crate::knobs::take(&mut c.knobs.fail_tasks_after_work) {
-                c.faults.failed_tasks_after_work += 1;
-                Err("task failed after its work (injected by pvesim)".to_string())
-            } else {
-                result
-            }
-        };
-        let mut c = ctx.cluster();
-        if let Some(t) = c.tasks.get_mut(&upid) {
-            let outcome = result.map(|log| t.log.extend(log));
-            t.finish(outcome.clone());
-            let _ = tx.send(outcome.map_err(|_| t.exitstatus.clone().unwrap_or_default()));
-        }
-    });
-    rx
-}
-
 pub async fn unlink(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
     let node = call.req("node")?.to_string();
     let vmid = call.vmid()?;
@@ -1270,8 +1224,8 @@ pub async fn resize(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             let current = match c.volume(&place, &volname).map(|v| v.size) {
                 Some(size) => size,
                 None => {
-                    return Err(super::storage::activation_error(kind, &storage, &volname, true).unwrap_or_else(|| match kind {
-                        StorageType::Rbd => super::storage::size_probe_error(kind, &storage, &volname),
+                    return Err(super::texts::activation_error(kind, &storage, &volname, true).unwrap_or_else(|| match kind {
+                        StorageType::Rbd => super::texts::size_probe_error(kind, &storage, &volname),
                         _ => format!("Could not determine current size of volume '{storage}:{volname}'"),
                     }));
                 }

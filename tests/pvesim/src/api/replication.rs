@@ -6,9 +6,9 @@ use serde_json::{Value, json};
 
 use super::Call;
 use super::common;
+use crate::ctx::Ctx;
 use crate::drive::{self, Drive};
 use crate::reply::ApiError;
-use crate::server::Ctx;
 use crate::state::{Cluster, ReplicationJob, owner_of};
 
 fn job_json(id: &str, j: &ReplicationJob) -> Value {
@@ -92,11 +92,11 @@ pub async fn node_list(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             .map(|(id, j)| {
                 let mut v = job_json(id, j);
                 v["vmtype"] = json!("qemu");
-                v["last_sync"] = json!(crate::state::now());
-                v["last_try"] = json!(crate::state::now());
+                v["last_sync"] = json!(crate::clock::now());
+                v["last_try"] = json!(crate::clock::now());
                 v["fail_count"] = json!(0);
                 v["duration"] = json!(1.5);
-                v["next_sync"] = json!(crate::state::now() + 900);
+                v["next_sync"] = json!(crate::clock::now() + 900);
                 v
             })
             .collect(),

@@ -9,10 +9,10 @@ use serde_json::{Value, json};
 
 use super::Call;
 use super::common;
-use super::qemu::spawn_task;
+use super::worker::spawn_task;
+use crate::ctx::Ctx;
 use crate::drive::{self, Drive};
 use crate::reply::ApiError;
-use crate::server::Ctx;
 use crate::tasks::Task;
 
 pub async fn list(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
@@ -81,7 +81,7 @@ pub async fn create(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
         vm.snapshots.insert(
             name.clone(),
             crate::state::Snapshot {
-                snaptime: crate::state::now(),
+                snaptime: crate::clock::now(),
                 description,
                 parent,
                 disks,

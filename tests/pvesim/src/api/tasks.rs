@@ -5,8 +5,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::Call;
+use crate::ctx::Ctx;
 use crate::reply::ApiError;
-use crate::server::Ctx;
 use crate::state::Cluster;
 use crate::tasks::{Task, parse_upid};
 

@@ -8,10 +8,10 @@ use serde_json::{Value, json};
 
 use super::Call;
 use super::common;
-use super::qemu::spawn_task;
+use super::worker::spawn_task;
+use crate::ctx::Ctx;
 use crate::drive::{self, Drive};
 use crate::reply::ApiError;
-use crate::server::Ctx;
 use crate::state::{Cluster, Place, StorageType, Vm, Volume, owner_of};
 use crate::tasks::Task;
 
@@ -613,9 +613,9 @@ pub async fn move_disk(ctx: Arc<Ctx>, call: Call) -> Result<Value, ApiError> {
             }
             None => {
                 return Err(
-                    super::storage::activation_error(kind, &src_storage, &src_name, true)
+                    super::texts::activation_error(kind, &src_storage, &src_name, true)
                         .unwrap_or_else(|| {
-                            super::storage::size_probe_error(kind, &src_storage, &src_name)
+                            super::texts::size_probe_error(kind, &src_storage, &src_name)
                         }),
                 );
             }
@@ -754,7 +754,7 @@ fn copy_to(
             size: st.kind.round(vol.size),
             format: "raw".into(),
             owner: owner_of(&new_name).unwrap_or(vmid),
-            ctime: crate::state::now(),
+            ctime: crate::clock::now(),
         },
     );
     Ok(format!("{dst}:{new_name}"))

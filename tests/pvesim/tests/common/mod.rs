@@ -191,3 +191,13 @@ impl Client {
         .ok()
     }
 }
+
+/// Writes `key=value` into VM 112's config on pve2 and waits for the task;
+/// its final status.
+pub async fn attach(c: &Client, key: &str, value: &str) -> serde_json::Value {
+    let upid = c
+        .call("POST", "/nodes/pve2/qemu/112/config", &[(key, value)])
+        .await
+        .ok();
+    c.wait_task(upid.as_str().unwrap()).await
+}
