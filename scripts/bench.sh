@@ -17,6 +17,7 @@ run() {
 }
 run attach-burst
 run scale
+run kube-calls
 run stage
 run guest-stage
 echo "==> soak"

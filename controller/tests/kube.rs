@@ -1,7 +1,9 @@
 //! The controller with a Kubernetes API (a minimal stand-in serving Nodes,
 //! PersistentVolumes and VolumeAttributesClasses): node → VM by providerID
 //! and annotation, `lifecycle: keep`, and classes applied at attach and by
-//! ControllerModifyVolume.
+//! ControllerModifyVolume. The stand-in serves no watch, so the controller
+//! reads every lookup from it (`Kube::unwatched`), as it does until its
+//! caches have listed; the caches are tested on kubesim (`watch.rs`).
 
 // Test code: a failed unwrap is the test failing, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -72,6 +74,24 @@ async fn pvs() -> Json<Value> {
     }))
 }
 
+/// One of `pvs` by name, as the API server's GET answers it.
+async fn pv_named(Path(name): Path<String>) -> (StatusCode, Json<Value>) {
+    let Json(list) = pvs().await;
+    match list["items"].as_array().and_then(|items| {
+        items
+            .iter()
+            .find(|pv| pv["metadata"]["name"] == json!(name))
+    }) {
+        Some(pv) => {
+            let mut pv = pv.clone();
+            pv["kind"] = json!("PersistentVolume");
+            pv["apiVersion"] = json!("v1");
+            (StatusCode::OK, Json(pv))
+        }
+        None => not_found(&format!("persistentvolumes \"{name}\"")),
+    }
+}
+
 async fn vac(Path(name): Path<String>) -> (StatusCode, Json<Value>) {
     if name != "fast" {
         return not_found(&format!(
@@ -139,6 +159,7 @@ async fn kube_api_serving(vac_version: &'static str) -> kube::Client {
     let mut app = axum::Router::new()
         .route("/api/v1/nodes/{name}", get(node))
         .route("/api/v1/persistentvolumes", get(pvs))
+        .route("/api/v1/persistentvolumes/{name}", get(pv_named))
         .route(
             &format!("/apis/storage.k8s.io/{vac_version}/volumeattributesclasses/{{name}}"),
             get(vac),
@@ -162,7 +183,7 @@ async fn kube_api_serving(vac_version: &'static str) -> kube::Client {
 #[tokio::test]
 async fn nodes_pvs_and_classes_from_kubernetes() {
     let k = kube_api().await;
-    let e = env_with(|c| c.with_kube(Kube::new(k), "csi.proxmox.sinextra.dev")).await;
+    let e = env_with(|c| c.with_kube(Kube::unwatched(k), "csi.proxmox.sinextra.dev")).await;
     let keep = create(&e, "pvc-keep", Some("pve2")).await;
     let fast = create(&e, "pvc-fast", Some("pve2")).await;
     assert_eq!(keep.volume_id, KEEP);
@@ -202,10 +223,10 @@ async fn nodes_pvs_and_classes_from_kubernetes() {
 
     // A controller that never published (restarted) lists the volumes
     // published to the ids in CSINode, as the attacher compares them.
-    let fresh = ControllerService(Arc::new(
-        common::controller_on(&e)
-            .with_kube(Kube::new(kube_api().await), "csi.proxmox.sinextra.dev"),
-    ));
+    let fresh = ControllerService(Arc::new(common::controller_on(&e).with_kube(
+        Kube::unwatched(kube_api().await),
+        "csi.proxmox.sinextra.dev",
+    )));
     let listed = fresh
         .list_volumes(Request::new(callers::attacher::list_volumes("")))
         .await
@@ -326,7 +347,7 @@ async fn nodes_pvs_and_classes_from_kubernetes() {
 #[tokio::test]
 async fn a_node_id_that_contradicts_its_node_object_is_refused() {
     let k = kube_api().await;
-    let e = env_with(|c| c.with_kube(Kube::new(k), "csi.proxmox.sinextra.dev")).await;
+    let e = env_with(|c| c.with_kube(Kube::unwatched(k), "csi.proxmox.sinextra.dev")).await;
     let vol = create(&e, "pvc-claim", Some("pve2")).await;
     // worker-x's providerID names VM 113; worker's system UUID is VM 113's.
     for claimed in ["worker-x/112", "worker/112"] {
@@ -394,7 +415,7 @@ async fn two_vms_with_a_nodes_name_are_not_guessed_between() {
 #[tokio::test]
 async fn a_class_served_as_v1beta1_applies_at_attach() {
     let k = kube_api_serving("v1beta1").await;
-    let e = env_with(|c| c.with_kube(Kube::new(k), "csi.proxmox.sinextra.dev")).await;
+    let e = env_with(|c| c.with_kube(Kube::unwatched(k), "csi.proxmox.sinextra.dev")).await;
     let fast = create(&e, "pvc-fast", Some("pve2")).await;
     let line = publish_and_read(&e, &fast, "worker-y", 112).await;
     assert!(

@@ -386,7 +386,8 @@ async fn a_holder_that_moved_away_is_replaced_once() {
     assert_eq!(named(&e, "proxmox-csi-holder-pve2").await.len(), 2);
 }
 
-/// A Kubernetes API stand-in serving the PersistentVolumes `pvs` holds.
+/// A Kubernetes API stand-in serving the PersistentVolumes `pvs` holds (a
+/// list, no watch: the controller on it reads every lookup from it).
 async fn kube_serving(pvs: std::sync::Arc<std::sync::Mutex<serde_json::Value>>) -> kube::Client {
     use axum::routing::get;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -427,7 +428,7 @@ async fn a_clones_copy_vm_goes_only_with_the_pv_it_was_made_for() {
     );
     let e = env_from_with(&cluster, |c| {
         c.with_kube(
-            proxmox_csi_controller::kube::Kube::new(k),
+            proxmox_csi_controller::kube::Kube::unwatched(k),
             "csi.proxmox.sinextra.dev",
         )
     })

@@ -345,7 +345,7 @@ impl Controller {
             return Ok(());
         };
         if let Some(k) = &self.kube
-            && let Some(pv) = k.pv_for_handle(&self.driver_name, volume_id).await?
+            && let Some(pv) = k.pv_for_handle_now(&self.driver_name, volume_id).await?
             && pv.keep
         {
             tracing::info!(

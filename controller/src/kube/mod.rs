@@ -14,6 +14,9 @@ use kube::api::{ApiResource, DynamicObject, ListParams};
 
 use crate::error::CtlError;
 
+mod watch;
+pub use watch::Watched;
+
 /// The source of the events the controller posts (`kubectl describe`'s "From").
 pub const COMPONENT: &str = "proxmox-csi-controller";
 
@@ -25,6 +28,8 @@ pub struct Kube {
     client: kube::Client,
     /// The VolumeAttributesClass version the API server serves, found once.
     vac_version: std::sync::Arc<tokio::sync::OnceCell<&'static str>>,
+    /// Watch caches of PersistentVolumes, Nodes and CSINodes.
+    watched: Option<Watched>,
 }
 
 impl std::fmt::Debug for Kube {
@@ -85,11 +90,30 @@ pub async fn cluster_id(
 }
 
 impl Kube {
+    /// A client that watches PersistentVolumes, Nodes and CSINodes (needs a
+    /// Tokio runtime).
     pub fn new(client: kube::Client) -> Self {
+        let watched = Some(Watched::start(&client));
         Self {
             client,
             vac_version: Default::default(),
+            watched,
         }
+    }
+
+    /// A client that reads every object from the API when it needs it, as
+    /// the controller did before its watch caches (for comparison).
+    pub fn unwatched(client: kube::Client) -> Self {
+        Self {
+            client,
+            vac_version: Default::default(),
+            watched: None,
+        }
+    }
+
+    /// The watch caches, when this client keeps them.
+    pub fn watched(&self) -> Option<&Watched> {
+        self.watched.as_ref()
     }
 
     pub fn client(&self) -> &kube::Client {
@@ -177,118 +201,142 @@ impl Kube {
 
     /// What the controller reads from one Node, in one GET: its VM (see
     /// `node_vm`) and its max-volume-attachments label. `Ok(None)`: gone.
+    /// From the Node cache; a node it has not seen (one that just joined)
+    /// is read from the API.
     pub async fn node(&self, name: &str) -> Result<Option<NodeFacts>, CtlError> {
+        if let Some(node) = self.watched.as_ref().and_then(|w| w.node(name)) {
+            return Ok(Some(node_facts(&node)));
+        }
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let Some(node) = nodes
+        let node = nodes
             .get_opt(name)
             .await
-            .map_err(|e| unavailable(&format!("reading Node {name}"), e))?
-        else {
-            return Ok(None);
-        };
-        let max_volumes = node
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(proxmox_csi_common::MAX_VOLUMES_LABEL))
-            .and_then(|v| proxmox_csi_common::max_volumes_label(v));
-        let from_provider = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.provider_id.as_deref())
-            .and_then(vmid_from_provider_id);
-        let from_annotation = node
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(INSTANCE_ID))
-            .and_then(|v| vmid_from_provider_id(v));
-        let system_uuid = node
-            .status
-            .and_then(|s| s.node_info)
-            .map(|i| i.system_uuid.trim().to_ascii_lowercase())
-            .filter(|u| !u.is_empty());
-        let vm = from_provider
-            .or(from_annotation)
-            .map(NodeVm::Id)
-            .or(system_uuid.map(NodeVm::SystemUuid));
-        Ok(Some(NodeFacts { vm, max_volumes }))
+            .map_err(|e| unavailable(&format!("reading Node {name}"), e))?;
+        Ok(node.as_ref().map(node_facts))
     }
 
     /// The node ids this driver registered in CSINode objects: what the
     /// external-attacher publishes to and compares ListVolumes with
     /// (pkg/controller/util.go GetNodeIDFromCSINode).
+    /// From the CSINode cache: kubelet registers a node once, and the
+    /// attacher's next reconcile sees a late one.
     pub async fn csi_node_ids(&self, driver: &str) -> Result<Vec<String>, CtlError> {
+        let ids = |nodes: &mut dyn Iterator<Item = &CSINode>| -> Vec<String> {
+            nodes
+                .flat_map(|n| &n.spec.drivers)
+                .filter(|d| d.name == driver)
+                .map(|d| d.node_id.clone())
+                .collect()
+        };
+        if let Some(cached) = self.watched.as_ref().and_then(Watched::csinodes) {
+            return Ok(ids(&mut cached.iter().map(|n| &**n)));
+        }
         let nodes: Api<CSINode> = Api::all(self.client.clone());
         let list = nodes
             .list(&ListParams::default())
             .await
             .map_err(|e| unavailable("listing CSINodes", e))?;
-        Ok(list
-            .items
-            .into_iter()
-            .flat_map(|n| n.spec.drivers)
-            .filter(|d| d.name == driver)
-            .map(|d| d.node_id)
-            .collect())
+        Ok(ids(&mut list.items.iter()))
     }
 
-    /// The PersistentVolume whose CSI volume handle is `handle`.
+    /// `driver`'s PersistentVolumes with volume handle `handle`, and whether
+    /// they were read from the API just now: from the cache when it holds
+    /// one (a volume's PersistentVolume outlives its attachments and its
+    /// delete), else listed (no cache yet, or a volume so new that the
+    /// watch has not brought it, or none at all).
+    async fn pvs_of_handle(
+        &self,
+        driver: &str,
+        handle: &str,
+    ) -> Result<(Vec<PersistentVolume>, bool), CtlError> {
+        let ours = |pv: &PersistentVolume| {
+            pv.spec
+                .as_ref()
+                .and_then(|s| s.csi.as_ref())
+                .is_some_and(|c| c.driver == driver && c.volume_handle == handle)
+        };
+        if let Some(cached) = self.watched.as_ref().and_then(Watched::pvs) {
+            let found: Vec<PersistentVolume> = cached
+                .iter()
+                .filter(|pv| ours(pv))
+                .map(|pv| (**pv).clone())
+                .collect();
+            if !found.is_empty() {
+                return Ok((found, false));
+            }
+        }
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let list = pvs
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| unavailable("listing PersistentVolumes", e))?;
+        Ok((list.items.into_iter().filter(|pv| ours(pv)).collect(), true))
+    }
+
+    /// The PersistentVolume whose CSI volume handle is `handle`, as the
+    /// cache has it: a publish applies the class it names, and a class set
+    /// a moment ago applies at the next attach.
     pub async fn pv_for_handle(
         &self,
         driver: &str,
         handle: &str,
     ) -> Result<Option<PvFacts>, CtlError> {
+        let (found, _) = self.pvs_of_handle(driver, handle).await?;
+        Ok(found.first().map(pv_facts))
+    }
+
+    /// The same, read from the API now: a delete keeps the disk of a volume
+    /// annotated `lifecycle: keep`, however recently.
+    pub async fn pv_for_handle_now(
+        &self,
+        driver: &str,
+        handle: &str,
+    ) -> Result<Option<PvFacts>, CtlError> {
+        let (found, fresh) = self.pvs_of_handle(driver, handle).await?;
+        let Some(pv) = found.into_iter().next() else {
+            return Ok(None);
+        };
+        if fresh {
+            return Ok(Some(pv_facts(&pv)));
+        }
+        let Some(name) = pv.metadata.name else {
+            return Ok(None);
+        };
+        Ok(self.pv_now(&name).await?.as_ref().map(pv_facts))
+    }
+
+    /// PersistentVolume `name`, read from the API now.
+    async fn pv_now(&self, name: &str) -> Result<Option<PersistentVolume>, CtlError> {
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let list = pvs
-            .list(&ListParams::default())
+        pvs.get_opt(name)
             .await
-            .map_err(|e| unavailable("listing PersistentVolumes", e))?;
-        Ok(list.items.into_iter().find_map(|pv| {
-            let spec = pv.spec.as_ref()?;
-            let csi = spec.csi.as_ref()?;
-            (csi.driver == driver && csi.volume_handle == handle).then(|| PvFacts {
-                name: pv.metadata.name.clone().unwrap_or_default(),
-                keep: pv
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(LIFECYCLE))
-                    .map(String::as_str)
-                    == Some("keep"),
-                attributes_class: spec.volume_attributes_class_name.clone(),
-            })
-        }))
+            .map_err(|e| unavailable(&format!("reading PersistentVolume {name}"), e))
     }
 
     /// The names and phases (`Bound`, `Released`, …; "" before a first
-    /// status) of `driver`'s PersistentVolumes with volume handle `handle`.
+    /// status) of `driver`'s PersistentVolumes with volume handle `handle`,
+    /// each phase read now: a copy VM is destroyed only for a volume that
+    /// is Released.
     pub async fn pvs_with_handle(
         &self,
         driver: &str,
         handle: &str,
     ) -> Result<Vec<(String, String)>, CtlError> {
-        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let list = pvs
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| unavailable("listing PersistentVolumes", e))?;
-        Ok(list
-            .items
-            .into_iter()
-            .filter(|pv| {
-                pv.spec
-                    .as_ref()
-                    .and_then(|s| s.csi.as_ref())
-                    .is_some_and(|c| c.driver == driver && c.volume_handle == handle)
-            })
-            .map(|pv| {
-                (
+        let mut out = Vec::new();
+        let (found, fresh) = self.pvs_of_handle(driver, handle).await?;
+        for pv in found {
+            let now = match pv.metadata.name.as_deref() {
+                Some(name) if !fresh => self.pv_now(name).await?,
+                _ => Some(pv),
+            };
+            if let Some(pv) = now {
+                out.push((
                     pv.metadata.name.unwrap_or_default(),
                     pv.status.and_then(|s| s.phase).unwrap_or_default(),
-                )
-            })
-            .collect())
+                ));
+            }
+        }
+        Ok(out)
     }
 
     /// The version of `storage.k8s.io` that serves VolumeAttributesClasses:
@@ -350,6 +398,57 @@ impl Kube {
                     .collect()
             })
             .unwrap_or_default())
+    }
+}
+
+/// What the controller reads from a Node: its VM (providerID, then the
+/// instance-id annotation, then its SMBIOS system UUID) and its volume limit.
+fn node_facts(node: &Node) -> NodeFacts {
+    let max_volumes = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(proxmox_csi_common::MAX_VOLUMES_LABEL))
+        .and_then(|v| proxmox_csi_common::max_volumes_label(v));
+    let from_provider = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .and_then(vmid_from_provider_id);
+    let from_annotation = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(INSTANCE_ID))
+        .and_then(|v| vmid_from_provider_id(v));
+    let system_uuid = node
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.system_uuid.trim().to_ascii_lowercase())
+        .filter(|u| !u.is_empty());
+    let vm = from_provider
+        .or(from_annotation)
+        .map(NodeVm::Id)
+        .or(system_uuid.map(NodeVm::SystemUuid));
+    NodeFacts { vm, max_volumes }
+}
+
+/// What the controller reads from a PersistentVolume of its own.
+fn pv_facts(pv: &PersistentVolume) -> PvFacts {
+    PvFacts {
+        name: pv.metadata.name.clone().unwrap_or_default(),
+        keep: pv
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(LIFECYCLE))
+            .map(String::as_str)
+            == Some("keep"),
+        attributes_class: pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_attributes_class_name.clone()),
     }
 }
 

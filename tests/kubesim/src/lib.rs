@@ -5,7 +5,7 @@
 //!
 //! Modelled:
 //! - core/v1 Nodes, PersistentVolumes, PersistentVolumeClaims and Pods, and
-//!   storage.k8s.io/v1 VolumeAttachments (cluster-scoped): get, list,
+//!   storage.k8s.io/v1 VolumeAttachments and CSINodes (cluster-scoped): get, list,
 //!   create, replace, JSON merge patch, `/status`, delete, and watch with
 //!   `resourceVersion`; `SelfSubjectAccessReview` (allowed unless the verb
 //!   and resource were denied with [`Running::deny`]);
@@ -124,6 +124,11 @@ pub fn attachment_name(volume_handle: &str, driver: &str, node: &str) -> String 
 struct Shared {
     store: Arc<Mutex<Store>>,
     tx: broadcast::Sender<Event>,
+    /// Requests served, watches apart (a watch is one long request).
+    requests: Arc<std::sync::atomic::AtomicU64>,
+    watches: Arc<std::sync::atomic::AtomicU64>,
+    /// Objects answered by gets and lists (what a read costs the server).
+    served: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Shared {
@@ -174,25 +179,54 @@ impl Running {
     /// namespaced) as it is, replacing what is there; a new object passes the
     /// admission first, as a create would.
     pub fn put(&self, plural: &str, obj: Value) {
-        let ns = text(&obj["metadata"]["namespace"]).to_string();
-        let name = text(&obj["metadata"]["name"]).to_string();
-        let key = (plural.to_string(), ns, name);
+        self.put_all(plural, [obj]);
+    }
+
+    /// [`put`](Self::put) for many objects, with one pass of the binder at
+    /// the end (a cluster of thousands of volumes is set up in one step).
+    pub fn put_all(&self, plural: &str, objs: impl IntoIterator<Item = Value>) {
         let mut s = self.shared.lock();
-        let mut obj = obj;
-        s.uid += 1;
-        if obj["metadata"]["uid"].is_null() {
-            obj["metadata"]["uid"] = json!(format!("uid-{}", s.uid));
+        for mut obj in objs {
+            let ns = text(&obj["metadata"]["namespace"]).to_string();
+            let name = text(&obj["metadata"]["name"]).to_string();
+            let key = (plural.to_string(), ns, name);
+            s.uid += 1;
+            if obj["metadata"]["uid"].is_null() {
+                obj["metadata"]["uid"] = json!(format!("uid-{}", s.uid));
+            }
+            obj["kind"] = json!(resource(plural).0);
+            obj["apiVersion"] = json!(api_version(plural));
+            let event = if s.objects.contains_key(&key) {
+                "MODIFIED"
+            } else {
+                s.admit(plural, &mut obj);
+                "ADDED"
+            };
+            s.write(&self.shared.tx, key, Some(obj), event);
         }
-        obj["kind"] = json!(resource(plural).0);
-        obj["apiVersion"] = json!(api_version(plural));
-        let event = if s.objects.contains_key(&key) {
-            "MODIFIED"
-        } else {
-            s.admit(plural, &mut obj);
-            "ADDED"
-        };
-        s.write(&self.shared.tx, key, Some(obj), event);
         s.bind_all(&self.shared.tx, Instant::now());
+    }
+
+    /// Requests served so far, not counting watches: what a client's reads
+    /// and writes cost the API server.
+    pub fn requests(&self) -> u64 {
+        self.shared
+            .requests
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Objects answered by gets and lists so far.
+    pub fn objects_served(&self) -> u64 {
+        self.shared
+            .served
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Watch requests served so far (each one stream).
+    pub fn watches(&self) -> u64 {
+        self.shared
+            .watches
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
@@ -252,6 +286,9 @@ pub async fn start() -> std::io::Result<Running> {
     let shared = Shared {
         store: Arc::new(Mutex::new(Store::default())),
         tx,
+        requests: Arc::default(),
+        watches: Arc::default(),
+        served: Arc::default(),
     };
     let app = Router::new().fallback(handle).with_state(shared.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -364,6 +401,11 @@ async fn handle(
         );
     }
     let (kind, _) = resource(&plural);
+    let watch = method == Method::GET
+        && name.is_none()
+        && q.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let counter = if watch { &sh.watches } else { &sh.requests };
+    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut s = sh.lock();
     let now = Instant::now();
     match (method, name) {
@@ -416,10 +458,15 @@ async fn handle(
                 .filter(|(k, _)| k.0 == plural && (ns.is_empty() || k.1 == ns))
                 .map(|(_, v)| v.clone())
                 .collect();
+            sh.served
+                .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
             axum::Json(json!({"kind": format!("{kind}List"), "apiVersion": api_version(&plural), "metadata": {"resourceVersion": s.rv.to_string()}, "items": items})).into_response()
         }
         (Method::GET, Some(n)) => match s.objects.get(&(plural.clone(), ns.clone(), n.clone())) {
-            Some(o) => axum::Json(o.clone()).into_response(),
+            Some(o) => {
+                sh.served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                axum::Json(o.clone()).into_response()
+            }
             None => failure(&ApiError::not_found(&plural, &n)),
         },
         (Method::POST, None) => match s.create(&sh.tx, &plural, &ns, body) {

@@ -36,6 +36,8 @@ pub(crate) fn resource(plural: &str) -> (&'static str, &'static str) {
         // kubernetes/api storage/v1/types.go:133-245: storage.k8s.io/v1, cluster-scoped.
         VAS => ("VolumeAttachment", "storage.k8s.io"),
         "namespaces" => ("Namespace", ""),
+        // kubernetes/api storage/v1/types.go CSINode: storage.k8s.io/v1, cluster-scoped.
+        "csinodes" => ("CSINode", "storage.k8s.io"),
         // kubernetes/api core/v1/types.go Event: core, namespaced.
         "events" => ("Event", ""),
         // external-snapshotter client/apis/volumesnapshot/v1/types.go: cluster-scoped.

@@ -37,6 +37,12 @@ enum What {
         #[arg(long, default_value_t = 5)]
         rounds: usize,
     },
+    /// Kubernetes API requests, and the objects they return, per publish, unpublish, ListVolumes and delete as the cluster grows: the controller's watch caches against reading every lookup from the API.
+    KubeCalls {
+        /// Cluster sizes: PersistentVolumes of the driver.
+        #[arg(long, value_delimiter = ',', default_value = "100,10000")]
+        sizes: Vec<usize>,
+    },
     /// In the guest VM: NodeStage with LUKS against bare cryptsetup + mkfs.xfs + mount (QEMU).
     GuestStage {
         #[arg(long, default_value_t = 3)]
@@ -165,6 +171,38 @@ async fn main() -> Result<()> {
                     r.hostd_ms - r.bare_ms,
                     r.hostd_rss_kib
                 );
+            }
+        }
+        What::KubeCalls { sizes } => {
+            println!(
+                "Kubernetes calls per operation: the controller on pvesim and kubesim; requests / objects returned"
+            );
+            println!(
+                "  | PVs | controller | caches' first list (requests / objects, ms) | publish | unpublish | ListVolumes | delete |"
+            );
+            for n in sizes {
+                for watched in [false, true] {
+                    let r = bench::kube_calls::measure(n.saturating_sub(1), watched).await?;
+                    let c = |c: bench::kube_calls::Cost| format!("{} / {}", c.requests, c.objects);
+                    println!(
+                        "  | {} | {} | {} | {} | {} | {} | {} |",
+                        r.pvs,
+                        if r.watched {
+                            "watch caches"
+                        } else {
+                            "reads every lookup"
+                        },
+                        if r.watched {
+                            format!("{}, {} ms", c(r.sync), r.sync_ms)
+                        } else {
+                            "none".into()
+                        },
+                        c(r.publish),
+                        c(r.unpublish),
+                        c(r.list_volumes),
+                        c(r.delete)
+                    );
+                }
             }
         }
         What::GuestStage { rounds } => {
