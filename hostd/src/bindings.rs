@@ -56,16 +56,16 @@ impl Bindings {
         match std::fs::read(&path) {
             Ok(b) => serde_json::from_slice::<Binding>(&b)
                 .map(Some)
-                .map_err(|e| HostdError::failed("reading the record", path.display(), e)),
+                .map_err(|e| HostdError::lib("reading the record", path.display(), e)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(HostdError::failed("reading the record", path.display(), e)),
+            Err(e) => Err(HostdError::io("reading the record", path.display(), e)),
         }
     }
 
     /// The record of the volume staged at `staging`, whichever it is.
     pub fn staged_at(&self, staging: &Path) -> Result<Option<Binding>, HostdError> {
         let entries = std::fs::read_dir(&self.dir)
-            .map_err(|e| HostdError::failed("listing", self.dir.display(), e))?;
+            .map_err(|e| HostdError::io("listing", self.dir.display(), e))?;
         for e in entries.flatten() {
             if let Ok(b) = std::fs::read(e.path())
                 && let Ok(b) = serde_json::from_slice::<Binding>(&b)
@@ -81,10 +81,10 @@ impl Bindings {
         let path = self.file(&b.volume_id);
         let tmp = path.with_extension("tmp");
         let bytes = serde_json::to_vec(b)
-            .map_err(|e| HostdError::failed("writing the record", path.display(), e))?;
+            .map_err(|e| HostdError::lib("writing the record", path.display(), e))?;
         std::fs::write(&tmp, bytes)
             .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(|e| HostdError::failed("writing the record", path.display(), e))
+            .map_err(|e| HostdError::io("writing the record", path.display(), e))
     }
 
     fn intent(&self, volume_id: &str) -> PathBuf {
@@ -103,7 +103,7 @@ impl Bindings {
     pub fn begin_format(&self, volume_id: &str, disk: &DiskId) -> Result<(), HostdError> {
         let path = self.intent(volume_id);
         std::fs::write(&path, disk.0.as_bytes())
-            .map_err(|e| HostdError::failed("writing the record", path.display(), e))
+            .map_err(|e| HostdError::io("writing the record", path.display(), e))
     }
 
     /// Whether an earlier stage of `volume_id` began formatting this very
@@ -126,7 +126,7 @@ fn remove_file(path: &Path) -> Result<(), HostdError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(HostdError::failed("removing the record", path.display(), e)),
+        Err(e) => Err(HostdError::io("removing the record", path.display(), e)),
     }
 }
 

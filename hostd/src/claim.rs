@@ -194,7 +194,7 @@ pub fn find_from(
     let mut block = Aligned::zeroed(ALIGN);
     for at in places(size).into_iter().filter(|at| *at >= from) {
         f.read_exact_at(block.buf_mut(), at)
-            .map_err(|e| HostdError::failed("reading a claim on", device.display(), e))?;
+            .map_err(|e| HostdError::io("reading a claim on", device.display(), e))?;
         let found = match &want {
             Some(w) => block.buf()[..KEY] == *w,
             None => block.buf()[..MAGIC.len()] == *MAGIC,
@@ -232,7 +232,7 @@ pub fn write_beyond(device: &Path, volume_id: &str, floor: u64) -> Result<u64, H
     tail.buf_mut()[..KEY].copy_from_slice(&record(volume_id));
     f.write_all_at(tail.buf(), at)
         .and_then(|()| f.sync_all())
-        .map_err(|e| HostdError::failed("writing the claim on", device.display(), e))?;
+        .map_err(|e| HostdError::io("writing the claim on", device.display(), e))?;
     Ok(at)
 }
 
@@ -257,10 +257,10 @@ pub fn wipe(device: &Path) -> Result<(), HostdError> {
     for at in ranges {
         let len = usize::try_from((size - at).min(RESERVED)).unwrap_or(0) / ALIGN * ALIGN;
         f.write_all_at(&chunk[..len], at)
-            .map_err(|e| HostdError::failed("wiping stale bytes on", device.display(), e))?;
+            .map_err(|e| HostdError::io("wiping stale bytes on", device.display(), e))?;
     }
     f.sync_all()
-        .map_err(|e| HostdError::failed("wiping stale bytes on", device.display(), e))
+        .map_err(|e| HostdError::io("wiping stale bytes on", device.display(), e))
 }
 
 #[cfg(test)]

@@ -211,8 +211,8 @@ fn read_vpd_serial(path: &Path) -> Option<String> {
 /// `major:minor` of a block device node.
 pub fn majmin(device: &Path) -> Result<String, HostdError> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let meta = std::fs::metadata(device)
-        .map_err(|e| HostdError::failed("inspecting", device.display(), e))?;
+    let meta =
+        std::fs::metadata(device).map_err(|e| HostdError::io("inspecting", device.display(), e))?;
     if !meta.file_type().is_block_device() {
         return Err(HostdError::DeviceRefused {
             device: device.to_path_buf(),
@@ -319,7 +319,7 @@ pub fn verify_unused(
                         .into(),
                 ));
             }
-            Err(e) => return Err(HostdError::failed("opening", device.display(), e)),
+            Err(e) => return Err(HostdError::io("opening", device.display(), e)),
         }
     }
     Ok(mm)

@@ -53,12 +53,12 @@ pub fn open(device: &Path, write: bool) -> Result<std::fs::File, HostdError> {
         Ok(f) => Ok(f),
         Err(_) => o
             .open(device)
-            .map_err(|e| HostdError::failed("opening", device.display(), e)),
+            .map_err(|e| HostdError::io("opening", device.display(), e)),
     }
 }
 
 /// The size of the device `f` is open on.
 pub fn size(f: &mut std::fs::File, device: &Path) -> Result<u64, HostdError> {
     f.seek(SeekFrom::End(0))
-        .map_err(|e| HostdError::failed("sizing", device.display(), e))
+        .map_err(|e| HostdError::io("sizing", device.display(), e))
 }

@@ -161,7 +161,7 @@ pub fn start_monitor(
     source: EventSource,
 ) -> Result<oneshot::Receiver<String>, HostdError> {
     let (died_tx, died_rx) = oneshot::channel();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), HostdError>>();
     std::thread::Builder::new()
         .name("udev-monitor".into())
         .spawn(move || {
@@ -172,16 +172,17 @@ pub fn start_monitor(
                     run(&socket, &index)
                 }
                 Err(e) => {
-                    let _ = ready_tx.send(Err(e.clone()));
-                    e
+                    let reason = e.message();
+                    let _ = ready_tx.send(Err(e));
+                    reason
                 }
             };
             let _ = died_tx.send(reason);
         })
-        .map_err(|e| HostdError::failed("starting", "the udev monitor thread", e))?;
+        .map_err(|e| HostdError::io("starting", "the udev monitor thread", e))?;
     match ready_rx.recv() {
         Ok(Ok(())) => Ok(died_rx),
-        Ok(Err(e)) => Err(HostdError::failed("starting", "the udev monitor", e)),
+        Ok(Err(e)) => Err(HostdError::lib("starting", "the udev monitor", e)),
         Err(_) => Err(HostdError::failed(
             "starting",
             "the udev monitor",
@@ -190,7 +191,7 @@ pub fn start_monitor(
     }
 }
 
-fn open(source: EventSource) -> Result<udev::MonitorSocket, String> {
+fn open(source: EventSource) -> Result<udev::MonitorSocket, HostdError> {
     let builder = match source {
         EventSource::Udev => udev::MonitorBuilder::new(),
         EventSource::Kernel => udev::MonitorBuilder::new_kernel(),
@@ -198,7 +199,7 @@ fn open(source: EventSource) -> Result<udev::MonitorSocket, String> {
     builder
         .and_then(|b| b.match_subsystem("block"))
         .and_then(|b| b.listen())
-        .map_err(|e| format!("opening the {source:?} netlink monitor: {e}"))
+        .map_err(|e| HostdError::io("opening the", format!("{source:?} netlink monitor"), e))
 }
 
 fn enumerate(index: &DeviceIndex) {

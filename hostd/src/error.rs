@@ -1,6 +1,13 @@
 //! hostd's errors, each naming the operation that failed, and the one place
-//! that maps them to gRPC codes.
+//! that maps them to gRPC codes and prints them.
+//!
+//! An operation that failed on another error (an io error, an errno,
+//! libcryptsetup's) keeps that error whole as its `source`: callers decide
+//! on it (its kind, its errno), never on text. Its `Display` is the context
+//! alone; [`HostdError::message`] appends the source, once, and is what a
+//! caller, the audit line and the health file read.
 
+use std::error::Error as StdError;
 use std::path::PathBuf;
 
 use tonic::{Code, Status};
@@ -19,6 +26,14 @@ pub enum HostdError {
     /// kubelet makes the directories above every path before it calls.
     #[error("{field}: the directory above {path} does not exist")]
     ParentMissing { field: &'static str, path: PathBuf },
+    /// kubelet's directory above the path is there but cannot be opened.
+    #[error("{field}: the directory above {path:?} cannot be opened")]
+    ParentUnusable {
+        field: &'static str,
+        path: String,
+        #[source]
+        source: nix::Error,
+    },
     /// The path is this driver's, but it belongs to another volume, or
     /// holds what this volume did not put there.
     #[error("{field}: {path} is not volume {volume_id}'s: {reason}")]
@@ -57,24 +72,139 @@ pub enum HostdError {
     },
     #[error("{0}")]
     Unsupported(String),
+    /// An operation failed for a reason hostd states itself.
     #[error("{action} {target}: {reason}")]
     Failed {
         action: &'static str,
         target: String,
         reason: String,
     },
+    /// An operation failed on a file, a process or a system call std made.
+    #[error("{action} {target}")]
+    Io {
+        action: &'static str,
+        target: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An operation failed on a system call nix made.
+    #[error("{action} {target}")]
+    Sys {
+        action: &'static str,
+        target: String,
+        #[source]
+        source: nix::Error,
+    },
+    /// An operation failed in libcryptsetup.
+    #[error("{action} {target}")]
+    Crypt {
+        action: &'static str,
+        target: String,
+        #[source]
+        source: libcryptsetup_rs::LibcryptErr,
+    },
+    /// An operation failed in another library (libblkid, procfs, serde_json,
+    /// tokio) or in another of hostd's operations, whose error is kept as it
+    /// came.
+    #[error("{action} {target}")]
+    Lib {
+        action: &'static str,
+        target: String,
+        #[source]
+        source: Box<dyn StdError + Send + Sync>,
+    },
 }
 
 impl HostdError {
+    /// An operation that failed for a reason in words; one that failed on
+    /// an error value keeps it ([`HostdError::io`] and the others).
     pub fn failed(
         action: &'static str,
         target: impl std::fmt::Display,
-        reason: impl std::fmt::Display,
+        reason: impl Into<String>,
     ) -> Self {
         Self::Failed {
             action,
             target: target.to_string(),
-            reason: reason.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    pub fn io(
+        action: &'static str,
+        target: impl std::fmt::Display,
+        source: std::io::Error,
+    ) -> Self {
+        Self::Io {
+            action,
+            target: target.to_string(),
+            source,
+        }
+    }
+
+    pub fn sys(action: &'static str, target: impl std::fmt::Display, source: nix::Error) -> Self {
+        Self::Sys {
+            action,
+            target: target.to_string(),
+            source,
+        }
+    }
+
+    pub fn crypt(
+        action: &'static str,
+        target: impl std::fmt::Display,
+        source: libcryptsetup_rs::LibcryptErr,
+    ) -> Self {
+        Self::Crypt {
+            action,
+            target: target.to_string(),
+            source,
+        }
+    }
+
+    /// Only for an error value: a reason in words is [`HostdError::failed`].
+    pub fn lib(
+        action: &'static str,
+        target: impl std::fmt::Display,
+        source: impl StdError + Send + Sync + 'static,
+    ) -> Self {
+        Self::Lib {
+            action,
+            target: target.to_string(),
+            source: Box::new(source),
+        }
+    }
+
+    /// The action, the target and the reason of an operation that failed
+    /// (an Internal error), the reason with its source printed.
+    pub fn failure(&self) -> Option<(&'static str, &str, String)> {
+        match self {
+            Self::Failed {
+                action,
+                target,
+                reason,
+            } => Some((action, target, reason.clone())),
+            Self::Io { action, target, .. }
+            | Self::Sys { action, target, .. }
+            | Self::Crypt { action, target, .. }
+            | Self::Lib { action, target, .. } => Some((
+                action,
+                target,
+                self.source().map(rendered).unwrap_or_default(),
+            )),
+            _ => None,
+        }
+    }
+
+    /// What a caller and an operator read: the error, then its source, as
+    /// one line: the one place a source is printed. A library's error
+    /// prints what lies under it itself (an io error wrapping another
+    /// prints it), so the chain is walked no further, except through
+    /// hostd's own errors, whose `Display` is their context alone.
+    pub fn message(&self) -> String {
+        match self.source() {
+            Some(source) => format!("{self}: {}", rendered(source)),
+            None => self.to_string(),
         }
     }
 
@@ -89,7 +219,8 @@ impl HostdError {
         match self {
             Self::InvalidArgument { .. }
             | Self::PathOutsideKubelet { .. }
-            | Self::ParentMissing { .. } => Code::InvalidArgument,
+            | Self::ParentMissing { .. }
+            | Self::ParentUnusable { .. } => Code::InvalidArgument,
             Self::NotThisVolume { .. } => Code::FailedPrecondition,
             // Retryable: the attach may still be on its way.
             Self::DeviceNotFound { .. } => Code::Unavailable,
@@ -100,13 +231,96 @@ impl HostdError {
             }
             Self::NothingAt(_) => Code::NotFound,
             Self::Unsupported(_) => Code::Unimplemented,
-            Self::Failed { .. } => Code::Internal,
+            Self::Failed { .. }
+            | Self::Io { .. }
+            | Self::Sys { .. }
+            | Self::Crypt { .. }
+            | Self::Lib { .. } => Code::Internal,
         }
+    }
+}
+
+/// A source as [`HostdError::message`] prints it.
+fn rendered(source: &(dyn StdError + 'static)) -> String {
+    match source.downcast_ref::<HostdError>() {
+        Some(inner) => inner.message(),
+        None => source.to_string(),
     }
 }
 
 impl From<HostdError> for Status {
     fn from(e: HostdError) -> Self {
-        Status::new(e.code(), e.to_string())
+        Status::new(e.code(), e.message())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_is_printed_once_as_the_old_text_was() {
+        let io = || std::io::Error::from_raw_os_error(nix::libc::ENOENT);
+        let old = format!("reading the record /run/x.json: {}", io());
+        let e = HostdError::io("reading the record", "/run/x.json", io());
+        assert_eq!(e.to_string(), "reading the record /run/x.json");
+        let status = Status::from(e);
+        assert_eq!(status.code(), Code::Internal);
+        assert_eq!(status.message(), old);
+        let e = HostdError::sys("unmounting", "/mnt", nix::Error::EBUSY);
+        assert_eq!(
+            Status::from(e).message(),
+            format!("unmounting /mnt: {}", nix::Error::EBUSY)
+        );
+        // Through hostd's own error as a source, each level once.
+        let inner = HostdError::io("opening the", "Kernel netlink monitor", io());
+        let e = HostdError::lib("starting", "the udev monitor", inner);
+        assert_eq!(
+            e.failure().map(|f| f.2),
+            Some(format!("opening the Kernel netlink monitor: {}", io()))
+        );
+        assert_eq!(
+            Status::from(e).message(),
+            format!(
+                "starting the udev monitor: opening the Kernel netlink monitor: {}",
+                io()
+            )
+        );
+        let e = HostdError::ParentUnusable {
+            field: "staging_path",
+            path: "/var/lib/kubelet/a\"b".into(),
+            source: nix::Error::EACCES,
+        };
+        let status = Status::from(e);
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(
+            status.message(),
+            format!(
+                "staging_path: the directory above {:?} cannot be opened: {}",
+                "/var/lib/kubelet/a\"b",
+                nix::Error::EACCES
+            )
+        );
+        // A reason in words is printed as before.
+        let e = HostdError::failed("running", "mkfs", "it exited 1");
+        assert_eq!(Status::from(e).message(), "running mkfs: it exited 1");
+    }
+
+    #[test]
+    fn the_source_is_the_error_itself_with_its_kind() {
+        let e = HostdError::io(
+            "opening",
+            "/dev/sdb",
+            std::io::Error::from(std::io::ErrorKind::NotFound),
+        );
+        let source = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(source.map(|s| s.kind()), Some(std::io::ErrorKind::NotFound));
+        let e = HostdError::sys("opening", "/dev/sdb", nix::Error::EBUSY);
+        let source = e.source().and_then(|s| s.downcast_ref::<nix::Error>());
+        assert_eq!(source, Some(&nix::Error::EBUSY));
+        assert_eq!(
+            e.failure().map(|f| f.2),
+            Some(nix::Error::EBUSY.to_string())
+        );
     }
 }

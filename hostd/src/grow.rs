@@ -83,7 +83,7 @@ pub fn mounted(
         // xfs_growfs counts the new size in the filesystem's blocks.
         (_, Some(bytes)) => {
             let block = nix::sys::statvfs::statvfs(mount_point)
-                .map_err(|e| HostdError::failed("inspecting", mount_point.display(), e))?
+                .map_err(|e| HostdError::sys("inspecting", mount_point.display(), e))?
                 .fragment_size()
                 .max(512);
             cmd.arg("-D").arg((bytes / block).to_string()).arg(&arg);
@@ -144,6 +144,6 @@ fn xfs_data_bytes(root: &impl AsFd, fs_device: &Path) -> Result<u64, HostdError>
     // SAFETY: the kernel writes at most size_of::<XfsGeometryV1>() bytes
     // (the ioctl number encodes it) into `g`, which lives through the call.
     unsafe { xfs_geometry_v1(root.as_fd().as_raw_fd(), &mut g) }
-        .map_err(|e| HostdError::failed("reading the XFS geometry of", fs_device.display(), e))?;
+        .map_err(|e| HostdError::sys("reading the XFS geometry of", fs_device.display(), e))?;
     Ok(g.datablocks.saturating_mul(u64::from(g.blocksize)))
 }

@@ -127,8 +127,8 @@ fn run(op: &Op, passphrase: Option<&Secret<Vec<u8>>>) -> Result<(), HostdError> 
     }
     let mut child = cmd
         .spawn()
-        .map_err(|e| HostdError::failed("starting", what, e))?;
-    let header = serde_json::to_vec(op).map_err(|e| HostdError::failed("writing to", what, e))?;
+        .map_err(|e| HostdError::io("starting", what, e))?;
+    let header = serde_json::to_vec(op).map_err(|e| HostdError::lib("writing to", what, e))?;
     let written = match child.stdin.take() {
         Some(mut stdin) => stdin
             .write_all(&header)
@@ -143,11 +143,11 @@ fn run(op: &Op, passphrase: Option<&Secret<Vec<u8>>>) -> Result<(), HostdError> 
         // Never left running nor unreaped.
         let _ = child.kill();
         let _ = child.wait();
-        return Err(HostdError::failed("writing to", what, e));
+        return Err(HostdError::io("writing to", what, e));
     }
     let out = child
         .wait_with_output()
-        .map_err(|e| HostdError::failed("waiting for", what, e))?;
+        .map_err(|e| HostdError::io("waiting for", what, e))?;
     // The answer is the last line: anything libcryptsetup prints comes before.
     let last = out
         .stdout
@@ -172,7 +172,7 @@ fn run(op: &Op, passphrase: Option<&Secret<Vec<u8>>>) -> Result<(), HostdError> 
             ..
         } => Err(HostdError::failed("LUKS", target, reason)),
         Answer { .. } if out.status.success() => Ok(()),
-        Answer { .. } => Err(HostdError::failed("running", what, out.status)),
+        Answer { .. } => Err(HostdError::failed("running", what, out.status.to_string())),
     }
 }
 
@@ -193,7 +193,7 @@ pub fn child_main() -> ExitCode {
             let passphrase = Secret::new(all[(nl + 1).min(all.len())..].to_vec());
             match serde_json::from_slice::<Op>(&all[..nl]) {
                 Ok(op) => answer(serve(op, passphrase)),
-                Err(e) => answer(Err(HostdError::failed("reading", "the request", e))),
+                Err(e) => answer(Err(HostdError::lib("reading", "the request", e))),
             }
         }
         Ok(_) => answer(Err(HostdError::failed(
@@ -201,7 +201,7 @@ pub fn child_main() -> ExitCode {
             "stdin",
             "the request is too large",
         ))),
-        Err(e) => answer(Err(HostdError::failed("reading", "stdin", e))),
+        Err(e) => answer(Err(HostdError::io("reading", "stdin", e))),
     };
     let ok = answer.refused.is_none() && answer.failed.is_none();
     let written = serde_json::to_vec(&answer)
@@ -242,17 +242,16 @@ fn answer(result: Result<(), HostdError>) -> Answer {
             refused: Some((device, reason)),
             failed: None,
         },
-        Err(HostdError::Failed {
-            action,
-            target,
-            reason,
-        }) => Answer {
-            refused: None,
-            failed: Some((target, format!("{action}: {reason}"))),
-        },
+        // The error crosses into hostd's process as text: its words are
+        // all that is decided on there.
         Err(e) => Answer {
             refused: None,
-            failed: Some((String::new(), e.to_string())),
+            failed: Some(match e.failure() {
+                Some((action, target, reason)) => {
+                    (target.to_string(), format!("{action}: {reason}"))
+                }
+                None => (String::new(), e.message()),
+            }),
         },
     }
 }

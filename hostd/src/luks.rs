@@ -218,7 +218,7 @@ fn header_json(f: &std::fs::File, offset: u64) -> Option<serde_json::Value> {
 /// libcryptsetup might use (the disk's writer chose them all).
 pub fn check_header_costs(device: &Path, bounds: KdfBounds) -> Result<(), HostdError> {
     let f = std::fs::File::open(device)
-        .map_err(|e| HostdError::failed("reading the LUKS2 header of", device.display(), e))?;
+        .map_err(|e| HostdError::io("reading the LUKS2 header of", device.display(), e))?;
     let headers: Vec<serde_json::Value> = HEADER_OFFSETS
         .iter()
         .filter_map(|o| header_json(&f, *o))
@@ -358,7 +358,7 @@ impl Drop for Lowered {
 }
 
 fn err(action: &'static str, target: &Path, e: LibcryptErr) -> HostdError {
-    HostdError::failed(action, target.display(), e)
+    HostdError::crypt(action, target.display(), e)
 }
 
 /// Writes a LUKS2 header with one key slot for `passphrase`. The caller has

@@ -214,7 +214,7 @@ async fn run() -> ExitCode {
             .chain(args.plugin_dir.iter().map(|d| (d.clone(), 0o770)))
         {
             if let Err(e) = proxmox_csi_hostd::share::share_dir(&dir, gid, mode) {
-                tracing::error!(error = %e, "hostd cannot start");
+                tracing::error!(error = e.message(), "hostd cannot start");
                 return ExitCode::FAILURE;
             }
         }

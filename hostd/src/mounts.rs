@@ -33,7 +33,7 @@ pub trait Mounts {
 pub fn table() -> Result<Vec<MountEntry>, HostdError> {
     let infos = procfs::process::Process::myself()
         .and_then(|p| p.mountinfo())
-        .map_err(|e| HostdError::failed("reading", "/proc/self/mountinfo", e))?;
+        .map_err(|e| HostdError::lib("reading", "/proc/self/mountinfo", e))?;
     Ok(infos
         .into_iter()
         .map(|m| MountEntry {
@@ -68,7 +68,7 @@ pub fn mount_fs(
     }
     let data = (!opts.data.is_empty()).then_some(opts.data.as_str());
     mount(Some(device), target, Some(fs_type), ms, data)
-        .map_err(|e| HostdError::failed("mounting", format!("{} ({fs_type})", device.display()), e))
+        .map_err(|e| HostdError::sys("mounting", format!("{} ({fs_type})", device.display()), e))
 }
 
 /// Bind-mounts `source` (a `/proc/self/fd/N` path, or a device node) onto
@@ -89,7 +89,7 @@ pub fn bind(
         MsFlags::MS_BIND,
         None::<&str>,
     )
-    .map_err(|e| HostdError::failed("bind-mounting", what(), e))?;
+    .map_err(|e| HostdError::sys("bind-mounting", what(), e))?;
     drop(under);
     let ro = if read_only {
         MsFlags::MS_RDONLY
@@ -107,7 +107,7 @@ pub fn bind(
                 ms,
                 None::<&str>,
             )
-            .map_err(|e| HostdError::failed("remounting read-only", what(), e))
+            .map_err(|e| HostdError::sys("remounting read-only", what(), e))
         });
         if let Err(e) = result {
             let _ = umount2(&target.via_parent(), MntFlags::UMOUNT_NOFOLLOW);
@@ -120,7 +120,7 @@ pub fn bind(
 /// Unmounts the top mount at `target`, never following a symlink there.
 pub fn unmount(target: &Path) -> Result<(), HostdError> {
     umount2(target, MntFlags::UMOUNT_NOFOLLOW)
-        .map_err(|e| HostdError::failed("unmounting", target.display(), e))
+        .map_err(|e| HostdError::sys("unmounting", target.display(), e))
 }
 
 #[cfg(test)]

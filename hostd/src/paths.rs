@@ -271,10 +271,11 @@ impl KubeletPaths {
             Errno::ELOOP | Errno::EXDEV => {
                 HostdError::invalid(field, format!("a directory above {raw:?} is a symlink"))
             }
-            e => HostdError::invalid(
+            source => HostdError::ParentUnusable {
                 field,
-                format!("the directory above {raw:?} cannot be opened: {e}"),
-            ),
+                path: raw.to_owned(),
+                source,
+            },
         })?;
         let place = Place {
             path: self.root.join(rel),
@@ -331,7 +332,7 @@ impl Place {
                 .flags(PATH_ONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW)
                 .resolve(beneath()),
         )
-        .map_err(|e| HostdError::failed("opening", self.path.display(), e))?;
+        .map_err(|e| HostdError::sys("opening", self.path.display(), e))?;
         Ok(Place {
             path: self.path.join(name),
             layout: self.layout,
@@ -349,7 +350,7 @@ impl Place {
         ) {
             Ok(()) => Ok(()),
             Err(Errno::EEXIST) if self.kind() == Kind::Dir => Ok(()),
-            Err(e) => Err(HostdError::failed(
+            Err(e) => Err(HostdError::sys(
                 "creating directory",
                 self.path.display(),
                 e,
@@ -369,7 +370,7 @@ impl Place {
             Mode::from_bits_truncate(0o640),
         )
         .map(drop)
-        .map_err(|e| HostdError::failed("creating file", self.path.display(), e))
+        .map_err(|e| HostdError::sys("creating file", self.path.display(), e))
     }
 
     /// Opens what is at the place (the mount on top, if one is), without
@@ -383,7 +384,7 @@ impl Place {
                 .resolve(beneath()),
         )
         .map(Opened)
-        .map_err(|e| HostdError::failed("opening", self.path.display(), e))
+        .map_err(|e| HostdError::sys("opening", self.path.display(), e))
     }
 
     /// The place as a path through its parent's descriptor
@@ -412,7 +413,7 @@ impl Place {
         };
         match unlinkat(self.parent.as_fd(), self.leaf.as_os_str(), how) {
             Ok(()) | Err(Errno::ENOENT) => Ok(()),
-            Err(e) => Err(HostdError::failed("removing", self.path.display(), e)),
+            Err(e) => Err(HostdError::sys("removing", self.path.display(), e)),
         }
     }
 

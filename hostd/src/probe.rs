@@ -46,7 +46,7 @@ pub trait Probe {
 }
 
 pub fn probe(device: &Path) -> Result<Contents, HostdError> {
-    let fail = |e: libblkid_rs::BlkidErr| HostdError::failed("probing", device.display(), e);
+    let fail = |e: libblkid_rs::BlkidErr| HostdError::lib("probing", device.display(), e);
     let mut p = BlkidProbe::new_from_filename(device).map_err(fail)?;
     p.enable_superblocks(true).map_err(fail)?;
     // A superblock whose checksum is wrong is still a filesystem someone's
@@ -87,7 +87,7 @@ pub fn fs_bytes(device: &Path) -> Result<Option<u64>, HostdError> {
     let mut head = [0u8; 2048];
     std::fs::File::open(device)
         .and_then(|f| f.read_exact_at(&mut head, 0))
-        .map_err(|e| HostdError::failed("reading the superblock of", device.display(), e))?;
+        .map_err(|e| HostdError::io("reading the superblock of", device.display(), e))?;
     let le32 = |o: usize| u32::from_le_bytes([head[o], head[o + 1], head[o + 2], head[o + 3]]);
     if &head[0..4] == b"XFSB" {
         let blocksize = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
@@ -117,7 +117,7 @@ fn xfs_in_progress(device: &Path) -> Result<bool, HostdError> {
     let mut sb = [0u8; 128];
     std::fs::File::open(device)
         .and_then(|mut f| f.read_exact(&mut sb))
-        .map_err(|e| HostdError::failed("reading the XFS superblock of", device.display(), e))?;
+        .map_err(|e| HostdError::io("reading the XFS superblock of", device.display(), e))?;
     Ok(&sb[0..4] == b"XFSB" && sb[126] != 0)
 }
 
@@ -177,7 +177,7 @@ fn first_data_where(
     reads: impl FnOnce(u64) -> Vec<(u64, u64)>,
 ) -> Result<Option<u64>, HostdError> {
     use std::os::unix::fs::FileExt;
-    let fail = |e: std::io::Error| HostdError::failed("reading", device.display(), e);
+    let fail = |e: std::io::Error| HostdError::io("reading", device.display(), e);
     // Direct: exactly the bytes sampled, no readahead around each sample
     // and no page cache filled with a disk's zeros.
     let mut f = direct::open(device, false)?;

@@ -55,7 +55,7 @@ pub struct Options {
 pub enum StartError {
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
-    #[error(transparent)]
+    #[error("{}", .0.message())]
     Device(#[from] HostdError),
     #[error("{0}; exiting so that the service manager restarts hostd")]
     MonitorDied(String),

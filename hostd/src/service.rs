@@ -86,9 +86,10 @@ impl Held {
                 tracing::info!(target: "audit", call, volume_id, path, peer_uid = peer, outcome = "ok")
             }
             Some(e) => {
+                let error = e.message();
                 self.health
-                    .record_error(&format!("{call} {volume_id}: {e}"));
-                tracing::warn!(target: "audit", call, volume_id, path, peer_uid = peer, outcome = "error", code = ?e.code(), error = %e)
+                    .record_error(&format!("{call} {volume_id}: {error}"));
+                tracing::warn!(target: "audit", call, volume_id, path, peer_uid = peer, outcome = "error", code = ?e.code(), error)
             }
         }
     }
@@ -160,7 +161,7 @@ impl HostdService {
         match self.in_flight.clone().acquire_owned().await {
             Ok(p) => held._permit = Some(p),
             Err(e) => {
-                let e = HostdError::failed("waiting for", "a call slot", e);
+                let e = HostdError::lib("waiting for", "a call slot", e);
                 held.audit_outcome(Some(&e));
                 return Err(e);
             }
@@ -198,7 +199,7 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, HostdError> {
     tokio::task::spawn_blocking(f)
         .await
-        .unwrap_or_else(|e| Err(HostdError::failed("running", "a blocking task", e)))
+        .unwrap_or_else(|e| Err(HostdError::lib("running", "a blocking task", e)))
 }
 
 fn peer_uid<T>(req: &Request<T>) -> Option<u32> {
@@ -330,7 +331,7 @@ impl pb::hostd_server::Hostd for HostdService {
                 .clone()
                 .acquire_owned()
                 .await
-                .map_err(|e| HostdError::failed("waiting for", "a call slot", e))?;
+                .map_err(|e| HostdError::lib("waiting for", "a call slot", e))?;
             let stats = blocking(move || {
                 let _permit = permit;
                 volumes.stats(&req)

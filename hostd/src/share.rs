@@ -6,16 +6,16 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use crate::error::HostdError;
+
 /// Creates `dir` if needed and gives it group `gid` and `mode`.
-pub fn share_dir(dir: &Path, gid: u32, mode: u32) -> Result<(), String> {
-    let fail = |what: &str, e: &dyn std::fmt::Display| {
-        format!("sharing {} with group {gid}: {what}: {e}", dir.display())
-    };
-    std::fs::create_dir_all(dir).map_err(|e| fail("creating it", &e))?;
+pub fn share_dir(dir: &Path, gid: u32, mode: u32) -> Result<(), HostdError> {
+    let what = |step: &str| format!("{} with group {gid}: {step}", dir.display());
+    std::fs::create_dir_all(dir).map_err(|e| HostdError::io("sharing", what("creating it"), e))?;
     nix::unistd::chown(dir, None, Some(nix::unistd::Gid::from_raw(gid)))
-        .map_err(|e| fail("setting its group", &e))?;
+        .map_err(|e| HostdError::sys("sharing", what("setting its group"), e))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| fail("setting its mode", &e))?;
+        .map_err(|e| HostdError::io("sharing", what("setting its mode"), e))?;
     Ok(())
 }
 
@@ -36,7 +36,9 @@ mod tests {
         assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o7777, 0o750);
         let file = t.path().join("f");
         std::fs::write(&file, "").unwrap();
-        let e = share_dir(&file.join("x"), gid, 0o750).unwrap_err();
+        let e = share_dir(&file.join("x"), gid, 0o750)
+            .unwrap_err()
+            .message();
         assert!(
             e.starts_with(&format!(
                 "sharing {}/x with group {gid}: creating it:",

@@ -19,5 +19,5 @@ pub fn run(mut cmd: std::process::Command, what: &str) -> Result<Output, HostdEr
     }
     cmd.stdin(std::process::Stdio::null())
         .output()
-        .map_err(|e| HostdError::failed("running", what, e))
+        .map_err(|e| HostdError::io("running", what, e))
 }

@@ -73,7 +73,7 @@ impl Volumes {
         let raw = &Path::new("/dev").join(disk);
         let fs_device = Path::new("/dev").join(&staged.name);
         let root = std::fs::File::open(place.open()?.proc_path())
-            .map_err(|e| HostdError::failed("opening", place.path.display(), e))?;
+            .map_err(|e| HostdError::io("opening", place.path.display(), e))?;
         let Some(fs_bytes) = grow::mounted_bytes(&staged.entry.fs_type, &fs_device, &root)? else {
             return Err(HostdError::Unsupported(format!(
                 "growing a {} filesystem is not supported",

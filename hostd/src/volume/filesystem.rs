@@ -396,7 +396,7 @@ fn grow_to_disk(
     }
     // The mount's root, opened for the filesystem's ioctls.
     let root = std::fs::File::open(staging.open()?.proc_path())
-        .map_err(|e| HostdError::failed("opening", staging.path.display(), e))?;
+        .map_err(|e| HostdError::io("opening", staging.path.display(), e))?;
     let Some((from, to)) = grow::short_of_device(fs_type.name(), fs_device, &root)? else {
         return Ok(());
     };

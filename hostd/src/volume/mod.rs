@@ -309,7 +309,7 @@ fn device_has_mount(host: &impl BlockDevices, table: &[mounts::MountEntry], name
 fn unmount_all(place: &Place) -> Result<(), HostdError> {
     while mounts::at(&place.path)?.is_some() {
         mounts::unmount(&place.via_parent())
-            .map_err(|e| HostdError::failed("unmounting", place.path.display(), e))?;
+            .map_err(|e| HostdError::lib("unmounting", place.path.display(), e))?;
     }
     Ok(())
 }
