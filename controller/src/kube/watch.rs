@@ -43,9 +43,11 @@ impl Watched {
     /// Starts watching (needs a Tokio runtime).
     pub fn start(client: &kube::Client) -> Self {
         Self {
-            pvs: reflect(Api::all(client.clone())),
-            nodes: reflect(Api::all(client.clone())),
-            csinodes: reflect(Api::all(client.clone())),
+            pvs: reflect(Api::all(client.clone()), trim_pv),
+            nodes: reflect(Api::all(client.clone()), trim_node),
+            csinodes: reflect(Api::all(client.clone()), |n: &mut CSINode| {
+                n.metadata.managed_fields = None;
+            }),
         }
     }
 
@@ -84,16 +86,51 @@ where
     matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
 }
 
-/// A store kept current by a reflector on `api`, retried with backoff.
-fn reflect<K>(api: Api<K>) -> Store<K>
+/// What a cached PersistentVolume keeps: its name, annotations (`lifecycle:
+/// keep`), CSI driver and handle, and class; a cluster of thousands of
+/// volumes is held in the controller's memory.
+fn trim_pv(pv: &mut PersistentVolume) {
+    pv.metadata.managed_fields = None;
+    pv.status = None;
+    if let Some(spec) = pv.spec.as_mut() {
+        spec.node_affinity = None;
+        spec.claim_ref = None;
+        spec.mount_options = None;
+        if let Some(csi) = spec.csi.as_mut() {
+            csi.volume_attributes = None;
+        }
+    }
+}
+
+/// What a cached Node keeps: its name, labels, annotations, providerID and
+/// system UUID (`node_facts`).
+fn trim_node(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+        status.conditions = None;
+        status.addresses = None;
+        status.capacity = None;
+        status.allocatable = None;
+        status.volumes_attached = None;
+        status.volumes_in_use = None;
+    }
+}
+
+/// A store kept current by a reflector on `api`, retried with backoff;
+/// `trim` drops what no lookup reads before an object is stored.
+fn reflect<K>(api: Api<K>, trim: fn(&mut K)) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
 {
     let (reader, writer) = reflector::store();
     let kind = K::kind(&K::DynamicType::default()).to_string();
-    let stream =
-        reflector::reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default()).modify(trim),
+    )
+    .default_backoff();
     tokio::spawn(async move {
         stream
             .for_each(|event| {
