@@ -6,6 +6,8 @@
 
 use std::path::Path;
 
+use crate::error::HostdError;
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeIdentity {
     pub system_uuid: String,
@@ -15,15 +17,13 @@ pub struct NodeIdentity {
 }
 
 /// Reads the identity under `dmi_dir` (normally `/sys/class/dmi/id`).
-pub fn read(dmi_dir: &Path) -> std::io::Result<NodeIdentity> {
-    let field = |name: &str| -> std::io::Result<String> {
-        match std::fs::read_to_string(dmi_dir.join(name)) {
+pub fn read(dmi_dir: &Path) -> Result<NodeIdentity, HostdError> {
+    let field = |name: &str| -> Result<String, HostdError> {
+        let path = dmi_dir.join(name);
+        match std::fs::read_to_string(&path) {
             Ok(s) => Ok(s.trim().to_string()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
-            Err(e) => Err(std::io::Error::new(
-                e.kind(),
-                format!("reading {}: {e}", dmi_dir.join(name).display()),
-            )),
+            Err(e) => Err(HostdError::io("reading", path.display(), e)),
         }
     };
     let system_serial = field("product_serial")?;

@@ -347,8 +347,7 @@ impl pb::hostd_server::Hostd for HostdService {
         _: Request<pb::NodeIdentityRequest>,
     ) -> Result<Response<pb::NodeIdentityResponse>, Status> {
         traced("NodeIdentity", "", async move {
-            let id = identity::read(&self.dmi_dir)
-                .map_err(|e| Status::internal(format!("NodeIdentity: {e}")))?;
+            let id = identity::read(&self.dmi_dir)?;
             Ok(Response::new(pb::NodeIdentityResponse {
                 system_uuid: id.system_uuid,
                 system_serial: id.system_serial,
