@@ -327,10 +327,12 @@ async fn run_batch(
 
 /// The batch's error for each of its jobs.
 fn clone_err(e: &CtlError) -> CtlError {
-    match e {
-        CtlError::Unavailable(m) => CtlError::Unavailable(m.clone()),
-        CtlError::FailedPrecondition(m) => CtlError::FailedPrecondition(m.clone()),
-        other => CtlError::Internal(other.to_string()),
+    // By code, not variant: a Proxmox error wrapped as a source
+    // (`ProxmoxUnavailable`, `ProxmoxDenied`) keeps its code for every job.
+    match e.code() {
+        tonic::Code::Unavailable => CtlError::Unavailable(e.to_string()),
+        tonic::Code::FailedPrecondition => CtlError::FailedPrecondition(e.to_string()),
+        _ => CtlError::Internal(e.to_string()),
     }
 }
 

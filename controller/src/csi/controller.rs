@@ -235,8 +235,11 @@ impl csi::controller_server::Controller for ControllerService {
             if raw.is_empty() {
                 return Err(crate::error::CtlError::invalid("snapshot_id", "is required").into());
             }
-            let id = SnapshotId::parse(raw)
-                .map_err(|e| crate::error::CtlError::invalid("snapshot_id", e.to_string()))?;
+            let id =
+                SnapshotId::parse(raw).map_err(|source| crate::error::CtlError::InvalidHandle {
+                    field: "snapshot_id".into(),
+                    source,
+                })?;
             let snapshot = self.0.snapshot(&id, d).await?.ok_or_else(|| {
                 crate::error::CtlError::NotFound(format!("snapshot {raw} does not exist"))
             })?;

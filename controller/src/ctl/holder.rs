@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::Controller;
-use crate::error::CtlError;
+use crate::error::{CtlError, NoVmOfItsOwn};
 use crate::pve::api::{VmConfig, VmResource};
 use crate::pve::{Client, Deadline, ErrorKind, PveError};
 use crate::vms::is_protected;
@@ -90,13 +90,12 @@ impl Controller {
     ) -> Result<VmResource, CtlError> {
         let denied = |e: PveError| match e.kind() {
             ErrorKind::PermissionDenied if !is_tag_refusal(&e) => {
-                CtlError::FailedPrecondition(format!(
-                    "the controller needs a VM of its own on {node} ({}) and the API token may not create one ({}); \
-                 grant {} to the CSI role",
-                    vm.name,
-                    e.message(),
-                    NEW_VM_PRIVILEGES.join(", ")
-                ))
+                CtlError::NoVmOfItsOwn(Box::new(NoVmOfItsOwn {
+                    node: node.to_string(),
+                    name: vm.name.to_string(),
+                    privileges: NEW_VM_PRIVILEGES.join(", "),
+                    source: e,
+                }))
             }
             _ => CtlError::from(e),
         };
@@ -254,11 +253,13 @@ impl Controller {
             .update_config(node, vmid, &form, d)
             .await
             .map_err(|e| match e.kind() {
-                ErrorKind::PermissionDenied => CtlError::FailedPrecondition(format!(
-                    "lifting the protection of the driver's own VM {vmid} before changing its disks: {}; \
-                     grant VM.Config.Options on /vms/{vmid} to the CSI role",
-                    e.message()
-                )),
+                ErrorKind::PermissionDenied => CtlError::refused(
+                    format!(
+                        "lifting the protection of the driver's own VM {vmid} before changing its disks"
+                    ),
+                    format!("grant VM.Config.Options on /vms/{vmid} to the CSI role"),
+                    e,
+                ),
                 _ => CtlError::from(e),
             })?;
         Ok(true)

@@ -288,8 +288,11 @@ pub fn volume_ref(field: &str, raw: &str) -> Result<VolumeId, CtlError> {
     if raw.is_empty() {
         return Err(CtlError::invalid(field, "is required"));
     }
-    VolumeId::parse(raw)
-        .map_err(|e| CtlError::NotFound(format!("volume {raw} does not exist: {e}")))
+    VolumeId::parse(raw).map_err(|source| CtlError::UnknownHandle {
+        what: "volume",
+        raw: raw.to_string(),
+        source,
+    })
 }
 
 /// A snapshot id from a request, as `volume_ref`.
@@ -297,8 +300,11 @@ pub fn snapshot_ref(field: &str, raw: &str) -> Result<SnapshotId, CtlError> {
     if raw.is_empty() {
         return Err(CtlError::invalid(field, "is required"));
     }
-    SnapshotId::parse(raw)
-        .map_err(|e| CtlError::NotFound(format!("snapshot {raw} does not exist: {e}")))
+    SnapshotId::parse(raw).map_err(|source| CtlError::UnknownHandle {
+        what: "snapshot",
+        raw: raw.to_string(),
+        source,
+    })
 }
 
 /// The deadline of a call: the caller's `grpc-timeout`, else the default.

@@ -113,8 +113,10 @@ impl Controller {
         check_capabilities("volume_capability", &[cap])
             .map_err(|e| CtlError::invalid("volume_capability", e))?;
         let id = super::volume_ref("volume_id", &r.volume_id)?;
-        let node_id = NodeId::parse(&r.node_id)
-            .map_err(|e| CtlError::NotFound(format!("node {} does not exist: {e}", r.node_id)))?;
+        let node_id = NodeId::parse(&r.node_id).map_err(|source| CtlError::UnknownNode {
+            raw: r.node_id.clone(),
+            source,
+        })?;
         let client = self.client_of("volume", &r.volume_id, &id.region)?;
         // A static volume may have no context: its storage is in the handle.
         let mut ctx = r.volume_context.clone();

@@ -41,10 +41,7 @@ fn ha_moving(state: &str) -> bool {
 fn denied(what: &str, privilege: &str) -> impl Fn(PveError) -> CtlError {
     let (what, privilege) = (what.to_string(), privilege.to_string());
     move |e: PveError| match e.status().map(|s| s.as_u16()) {
-        Some(403) => CtlError::FailedPrecondition(format!(
-            "{what}: {}; grant {privilege} to the CSI role",
-            e.message()
-        )),
+        Some(403) => CtlError::refused(&what, format!("grant {privilege} to the CSI role"), e),
         _ => CtlError::from(e),
     }
 }

@@ -116,8 +116,11 @@ impl Controller {
         if r.source_volume_id.is_empty() {
             return Err(CtlError::invalid("source_volume_id", "is required"));
         }
-        let src = VolumeId::parse(&r.source_volume_id)
-            .map_err(|e| CtlError::invalid("source_volume_id", e.to_string()))?;
+        let src =
+            VolumeId::parse(&r.source_volume_id).map_err(|source| CtlError::InvalidHandle {
+                field: "source_volume_id".into(),
+                source,
+            })?;
         let class = snapshot_class(&r.parameters)?;
         warnings::report(ClassKind::VolumeSnapshotClass, &class.warnings);
         let storage = class.storage.clone().unwrap_or_else(|| src.storage.clone());

@@ -47,7 +47,10 @@ pub struct PvFacts {
 }
 
 fn unavailable(what: &str, e: kube::Error) -> CtlError {
-    CtlError::Unavailable(format!("Kubernetes API: {what}: {e}"))
+    CtlError::Kubernetes {
+        what: what.to_string(),
+        source: e,
+    }
 }
 
 /// How a Kubernetes node names its VM.

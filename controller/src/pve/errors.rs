@@ -70,6 +70,14 @@ pub struct Known {
     pub source: &'static str,
 }
 
+impl Known {
+    /// Whether `message` at `origin` is this text: the entry believes it
+    /// there, and it holds the parts in order.
+    pub fn matches(&self, message: &str, origin: &Origin) -> bool {
+        (self.on)(origin) && holds(message, self.parts)
+    }
+}
+
 const fn known(
     parts: &'static [&'static str],
     on: fn(&Origin) -> bool,
@@ -280,7 +288,7 @@ pub fn classify(status: Option<u16>, message: &str, origin: Origin) -> ErrorKind
     }
     CORPUS
         .iter()
-        .find(|k| (k.on)(&origin) && holds(message, k.parts))
+        .find(|k| k.matches(message, &origin))
         .map_or(Other, |k| k.kind)
 }
 

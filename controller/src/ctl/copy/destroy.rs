@@ -38,11 +38,10 @@ impl Controller {
                 job.volume
             ))
         };
-        let again = |e: CtlError| {
-            CtlError::Unavailable(format!(
-                "volume {}: its claim {claim} is gone, and its copy VM is not destroyed yet: {e}; the next call tries again",
-                job.volume
-            ))
+        let again = |e: CtlError| CtlError::CopyNotDestroyed {
+            volume: job.volume.to_string(),
+            claim: claim.clone(),
+            source: Box::new(e),
         };
         if let Some(kube) = self.kube.as_ref() {
             match kube.pv_exists(job.volume).await {
@@ -129,12 +128,15 @@ impl Controller {
             }
         }
         destroyed.map_err(|e| match e.status().map(|s| s.as_u16()) {
-            Some(403) => CtlError::FailedPrecondition(format!(
-                "destroying VM {} ({}): {}; grant VM.Allocate to the CSI role",
-                vm.vmid,
-                vm.name.as_deref().unwrap_or_default(),
-                e.message()
-            )),
+            Some(403) => CtlError::refused(
+                format!(
+                    "destroying VM {} ({})",
+                    vm.vmid,
+                    vm.name.as_deref().unwrap_or_default()
+                ),
+                "grant VM.Allocate to the CSI role",
+                e,
+            ),
             _ => CtlError::from(e),
         })?;
         self.imports

@@ -301,15 +301,20 @@ impl Controller {
                 ),
                 ("digest", cfg.digest.clone()),
             ];
-            let upid = client.start_config_update(&vm.node, vm.vmid, &form, d).await.map_err(|e| match e.status().map(|s| s.as_u16()) {
-                Some(403) => CtlError::FailedPrecondition(format!(
-                    "copying {}: {}; grant VM.Clone (and Datastore.AllocateSpace on {}) to the CSI role",
-                    spec.source,
-                    e.message(),
-                    spec.storage
-                )),
-                _ => CtlError::from(e),
-            })?;
+            let upid = client
+                .start_config_update(&vm.node, vm.vmid, &form, d)
+                .await
+                .map_err(|e| match e.status().map(|s| s.as_u16()) {
+                    Some(403) => CtlError::refused(
+                        format!("copying {}", spec.source),
+                        format!(
+                            "grant VM.Clone (and Datastore.AllocateSpace on {}) to the CSI role",
+                            spec.storage
+                        ),
+                        e,
+                    ),
+                    _ => CtlError::from(e),
+                })?;
             let Some(upid) = upid else { continue };
             tracing::info!(name = spec.name, vmid = vm.vmid, upid, "import started");
             self.imports
