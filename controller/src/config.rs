@@ -14,10 +14,16 @@ use url::Url;
 /// Default owner VMID of unattached disks (`vm-9999-…`), as in the Go driver.
 pub const DEFAULT_CONTROLLER_VMID: u32 = 9999;
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("reading cloud config {path}: {reason}")]
-    Read { path: PathBuf, reason: String },
+    #[error("reading cloud config {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The YAML parser's message with the document's values taken out (they
+    /// may be secrets), so the parser's error is not kept as a source.
     #[error("invalid cloud config: {0}")]
     Syntax(String),
     #[error("cloud config: clusters not found: add at least one entry under `clusters:`")]
@@ -138,9 +144,9 @@ struct RawCluster {
 
 impl CloudConfig {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
-            reason: e.to_string(),
+            source,
         })?;
         Self::parse(&text)
     }

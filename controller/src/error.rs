@@ -98,6 +98,10 @@ pub enum CtlError {
     /// A Proxmox error shared by several callers (one config write for many).
     #[error("{0}")]
     Internal(String),
+    /// One error answered to each of several callers (one config write for
+    /// many volumes): every caller gets its code, its text and its chain.
+    #[error(transparent)]
+    Shared(std::sync::Arc<CtlError>),
 }
 
 /// What Proxmox refused the API token (`what`), its message, and what to
@@ -166,6 +170,7 @@ impl CtlError {
             Self::Unimplemented(_) => Code::Unimplemented,
             Self::Aborted(_) => Code::Aborted,
             Self::Proxmox(_) | Self::Internal(_) => Code::Internal,
+            Self::Shared(e) => e.code(),
         }
     }
 }
@@ -312,6 +317,29 @@ mod tests {
             source.map(PveError::message).as_deref(),
             Some("cluster not ready - no quorum?")
         );
+    }
+
+    /// Each caller of a shared config write gets the error's code, text and
+    /// source, not a copy of its text under another code.
+    #[test]
+    fn a_shared_error_keeps_code_text_and_source() {
+        let e = CtlError::from(api(
+            403,
+            "Permission check failed (/vms/100, VM.Config.Disk)",
+        ));
+        let (code, text) = (e.code(), e.to_string());
+        let shared = std::sync::Arc::new(e);
+        for _ in 0..2 {
+            let each = CtlError::Shared(shared.clone());
+            let source = each.source().and_then(|s| s.downcast_ref::<PveError>());
+            assert!(
+                matches!(source, Some(PveError::Api { status, .. }) if status.as_u16() == 403),
+                "{source:?}"
+            );
+            let status = Status::from(each);
+            assert_eq!((status.code(), status.message()), (code, text.as_str()));
+        }
+        assert_eq!(code, Code::FailedPrecondition);
     }
 
     /// The codes `From<PveError>` gives, kind by kind.

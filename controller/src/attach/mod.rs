@@ -298,9 +298,9 @@ async fn run_batch(
                     }
                     // Still there: the error was about something else.
                     Ok(Some(_)) | Err(_) => {
-                        let err = CtlError::from(e);
+                        let err = Arc::new(CtlError::from(e));
                         for j in jobs.drain(..) {
-                            let _ = j.reply.send(Err(clone_err(&err)));
+                            let _ = j.reply.send(Err(CtlError::Shared(err.clone())));
                         }
                         return;
                     }
@@ -315,24 +315,13 @@ async fn run_batch(
                     attempt += 1;
                     continue;
                 }
-                let err = CtlError::from(e);
+                let err = Arc::new(CtlError::from(e));
                 for j in jobs.drain(..) {
-                    let _ = j.reply.send(Err(clone_err(&err)));
+                    let _ = j.reply.send(Err(CtlError::Shared(err.clone())));
                 }
                 return;
             }
         }
-    }
-}
-
-/// The batch's error for each of its jobs.
-fn clone_err(e: &CtlError) -> CtlError {
-    // By code, not variant: a Proxmox error wrapped as a source
-    // (`ProxmoxUnavailable`, `ProxmoxDenied`) keeps its code for every job.
-    match e.code() {
-        tonic::Code::Unavailable => CtlError::Unavailable(e.to_string()),
-        tonic::Code::FailedPrecondition => CtlError::FailedPrecondition(e.to_string()),
-        _ => CtlError::Internal(e.to_string()),
     }
 }
 
@@ -403,31 +392,29 @@ async fn write_once(
     // failure leaves that key pending): whatever the error's kind, even a
     // transient one, verify and revert before answering. Only a lost digest
     // race wrote nothing (qemu-server checks the digest first).
-    let failure = match &result {
+    let failure = match result {
         Ok(()) => None,
-        Err(e @ PveError::Task { exitstatus, .. }) if e.kind() != ErrorKind::DigestMismatch => {
+        Err(ref e @ PveError::Task { ref exitstatus, .. })
+            if e.kind() != ErrorKind::DigestMismatch =>
+        {
             Some(exitstatus.clone())
         }
-        Err(e @ PveError::Api { message, .. }) if e.kind() == ErrorKind::HotplugFailed => {
+        Err(ref e @ PveError::Api { ref message, .. }) if e.kind() == ErrorKind::HotplugFailed => {
             Some(message.clone())
         }
-        Err(e) if e.is_transient() || e.kind() == ErrorKind::DigestMismatch => {
+        Err(ref e) if e.is_transient() || e.kind() == ErrorKind::DigestMismatch => {
             return result.map(|()| Round::Done);
         }
         // Refused as a whole (nothing written): one change at a time tells
         // which one Proxmox refuses.
         Err(_) if multi => return Ok(Round::Split),
         Err(e) => {
-            let err = if e.kind() == ErrorKind::PermissionDenied {
-                CtlError::FailedPrecondition(crate::error::permission_remedy(e))
-            } else {
-                CtlError::Internal(e.to_string())
-            };
+            let err = Arc::new(CtlError::from(e));
             let failed: Vec<Answer> = jobs
                 .iter()
                 .enumerate()
                 .filter(|(_, j)| c.holds(j.op.volid()))
-                .map(|(i, _)| (i, Err(clone_err(&err))))
+                .map(|(i, _)| (i, Err(CtlError::Shared(err.clone()))))
                 .collect();
             answer(jobs, failed);
             return Ok(Round::Done);

@@ -38,8 +38,12 @@ pub const MAYBE_APPLIED: &[u16] = &[502, 503, 504, 596, 597];
 
 #[derive(Debug, thiserror::Error)]
 pub enum PveError {
-    #[error("Proxmox cluster {region}: TLS: {reason}")]
-    Tls { region: String, reason: String },
+    #[error("Proxmox cluster {region}: TLS: {source}")]
+    Tls {
+        region: String,
+        #[source]
+        source: super::tls::TlsError,
+    },
     #[error("Proxmox cluster {region}: credentials: {reason}")]
     Credentials { region: String, reason: String },
     #[error("Proxmox cluster {region}: {method} {path}: {source}")]
@@ -227,9 +231,9 @@ pub fn backoff(attempt: u32) -> Duration {
 
 impl Client {
     pub fn new(cluster: Cluster, timeout: Duration, metrics: ApiMetrics) -> Result<Self, PveError> {
-        let tls = super::tls::client_config(&cluster).map_err(|reason| PveError::Tls {
+        let tls = super::tls::client_config(&cluster).map_err(|source| PveError::Tls {
             region: cluster.region.clone(),
-            reason,
+            source,
         })?;
         let http = reqwest::Client::builder()
             .tls_backend_preconfigured(tls)
@@ -238,7 +242,7 @@ impl Client {
             .build()
             .map_err(|e| PveError::Tls {
                 region: cluster.region.clone(),
-                reason: e.to_string(),
+                source: super::tls::TlsError::Client(e),
             })?;
         Ok(Self {
             cluster,

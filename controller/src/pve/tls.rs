@@ -1,6 +1,7 @@
 //! TLS settings for one cluster: its CA bundle, the system roots, or (when the
 //! operator set `insecure: true`) no verification at all.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -11,11 +12,41 @@ use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme
 
 use crate::config::Cluster;
 
-pub(super) fn client_config(cluster: &Cluster) -> Result<ClientConfig, String> {
+/// Why a cluster's TLS settings could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("TLS setup: {0}")]
+    Setup(#[source] rustls::Error),
+    #[error("reading ca_file {}: {source}", path.display())]
+    ReadCa {
+        path: PathBuf,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("parsing ca_file {}: {source}", path.display())]
+    ParseCa {
+        path: PathBuf,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("adding a CA from {}: {source}", path.display())]
+    AddCa {
+        path: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("ca_file {} holds no certificate", path.display())]
+    NoCertificate { path: PathBuf },
+    /// The HTTP client could not be built on these settings.
+    #[error("{0}")]
+    Client(#[source] reqwest::Error),
+}
+
+pub(super) fn client_config(cluster: &Cluster) -> Result<ClientConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS setup: {e}"))?;
+        .map_err(TlsError::Setup)?;
     if cluster.insecure {
         return Ok(builder
             .dangerous()
@@ -25,16 +56,17 @@ pub(super) fn client_config(cluster: &Cluster) -> Result<ClientConfig, String> {
     let mut roots = RootCertStore::empty();
     match &cluster.ca_file {
         Some(path) => {
+            let at = || path.to_path_buf();
             for cert in CertificateDer::pem_file_iter(path)
-                .map_err(|e| format!("reading ca_file {}: {e}", path.display()))?
+                .map_err(|source| TlsError::ReadCa { path: at(), source })?
             {
-                let cert = cert.map_err(|e| format!("parsing ca_file {}: {e}", path.display()))?;
+                let cert = cert.map_err(|source| TlsError::ParseCa { path: at(), source })?;
                 roots
                     .add(cert)
-                    .map_err(|e| format!("adding a CA from {}: {e}", path.display()))?;
+                    .map_err(|source| TlsError::AddCa { path: at(), source })?;
             }
             if roots.is_empty() {
-                return Err(format!("ca_file {} holds no certificate", path.display()));
+                return Err(TlsError::NoCertificate { path: at() });
             }
         }
         None => {
