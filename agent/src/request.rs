@@ -91,7 +91,10 @@ impl Rules {
     fn volume_path(&self, v: &str) -> Result<String, AgentError> {
         required("volume_path", v)?;
         self.path("volume_path", v)
-            .map_err(|e| AgentError::NotFound(format!("no volume is published at {v:?}: {e}")))
+            .map_err(|e| AgentError::NoVolumeAt {
+                path: v.to_string(),
+                source: Box::new(e),
+            })
     }
 }
 
@@ -206,8 +209,7 @@ fn passphrase(
 /// or a Go driver's, so volumes attached before a switch of drivers keep
 /// staging).
 fn device(ctx: &HashMap<String, String>) -> Result<hostd::Device, AgentError> {
-    let c =
-        PublishContext::from_map(ctx).map_err(|e| AgentError::invalid(e.field(), e.to_string()))?;
+    let c = PublishContext::from_map(ctx).map_err(AgentError::InvalidContext)?;
     Ok(hostd::Device {
         wwn: c.wwn,
         serial: c.serial.unwrap_or_default(),

@@ -22,15 +22,20 @@ use crate::topology::Topology;
 /// tries again, and says so every 15th time.
 const BIND_RETRY: Duration = Duration::from_secs(2);
 
+/// Why the node plugin could not start. As [`crate::error::AgentError`],
+/// a variant's `Display` holds its source's words and is all that is
+/// printed.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
+    /// Text: `kubeclient::client` (common) answers its error as a string.
     #[error("Kubernetes client: {0}")]
     Kubernetes(String),
     #[error("metrics endpoint {addr}: {source}")]
     Metrics {
         addr: SocketAddr,
+        #[source]
         source: std::io::Error,
     },
 }

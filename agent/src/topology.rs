@@ -29,7 +29,10 @@ pub async fn lookup(client: kube::Client, node: &str) -> Result<Topology, AgentE
     let n = nodes
         .get(node)
         .await
-        .map_err(|e| AgentError::Kubernetes(format!("reading Node {node}: {e}")))?;
+        .map_err(|source| AgentError::Kubernetes {
+            what: format!("reading Node {node}"),
+            source,
+        })?;
     from_labels(node, n.metadata.labels.unwrap_or_default())
 }
 

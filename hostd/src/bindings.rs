@@ -152,7 +152,7 @@ impl DiskId {
 }
 
 /// What kubelet's own files say of a path.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Tie {
     /// kubelet's record names this volume of this driver.
     Ours,
@@ -162,7 +162,39 @@ pub enum Tie {
     Unrecorded,
     /// The record names another volume or driver, or cannot be read: the
     /// path is not this volume's.
-    Other(String),
+    Other(NotOurs),
+}
+
+/// Why kubelet's own structure gives a path to another volume. As every
+/// hostd error, its `Display` is its context alone; the error it failed on
+/// is its source (printed by [`crate::error::message`]).
+#[derive(Debug, thiserror::Error)]
+pub enum NotOurs {
+    #[error(
+        "kubelet names a volume's staging directory by the SHA-256 of its handle, which for {volume_id} is {sha256}"
+    )]
+    StagingName { volume_id: String, sha256: String },
+    #[error("the path has no directory of kubelet's above it")]
+    NoKubeletDir,
+    #[error("kubelet's {file} cannot be read")]
+    Unreadable {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// (Boxed strings keep [`HostdError`] small.)
+    #[error("kubelet's {file} names volume {volume_id} of driver {driver}")]
+    Named {
+        file: PathBuf,
+        volume_id: Box<str>,
+        driver: Box<str>,
+    },
+    #[error("kubelet's {file} is not a volume record")]
+    NotARecord {
+        file: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 /// What kubelet's own structure says of `path` (of `layout`) and
@@ -182,10 +214,10 @@ pub fn kubelet_tie(path: &Path, layout: Layout, volume_id: &str, driver: &str) -
             return if named == Some(sha256_hex(volume_id).as_str()) {
                 Tie::Ours
             } else {
-                Tie::Other(format!(
-                    "kubelet names a volume's staging directory by the SHA-256 of its handle, which for {volume_id} is {}",
-                    sha256_hex(volume_id)
-                ))
+                Tie::Other(NotOurs::StagingName {
+                    volume_id: volume_id.to_string(),
+                    sha256: sha256_hex(volume_id),
+                })
             };
         }
         // pods/<uid>/volumes/kubernetes.io~csi/<pv>/vol_data.json
@@ -196,7 +228,7 @@ pub fn kubelet_tie(path: &Path, layout: Layout, volume_id: &str, driver: &str) -
         }
     };
     let Some(file) = vol_data else {
-        return Tie::Other("the path has no directory of kubelet's above it".into());
+        return Tie::Other(NotOurs::NoKubeletDir);
     };
     #[derive(Deserialize)]
     struct VolData {
@@ -208,26 +240,22 @@ pub fn kubelet_tie(path: &Path, layout: Layout, volume_id: &str, driver: &str) -
     let bytes = match std::fs::read(&file) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Tie::Unrecorded,
-        Err(e) => return Tie::Other(format!("kubelet's {} cannot be read: {e}", file.display())),
+        Err(source) => return Tie::Other(NotOurs::Unreadable { file, source }),
     };
     match serde_json::from_slice::<VolData>(&bytes) {
         Ok(d) if d.volume_handle == volume_id && d.driver_name == driver => Tie::Ours,
-        Ok(d) => Tie::Other(format!(
-            "kubelet's {} names volume {} of driver {}",
-            file.display(),
-            d.volume_handle,
-            d.driver_name
-        )),
-        Err(e) => Tie::Other(format!(
-            "kubelet's {} is not a volume record: {e}",
-            file.display()
-        )),
+        Ok(d) => Tie::Other(NotOurs::Named {
+            file,
+            volume_id: d.volume_handle.into(),
+            driver: d.driver_name.into(),
+        }),
+        Err(source) => Tie::Other(NotOurs::NotARecord { file, source }),
     }
 }
 
 /// Whether kubelet's own structure ties `path` to `volume_id` of `driver`.
 pub fn kubelet_says(path: &Path, layout: Layout, volume_id: &str, driver: &str) -> bool {
-    kubelet_tie(path, layout, volume_id, driver) == Tie::Ours
+    matches!(kubelet_tie(path, layout, volume_id, driver), Tie::Ours)
 }
 
 fn sha256_hex(s: &str) -> String {
@@ -364,5 +392,76 @@ mod tests {
             assert!(kubelet_says(&p, l, id, "drv"), "{}", p.display());
             assert!(!kubelet_says(&p, l, "another", "drv"), "{}", p.display());
         }
+    }
+
+    /// A record that cannot be read or parsed keeps the error it failed on,
+    /// and reads as it did when the reason was a string.
+    #[test]
+    fn a_record_that_fails_keeps_its_error() {
+        use std::error::Error as _;
+        let dir = tempfile::tempdir().unwrap();
+        let pv = dir.path().join("pods/u/volumes/kubernetes.io~csi/pv1");
+        let file = pv.join("vol_data.json");
+        let target = pv.join("mount");
+        // A directory where the record goes: reading it is EISDIR.
+        std::fs::create_dir_all(&file).unwrap();
+        let io = std::fs::read(&file).unwrap_err();
+        let Tie::Other(why) = kubelet_tie(&target, Layout::FsTarget, "v1", "drv") else {
+            panic!("the record was read");
+        };
+        assert!(matches!(why, NotOurs::Unreadable { .. }), "{why:?}");
+        let source = why
+            .source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(source.map(|e| e.kind()), Some(io.kind()));
+        assert_eq!(
+            crate::error::message(&why),
+            format!("kubelet's {} cannot be read: {io}", file.display())
+        );
+        // Through HostdError, as a caller reads it, each level once.
+        let e = HostdError::KubeletSaysOther {
+            field: "target_path",
+            path: target.clone(),
+            volume_id: "v1".into(),
+            source: why,
+        };
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        assert!(e.source().is_some_and(|s| s.is::<NotOurs>()));
+        assert_eq!(
+            e.message(),
+            format!(
+                "target_path: {} is not volume v1's: kubelet's {} cannot be read: {io}",
+                target.display(),
+                file.display()
+            )
+        );
+
+        std::fs::remove_dir(&file).unwrap();
+        std::fs::write(&file, "{").unwrap();
+        let json = serde_json::from_slice::<serde_json::Value>(b"{").unwrap_err();
+        let Tie::Other(why) = kubelet_tie(&target, Layout::FsTarget, "v1", "drv") else {
+            panic!("the record was read");
+        };
+        assert!(
+            why.source().is_some_and(|s| s.is::<serde_json::Error>()),
+            "{why:?}"
+        );
+        assert_eq!(
+            crate::error::message(&why),
+            format!(
+                "kubelet's {} is not a volume record: {json}",
+                file.display()
+            )
+        );
+
+        std::fs::write(&file, r#"{"volumeHandle":"v2","driverName":"drv"}"#).unwrap();
+        let Tie::Other(why) = kubelet_tie(&target, Layout::FsTarget, "v1", "drv") else {
+            panic!("the record was read");
+        };
+        assert!(why.source().is_none());
+        assert_eq!(
+            crate::error::message(&why),
+            format!("kubelet's {} names volume v2 of driver drv", file.display())
+        );
     }
 }

@@ -154,30 +154,43 @@ pub fn rescan_scsi(index: &DeviceIndex) {
     index.scan_sysfs(Path::new("/sys/block"));
 }
 
+/// Why the monitor thread stopped. As every hostd error, its `Display` is
+/// its context alone; the errno it failed on is its source (printed by
+/// [`crate::error::message`]).
+#[derive(Debug, thiserror::Error)]
+pub enum MonitorDied {
+    #[error("udev monitor poll failed")]
+    Poll(#[source] nix::Error),
+    #[error("udev monitor socket closed")]
+    Closed,
+    #[error("udev monitor socket error")]
+    Socket(#[source] nix::Error),
+    /// The thread ended without saying why.
+    #[error("udev monitor thread vanished")]
+    Vanished,
+}
+
 /// Starts the monitor thread. The returned receiver resolves with the reason
 /// if the monitor dies; hostd then exits non-zero.
 pub fn start_monitor(
     index: Arc<DeviceIndex>,
     source: EventSource,
-) -> Result<oneshot::Receiver<String>, HostdError> {
+) -> Result<oneshot::Receiver<MonitorDied>, HostdError> {
     let (died_tx, died_rx) = oneshot::channel();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), HostdError>>();
     std::thread::Builder::new()
         .name("udev-monitor".into())
-        .spawn(move || {
-            let reason = match open(source) {
-                Ok(socket) => {
-                    enumerate(&index);
-                    let _ = ready_tx.send(Ok(()));
-                    run(&socket, &index)
-                }
-                Err(e) => {
-                    let reason = e.message();
-                    let _ = ready_tx.send(Err(e));
-                    reason
-                }
-            };
-            let _ = died_tx.send(reason);
+        .spawn(move || match open(source) {
+            Ok(socket) => {
+                enumerate(&index);
+                let _ = ready_tx.send(Ok(()));
+                let _ = died_tx.send(run(&socket, &index));
+            }
+            // Said through `ready_tx`: the receiver of `died_tx` is dropped
+            // unread, as the start fails.
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+            }
         })
         .map_err(|e| HostdError::io("starting", "the udev monitor thread", e))?;
     match ready_rx.recv() {
@@ -220,18 +233,18 @@ fn enumerate(index: &DeviceIndex) {
     tracing::info!(disks = n, indexed = index.len(), "block devices enumerated");
 }
 
-fn run(socket: &udev::MonitorSocket, index: &DeviceIndex) -> String {
+fn run(socket: &udev::MonitorSocket, index: &DeviceIndex) -> MonitorDied {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     loop {
         let mut fds = [PollFd::new(socket.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, PollTimeout::NONE) {
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return format!("udev monitor poll failed: {e}"),
+            Err(e) => return MonitorDied::Poll(e),
         }
         let revents = fds[0].revents().unwrap_or(PollFlags::empty());
         if revents.intersects(PollFlags::POLLHUP | PollFlags::POLLNVAL) {
-            return "udev monitor socket closed".into();
+            return MonitorDied::Closed;
         }
         if revents.contains(PollFlags::POLLERR) {
             // A burst of events overflowed the socket (ENOBUFS): events were
@@ -245,13 +258,8 @@ fn run(socket: &udev::MonitorSocket, index: &DeviceIndex) -> String {
                     enumerate(index);
                     continue;
                 }
-                Ok(e) => {
-                    return format!(
-                        "udev monitor socket error: {}",
-                        nix::errno::Errno::from_raw(e)
-                    );
-                }
-                Err(e) => return format!("udev monitor socket error: {e}"),
+                Ok(e) => return MonitorDied::Socket(nix::errno::Errno::from_raw(e)),
+                Err(e) => return MonitorDied::Socket(e),
             }
         }
         for event in socket.iter() {
@@ -282,6 +290,34 @@ fn run(socket: &udev::MonitorSocket, index: &DeviceIndex) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The monitor's reason keeps its errno, and reads as the string it was.
+    #[test]
+    fn a_dead_monitor_keeps_its_errno() {
+        use std::error::Error as _;
+        let e = MonitorDied::Poll(nix::Error::EBADF);
+        assert_eq!(
+            e.source().and_then(|s| s.downcast_ref::<nix::Error>()),
+            Some(&nix::Error::EBADF)
+        );
+        assert_eq!(
+            crate::error::message(&e),
+            format!("udev monitor poll failed: {}", nix::Error::EBADF)
+        );
+        let e = MonitorDied::Socket(nix::errno::Errno::from_raw(nix::libc::EPROTO));
+        assert_eq!(
+            e.source().and_then(|s| s.downcast_ref::<nix::Error>()),
+            Some(&nix::Error::EPROTO)
+        );
+        assert_eq!(
+            crate::error::message(&e),
+            format!("udev monitor socket error: {}", nix::Error::EPROTO)
+        );
+        assert_eq!(
+            crate::error::message(&MonitorDied::Closed),
+            "udev monitor socket closed"
+        );
+    }
 
     #[tokio::test]
     async fn a_waiter_wakes_when_its_device_is_added() {

@@ -5,7 +5,10 @@
 //! libcryptsetup's) keeps that error whole as its `source`: callers decide
 //! on it (its kind, its errno), never on text. Its `Display` is the context
 //! alone; [`HostdError::message`] appends the source, once, and is what a
-//! caller, the audit line and the health file read.
+//! caller, the audit line and the health file read. hostd's other errors
+//! ([`crate::bindings::NotOurs`], [`crate::discovery::MonitorDied`],
+//! [`crate::server::StartError`]) follow the same rule and are printed by
+//! [`message`] too (the start error through its own `message`).
 
 use std::error::Error as StdError;
 use std::path::PathBuf;
@@ -42,6 +45,16 @@ pub enum HostdError {
         path: PathBuf,
         volume_id: String,
         reason: String,
+    },
+    /// kubelet's own files give the path to another volume or driver, or
+    /// cannot be read (see [`crate::bindings::kubelet_tie`]).
+    #[error("{field}: {path} is not volume {volume_id}'s")]
+    KubeletSaysOther {
+        field: &'static str,
+        path: PathBuf,
+        volume_id: String,
+        #[source]
+        source: crate::bindings::NotOurs,
     },
     #[error("device with WWN {wwn} did not appear: {reason}")]
     DeviceNotFound { wwn: String, reason: String },
@@ -190,7 +203,7 @@ impl HostdError {
             | Self::Lib { action, target, .. } => Some((
                 action,
                 target,
-                self.source().map(rendered).unwrap_or_default(),
+                self.source().map(message).unwrap_or_default(),
             )),
             _ => None,
         }
@@ -202,10 +215,7 @@ impl HostdError {
     /// prints it), so the chain is walked no further, except through
     /// hostd's own errors, whose `Display` is their context alone.
     pub fn message(&self) -> String {
-        match self.source() {
-            Some(source) => format!("{self}: {}", rendered(source)),
-            None => self.to_string(),
-        }
+        message(self)
     }
 
     pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
@@ -221,7 +231,7 @@ impl HostdError {
             | Self::PathOutsideKubelet { .. }
             | Self::ParentMissing { .. }
             | Self::ParentUnusable { .. } => Code::InvalidArgument,
-            Self::NotThisVolume { .. } => Code::FailedPrecondition,
+            Self::NotThisVolume { .. } | Self::KubeletSaysOther { .. } => Code::FailedPrecondition,
             // Retryable: the attach may still be on its way.
             Self::DeviceNotFound { .. } => Code::Unavailable,
             Self::DeviceRefused { .. } | Self::HoldsData { .. } => Code::FailedPrecondition,
@@ -240,11 +250,16 @@ impl HostdError {
     }
 }
 
-/// A source as [`HostdError::message`] prints it.
-fn rendered(source: &(dyn StdError + 'static)) -> String {
-    match source.downcast_ref::<HostdError>() {
-        Some(inner) => inner.message(),
-        None => source.to_string(),
+/// An error as [`HostdError::message`] prints it: one of hostd's own
+/// (whose `Display` is its context alone) followed by its source, the
+/// error of a library as its `Display`, which prints what lies under it.
+pub fn message(e: &(dyn StdError + 'static)) -> String {
+    let own = e.is::<HostdError>()
+        || e.is::<crate::bindings::NotOurs>()
+        || e.is::<crate::discovery::MonitorDied>();
+    match e.source() {
+        Some(source) if own => format!("{e}: {}", message(source)),
+        _ => e.to_string(),
     }
 }
 

@@ -156,13 +156,15 @@ fn run(op: &Op, passphrase: Option<&Secret<Vec<u8>>>) -> Result<(), HostdError> 
         .find(|l| !l.is_empty())
         .unwrap_or_default();
     let answer: Answer = serde_json::from_slice(last).map_err(|e| {
-        HostdError::failed(
+        HostdError::lib(
             "reading the answer of",
-            what,
-            format!("{e} (it exited {})", out.status),
+            format_args!("{what} (it exited {})", out.status),
+            e,
         )
     })?;
     match answer {
+        // The reasons are words read from the child's output: its error
+        // values stayed in its process (see `answer`).
         Answer {
             refused: Some((device, reason)),
             ..
@@ -222,6 +224,7 @@ pub fn child_main() -> ExitCode {
 fn serve(op: Op, passphrase: Secret<Vec<u8>>) -> Result<(), HostdError> {
     match op {
         Op::Format { device, pbkdf } => {
+            // `Pbkdf`'s parse error is a reason in words (clap prints it).
             let pbkdf = pbkdf
                 .parse::<Pbkdf>()
                 .map_err(|e| HostdError::failed("reading", "the PBKDF", e))?;

@@ -259,7 +259,7 @@ async fn run() -> ExitCode {
     match server::run(opts, proxmox_csi_common::shutdown::signal_received()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = %e, "hostd failed");
+            tracing::error!(error = e.message(), "hostd failed");
             ExitCode::FAILURE
         }
     }

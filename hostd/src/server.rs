@@ -15,7 +15,7 @@ use tonic::service::interceptor::InterceptedService;
 
 use crate::bindings::Bindings;
 use crate::device::Resolver;
-use crate::discovery::{self, DeviceIndex, EventSource};
+use crate::discovery::{self, DeviceIndex, EventSource, MonitorDied};
 use crate::error::HostdError;
 use crate::health::Health;
 use crate::paths::KubeletPaths;
@@ -51,24 +51,44 @@ pub struct Options {
     pub without: Vec<proxmox_csi_common::hostd_api::Capability>,
 }
 
+/// Why hostd could not start, or stopped. As every hostd error, its
+/// `Display` is its context alone and what it failed on is its source;
+/// [`StartError::message`] prints both, once.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
-    #[error("{}", .0.message())]
+    #[error(transparent)]
     Device(#[from] HostdError),
-    #[error("{0}; exiting so that the service manager restarts hostd")]
-    MonitorDied(String),
-    #[error("kubelet root {path}: {source}")]
+    #[error("exiting so that the service manager restarts hostd")]
+    MonitorDied(#[source] MonitorDied),
+    #[error("kubelet root {path}")]
     KubeletRoot {
         path: PathBuf,
+        #[source]
         source: std::io::Error,
     },
-    #[error("state directory {path}: {source}")]
+    #[error("state directory {path}")]
     StateDir {
         path: PathBuf,
+        #[source]
         source: std::io::Error,
     },
+}
+
+impl StartError {
+    /// What hostd logs as it exits: the error, then its source.
+    pub fn message(&self) -> String {
+        match self {
+            // common's error prints what lies under it itself.
+            Self::Endpoint(e) => e.to_string(),
+            // Transparent: the context is the HostdError's, its source too.
+            _ => match std::error::Error::source(self) {
+                Some(source) => format!("{self}: {}", crate::error::message(source)),
+                None => self.to_string(),
+            },
+        }
+    }
 }
 
 pub async fn run(
@@ -100,7 +120,7 @@ pub async fn run(
         go_takeover: opts.go_takeover,
     });
     let (stop_tx, mut stop_rx) = watch::channel(false);
-    let died = Arc::new(std::sync::Mutex::new(None::<String>));
+    let died = Arc::new(std::sync::Mutex::new(None::<MonitorDied>));
     {
         let died = died.clone();
         let health = health.clone();
@@ -108,10 +128,11 @@ pub async fn run(
             tokio::select! {
                 _ = shutdown => {}
                 reason = monitor_died => {
-                    let reason = reason.unwrap_or_else(|_| "udev monitor thread vanished".into());
-                    tracing::error!(%reason, "udev monitor died");
+                    let reason = reason.unwrap_or(MonitorDied::Vanished);
+                    let text = crate::error::message(&reason);
+                    tracing::error!(reason = %text, "udev monitor died");
                     health.set_udev_monitor_alive(false);
-                    health.record_error(&reason);
+                    health.record_error(&text);
                     *died.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
                 }
             }
@@ -183,4 +204,71 @@ pub async fn run(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    /// Each start error keeps what it failed on as its source, printed once.
+    #[test]
+    fn start_errors_keep_their_source_and_print_it_once() {
+        let io = || std::io::Error::from_raw_os_error(nix::libc::EACCES);
+        let e = StartError::StateDir {
+            path: "/run/x/volumes".into(),
+            source: io(),
+        };
+        assert_eq!(e.to_string(), "state directory /run/x/volumes");
+        assert_eq!(
+            e.source()
+                .and_then(|s| s.downcast_ref::<std::io::Error>())
+                .map(|s| s.kind()),
+            Some(std::io::ErrorKind::PermissionDenied)
+        );
+        assert_eq!(
+            e.message(),
+            format!("state directory /run/x/volumes: {}", io())
+        );
+        let e = StartError::KubeletRoot {
+            path: "/var/lib/kubelet".into(),
+            source: io(),
+        };
+        assert_eq!(
+            e.message(),
+            format!("kubelet root /var/lib/kubelet: {}", io())
+        );
+
+        // A HostdError prints as HostdError::message did.
+        let inner = HostdError::io("opening the", "Kernel netlink monitor", io());
+        let want = HostdError::lib("starting", "the udev monitor", inner).message();
+        let inner = HostdError::io("opening the", "Kernel netlink monitor", io());
+        let e = StartError::from(HostdError::lib("starting", "the udev monitor", inner));
+        assert_eq!(e.message(), want);
+        assert!(e.source().is_some_and(|s| s.is::<HostdError>()));
+
+        // The monitor's reason, then its errno.
+        let e = StartError::MonitorDied(MonitorDied::Poll(nix::Error::EBADF));
+        let reason = e.source().and_then(|s| s.downcast_ref::<MonitorDied>());
+        assert!(matches!(reason, Some(MonitorDied::Poll(nix::Error::EBADF))));
+        assert_eq!(
+            e.message(),
+            format!(
+                "exiting so that the service manager restarts hostd: udev monitor poll failed: {}",
+                nix::Error::EBADF
+            )
+        );
+
+        // common's error prints its source itself: once.
+        let e = StartError::from(EndpointError::Io {
+            endpoint: "unix:///run/x.sock".into(),
+            action: "binding",
+            source: io(),
+        });
+        assert_eq!(
+            e.message(),
+            format!("endpoint \"unix:///run/x.sock\": binding: {}", io())
+        );
+    }
 }

@@ -158,12 +158,8 @@ impl csi::node_server::Node for Node {
             let s = match self.hostd().stats(h).await {
                 Ok(s) => s.into_inner(),
                 // The spec's answer for a path that holds no volume.
-                Err(e) if e.code() == Code::FailedPrecondition => {
-                    return Err(AgentError::NotFound(format!(
-                        "volume_path {path}: {}",
-                        e.message()
-                    ))
-                    .into());
+                Err(source) if source.code() == Code::FailedPrecondition => {
+                    return Err(AgentError::NothingAt { path, source }.into());
                 }
                 Err(e) => return Err(hostd_status(e).into()),
             };

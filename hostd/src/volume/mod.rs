@@ -165,11 +165,11 @@ impl Volumes {
         volume_id: &str,
     ) -> Result<(), HostdError> {
         match bindings::kubelet_tie(&place.path, place.layout, volume_id, self.paths.driver()) {
-            Tie::Other(reason) => Err(HostdError::NotThisVolume {
+            Tie::Other(source) => Err(HostdError::KubeletSaysOther {
                 field,
                 path: place.path.clone(),
                 volume_id: volume_id.to_string(),
-                reason,
+                source,
             }),
             Tie::Ours | Tie::Unrecorded => Ok(()),
         }

@@ -35,6 +35,7 @@ impl Volumes {
                     resp.available_inodes = v.files_available();
                     resp.used_inodes = v.files().saturating_sub(v.files_free());
                 }
+                // Words of the answer's VolumeCondition, not an error.
                 Err(e) => problems.push(format!(
                     "the filesystem does not answer ({e}); it may have shut down"
                 )),
