@@ -16,9 +16,11 @@ run() {
   target/release/bench "$@"
 }
 run attach-burst
+run sidecar-burst
 run scale
 run kube-calls
 run stage
+run footprint
 run guest-stage
 echo "==> soak"
 target/release/soak --seconds "${SOAK_SECONDS:-600}" --fault-rate 0.3

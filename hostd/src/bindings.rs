@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::HostdError;
+pub use crate::error::NotOurs;
 use crate::paths::{Layout, VOL_DATA};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -163,38 +164,6 @@ pub enum Tie {
     /// The record names another volume or driver, or cannot be read: the
     /// path is not this volume's.
     Other(NotOurs),
-}
-
-/// Why kubelet's own structure gives a path to another volume. As every
-/// hostd error, its `Display` is its context alone; the error it failed on
-/// is its source (printed by [`crate::error::message`]).
-#[derive(Debug, thiserror::Error)]
-pub enum NotOurs {
-    #[error(
-        "kubelet names a volume's staging directory by the SHA-256 of its handle, which for {volume_id} is {sha256}"
-    )]
-    StagingName { volume_id: String, sha256: String },
-    #[error("the path has no directory of kubelet's above it")]
-    NoKubeletDir,
-    #[error("kubelet's {file} cannot be read")]
-    Unreadable {
-        file: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// (Boxed strings keep [`HostdError`] small.)
-    #[error("kubelet's {file} names volume {volume_id} of driver {driver}")]
-    Named {
-        file: PathBuf,
-        volume_id: Box<str>,
-        driver: Box<str>,
-    },
-    #[error("kubelet's {file} is not a volume record")]
-    NotARecord {
-        file: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
 }
 
 /// What kubelet's own structure says of `path` (of `layout`) and

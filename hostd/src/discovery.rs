@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 
 use crate::error::HostdError;
+pub use crate::error::MonitorDied;
 
 /// Which netlink source the monitor listens to. `Udev` (after udevd has
 /// applied its rules) in production; `Kernel` on hosts without udevd.
@@ -152,22 +153,6 @@ pub fn rescan_scsi(index: &DeviceIndex) {
         }
     }
     index.scan_sysfs(Path::new("/sys/block"));
-}
-
-/// Why the monitor thread stopped. As every hostd error, its `Display` is
-/// its context alone; the errno it failed on is its source (printed by
-/// [`crate::error::message`]).
-#[derive(Debug, thiserror::Error)]
-pub enum MonitorDied {
-    #[error("udev monitor poll failed")]
-    Poll(#[source] nix::Error),
-    #[error("udev monitor socket closed")]
-    Closed,
-    #[error("udev monitor socket error")]
-    Socket(#[source] nix::Error),
-    /// The thread ended without saying why.
-    #[error("udev monitor thread vanished")]
-    Vanished,
 }
 
 /// Starts the monitor thread. The returned receiver resolves with the reason

@@ -6,7 +6,7 @@
 //! on it (its kind, its errno), never on text. Its `Display` is the context
 //! alone; [`HostdError::message`] appends the source, once, and is what a
 //! caller, the audit line and the health file read. hostd's other errors
-//! ([`crate::bindings::NotOurs`], [`crate::discovery::MonitorDied`],
+//! ([`NotOurs`] for kubelet's ties, [`MonitorDied`] for the udev monitor,
 //! [`crate::server::StartError`]) follow the same rule and are printed by
 //! [`message`] too (the start error through its own `message`).
 
@@ -54,7 +54,7 @@ pub enum HostdError {
         path: PathBuf,
         volume_id: String,
         #[source]
-        source: crate::bindings::NotOurs,
+        source: NotOurs,
     },
     #[error("device with WWN {wwn} did not appear: {reason}")]
     DeviceNotFound { wwn: String, reason: String },
@@ -254,9 +254,7 @@ impl HostdError {
 /// (whose `Display` is its context alone) followed by its source, the
 /// error of a library as its `Display`, which prints what lies under it.
 pub fn message(e: &(dyn StdError + 'static)) -> String {
-    let own = e.is::<HostdError>()
-        || e.is::<crate::bindings::NotOurs>()
-        || e.is::<crate::discovery::MonitorDied>();
+    let own = e.is::<HostdError>() || e.is::<NotOurs>() || e.is::<MonitorDied>();
     match e.source() {
         Some(source) if own => format!("{e}: {}", message(source)),
         _ => e.to_string(),
@@ -267,6 +265,54 @@ impl From<HostdError> for Status {
     fn from(e: HostdError) -> Self {
         Status::new(e.code(), e.message())
     }
+}
+
+/// Why kubelet's own structure gives a path to another volume. As every
+/// hostd error, its `Display` is its context alone; the error it failed on
+/// is its source (printed by [`message`]).
+#[derive(Debug, thiserror::Error)]
+pub enum NotOurs {
+    #[error(
+        "kubelet names a volume's staging directory by the SHA-256 of its handle, which for {volume_id} is {sha256}"
+    )]
+    StagingName { volume_id: String, sha256: String },
+    #[error("the path has no directory of kubelet's above it")]
+    NoKubeletDir,
+    #[error("kubelet's {file} cannot be read")]
+    Unreadable {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// (Boxed strings keep [`HostdError`] small.)
+    #[error("kubelet's {file} names volume {volume_id} of driver {driver}")]
+    Named {
+        file: PathBuf,
+        volume_id: Box<str>,
+        driver: Box<str>,
+    },
+    #[error("kubelet's {file} is not a volume record")]
+    NotARecord {
+        file: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Why the monitor thread stopped. As every hostd error, its `Display` is
+/// its context alone; the errno it failed on is its source (printed by
+/// [`message`]).
+#[derive(Debug, thiserror::Error)]
+pub enum MonitorDied {
+    #[error("udev monitor poll failed")]
+    Poll(#[source] nix::Error),
+    #[error("udev monitor socket closed")]
+    Closed,
+    #[error("udev monitor socket error")]
+    Socket(#[source] nix::Error),
+    /// The thread ended without saying why.
+    #[error("udev monitor thread vanished")]
+    Vanished,
 }
 
 #[cfg(test)]

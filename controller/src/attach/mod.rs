@@ -6,6 +6,7 @@
 //! config is read again: a change Proxmox left pending (a failed hot-plug)
 //! is reverted and reported as retryable, so nothing stays behind.
 
+mod pace;
 mod plan;
 mod queue;
 mod verify;
@@ -119,6 +120,8 @@ pub struct Attacher {
     index: Arc<crate::vms::VmIndex>,
     /// Config writes made, for benchmarks and tests.
     pub writes: std::sync::atomic::AtomicU64,
+    /// Each VM's hot-plug pace: when a write's task is due to end.
+    pace: pace::Pace,
     /// The controller's own VMs (holders) by region and VMID, as the
     /// controller found or made them: only these have their `protection`
     /// lifted for a write; a tag alone proves nothing (anyone may tag).
@@ -138,6 +141,7 @@ impl Attacher {
             attachments,
             index,
             writes: std::sync::atomic::AtomicU64::new(0),
+            pace: pace::Pace::default(),
             own: std::sync::Mutex::default(),
         }
     }
@@ -221,8 +225,42 @@ async fn worker(
     vmid: u32,
     mut rx: mpsc::UnboundedReceiver<Job>,
 ) {
-    while let Some(batch) = queue::next_batch(&mut rx, GATHER).await {
-        run_batch(&att, &client, &mut node, vmid, batch).await;
+    // The VM as the last write's verification read it; a config changed
+    // since is caught by the write's digest.
+    let mut view: Option<View> = None;
+    loop {
+        let mut waiting = queue::backlog(&mut rx);
+        if waiting.is_empty() {
+            // Idle: whatever the last write read may be old by now.
+            view = None;
+            match rx.recv().await {
+                Some(j) => waiting.push(j),
+                None => return,
+            }
+        }
+        // The burst gathers while the config is read: a lone job pays the
+        // longer of the two, not their sum. Jobs that queued during the
+        // last write are planned on its verification read instead (no read
+        // of their own, so the VM's next hot-plug follows the last). A
+        // read that failed is made again, and its error met, by the write.
+        let d = waiting.iter().map(|j| j.deadline).max_by_key(|d| d.0);
+        let mut batch = match (view.take(), d) {
+            (Some(v), _) => {
+                view = Some(v);
+                queue::gather(waiting, &mut rx, GATHER).await
+            }
+            (None, Some(d)) => {
+                let (batch, read) = tokio::join!(
+                    queue::gather(waiting, &mut rx, GATHER),
+                    read_view(&client, &node, vmid, d)
+                );
+                view = read.ok();
+                batch
+            }
+            (None, None) => waiting,
+        };
+        batch.extend(queue::backlog(&mut rx));
+        run_batch(&att, &client, &mut node, vmid, batch, &mut view).await;
     }
 }
 
@@ -258,12 +296,16 @@ enum Round {
     Split,
 }
 
+/// Writes `jobs` to VM `vmid`, round after round until each is answered.
+/// `view` is the VM as last read, taken by the first round; each round
+/// leaves its verification read there for the next, or nothing.
 async fn run_batch(
     att: &Attacher,
     client: &Client,
     node: &mut String,
     vmid: u32,
     mut jobs: Vec<Job>,
+    view: &mut Option<View>,
 ) {
     let deadline = jobs
         .iter()
@@ -271,9 +313,12 @@ async fn run_batch(
         .max_by_key(|d| d.0)
         .unwrap_or(Deadline::after(std::time::Duration::from_secs(30)));
     let mut attempt = 0;
-    let mut per_write = usize::MAX;
+    let mut rounds = Rounds {
+        per_write: usize::MAX,
+        view: view.take(),
+    };
     while !jobs.is_empty() {
-        let outcome = write_once(att, client, node, vmid, &mut jobs, per_write, deadline).await;
+        let outcome = write_once(att, client, node, vmid, &mut jobs, &mut rounds, deadline).await;
         match outcome {
             Ok(Round::Done) => {}
             Ok(Round::Split) => {
@@ -282,12 +327,15 @@ async fn run_batch(
                     jobs = jobs.len(),
                     "a config write of several disks failed; trying them one by one"
                 );
-                per_write = 1;
+                rounds.per_write = 1;
             }
             Err(e) if e.kind() == ErrorKind::NotFound && attempt < 3 => {
                 attempt += 1;
                 match follow(att, client, node, vmid, deadline).await {
-                    Ok(Some(now)) if now != *node => *node = now,
+                    Ok(Some(now)) if now != *node => {
+                        *node = now;
+                        rounds.view = None;
+                    }
                     Ok(None) => {
                         for j in jobs.drain(..) {
                             let _ = j.reply.send(Err(CtlError::NotFound(format!(
@@ -323,6 +371,36 @@ async fn run_batch(
             }
         }
     }
+    *view = rounds.view;
+}
+
+/// A VM's committed config and the keys it has pending.
+struct View {
+    cfg: crate::pve::api::VmConfig,
+    pending: BTreeSet<String>,
+}
+
+/// VM `vmid`'s [`View`], both read at once.
+async fn read_view(client: &Client, node: &str, vmid: u32, d: Deadline) -> Result<View, PveError> {
+    let (cfg, pending) = tokio::try_join!(
+        client.vm_config(node, vmid, d),
+        client.vm_pending(node, vmid, d)
+    )?;
+    let pending = pending
+        .into_iter()
+        .filter(|p| p.pending.is_some() || p.delete.is_some())
+        .map(|p| p.key)
+        .collect();
+    Ok(View { cfg, pending })
+}
+
+/// What one round of a batch hands the next.
+struct Rounds {
+    /// Changes a write may hold: one at a time once a write of several
+    /// failed as a whole.
+    per_write: usize,
+    /// The VM as the last round's verification read it, taken by the next.
+    view: Option<View>,
 }
 
 /// One read-plan-write-verify round of at most `per_write` changes. Jobs
@@ -334,18 +412,14 @@ async fn write_once(
     node: &str,
     vmid: u32,
     jobs: &mut Vec<Job>,
-    per_write: usize,
+    rounds: &mut Rounds,
     d: Deadline,
 ) -> Result<Round, PveError> {
     let region = client.region();
-    let cfg = client.vm_config(node, vmid, d).await?;
-    let pending: BTreeSet<String> = client
-        .vm_pending(node, vmid, d)
-        .await?
-        .into_iter()
-        .filter(|p| p.pending.is_some() || p.delete.is_some())
-        .map(|p| p.key)
-        .collect();
+    let View { cfg, pending } = match rounds.view.take() {
+        Some(v) => v,
+        None => read_view(client, node, vmid, d).await?,
+    };
     // Proxmox refuses to remove a disk of a protected VM. The controller's
     // own VMs are unprotected for the write that removes one (and protected
     // again by it); a worker's flag is the operator's, and is kept.
@@ -356,7 +430,7 @@ async fn write_once(
         own: att.is_own(region, vmid, &cfg.values),
     };
     let ops: Vec<&Op> = jobs.iter().map(|j| &j.op).collect();
-    let mut c = match plan::plan(&vm, &ops, per_write) {
+    let mut c = match plan::plan(&vm, &ops, rounds.per_write) {
         Plan::LiftProtection => {
             let lift = [
                 ("delete", "protection".to_string()),
@@ -384,9 +458,16 @@ async fn write_once(
     att.writes
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     BATCH_SIZE.observe(c.len() as f64);
+    let (plugs, unplugs) = (c.sets.len(), c.deletes.len());
+    let expect = att.pace.expect(region, vmid, plugs, unplugs);
     let result = client
-        .update_config(node, vmid, &c.form(&cfg.digest), d)
-        .await;
+        .update_config_expecting(node, vmid, &c.form(&cfg.digest), expect, d)
+        .await
+        .map(|seen| {
+            if let Some(seen) = seen {
+                att.pace.learn(region, vmid, plugs, unplugs, seen);
+            }
+        });
     // A task that failed after its UPID may have left part of the change
     // (qemu-server writes each new disk key in its own step, and a hot-plug
     // failure leaves that key pending): whatever the error's kind, even a
@@ -433,14 +514,10 @@ async fn write_once(
     };
 
     // Verify against the committed config; revert what stayed pending.
-    let after = client.vm_config(node, vmid, d).await?;
-    let still_pending: BTreeSet<String> = client
-        .vm_pending(node, vmid, d)
-        .await?
-        .into_iter()
-        .filter(|p| p.pending.is_some() || p.delete.is_some())
-        .map(|p| p.key)
-        .collect();
+    let View {
+        cfg: after,
+        pending: still_pending,
+    } = read_view(client, node, vmid, d).await?;
     let stuck = verify::left_pending(&c, &still_pending);
     if !stuck.is_empty() {
         let own_and_protected = vm.own && crate::vms::is_protected(&after.values);
@@ -458,6 +535,13 @@ async fn write_once(
         );
     }
     answer(jobs, judged.answers);
+    if stuck.is_empty() {
+        // Nothing was reverted: this is the VM as the next write finds it.
+        rounds.view = Some(View {
+            cfg: after,
+            pending: still_pending,
+        });
+    }
     if outcome.retry_rest && !jobs.is_empty() {
         return result.map(|()| Round::Done);
     }

@@ -51,12 +51,13 @@ impl<K: Eq + Hash + Clone, J> Coalescer<K, J> {
     }
 }
 
-/// The next batch of a worker's queue: the first job to come, then every
-/// job that follows within `gather.gap` of the last, for at most
-/// `gather.max`, then whatever is queued already. `None` once the queue is
-/// closed and empty.
-pub async fn next_batch<J>(rx: &mut mpsc::UnboundedReceiver<J>, gather: Gather) -> Option<Vec<J>> {
-    let mut batch = vec![rx.recv().await?];
+/// `batch` and every job that follows within `gather.gap` of the last,
+/// for at most `gather.max`, then whatever is queued already.
+pub async fn gather<J>(
+    mut batch: Vec<J>,
+    rx: &mut mpsc::UnboundedReceiver<J>,
+    gather: Gather,
+) -> Vec<J> {
     let until = tokio::time::Instant::now() + gather.max;
     loop {
         let gap = gather
@@ -67,15 +68,25 @@ pub async fn next_batch<J>(rx: &mut mpsc::UnboundedReceiver<J>, gather: Gather) 
             Ok(None) | Err(_) => break,
         }
     }
-    while let Ok(j) = rx.try_recv() {
-        batch.push(j);
-    }
-    Some(batch)
+    batch.extend(backlog(rx));
+    batch
+}
+
+/// Every job queued already, without waiting.
+pub fn backlog<J>(rx: &mut mpsc::UnboundedReceiver<J>) -> Vec<J> {
+    std::iter::from_fn(|| rx.try_recv().ok()).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The next batch of a worker's queue: the first job to come, then
+    /// [`gather`]. `None` once the queue is closed and empty.
+    async fn next_batch<J>(rx: &mut mpsc::UnboundedReceiver<J>, gather: Gather) -> Option<Vec<J>> {
+        let first = rx.recv().await?;
+        Some(super::gather(vec![first], rx, gather).await)
+    }
 
     const GATHER: Gather = Gather {
         gap: Duration::from_millis(30),
@@ -118,6 +129,18 @@ mod tests {
         assert_eq!(first, (0..=21).collect::<Vec<_>>());
         let second = next_batch(&mut rx, GATHER).await.unwrap_or_default();
         assert_eq!(second, (22..40).collect::<Vec<_>>());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn jobs_queued_already_start_the_batch_and_are_all_kept() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        for i in 0..3 {
+            let _ = tx.send(i);
+        }
+        let waiting = backlog(&mut rx);
+        assert_eq!(waiting, [0, 1, 2]);
+        arrivals(tx, 2, Duration::from_millis(10));
+        assert_eq!(gather(waiting, &mut rx, GATHER).await, [0, 1, 2, 0, 1]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -448,6 +448,22 @@ impl Client {
         form: &[(&str, String)],
         d: Deadline,
     ) -> Result<(), PveError> {
+        self.update_config_expecting(node, vmid, form, None, d)
+            .await
+            .map(|_| ())
+    }
+
+    /// `update_config` of a task expected to last about `expect`
+    /// (`wait_task_expecting`): how its task was seen to end, `None` when
+    /// Proxmox did the work inside the request.
+    pub async fn update_config_expecting(
+        &self,
+        node: &str,
+        vmid: u32,
+        form: &[(&str, String)],
+        expect: Option<std::time::Duration>,
+        d: Deadline,
+    ) -> Result<Option<super::tasks::TaskSeen>, PveError> {
         let upid: Option<String> = self
             .call(
                 Method::POST,
@@ -457,8 +473,8 @@ impl Client {
             )
             .await?;
         match upid {
-            Some(u) => self.wait_task(&u, d).await,
-            None => Ok(()),
+            Some(u) => self.wait_task_expecting(&u, expect, d).await.map(Some),
+            None => Ok(None),
         }
     }
 

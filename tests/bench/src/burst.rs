@@ -115,7 +115,7 @@ fn cluster(vms: usize, hw: Hw) -> String {
 
 /// `n` volumes on pve1 made as the provisioner makes them (no costs yet),
 /// then the costs set; the PersistentVolumes it wrote.
-async fn prepared(vms: usize, n: usize, hw: Hw) -> Result<(Sim, Vec<PersistentVolume>)> {
+pub(crate) async fn prepared(vms: usize, n: usize, hw: Hw) -> Result<(Sim, Vec<PersistentVolume>)> {
     let sim = Sim::start(&cluster(vms, hw)).await?;
     let ctl = sim.controller()?;
     let sc = provisioner::StorageClass::new(&[
@@ -146,7 +146,7 @@ async fn prepared(vms: usize, n: usize, hw: Hw) -> Result<(Sim, Vec<PersistentVo
 }
 
 /// SCSI disks on VM `vmid`.
-async fn disks(sim: &Sim, vmid: u32) -> Result<usize> {
+pub(crate) async fn disks(sim: &Sim, vmid: u32) -> Result<usize> {
     let vm = sim
         .admin(reqwest::Method::GET, &format!("vms/{vmid}"), "")
         .await?;
@@ -165,7 +165,7 @@ async fn disks(sim: &Sim, vmid: u32) -> Result<usize> {
 
 /// A controller on `sim` as one that has been running is: the attacher's
 /// reconcile (ListVolumes, every minute) has built its attachment index.
-async fn running_controller(
+pub(crate) async fn running_controller(
     sim: &Sim,
 ) -> Result<proxmox_csi_controller::csi::controller::ControllerService> {
     let ctl = sim.controller()?;
@@ -194,7 +194,7 @@ async fn phase<F: std::future::Future<Output = Result<()>>>(
     })
 }
 
-fn node_id(vmid: u32) -> String {
+pub(crate) fn node_id(vmid: u32) -> String {
     format!("worker-{vmid}/{vmid}")
 }
 

@@ -3,11 +3,14 @@
 //! campaign and prints its operations, faults and violations.
 
 pub mod burst;
+pub mod footprint;
 pub mod golike;
 pub mod guest_stage;
 pub mod kube_calls;
 pub mod operator;
 pub mod scale;
+pub mod sidecar;
+pub mod sidecar_burst;
 pub mod sim;
 pub mod soak;
 pub mod stage;

@@ -21,13 +21,24 @@ enum What {
         #[arg(long, default_value_t = 24)]
         volumes: usize,
     },
-    /// Volumes created and published over 3 nodes and 30 VMs with 50 ms per API call, per-disk hot-plug costs and RRD lag; then a restart.
+    /// ControllerPublish bursts through the external-attacher's workers (10, a 15 s deadline, 1 s..5 min backoff) for the arrival patterns a cluster makes, against Proxmox's floor for the same arrivals.
+    SidecarBurst {
+        #[arg(long, default_value_t = 24)]
+        volumes: usize,
+    },
+    /// Volumes created over many VMs (10,000 on 100 by default) with 50 ms per API call, per-disk hot-plug costs and RRD lag; at each checkpoint a publish to every VM and the attacher's ListVolumes; then restarts.
     Scale {
         /// Checkpoints: total volumes at each.
-        #[arg(long, value_delimiter = ',', default_value = "100,300,1000")]
+        #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
         sizes: Vec<usize>,
-        /// CreateVolume calls in flight (the provisioner's workers).
-        #[arg(long, default_value_t = 16)]
+        /// Worker VMs, spread evenly over the nodes.
+        #[arg(long, default_value_t = 100)]
+        vms: usize,
+        /// Proxmox nodes.
+        #[arg(long, default_value_t = 5)]
+        nodes: usize,
+        /// CreateVolume calls in flight (external-provisioner's `--worker-threads`, 100 by default).
+        #[arg(long, default_value_t = 100)]
         concurrency: usize,
         #[arg(long, default_value_t = 50)]
         latency_ms: u64,
@@ -36,6 +47,14 @@ enum What {
     Stage {
         #[arg(long, default_value_t = 5)]
         rounds: usize,
+    },
+    /// Resident memory of hostd and the node plugin idle, with N ext4 volumes staged and published on loop devices, and after unstaging them (root; hostd with the loop-resolver feature).
+    Footprint {
+        #[arg(long, default_value_t = 30)]
+        volumes: usize,
+        /// Size of each volume's image, MiB.
+        #[arg(long, default_value_t = 64)]
+        image_mib: u64,
     },
     /// Kubernetes API requests, and the objects they return, per publish, unpublish, ListVolumes and delete as the cluster grows: the controller's watch caches against reading every lookup from the API.
     KubeCalls {
@@ -109,29 +128,55 @@ async fn main() -> Result<()> {
             }
             println!("  speed-up (30 x 4): {:.1}x", go.seconds / ours.seconds);
         }
+        What::SidecarBurst { volumes } => {
+            println!(
+                "bursts through the external-attacher (10 workers, 15 s deadline, 1 s..5 min backoff): {} ms per API call, {} ms per plugged disk",
+                bench::burst::API_MS,
+                bench::burst::PER_DISK_MS
+            );
+            println!(
+                "  | pattern | volumes | seconds | floor s (10 workers) | ratio | Proxmox alone s | config writes | API calls | retries | most calls in flight |"
+            );
+            for r in bench::sidecar_burst::run(volumes).await? {
+                println!(
+                    "  | {} | {} | {:.2} | {:.2} | {:.3} | {:.2} | {} | {} | {} | {} |",
+                    r.pattern,
+                    r.volumes,
+                    r.seconds,
+                    r.floor,
+                    r.ratio(),
+                    r.proxmox_floor,
+                    r.writes,
+                    r.calls,
+                    r.retries,
+                    r.in_flight
+                );
+            }
+        }
         What::Scale {
             sizes,
+            vms,
+            nodes,
             concurrency,
             latency_ms,
         } => {
             println!(
-                "scale: {} nodes, {} VMs, {latency_ms} ms per API call, {} ms per plugged disk, {} ms RRD lag, {concurrency} creates in flight; controller binary",
-                bench::scale::NODES,
-                bench::scale::NODES * bench::scale::VMS_PER_NODE,
+                "scale: {nodes} nodes, {vms} VMs, {latency_ms} ms per API call, {} ms per plugged disk, {} ms RRD lag, {concurrency} creates in flight; controller binary",
                 bench::scale::PER_DISK_MS,
                 bench::scale::RRD_LAG_MS
             );
-            let run = bench::scale::run(&sizes, concurrency, latency_ms).await?;
+            let shape = bench::scale::Shape { nodes, vms };
+            let run = bench::scale::run(shape, &sizes, concurrency, latency_ms).await?;
             println!(
                 "  controller resident memory idle: {} KiB",
                 run.idle_rss_kib
             );
             println!(
-                "  | volumes | CreateVolume p50 / p99 ms | calls/create | ControllerPublish p50 / p99 ms | calls/publish | calls/unpublish | controller RSS KiB |"
+                "  | volumes | CreateVolume p50 / p99 ms | calls/create | ControllerPublish p50 / p99 ms ({vms} at once) | calls/publish | calls/unpublish | controller RSS / peak KiB |"
             );
             for c in &run.checkpoints {
                 println!(
-                    "  | {} | {:.0} / {:.0} | {:.2} | {:.0} / {:.0} | {:.2} | {:.2} | {} |",
+                    "  | {} | {:.0} / {:.0} | {:.2} | {:.0} / {:.0} | {:.2} | {:.2} | {} / {} |",
                     c.volumes,
                     c.create_p50_ms,
                     c.create_p99_ms,
@@ -140,17 +185,46 @@ async fn main() -> Result<()> {
                     c.publish_p99_ms,
                     c.calls_per_publish,
                     c.calls_per_unpublish,
-                    c.rss_kib
+                    c.rss_kib,
+                    c.peak_rss_kib
                 );
             }
             println!(
-                "  controller peak resident memory: {} KiB",
-                run.peak_rss_kib
+                "  ListVolumes as the external-attacher sends it (every page), {vms} volumes published:"
             );
             println!(
-                "  first ControllerPublish after a restart: {:.0} ms, {} Proxmox calls",
-                run.restart_publish_ms, run.restart_publish_calls
+                "  | volumes | when | ms | pages | entries / published | API calls | VM config reads / VMs | calls by endpoint |"
             );
+            let rows = run
+                .checkpoints
+                .iter()
+                .map(|c| (c.volumes, "running", &c.list))
+                .chain(std::iter::once((
+                    run.checkpoints.last().map_or(0, |c| c.volumes),
+                    "first after a restart",
+                    &run.restart_list,
+                )));
+            for (volumes, when, l) in rows {
+                println!(
+                    "  | {volumes} | {when} | {:.0} | {} | {} / {} | {} | {} / {vms} | {} |",
+                    l.ms,
+                    l.pages,
+                    l.entries,
+                    l.published,
+                    l.total_calls(),
+                    l.config_reads(),
+                    l.by_endpoint()
+                );
+            }
+            println!(
+                "  restarted controller after its first ListVolumes: RSS {} KiB, peak {} KiB",
+                run.restart_list_rss_kib.0, run.restart_list_rss_kib.1
+            );
+            println!(
+                "  first ControllerPublish after a restart: {:.0} ms, {} Proxmox calls, {} of them VM config reads",
+                run.restart_publish_ms, run.restart_publish_calls, run.restart_publish_config_reads
+            );
+            println!("  whole run: {:.0} s", run.seconds);
         }
         What::Stage { rounds } => {
             println!("stage: median of {rounds} rounds on fresh 1 GiB loop devices");
@@ -172,6 +246,29 @@ async fn main() -> Result<()> {
                     r.hostd_rss_kib
                 );
             }
+        }
+        What::Footprint { volumes, image_mib } => {
+            println!(
+                "footprint: hostd and the node plugin (uid 65534), {volumes} ext4 volumes of {image_mib} MiB on loop devices, each staged and published"
+            );
+            let f = bench::footprint::run(volumes, image_mib << 20).await?;
+            println!(
+                "  | process | idle RSS / peak KiB | {} staged + published RSS / peak KiB | all unstaged RSS / peak KiB |",
+                f.volumes
+            );
+            for (name, a, b, c) in [
+                ("hostd", f.idle.hostd, f.staged.hostd, f.unstaged.hostd),
+                ("node plugin", f.idle.node, f.staged.node, f.unstaged.node),
+            ] {
+                println!(
+                    "  | {name} | {} / {} | {} / {} | {} / {} |",
+                    a.0, a.1, b.0, b.1, c.0, c.1
+                );
+            }
+            println!(
+                "  {} stages + publishes one after the other: {:.1} s; left behind: {} loop devices, {} mounts",
+                f.volumes, f.stage_publish_s, f.loops_left, f.mounts_left
+            );
         }
         What::KubeCalls { sizes } => {
             println!(
