@@ -85,9 +85,17 @@ pub struct Burst {
     pub left: usize,
 }
 
-/// The floor of `disks` disks on one VM.
+/// The floor of `disks` disks on one VM. The bench's workers have no other
+/// SCSI disk, so the detach of the last one leaves `virtio-scsi-pci`'s
+/// controller empty, and Proxmox unplugs it too after the guest's eject
+/// (qemu-server `qemu_deletescsihw`; pvesim `controller_left_empty`).
 fn floor(hw: Hw, disks: usize, detach: bool) -> f64 {
-    (disks as u64 * hw.per_disk_ms(detach) + 2 * API_MS) as f64 / 1000.0
+    let last_controller = if detach && hw == Hw::Pci && disks > 0 {
+        EJECT_MS
+    } else {
+        0
+    };
+    (disks as u64 * hw.per_disk_ms(detach) + last_controller + 2 * API_MS) as f64 / 1000.0
 }
 
 /// pvesim with `vms` running workers on pve1 (VM ids from 200) of `hw`,

@@ -59,21 +59,19 @@ impl GoLike {
         Ok(body["data"].clone())
     }
 
+    /// GetVMConfig (upstream-driver.md §5.1): the VM's node from the cached
+    /// resource list, then `status/current`, `config` (the "Ping"), and
+    /// `config` again: three calls.
     async fn vm_config(&self, node: &str, vmid: u32) -> Result<Value> {
-        self.call(Method::GET, &format!("/nodes/{node}/status"), &[])
-            .await?;
         self.call(
             Method::GET,
             &format!("/nodes/{node}/qemu/{vmid}/status/current"),
             &[],
         )
         .await?;
-        self.call(
-            Method::GET,
-            &format!("/nodes/{node}/qemu/{vmid}/config"),
-            &[],
-        )
-        .await
+        let config = format!("/nodes/{node}/qemu/{vmid}/config");
+        self.call(Method::GET, &config, &[]).await?;
+        self.call(Method::GET, &config, &[]).await
     }
 
     /// checkVolume: storage status and the volume, before the node's lock.
