@@ -122,7 +122,7 @@ impl Client {
         let mut polls = Polls::new(expect);
         let mut wait = polls.next_wait();
         if expect.is_some() {
-            // Nothing to learn before the task is due.
+            // The first look comes when the schedule says, not at once.
             tokio::time::sleep(wait.min(deadline.remaining())).await;
             wait = polls.next_wait();
         }
@@ -167,28 +167,31 @@ pub struct TaskSeen {
 
 /// The waits between a task's status polls. Without an expectation: 20 ms,
 /// then doubling to 250 ms. With one (a hot-plug whose VM's pace is known,
-/// `attach::pace`): the first wait ends a little before the task is due,
-/// then a poll every 20 ms until a while after it, then doubling to 250 ms
-/// again: a task seen ending 20 ms late instead of up to 250 ms, for a few
-/// polls more around its end.
+/// `attach::pace`): a look every second while the task is not due (a task
+/// that fails early is seen failing within a second), one a little before
+/// it is due, then a look every 20 ms until a while after, then doubling to
+/// 250 ms again: a task seen ending 20 ms late instead of up to 250 ms, for
+/// a few looks more around its end.
 #[derive(Debug, Clone)]
 pub struct Polls {
     elapsed: Duration,
+    /// When the look just before the expected end is due.
+    due: Option<Duration>,
     /// Poll every `DENSE` until this much has passed; then back off.
     dense_until: Duration,
-    first: Option<Duration>,
     backoff: Duration,
 }
 
 const DENSE: Duration = Duration::from_millis(20);
+const SPARSE: Duration = Duration::from_secs(1);
 const SLOWEST: Duration = Duration::from_millis(250);
 
 impl Polls {
     pub fn new(expect: Option<Duration>) -> Self {
-        let (first, dense_until) = match expect {
+        let (due, dense_until) = match expect {
             Some(e) => {
                 // Early by a twentieth (20–100 ms), dense until a quarter
-                // later (100 ms – 1 s): a pace that drifts costs polls, not
+                // later (100 ms – 1 s): a pace that drifts costs looks, not
                 // a late answer.
                 let early = (e / 20).clamp(DENSE, Duration::from_millis(100));
                 let late = (e / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
@@ -199,18 +202,24 @@ impl Polls {
         Self {
             elapsed: Duration::ZERO,
             dense_until,
-            // Past the dense polls, the backoff goes on from there.
-            backoff: if first.is_some() { DENSE * 2 } else { DENSE },
-            first,
+            // Past the dense looks, the backoff goes on from there.
+            backoff: if due.is_some() { DENSE * 2 } else { DENSE },
+            due,
         }
     }
-}
 
-impl Polls {
     /// The wait before the next poll.
     pub fn next_wait(&mut self) -> Duration {
-        let wait = match self.first.take() {
-            Some(first) => first,
+        let wait = match self.due {
+            Some(due) => {
+                let left = due.saturating_sub(self.elapsed);
+                if left > SPARSE {
+                    SPARSE
+                } else {
+                    self.due = None;
+                    left.max(DENSE)
+                }
+            }
             None if self.elapsed < self.dense_until => DENSE,
             None => {
                 let w = self.backoff;
@@ -245,9 +254,13 @@ mod tests {
         // 400 ms, then backing off.
         let waits = ms(Polls::new(Some(Duration::from_millis(300))), 9);
         assert_eq!(waits, [280, 20, 20, 20, 20, 20, 20, 40, 80]);
-        // 7.2 s (24 disks): 100 ms early, dense for a second after.
+        // 7.2 s (24 disks): a look every second, the last 100 ms early,
+        // dense for a second after.
         let mut long = Polls::new(Some(Duration::from_millis(7200)));
-        assert_eq!(long.next_wait(), Duration::from_millis(7100));
+        let sparse: Vec<u64> = (0..8)
+            .map(|_| long.next_wait().as_millis() as u64)
+            .collect();
+        assert_eq!(sparse, [1000, 1000, 1000, 1000, 1000, 1000, 1000, 100]);
         let dense = std::iter::from_fn(|| Some(long.next_wait()))
             .take_while(|w| *w == Duration::from_millis(20))
             .count();
