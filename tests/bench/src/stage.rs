@@ -3,7 +3,22 @@
 //! probe for signatures, mkfs, mount) against the two commands alone, with
 //! the same mkfs options, alternating, on fresh 1 GiB images. Needs root and
 //! hostd built with the loop-resolver test feature.
+//!
+//! Two hostd rows per filesystem: an unmarked volume (a copy, a static PV:
+//! hostd samples the signature-less disk for data before formatting) and a
+//! marked one's first stage (`.csf-<cluster id>`, what every CreateVolume
+//! makes: hostd zeroes its head and tail, notes the format, skips the
+//! sample, formats 1 MiB short and writes a claim). The loop resolver takes
+//! a loop device's backing file as the proof of its volume id (no
+//! `<image>.noserial` beside it), so the mark counts here as it does on a
+//! disk whose serial names the volume. hostd's own per-phase timings
+//! (`timings_ms`: wait, mkfs with the probe and sample before it, mount)
+//! are printed, the rest of each Stage as "other"; and the two pieces that
+//! differ, the wipe and the sample, are timed alone with the same O_DIRECT
+//! I/O on fresh loop devices.
 
+use std::collections::HashMap;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
@@ -17,12 +32,183 @@ use testkit::loopdev::Loop;
 
 use crate::percentile;
 
+/// A cluster id, as the controller marks the disks it creates blank.
+const CLUSTER: &str = "5bc58ec71c2d";
+const MIB: u64 = 1 << 20;
+
+/// Medians of one kind of Stage: the whole call and hostd's phases.
+#[derive(Debug, Clone, Default)]
+pub struct Phases {
+    pub total_ms: f64,
+    pub wait_ms: f64,
+    /// hostd's "mkfs": the probe, the data sample (unmarked) and mkfs.
+    pub mkfs_ms: f64,
+    pub mount_ms: f64,
+    /// The rest: the wipe and claim (marked), device checks, notes, RPC.
+    pub other_ms: f64,
+}
+
 #[derive(Debug, Clone)]
 pub struct Row {
     pub fs: String,
-    pub hostd_ms: f64,
+    pub unmarked: Phases,
+    pub marked: Phases,
     pub bare_ms: f64,
+    pub bare_mkfs_ms: f64,
+    pub bare_mount_ms: f64,
     pub hostd_rss_kib: u64,
+}
+
+/// Medians of the two pieces alone on fresh 1 GiB loop devices.
+#[derive(Debug, Clone, Default)]
+pub struct Pieces {
+    /// `claim::wipe`: 8 MiB at the head and the last MiB, 1 MiB
+    /// O_DIRECT|O_SYNC writes of zeros, then fsync.
+    pub wipe_ms: f64,
+    /// `probe::samples` of a 1 GiB disk read with O_DIRECT.
+    pub sample_ms: f64,
+    pub sample_mib: f64,
+}
+
+#[derive(Default)]
+struct Samples {
+    total: Vec<f64>,
+    wait: Vec<f64>,
+    mkfs: Vec<f64>,
+    mount: Vec<f64>,
+    other: Vec<f64>,
+}
+
+impl Samples {
+    fn push(&mut self, total: f64, t: &HashMap<String, u64>) {
+        let get = |k: &str| t.get(k).copied().unwrap_or(0) as f64;
+        let (wait, mkfs, mount) = (get("wait"), get("mkfs"), get("mount"));
+        self.total.push(total);
+        self.wait.push(wait);
+        self.mkfs.push(mkfs);
+        self.mount.push(mount);
+        self.other.push(total - wait - mkfs - mount);
+    }
+
+    fn medians(mut self) -> Phases {
+        Phases {
+            total_ms: percentile(&mut self.total, 50.0),
+            wait_ms: percentile(&mut self.wait, 50.0),
+            mkfs_ms: percentile(&mut self.mkfs, 50.0),
+            mount_ms: percentile(&mut self.mount, 50.0),
+            other_ms: percentile(&mut self.other, 50.0),
+        }
+    }
+}
+
+/// A zeroed buffer of `len` bytes aligned for O_DIRECT, inside `raw`.
+fn aligned(raw: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    *raw = vec![0u8; len + 4096];
+    let off = raw.as_ptr().align_offset(4096);
+    &mut raw[off..off + len]
+}
+
+/// hostd's `probe::samples`: the first MiB, 64 KiB at every MiB to
+/// 64 MiB, then every 64 MiB to 4 GiB, and the last MiB.
+fn samples(size: u64) -> Vec<(u64, u64)> {
+    let mut at: Vec<(u64, u64)> = vec![(0, MIB.min(size))];
+    let mut o = MIB;
+    while o < size {
+        let len = if o < (4 << 30) { 64 << 10 } else { 4 << 10 };
+        at.push((o, len.min(size - o)));
+        o += if o < (64 << 20) {
+            MIB
+        } else if o < (4 << 30) {
+            64 << 20
+        } else {
+            1 << 30
+        };
+    }
+    let tail = size.saturating_sub(MIB);
+    at.push((tail, size - tail));
+    at.sort_unstable();
+    at.dedup();
+    at
+}
+
+/// Times `claim::wipe`'s writes on `dev` (ms).
+fn wipe(dev: &Path, size: u64) -> Result<f64> {
+    let mut raw = Vec::new();
+    let zeros = aligned(&mut raw, MIB as usize);
+    let t = Instant::now();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(nix::libc::O_DIRECT | nix::libc::O_SYNC)
+        .open(dev)
+        .with_context(|| dev.display().to_string())?;
+    for at in (0..8).map(|i| i * MIB).chain([size - MIB]) {
+        f.write_all_at(zeros, at)?;
+    }
+    f.sync_all()?;
+    Ok(t.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// Times reading `probe::samples` of `dev` with O_DIRECT (ms, MiB read).
+fn sample(dev: &Path, size: u64) -> Result<(f64, f64)> {
+    let mut raw = Vec::new();
+    let buf = aligned(&mut raw, MIB as usize);
+    let at = samples(size);
+    let t = Instant::now();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_DIRECT)
+        .open(dev)
+        .with_context(|| dev.display().to_string())?;
+    for &(o, len) in &at {
+        let b = &mut buf[..len as usize];
+        f.read_exact_at(b, o)?;
+        if b.iter().any(|&x| x != 0) {
+            bail!("{}: data at byte {o}", dev.display());
+        }
+    }
+    let mib = at.iter().map(|(_, l)| l).sum::<u64>() as f64 / MIB as f64;
+    Ok((t.elapsed().as_secs_f64() * 1000.0, mib))
+}
+
+/// Prints what [`compare`] measured.
+pub fn print(rounds: usize, rows: &[Row], idle: (u64, u64), pieces: &Pieces) {
+    println!("stage: median of {rounds} rounds on fresh 1 GiB loop devices");
+    println!(
+        "  resident memory idle: hostd {} KiB, node plugin {} KiB",
+        idle.0, idle.1
+    );
+    println!(
+        "  | filesystem | volume | Stage ms | bare mkfs + mount ms | overhead ms | x bare | wait | mkfs (probe, sample, mkfs) | mount | other (wipe, claim, checks, RPC) | hostd RSS after KiB |"
+    );
+    for r in rows {
+        for (kind, p) in [
+            ("unmarked", &r.unmarked),
+            ("marked, first stage", &r.marked),
+        ] {
+            println!(
+                "  | {} | {kind} | {:.0} | {:.0} | {:+.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
+                r.fs,
+                p.total_ms,
+                r.bare_ms,
+                p.total_ms - r.bare_ms,
+                p.total_ms / r.bare_ms,
+                p.wait_ms,
+                p.mkfs_ms,
+                p.mount_ms,
+                p.other_ms,
+                r.hostd_rss_kib
+            );
+        }
+        println!(
+            "  | {} | bare | {:.0} | {:.0} | | | | {:.0} (mkfs alone) | {:.0} | | |",
+            r.fs, r.bare_ms, r.bare_ms, r.bare_mkfs_ms, r.bare_mount_ms
+        );
+    }
+    println!(
+        "  pieces alone, O_DIRECT on a fresh 1 GiB loop device: wipe (8 MiB head + last MiB, O_SYNC) {:.1} ms; data sample ({:.1} MiB read) {:.1} ms",
+        pieces.wipe_ms, pieces.sample_mib, pieces.sample_ms
+    );
 }
 
 /// A fresh 1 GiB image at `img` on a loop device.
@@ -52,8 +238,68 @@ fn bare_mkfs(fs: &str, dev: &str) -> Result<()> {
     }
 }
 
-/// The rows, and the idle resident memory of hostd and the node plugin (KiB).
-pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64))> {
+/// One Stage and its Unstage of `volume_id` on the loop device named
+/// `wwn`: the call's ms and hostd's phases.
+async fn stage_once(
+    client: &mut HostdClient<tonic::transport::Channel>,
+    root: &Path,
+    volume_id: &str,
+    wwn: &str,
+    fs: &str,
+) -> Result<(f64, HashMap<String, u64>)> {
+    let s = |p: &Path| p.display().to_string();
+    // kubelet's staging path: the SHA-256 of the volume id (csi_attacher.go makeDeviceMountPath).
+    let hash: String = Sha256::digest(volume_id.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let staging = root
+        .join("plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev")
+        .join(hash);
+    std::fs::create_dir_all(&staging)?;
+    let staging = staging.join("globalmount");
+    let req = pb::StageRequest {
+        volume_id: volume_id.into(),
+        device: Some(pb::Device {
+            wwn: format!("0x{wwn}"),
+            serial: String::new(),
+        }),
+        staging_path: s(&staging),
+        access: Some(pb::stage_request::Access::Filesystem(pb::Filesystem {
+            fs_type: fs.into(),
+            ..Default::default()
+        })),
+        encryption: None,
+        read_only: false,
+    };
+    let t = Instant::now();
+    let reply = client
+        .stage(req)
+        .await
+        .map_err(|e| anyhow::anyhow!("hostd Stage {volume_id}: {}", e.message()))?
+        .into_inner();
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    let marked = volume_id.contains(".csf-");
+    if marked != reply.actions.iter().any(|a| a.starts_with("wiped")) {
+        bail!(
+            "{volume_id}: not staged as a {} volume: {:?}",
+            if marked { "marked" } else { "unmarked" },
+            reply.actions
+        );
+    }
+    client
+        .unstage(pb::UnstageRequest {
+            volume_id: volume_id.into(),
+            staging_path: s(&staging),
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("hostd Unstage: {}", e.message()))?;
+    Ok((ms, reply.timings_ms))
+}
+
+/// The rows, the idle resident memory of hostd and the node plugin (KiB),
+/// and the wipe and sample timed alone.
+pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64), Pieces)> {
     if !nix::unistd::geteuid().is_root() {
         bail!("the stage benchmark uses loop devices and mounts: run it as root");
     }
@@ -111,51 +357,25 @@ pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64))> {
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let idle_rss = (crate::rss_kib(hostd.pid()).0, crate::rss_kib(node.pid()).0);
     let mut rows = Vec::new();
+    let (mut wipes, mut reads, mut mib) = (Vec::new(), Vec::new(), 0.0);
     for fs in ["ext4", "xfs"] {
-        let (mut ours, mut bare) = (Vec::new(), Vec::new());
+        let (mut unmarked, mut marked) = (Samples::default(), Samples::default());
+        let (mut bare, mut bare_mkfs, mut bare_mount) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..rounds {
             // hostd: Stage finds the loop device by its image's name.
-            let wwn = format!("5000c500{:04x}{i:04x}", fs.len());
-            let dev = attach(&images.join(format!("{wwn}.raw")))?;
-            // kubelet's staging path: the SHA-256 of the volume id (csi_attacher.go makeDeviceMountPath).
-            let volume_id = format!("region-1/pve1/local-lvm/vm-9999-{fs}-{i}");
-            let hash: String = Sha256::digest(volume_id.as_bytes())
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            let staging = root
-                .join("plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev")
-                .join(hash);
-            std::fs::create_dir_all(&staging)?;
-            let staging = staging.join("globalmount");
-            let req = pb::StageRequest {
-                volume_id: volume_id.clone(),
-                device: Some(pb::Device {
-                    wwn: format!("0x{wwn}"),
-                    serial: String::new(),
-                }),
-                staging_path: s(&staging),
-                access: Some(pb::stage_request::Access::Filesystem(pb::Filesystem {
-                    fs_type: fs.into(),
-                    ..Default::default()
-                })),
-                encryption: None,
-                read_only: false,
-            };
-            let t = Instant::now();
-            client
-                .stage(req)
-                .await
-                .map_err(|e| anyhow::anyhow!("hostd Stage: {}", e.message()))?;
-            ours.push(t.elapsed().as_secs_f64() * 1000.0);
-            client
-                .unstage(pb::UnstageRequest {
-                    volume_id,
-                    staging_path: s(&staging),
-                })
-                .await
-                .map_err(|e| anyhow::anyhow!("hostd Unstage: {}", e.message()))?;
-            drop(dev);
+            for (k, volume_id) in [
+                format!("region-1/pve1/local-lvm/vm-9999-{fs}-{i}"),
+                format!("region-1/pve1/local-lvm/vm-9999-{fs}-{i}.csf-{CLUSTER}"),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let wwn = format!("5000c5{k:02x}{:04x}{i:04x}", fs.len());
+                let dev = attach(&images.join(format!("{wwn}.raw")))?;
+                let (ms, t) = stage_once(&mut client, &root, &volume_id, &wwn, fs).await?;
+                if k == 0 { &mut unmarked } else { &mut marked }.push(ms, &t);
+                drop(dev);
+            }
 
             // Bare: the same mkfs and a mount, nothing else.
             let dev = attach(&d.join(format!("bare-{fs}-{i}.raw")))?;
@@ -163,19 +383,41 @@ pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64))> {
             std::fs::create_dir_all(&mnt)?;
             let t = Instant::now();
             bare_mkfs(fs, &s(&dev.dev))?;
+            let made = t.elapsed().as_secs_f64() * 1000.0;
             run("mount", &[&s(&dev.dev), &s(&mnt)])?;
-            bare.push(t.elapsed().as_secs_f64() * 1000.0);
+            let all = t.elapsed().as_secs_f64() * 1000.0;
+            bare.push(all);
+            bare_mkfs.push(made);
+            bare_mount.push(all - made);
             run("umount", &[&s(&mnt)])?;
+            drop(dev);
+
+            // The pieces alone: the sample, then the wipe, each on a fresh device.
+            let dev = attach(&d.join(format!("sample-{fs}-{i}.raw")))?;
+            let (ms, m) = sample(&dev.dev, 1 << 30)?;
+            reads.push(ms);
+            mib = m;
+            drop(dev);
+            let dev = attach(&d.join(format!("wipe-{fs}-{i}.raw")))?;
+            wipes.push(wipe(&dev.dev, 1 << 30)?);
             drop(dev);
         }
         rows.push(Row {
             fs: fs.into(),
-            hostd_ms: percentile(&mut ours, 50.0),
+            unmarked: unmarked.medians(),
+            marked: marked.medians(),
             bare_ms: percentile(&mut bare, 50.0),
+            bare_mkfs_ms: percentile(&mut bare_mkfs, 50.0),
+            bare_mount_ms: percentile(&mut bare_mount, 50.0),
             hostd_rss_kib: crate::rss_kib(hostd.pid()).0,
         });
     }
+    let pieces = Pieces {
+        wipe_ms: percentile(&mut wipes, 50.0),
+        sample_ms: percentile(&mut reads, 50.0),
+        sample_mib: mib,
+    };
     node.stop().await.map_err(anyhow::Error::msg)?;
     hostd.stop().await.map_err(anyhow::Error::msg)?;
-    Ok((rows, idle_rss))
+    Ok((rows, idle_rss, pieces))
 }

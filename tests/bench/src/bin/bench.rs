@@ -227,25 +227,8 @@ async fn main() -> Result<()> {
             println!("  whole run: {:.0} s", run.seconds);
         }
         What::Stage { rounds } => {
-            println!("stage: median of {rounds} rounds on fresh 1 GiB loop devices");
-            let (rows, idle) = bench::stage::compare(rounds).await?;
-            println!(
-                "  resident memory idle: hostd {} KiB, node plugin {} KiB",
-                idle.0, idle.1
-            );
-            println!(
-                "  | filesystem | hostd Stage ms | bare mkfs + mount ms | overhead ms | hostd RSS after KiB |"
-            );
-            for r in rows {
-                println!(
-                    "  | {} | {:.0} | {:.0} | {:+.0} | {} |",
-                    r.fs,
-                    r.hostd_ms,
-                    r.bare_ms,
-                    r.hostd_ms - r.bare_ms,
-                    r.hostd_rss_kib
-                );
-            }
+            let (rows, idle, pieces) = bench::stage::compare(rounds).await?;
+            bench::stage::print(rounds, &rows, idle, &pieces);
         }
         What::Footprint { volumes, image_mib } => {
             println!(
