@@ -67,6 +67,8 @@ pub struct Pieces {
     pub wipe_ms: f64,
     /// `probe::samples` of a 1 GiB disk read with O_DIRECT.
     pub sample_ms: f64,
+    /// The same reads again on the same device, right after.
+    pub sample_again_ms: f64,
     pub sample_mib: f64,
 }
 
@@ -206,8 +208,8 @@ pub fn print(rounds: usize, rows: &[Row], idle: (u64, u64), pieces: &Pieces) {
         );
     }
     println!(
-        "  pieces alone, O_DIRECT on a fresh 1 GiB loop device: wipe (8 MiB head + last MiB, O_SYNC) {:.1} ms; data sample ({:.1} MiB read) {:.1} ms",
-        pieces.wipe_ms, pieces.sample_mib, pieces.sample_ms
+        "  pieces alone, O_DIRECT on a fresh 1 GiB loop device: wipe (8 MiB head + last MiB, O_SYNC) {:.1} ms; data sample ({:.1} MiB read) {:.1} ms, the same reads again {:.1} ms",
+        pieces.wipe_ms, pieces.sample_mib, pieces.sample_ms, pieces.sample_again_ms
     );
 }
 
@@ -357,10 +359,10 @@ pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64), Pieces)> {
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let idle_rss = (crate::rss_kib(hostd.pid()).0, crate::rss_kib(node.pid()).0);
     let mut rows = Vec::new();
-    let (mut wipes, mut reads, mut mib) = (Vec::new(), Vec::new(), 0.0);
+    let (mut wipes, mut reads, mut again, mut mib) = (Vec::new(), Vec::new(), Vec::new(), 0.0);
     for fs in ["ext4", "xfs"] {
         let (mut unmarked, mut marked) = (Samples::default(), Samples::default());
-        let (mut bare, mut bare_mkfs, mut bare_mount) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut bare, mut bare_made, mut bare_mount) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..rounds {
             // hostd: Stage finds the loop device by its image's name.
             for (k, volume_id) in [
@@ -387,7 +389,7 @@ pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64), Pieces)> {
             run("mount", &[&s(&dev.dev), &s(&mnt)])?;
             let all = t.elapsed().as_secs_f64() * 1000.0;
             bare.push(all);
-            bare_mkfs.push(made);
+            bare_made.push(made);
             bare_mount.push(all - made);
             run("umount", &[&s(&mnt)])?;
             drop(dev);
@@ -396,6 +398,7 @@ pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64), Pieces)> {
             let dev = attach(&d.join(format!("sample-{fs}-{i}.raw")))?;
             let (ms, m) = sample(&dev.dev, 1 << 30)?;
             reads.push(ms);
+            again.push(sample(&dev.dev, 1 << 30)?.0);
             mib = m;
             drop(dev);
             let dev = attach(&d.join(format!("wipe-{fs}-{i}.raw")))?;
@@ -407,7 +410,7 @@ pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64), Pieces)> {
             unmarked: unmarked.medians(),
             marked: marked.medians(),
             bare_ms: percentile(&mut bare, 50.0),
-            bare_mkfs_ms: percentile(&mut bare_mkfs, 50.0),
+            bare_mkfs_ms: percentile(&mut bare_made, 50.0),
             bare_mount_ms: percentile(&mut bare_mount, 50.0),
             hostd_rss_kib: crate::rss_kib(hostd.pid()).0,
         });
@@ -415,6 +418,7 @@ pub async fn compare(rounds: usize) -> Result<(Vec<Row>, (u64, u64), Pieces)> {
     let pieces = Pieces {
         wipe_ms: percentile(&mut wipes, 50.0),
         sample_ms: percentile(&mut reads, 50.0),
+        sample_again_ms: percentile(&mut again, 50.0),
         sample_mib: mib,
     };
     node.stop().await.map_err(anyhow::Error::msg)?;
