@@ -243,25 +243,28 @@ async fn worker(
         // last write are planned on its verification read instead (no read
         // of their own, so the VM's next hot-plug follows the last). A
         // read that failed is made again, and its error met, by the write.
-        let d = waiting.iter().map(|j| j.deadline).max_by_key(|d| d.0);
-        let mut batch = match (view.take(), d) {
-            (Some(v), _) => {
-                view = Some(v);
-                queue::gather(waiting, &mut rx, GATHER).await
-            }
-            (None, Some(d)) => {
-                let (batch, read) = tokio::join!(
-                    queue::gather(waiting, &mut rx, GATHER),
-                    read_view(&client, &node, vmid, d)
-                );
-                view = read.ok();
-                batch
-            }
-            (None, None) => waiting,
+        let mut batch = if view.is_some() {
+            queue::gather(waiting, &mut rx, GATHER).await
+        } else {
+            let d = batch_deadline(&waiting);
+            let (batch, read) = tokio::join!(
+                queue::gather(waiting, &mut rx, GATHER),
+                read_view(&client, &node, vmid, d)
+            );
+            view = read.ok();
+            batch
         };
         batch.extend(queue::backlog(&mut rx));
         run_batch(&att, &client, &mut node, vmid, batch, &mut view).await;
     }
+}
+
+/// The latest deadline of a batch's jobs: its writes serve them all.
+fn batch_deadline(jobs: &[Job]) -> Deadline {
+    jobs.iter()
+        .map(|j| j.deadline)
+        .max_by_key(|d| d.0)
+        .unwrap_or(Deadline::after(std::time::Duration::from_secs(30)))
 }
 
 /// Where VM `vmid` is now, after its config was not found on `node`
@@ -307,11 +310,7 @@ async fn run_batch(
     mut jobs: Vec<Job>,
     view: &mut Option<View>,
 ) {
-    let deadline = jobs
-        .iter()
-        .map(|j| j.deadline)
-        .max_by_key(|d| d.0)
-        .unwrap_or(Deadline::after(std::time::Duration::from_secs(30)));
+    let deadline = batch_deadline(&jobs);
     let mut attempt = 0;
     let mut rounds = Rounds {
         per_write: usize::MAX,
