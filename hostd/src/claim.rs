@@ -238,28 +238,21 @@ pub fn write_beyond(device: &Path, volume_id: &str, floor: u64) -> Result<u64, H
 
 /// Zeroes what a first stage formats over: the first 8 MiB (partition
 /// tables, superblocks, LUKS headers and their secondary copies) and the
-/// last MiB (backup GPT, MD and ZFS labels at the end). The rest of a
-/// previous volume's bytes stay where the new filesystem does not look.
+/// last MiB (backup GPT, MD and ZFS labels at the end; up to 4095 bytes
+/// more where the size is not a multiple of 4 KiB). The rest of a previous
+/// volume's bytes stay where the new filesystem does not look.
 pub fn wipe(device: &Path) -> Result<(), HostdError> {
     const HEAD: u64 = 8 << 20;
     let mut f = open(device, true)?;
     let size = direct::size(&mut f, device)?;
-    let zeros = Aligned::zeroed(RESERVED as usize);
-    let chunk = zeros.buf();
     let tail = size.saturating_sub(RESERVED) / ALIGN as u64 * ALIGN as u64;
-    let mut at = 0;
-    let mut ranges = Vec::new();
-    while at < HEAD.min(tail) {
-        ranges.push(at);
-        at += RESERVED;
+    let head = HEAD.min(tail);
+    let mut ranges = vec![(tail, size - tail)];
+    if head > 0 {
+        ranges.insert(0, (0, head));
     }
-    ranges.push(tail);
-    for at in ranges {
-        let len = usize::try_from((size - at).min(RESERVED)).unwrap_or(0) / ALIGN * ALIGN;
-        f.write_all_at(&chunk[..len], at)
-            .map_err(|e| HostdError::io("wiping stale bytes on", device.display(), e))?;
-    }
-    f.sync_all()
+    direct::zero(&f, &ranges)
+        .and_then(|()| f.sync_all())
         .map_err(|e| HostdError::io("wiping stale bytes on", device.display(), e))
 }
 
@@ -327,5 +320,66 @@ mod tests {
         assert!(bytes[..8 * mib].iter().all(|b| *b == 0));
         assert!(bytes[8 * mib..31 * mib].iter().all(|b| *b == 0xa5));
         assert!(bytes[31 * mib..].iter().all(|b| *b == 0));
+    }
+
+    #[test]
+    fn a_wipe_on_a_block_device_zeroes_the_disk_and_what_its_cache_held() {
+        testkit::require_root!();
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk");
+        std::fs::write(&img, vec![0xa5u8; (32 * MIB) as usize]).unwrap();
+        let dev = testkit::loopdev::Loop::attach(&img).unwrap();
+        // Read through the device's page cache first: what the cache held
+        // must not outlive the wipe.
+        assert!(std::fs::read(&dev.dev).unwrap().iter().all(|b| *b == 0xa5));
+        wipe(&dev.dev).unwrap();
+        let mib = MIB as usize;
+        let check = |bytes: Vec<u8>, what: &str| {
+            assert!(bytes[..8 * mib].iter().all(|b| *b == 0), "{what}: head");
+            assert!(
+                bytes[8 * mib..31 * mib].iter().all(|b| *b == 0xa5),
+                "{what}: middle"
+            );
+            assert!(bytes[31 * mib..].iter().all(|b| *b == 0), "{what}: tail");
+        };
+        check(std::fs::read(&dev.dev).unwrap(), "the device, cached");
+        drop(dev);
+        check(std::fs::read(&img).unwrap(), "the backing file");
+    }
+
+    #[test]
+    fn a_wipe_of_a_mounted_device_is_refused_and_writes_nothing() {
+        testkit::require_root!();
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk");
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(32 * MIB)
+            .unwrap();
+        let dev = testkit::loopdev::Loop::attach(&img).unwrap();
+        let ok = std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F"])
+            .arg(&dev.dev)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        nix::mount::mount(
+            Some(&dev.dev),
+            &mnt,
+            Some("ext4"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap();
+        // The kernel refuses to zero a device a filesystem holds (EBUSY):
+        // that refusal stands, and no zeros are written in its place.
+        let refused = wipe(&dev.dev);
+        nix::mount::umount(&mnt).unwrap();
+        assert!(refused.is_err(), "a mounted device was wiped");
+        // ext4's magic (0xEF53 at byte 1080) is still where it was.
+        let after = std::fs::read(&img).unwrap();
+        assert_eq!(after[1080..1082], [0x53, 0xef], "the superblock was wiped");
     }
 }

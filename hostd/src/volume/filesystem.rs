@@ -44,6 +44,7 @@ impl Volumes {
         if grows && let Some(name) = blockdev::kernel_name(device) {
             blockdev::rescan(&name);
         }
+        let checks = Instant::now();
         let table = mounts::table()?;
         // What gets the filesystem: the disk, or its LUKS mapping.
         let mapping = crypt.as_ref().map(|(name, _)| luks::mapper_path(name));
@@ -116,7 +117,9 @@ impl Volumes {
             tracing::info!(%volume_id, device = %device.display(), "a volume created blank holds a signature made since: staged by the general rules");
             claim = Claim::MadeSince;
         }
+        timings.insert("checks".into(), ms(checks));
         if claim == Claim::FirstStage {
+            let t = Instant::now();
             self.first_stage(
                 volume_id,
                 device,
@@ -125,6 +128,7 @@ impl Volumes {
                 crypt.as_ref(),
                 &mut actions,
             )?;
+            timings.insert("wipe".into(), ms(t));
         }
         let mut made_luks = false;
         if let Some((name, pass)) = &crypt {
@@ -151,7 +155,9 @@ impl Volumes {
             // Data hostd's own interrupted format left is not someone's.
             begun: self.bindings.format_begun(volume_id, &disk),
         };
-        match fs_plan(&HOST, &case)? {
+        let plan = fs_plan(&HOST, &case)?;
+        timings.insert("plan".into(), ms(started));
+        match plan {
             FsPlan::Format => {
                 self.bindings.begin_format(volume_id, &disk)?;
                 mkfs::run(fs_type, fs_device, claim.sized(opts, device, fs_device)?)?;
@@ -163,7 +169,9 @@ impl Volumes {
                 });
                 // Claimed before the first mount: no data is ever in the
                 // volume without its claim.
+                let t = Instant::now();
                 claim.write(volume_id, device, &mut actions)?;
+                timings.insert("claim".into(), ms(t));
                 self.bindings.end_format(volume_id)?;
             }
             FsPlan::Remake => {

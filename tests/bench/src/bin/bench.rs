@@ -67,6 +67,12 @@ enum What {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
+    /// In two guest VMs: a new volume's way to a pod, and its moves to
+    /// another pod and another node, phase by phase against the floor (QEMU).
+    GuestPod {
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
 }
 
 #[tokio::main]
@@ -309,6 +315,9 @@ async fn main() -> Result<()> {
                 r.probe_max,
                 r.probes_over_100ms
             );
+        }
+        What::GuestPod { rounds } => {
+            bench::guest_pod::print(&bench::guest_pod::run(rounds).await?);
         }
     }
     Ok(())
