@@ -130,23 +130,11 @@ pub(crate) async fn prepared(vms: usize, n: usize, hw: Hw) -> Result<(Sim, Vec<P
         ("storage", "local-lvm"),
         ("csi.storage.k8s.io/fstype", "ext4"),
     ]);
-    let term = [
-        ("topology.kubernetes.io/region", "region-1"),
-        ("topology.kubernetes.io/zone", "pve1"),
-    ];
     let mut pvs = Vec::new();
     for i in 0..n {
         let claim =
             provisioner::Claim::new(&format!("burst-{i:03}"), &format!("burst-{i:03}"), 1 << 30);
-        let r =
-            provisioner::create_volume(&sc, &claim, Some(provisioner::requirement(&[&term], 0)));
-        let v = ctl
-            .create_volume(Request::new(r))
-            .await?
-            .into_inner()
-            .volume
-            .context("no volume")?;
-        pvs.push(provisioner::persistent_volume(&sc, &claim, &v));
+        pvs.push(crate::sim::provision(&ctl, &sc, &claim, "pve1").await?);
     }
     sim.knobs(COSTS).await?;
     sim.reset_counters().await?;

@@ -7,10 +7,11 @@
 //!
 //! The driver's phases, timed from the host:
 //! - a new volume: CreateVolume (the provisioner's request), ControllerPublish
-//!   (the attacher's: hot-plug into VM 112), the udev event (hostd's wait for
-//!   the disk inside NodeStage, from the node plugin's "volume staged" log
-//!   line), the rest of NodeStage (checks, wipe, mkfs, claim, mount), and
-//!   NodePublish (kubelet's);
+//!   (the attacher's: hot-plug into VM 112), NodeStage split into hostd's
+//!   phases (its `timings_ms`, from the node plugin's "volume staged" log
+//!   line: the wait for the disk, which on a fresh attachment is the udev
+//!   event, then checks, wipe, plan, mkfs, claim, mount) and the rest (the
+//!   node plugin, the RPC), and NodePublish (kubelet's);
 //! - to another pod on the same node: kubelet's NodeUnpublish and
 //!   NodeUnstage for the old pod, NodeStage and NodePublish for the new one
 //!   (the disk stays attached: the new pod is scheduled before the
@@ -59,6 +60,9 @@ const NODE_A: &str = "worker-2/112";
 const NODE_B: &str = "worker-3/113";
 /// The slot the floor's disk takes; the driver's disks take the lowest free.
 const FLOOR_SLOT: &str = "scsi30";
+/// hostd's wait for the disk inside NodeStage: on a fresh attachment, the
+/// udev event.
+const WAIT: &str = "hostd's wait for the disk (udev event)";
 
 /// One journey's phases, in order: (name, ms).
 pub type Phases = Vec<(&'static str, f64)>;
@@ -215,22 +219,27 @@ impl Worker {
             .map(|_| ())
     }
 
-    /// hostd's wait for the disk in the last NodeStage, from the node
-    /// plugin's log line (`timings_ms=[("wait", 12), …]`).
-    async fn last_wait_ms(&mut self) -> Result<f64> {
+    /// hostd's phases of the last NodeStage, from the node plugin's log
+    /// line (`timings_ms=[("checks", 8), ("wait", 12), …]`).
+    async fn last_timings(&mut self) -> Result<HashMap<String, f64>> {
         let line = self
             .guest
             .sh("grep 'volume staged' /run/node.log | tail -1")
             .await?;
-        if std::env::var_os("BENCH_DEBUG").is_some() {
-            eprintln!("{line}");
-        }
-        Ok(line
-            .split("(\"wait\", ")
+        let list = line
+            .split("timings_ms=[")
             .nth(1)
-            .and_then(|r| r.split(')').next())
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or(0.0))
+            .and_then(|r| r.split(']').next())
+            .with_context(|| format!("no timings in the node plugin's line: {line}"))?;
+        Ok(list
+            .split("), ")
+            .filter_map(|pair| {
+                let (k, v) = pair
+                    .trim_matches(|c| c == '(' || c == ')')
+                    .split_once(", ")?;
+                Some((k.trim_matches('"').to_string(), v.parse().ok()?))
+            })
+            .collect())
     }
 
     /// Runs `steps` (shell, one per phase) in the guest, each timed there
@@ -308,10 +317,6 @@ pub async fn run(rounds: usize) -> Result<Report> {
         ("storage", "local-lvm"),
         ("csi.storage.k8s.io/fstype", "ext4"),
     ]);
-    let topology = [
-        ("topology.kubernetes.io/region", "region-1"),
-        ("topology.kubernetes.io/zone", "pve2"),
-    ];
     let mut report = Report {
         rounds,
         ..Default::default()
@@ -333,18 +338,8 @@ pub async fn run(rounds: usize) -> Result<Report> {
         let uid = format!("pod-journey-{i}");
         let claim = provisioner::Claim::new(&uid, &uid, GIB as i64);
         let t = Instant::now();
-        let v = ctl
-            .create_volume(Request::new(provisioner::create_volume(
-                &sc,
-                &claim,
-                Some(provisioner::requirement(&[&topology], 0)),
-            )))
-            .await?
-            .into_inner()
-            .volume
-            .context("CreateVolume: no volume")?;
+        let pv = crate::sim::provision(&ctl, &sc, &claim, "pve2").await?;
         keep(&mut new, "CreateVolume", since(t));
-        let pv = provisioner::persistent_volume(&sc, &claim, &v);
         let t = Instant::now();
         let pc = ctl
             .controller_publish_volume(Request::new(attacher::controller_publish(&pv, NODE_A)))
@@ -359,9 +354,9 @@ pub async fn run(rounds: usize) -> Result<Report> {
             .await
             .map_err(|e| anyhow::anyhow!("NodeStage: {}", e.message()))?;
         let stage = since(t);
-        let wait = a.last_wait_ms().await?;
-        keep(&mut new, "udev event (hostd's wait)", wait);
-        keep(&mut new, "NodeStage (checks, mkfs, mount)", stage - wait);
+        for (p, ms) in stage_rows(stage, &a.last_timings().await?) {
+            keep(&mut new, p, ms);
+        }
         let first = Pod::new(&format!("0a0b0c0d-0000-4000-8000-{i:012}"));
         a.mkdirs(kubelet.publish_dirs(&first, &pv)).await?;
         let t = Instant::now();
@@ -393,7 +388,10 @@ pub async fn run(rounds: usize) -> Result<Report> {
             .node_stage_volume(kubelet.node_stage(&pv, &pc, HashMap::new()))
             .await
             .map_err(|e| anyhow::anyhow!("NodeStage again: {}", e.message()))?;
-        keep(&mut same, "NodeStage", since(t));
+        let stage = since(t);
+        for (p, ms) in stage_rows(stage, &a.last_timings().await?) {
+            keep(&mut same, p, ms);
+        }
         let second = Pod::new(&format!("1a0b0c0d-0000-4000-8000-{i:012}"));
         a.mkdirs(kubelet.publish_dirs(&second, &pv)).await?;
         let t = Instant::now();
@@ -439,9 +437,9 @@ pub async fn run(rounds: usize) -> Result<Report> {
             .await
             .map_err(|e| anyhow::anyhow!("NodeStage on the other node: {}", e.message()))?;
         let stage = since(t);
-        let wait = b.last_wait_ms().await?;
-        keep(&mut other, "udev event (hostd's wait)", wait);
-        keep(&mut other, "NodeStage", stage - wait);
+        for (p, ms) in stage_rows(stage, &b.last_timings().await?) {
+            keep(&mut other, p, ms);
+        }
         let third = Pod::new(&format!("2a0b0c0d-0000-4000-8000-{i:012}"));
         b.mkdirs(kubelet.publish_dirs(&third, &pv)).await?;
         let t = Instant::now();
@@ -547,6 +545,26 @@ pub async fn run(rounds: usize) -> Result<Report> {
     Ok(report)
 }
 
+/// A NodeStage of `total` ms as rows: hostd's phases (`timings_ms`: its
+/// "mkfs" includes its plan) and the rest (the node plugin, the RPCs,
+/// steps hostd does not time).
+fn stage_rows(total: f64, t: &HashMap<String, f64>) -> Vec<(&'static str, f64)> {
+    let get = |k: &str| t.get(k).copied().unwrap_or(0.0);
+    let rows = vec![
+        (WAIT, get("wait")),
+        ("NodeStage: hostd's checks", get("checks")),
+        ("NodeStage: wipe", get("wipe")),
+        ("NodeStage: plan (probe)", get("plan")),
+        ("NodeStage: mkfs", (get("mkfs") - get("plan")).max(0.0)),
+        ("NodeStage: claim", get("claim")),
+        ("NodeStage: mount", get("mount")),
+    ];
+    let timed: f64 = rows.iter().map(|(_, ms)| ms).sum();
+    let mut rows = rows;
+    rows.push(("NodeStage: node plugin, RPC, untimed", total - timed));
+    rows
+}
+
 /// The floor's phases a driver phase stands against (none: the floor has
 /// no such step, as kubelet's bind mount of a pod's directory).
 fn counterpart(phase: &str) -> &'static [&'static str] {
@@ -554,9 +572,9 @@ fn counterpart(phase: &str) -> &'static [&'static str] {
         "CreateVolume" => &["allocation"],
         "ControllerPublish (hot-plug)" => &["hot-plug"],
         "ControllerUnpublish (hot-unplug)" => &["hot-unplug"],
-        "udev event (hostd's wait)" => &["udev event"],
-        "NodeStage (checks, mkfs, mount)" => &["mkfs", "mount"],
-        "NodeStage" => &["mount"],
+        WAIT => &["udev event"],
+        "NodeStage: mkfs" => &["mkfs"],
+        "NodeStage: mount" => &["mount"],
         "NodeUnstage" => &["umount"],
         _ => &[],
     }
@@ -575,11 +593,16 @@ fn print_journey(name: &str, (ours, floor): &(Phases, Phases)) {
     let mut largest: Option<(&str, f64)> = None;
     for (phase, ms) in ours {
         let names = counterpart(phase);
+        // `+ 0.0`: an empty sum of floats is -0.0.
         let base: f64 = floor
             .iter()
             .filter(|(f, _)| names.contains(f))
             .map(|(_, ms)| ms)
-            .sum();
+            .sum::<f64>()
+            + 0.0;
+        if ms.abs() < 0.5 && base < 0.5 {
+            continue;
+        }
         let gap = ms - base;
         println!(
             "  | {phase} | {ms:.0} | {} | {base:.0} | {gap:+.0} |",

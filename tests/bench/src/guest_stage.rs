@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use callers::kubelet::Kubelet;
 use callers::{attacher, provisioner};
 use e2e::guest::Guest;
@@ -41,21 +41,7 @@ async fn plugged(
         ("csi.storage.k8s.io/fstype", "xfs"),
     ]);
     let claim = provisioner::Claim::new(uid, uid, 1 << 30);
-    let term = [
-        ("topology.kubernetes.io/region", "region-1"),
-        ("topology.kubernetes.io/zone", "pve2"),
-    ];
-    let v = ctl
-        .create_volume(Request::new(provisioner::create_volume(
-            &sc,
-            &claim,
-            Some(provisioner::requirement(&[&term], 0)),
-        )))
-        .await?
-        .into_inner()
-        .volume
-        .context("no volume")?;
-    let pv = provisioner::persistent_volume(&sc, &claim, &v);
+    let pv = crate::sim::provision(ctl, &sc, &claim, "pve2").await?;
     let pc = ctl
         .controller_publish_volume(Request::new(attacher::controller_publish(
             &pv,

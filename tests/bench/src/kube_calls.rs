@@ -140,21 +140,7 @@ pub async fn measure(n: usize, watched: bool) -> Result<Row> {
     let sc = provisioner::StorageClass::new(&[("storage", "local-lvm")]);
     let claim =
         provisioner::Claim::new("measured", "5bc58ec7-1c2d-4e5f-8a9b-0c1d2e3f4a5b", 1 << 30);
-    let term = [
-        ("topology.kubernetes.io/region", "region-1"),
-        ("topology.kubernetes.io/zone", "pve1"),
-    ];
-    let created = svc
-        .create_volume(Request::new(provisioner::create_volume(
-            &sc,
-            &claim,
-            Some(provisioner::requirement(&[&term], 0)),
-        )))
-        .await?
-        .into_inner()
-        .volume
-        .context("no volume")?;
-    let measured = provisioner::persistent_volume(&sc, &claim, &created);
+    let measured = crate::sim::provision(&svc, &sc, &claim, "pve1").await?;
     kube.put("persistentvolumes", pv(&measured.name, &measured.handle));
     // The new volume reaches the cache as the provisioner's would.
     tokio::time::sleep(Duration::from_millis(200)).await;

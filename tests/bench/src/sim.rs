@@ -155,3 +155,32 @@ impl Sim {
         Ok((c.values().sum(), writes))
     }
 }
+
+/// CreateVolume as the external-provisioner sends it for `claim` of class
+/// `sc`, its pod's node in `zone` of region-1; the PersistentVolume the
+/// provisioner then writes.
+pub async fn provision(
+    ctl: &ControllerService,
+    sc: &callers::provisioner::StorageClass,
+    claim: &callers::provisioner::Claim,
+    zone: &str,
+) -> Result<callers::PersistentVolume> {
+    use anyhow::Context;
+    use callers::provisioner;
+    use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
+    let term = [
+        ("topology.kubernetes.io/region", "region-1"),
+        ("topology.kubernetes.io/zone", zone),
+    ];
+    let v = ctl
+        .create_volume(tonic::Request::new(provisioner::create_volume(
+            sc,
+            claim,
+            Some(provisioner::requirement(&[&term], 0)),
+        )))
+        .await?
+        .into_inner()
+        .volume
+        .context("CreateVolume answered no volume")?;
+    Ok(provisioner::persistent_volume(sc, claim, &v))
+}
