@@ -15,12 +15,11 @@ use reqwest::Method;
 use serde_json::Value;
 use tokio::sync::Mutex;
 
-use crate::sim::{SECRET, TOKEN};
+use crate::sim::DirectApi;
 
 #[derive(Debug)]
 pub struct GoLike {
-    api: String,
-    http: reqwest::Client,
+    pve: DirectApi,
     /// The per-node-name mutexes (a Kubernetes node is one worker VM).
     node_locks: std::sync::Mutex<HashMap<u32, Arc<Mutex<()>>>>,
 }
@@ -28,8 +27,7 @@ pub struct GoLike {
 impl GoLike {
     pub fn new(api: &str) -> Self {
         Self {
-            api: api.to_string(),
-            http: reqwest::Client::new(),
+            pve: DirectApi::new(api),
             node_locks: std::sync::Mutex::default(),
         }
     }
@@ -40,23 +38,7 @@ impl GoLike {
     }
 
     async fn call(&self, method: Method, path: &str, form: &[(&str, String)]) -> Result<Value> {
-        let url = format!("{}{path}", self.api);
-        let mut req = self
-            .http
-            .request(method.clone(), url)
-            .header("Authorization", format!("PVEAPIToken={TOKEN}={SECRET}"));
-        req = if method == Method::GET {
-            req.query(form)
-        } else {
-            req.form(form)
-        };
-        let r = req.send().await?;
-        let status = r.status();
-        let body: Value = r.json().await.unwrap_or(Value::Null);
-        if !status.is_success() {
-            bail!("{method} {path}: {status}");
-        }
-        Ok(body["data"].clone())
+        self.pve.call(method, path, form).await
     }
 
     /// GetVMConfig (upstream-driver.md §5.1): the VM's node from the cached

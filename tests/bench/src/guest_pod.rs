@@ -36,22 +36,19 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use callers::kubelet::{Kubelet, Pod};
-use callers::{attacher, provisioner};
+use callers::{PersistentVolume, attacher, provisioner};
 use e2e::guest::Guest;
 use proxmox_csi_controller::config::CloudConfig;
 use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::ctl::Controller;
 use proxmox_csi_controller::volume::ClusterId;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
-use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
-use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use reqwest::Method;
-use serde_json::Value;
 use tonic::Request;
-use tonic::transport::Channel;
 
+use crate::guest_node::{WAIT, Worker, since};
 use crate::percentile;
-use crate::sim::{SECRET, TOKEN};
+use crate::sim::{DirectApi, SECRET, TOKEN};
 
 const GIB: u64 = 1 << 30;
 /// A cluster id, as the controller reads it from the kube-system namespace.
@@ -60,10 +57,6 @@ const NODE_A: &str = "worker-2/112";
 const NODE_B: &str = "worker-3/113";
 /// The slot the floor's disk takes; the driver's disks take the lowest free.
 const FLOOR_SLOT: &str = "scsi30";
-/// hostd's wait for the disk inside NodeStage: on a fresh attachment, the
-/// udev event.
-const WAIT: &str = "hostd's wait for the disk (udev event)";
-
 /// One journey's phases, in order: (name, ms).
 pub type Phases = Vec<(&'static str, f64)>;
 
@@ -100,177 +93,47 @@ impl Journey {
     }
 }
 
-fn since(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1000.0
-}
-
-/// The Proxmox API as the floor calls it: the bench's token, no retries.
-struct Pve {
-    api: String,
-    http: reqwest::Client,
-}
-
-impl Pve {
-    async fn call(&self, method: Method, path: &str, form: &[(&str, String)]) -> Result<Value> {
-        let mut req = self
-            .http
-            .request(method.clone(), format!("{}{path}", self.api))
-            .header("Authorization", format!("PVEAPIToken={TOKEN}={SECRET}"));
-        req = if method == Method::GET {
-            req.query(form)
-        } else {
-            req.form(form)
-        };
-        let r = req.send().await?;
-        let status = r.status();
-        let body: Value = r.json().await.unwrap_or(Value::Null);
-        if !status.is_success() {
-            bail!("{method} {path}: {status} {body}");
-        }
-        Ok(body["data"].clone())
-    }
-
-    /// `POST …/config` on VM `vmid` and its task to the end, polled every 10 ms.
-    async fn config(&self, vmid: u32, form: &[(&str, String)]) -> Result<()> {
-        let upid = self
+/// `POST …/config` on VM `vmid` and its task to the end, polled every 10 ms.
+async fn config(pve: &DirectApi, vmid: u32, form: &[(&str, String)]) -> Result<()> {
+    let upid = pve
+        .call(
+            Method::POST,
+            &format!("/nodes/pve2/qemu/{vmid}/config"),
+            form,
+        )
+        .await?;
+    let Some(upid) = upid.as_str() else {
+        return Ok(());
+    };
+    loop {
+        let s = pve
             .call(
-                Method::POST,
-                &format!("/nodes/pve2/qemu/{vmid}/config"),
-                form,
+                Method::GET,
+                &format!("/nodes/pve2/tasks/{upid}/status"),
+                &[],
             )
             .await?;
-        let Some(upid) = upid.as_str() else {
+        if s["status"] == "stopped" {
+            if s["exitstatus"] != "OK" {
+                bail!("task {upid}: {}", s["exitstatus"]);
+            }
             return Ok(());
-        };
-        loop {
-            let s = self
-                .call(
-                    Method::GET,
-                    &format!("/nodes/pve2/tasks/{upid}/status"),
-                    &[],
-                )
-                .await?;
-            if s["status"] == "stopped" {
-                if s["exitstatus"] != "OK" {
-                    bail!("task {upid}: {}", s["exitstatus"]);
-                }
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
-/// Initializes the guest kernel's random pool before anything is timed:
-/// the test guest has no hardware RNG under TCG, and the first getrandom
-/// (mke2fs's UUIDs, cryptsetup's salts) blocks about 3 s while the kernel
-/// gathers jitter entropy. A read of /dev/random blocks the same way, once.
-/// A worker VM with the host's CPU model has RDRAND and is ready at boot.
-pub async fn random_ready(g: &mut Guest) -> Result<()> {
-    g.sh("head -c 1 /dev/random > /dev/null").await.map(|_| ())
-}
-
-/// A guest and the node plugin inside it.
-struct Worker {
-    guest: Guest,
-    node: NodeClient<Channel>,
-    /// Kernel marks written so far (see [`Worker::timed`]).
-    marks: usize,
-}
-
-impl Worker {
-    async fn start(mut guest: Guest) -> Result<Self> {
-        random_ready(&mut guest).await?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        // QEMU accepts the forwarded port before the guest listens: ready
-        // is when Probe says hostd answers.
-        loop {
-            if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!(
-                "http://127.0.0.1:{}",
-                guest.csi_port
-            ))?
-            .connect()
-            .await
-            {
-                let mut probe = IdentityClient::new(ch.clone());
-                if probe
-                    .probe(callers::identity::probe())
-                    .await
-                    .is_ok_and(|r| r.into_inner().ready == Some(true))
-                {
-                    return Ok(Self {
-                        guest,
-                        node: NodeClient::new(ch),
-                        marks: 0,
-                    });
-                }
-            }
-            if Instant::now() > deadline {
-                bail!("the node plugin in a guest never answered");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    async fn mkdirs(&mut self, dirs: Vec<String>) -> Result<()> {
-        self.guest
-            .sh(&format!("mkdir -p {}", dirs.join(" ")))
-            .await
-            .map(|_| ())
-    }
-
-    /// hostd's phases of the last NodeStage, from the node plugin's log
-    /// line (`timings_ms=[("checks", 8), ("wait", 12), …]`).
-    async fn last_timings(&mut self) -> Result<HashMap<String, f64>> {
-        let line = self
-            .guest
-            .sh("grep 'volume staged' /run/node.log | tail -1")
-            .await?;
-        let list = line
-            .split("timings_ms=[")
-            .nth(1)
-            .and_then(|r| r.split(']').next())
-            .with_context(|| format!("no timings in the node plugin's line: {line}"))?;
-        Ok(list
-            .split("), ")
-            .filter_map(|pair| {
-                let (k, v) = pair
-                    .trim_matches(|c| c == '(' || c == ')')
-                    .split_once(", ")?;
-                Some((k.trim_matches('"').to_string(), v.parse().ok()?))
-            })
-            .collect())
-    }
-
-    /// Runs `steps` (shell, one per phase) in the guest, each timed there
-    /// by the kernel's clock: a line written to /dev/kmsg before and after
-    /// each (the guest's `date` has no sub-second field); the ms of each.
-    async fn timed(&mut self, steps: &[&str]) -> Result<Vec<f64>> {
-        self.marks += 1;
-        let tag = |i: usize| format!("bench-mark-{}-{i}", self.marks);
-        // Unlimited: the kernel drops /dev/kmsg lines past 10 in 5 s otherwise.
-        let mut script = format!(
-            "echo on > /proc/sys/kernel/printk_devkmsg && echo {} > /dev/kmsg",
-            tag(0)
-        );
-        for (i, s) in steps.iter().enumerate() {
-            script.push_str(&format!(" && {s} && echo {} > /dev/kmsg", tag(i + 1)));
-        }
-        script.push_str(&format!(" && dmesg | grep 'bench-mark-{}-'", self.marks));
-        let out = self.guest.sh(&script).await?;
-        // `[   12.345678] bench-mark-3-1`
-        let at: Vec<f64> = (0..=steps.len())
-            .map(|i| {
-                let t = tag(i);
-                out.lines()
-                    .find(|l| l.trim_end().ends_with(&t))
-                    .and_then(|l| l.split(']').next())
-                    .and_then(|s| s.trim_start_matches('[').trim().parse::<f64>().ok())
-                    .with_context(|| format!("no kernel mark {t} in: {out}"))
-            })
-            .collect::<Result<_>>()?;
-        Ok(at.windows(2).map(|w| (w[1] - w[0]) * 1000.0).collect())
-    }
+/// The attacher's ControllerPublish of `pv` to `node`: its publish context.
+async fn publish(
+    ctl: &ControllerService,
+    pv: &PersistentVolume,
+    node: &str,
+) -> Result<HashMap<String, String>> {
+    Ok(ctl
+        .controller_publish_volume(Request::new(attacher::controller_publish(pv, node)))
+        .await?
+        .into_inner()
+        .publish_context)
 }
 
 fn cluster(qmp_a: &std::path::Path, qmp_b: &std::path::Path) -> String {
@@ -307,10 +170,7 @@ pub async fn run(rounds: usize) -> Result<Report> {
     // disks it creates blank carry it (their first stage skips the sample).
     controller.cluster_id = Some(ClusterId::parse(CLUSTER).context("cluster id")?);
     let ctl = ControllerService(Arc::new(controller));
-    let pve = Pve {
-        api: sim.api_url(),
-        http: reqwest::Client::new(),
-    };
+    let pve = DirectApi::new(&sim.api_url());
     let (mut a, mut b) = (Worker::start(a).await?, Worker::start(b).await?);
     let kubelet = Kubelet::new("/var/lib/kubelet");
     let sc = provisioner::StorageClass::new(&[
@@ -341,125 +201,60 @@ pub async fn run(rounds: usize) -> Result<Report> {
         let pv = crate::sim::provision(&ctl, &sc, &claim, "pve2").await?;
         keep(&mut new, "CreateVolume", since(t));
         let t = Instant::now();
-        let pc = ctl
-            .controller_publish_volume(Request::new(attacher::controller_publish(&pv, NODE_A)))
-            .await?
-            .into_inner()
-            .publish_context;
+        let pc = publish(&ctl, &pv, NODE_A).await?;
         keep(&mut new, "ControllerPublish (hot-plug)", since(t));
-        a.mkdirs(kubelet.stage_dirs(&pv)).await?;
-        let t = Instant::now();
-        a.node
-            .node_stage_volume(kubelet.node_stage(&pv, &pc, HashMap::new()))
-            .await
-            .map_err(|e| anyhow::anyhow!("NodeStage: {}", e.message()))?;
-        let stage = since(t);
-        for (p, ms) in stage_rows(stage, &a.last_timings().await?) {
+        for (p, ms) in a.stage(&kubelet, &pv, &pc).await? {
             keep(&mut new, p, ms);
         }
         let first = Pod::new(&format!("0a0b0c0d-0000-4000-8000-{i:012}"));
-        a.mkdirs(kubelet.publish_dirs(&first, &pv)).await?;
-        let t = Instant::now();
-        a.node
-            .node_publish_volume(kubelet.node_publish(&pv, &first, &pc))
-            .await
-            .map_err(|e| anyhow::anyhow!("NodePublish: {}", e.message()))?;
-        keep(&mut new, "NodePublish", since(t));
+        keep(
+            &mut new,
+            "NodePublish",
+            a.publish(&kubelet, &pv, &first, &pc).await?,
+        );
         let target = kubelet.target_path(&first, &pv);
         a.guest
             .sh(&format!("echo journey-{i} > {target}/kept && sync"))
             .await?;
 
         // To another pod on the same node.
-        let t = Instant::now();
-        a.node
-            .node_unpublish_volume(kubelet.node_unpublish(&pv, &first))
-            .await
-            .map_err(|e| anyhow::anyhow!("NodeUnpublish: {}", e.message()))?;
-        keep(&mut same, "NodeUnpublish", since(t));
-        let t = Instant::now();
-        a.node
-            .node_unstage_volume(kubelet.node_unstage(&pv))
-            .await
-            .map_err(|e| anyhow::anyhow!("NodeUnstage: {}", e.message()))?;
-        keep(&mut same, "NodeUnstage", since(t));
-        let t = Instant::now();
-        a.node
-            .node_stage_volume(kubelet.node_stage(&pv, &pc, HashMap::new()))
-            .await
-            .map_err(|e| anyhow::anyhow!("NodeStage again: {}", e.message()))?;
-        let stage = since(t);
-        for (p, ms) in stage_rows(stage, &a.last_timings().await?) {
+        let [unpublished, unstaged] = a.release(&kubelet, &pv, &first).await?;
+        keep(&mut same, "NodeUnpublish", unpublished);
+        keep(&mut same, "NodeUnstage", unstaged);
+        for (p, ms) in a.stage(&kubelet, &pv, &pc).await? {
             keep(&mut same, p, ms);
         }
         let second = Pod::new(&format!("1a0b0c0d-0000-4000-8000-{i:012}"));
-        a.mkdirs(kubelet.publish_dirs(&second, &pv)).await?;
-        let t = Instant::now();
-        a.node
-            .node_publish_volume(kubelet.node_publish(&pv, &second, &pc))
-            .await
-            .map_err(|e| anyhow::anyhow!("NodePublish: {}", e.message()))?;
-        keep(&mut same, "NodePublish", since(t));
-        let target = kubelet.target_path(&second, &pv);
-        let kept = a.guest.sh(&format!("cat {target}/kept")).await?;
-        if !kept.contains(&format!("journey-{i}")) {
-            bail!("the second pod on the same node reads {kept:?}");
-        }
+        keep(
+            &mut same,
+            "NodePublish",
+            a.publish(&kubelet, &pv, &second, &pc).await?,
+        );
+        a.reads_kept(&kubelet, &pv, &second, i).await?;
 
         // To a pod on the other node.
-        let t = Instant::now();
-        a.node
-            .node_unpublish_volume(kubelet.node_unpublish(&pv, &second))
-            .await
-            .map_err(|e| anyhow::anyhow!("NodeUnpublish: {}", e.message()))?;
-        keep(&mut other, "NodeUnpublish", since(t));
-        let t = Instant::now();
-        a.node
-            .node_unstage_volume(kubelet.node_unstage(&pv))
-            .await
-            .map_err(|e| anyhow::anyhow!("NodeUnstage: {}", e.message()))?;
-        keep(&mut other, "NodeUnstage", since(t));
+        let [unpublished, unstaged] = a.release(&kubelet, &pv, &second).await?;
+        keep(&mut other, "NodeUnpublish", unpublished);
+        keep(&mut other, "NodeUnstage", unstaged);
         let t = Instant::now();
         ctl.controller_unpublish_volume(Request::new(attacher::controller_unpublish(&pv, NODE_A)))
             .await?;
         keep(&mut other, "ControllerUnpublish (hot-unplug)", since(t));
         let t = Instant::now();
-        let pc = ctl
-            .controller_publish_volume(Request::new(attacher::controller_publish(&pv, NODE_B)))
-            .await?
-            .into_inner()
-            .publish_context;
+        let pc = publish(&ctl, &pv, NODE_B).await?;
         keep(&mut other, "ControllerPublish (hot-plug)", since(t));
-        b.mkdirs(kubelet.stage_dirs(&pv)).await?;
-        let t = Instant::now();
-        b.node
-            .node_stage_volume(kubelet.node_stage(&pv, &pc, HashMap::new()))
-            .await
-            .map_err(|e| anyhow::anyhow!("NodeStage on the other node: {}", e.message()))?;
-        let stage = since(t);
-        for (p, ms) in stage_rows(stage, &b.last_timings().await?) {
+        for (p, ms) in b.stage(&kubelet, &pv, &pc).await? {
             keep(&mut other, p, ms);
         }
         let third = Pod::new(&format!("2a0b0c0d-0000-4000-8000-{i:012}"));
-        b.mkdirs(kubelet.publish_dirs(&third, &pv)).await?;
-        let t = Instant::now();
-        b.node
-            .node_publish_volume(kubelet.node_publish(&pv, &third, &pc))
-            .await
-            .map_err(|e| anyhow::anyhow!("NodePublish: {}", e.message()))?;
-        keep(&mut other, "NodePublish", since(t));
-        let target = kubelet.target_path(&third, &pv);
-        let kept = b.guest.sh(&format!("cat {target}/kept")).await?;
-        if !kept.contains(&format!("journey-{i}")) {
-            bail!("the pod on the other node reads {kept:?}");
-        }
+        keep(
+            &mut other,
+            "NodePublish",
+            b.publish(&kubelet, &pv, &third, &pc).await?,
+        );
+        b.reads_kept(&kubelet, &pv, &third, i).await?;
         // Done with it, untimed.
-        b.node
-            .node_unpublish_volume(kubelet.node_unpublish(&pv, &third))
-            .await?;
-        b.node
-            .node_unstage_volume(kubelet.node_unstage(&pv))
-            .await?;
+        b.release(&kubelet, &pv, &third).await?;
         ctl.controller_unpublish_volume(Request::new(attacher::controller_unpublish(&pv, NODE_B)))
             .await?;
         ctl.delete_volume(Request::new(provisioner::delete_volume(&pv)))
@@ -485,7 +280,7 @@ pub async fn run(rounds: usize) -> Result<Report> {
         keep(&mut new_floor, "allocation", since(t));
         let drive = format!("{volid},backup=0,iothread=1,wwn={wwn}");
         let t = Instant::now();
-        pve.config(112, &[(FLOOR_SLOT, drive.clone())]).await?;
+        config(&pve, 112, &[(FLOOR_SLOT, drive.clone())]).await?;
         keep(&mut new_floor, "hot-plug", since(t));
         let wait = format!("while [ ! -e {link} ]; do sleep 0.005; done");
         let made = a
@@ -507,10 +302,10 @@ pub async fn run(rounds: usize) -> Result<Report> {
         let gone = a.timed(&["umount /mnt/floor"]).await?;
         keep(&mut other_floor, "umount", gone[0]);
         let t = Instant::now();
-        pve.config(112, &[("delete", FLOOR_SLOT.into())]).await?;
+        config(&pve, 112, &[("delete", FLOOR_SLOT.into())]).await?;
         keep(&mut other_floor, "hot-unplug", since(t));
         let t = Instant::now();
-        pve.config(113, &[(FLOOR_SLOT, drive)]).await?;
+        config(&pve, 113, &[(FLOOR_SLOT, drive)]).await?;
         keep(&mut other_floor, "hot-plug", since(t));
         let there = b
             .timed(&[
@@ -522,7 +317,7 @@ pub async fn run(rounds: usize) -> Result<Report> {
             keep(&mut other_floor, p, ms);
         }
         b.guest.sh("umount /mnt/floor").await?;
-        pve.config(113, &[("delete", FLOOR_SLOT.into())]).await?;
+        config(&pve, 113, &[("delete", FLOOR_SLOT.into())]).await?;
         pve.call(
             Method::DELETE,
             &format!("/nodes/pve2/storage/local-lvm/content/{volid}"),
@@ -543,26 +338,6 @@ pub async fn run(rounds: usize) -> Result<Report> {
     report.same_node = (same.medians(), same_floor.medians());
     report.other_node = (other.medians(), other_floor.medians());
     Ok(report)
-}
-
-/// A NodeStage of `total` ms as rows: hostd's phases (`timings_ms`: its
-/// "mkfs" includes its plan) and the rest (the node plugin, the RPCs,
-/// steps hostd does not time).
-fn stage_rows(total: f64, t: &HashMap<String, f64>) -> Vec<(&'static str, f64)> {
-    let get = |k: &str| t.get(k).copied().unwrap_or(0.0);
-    let rows = vec![
-        (WAIT, get("wait")),
-        ("NodeStage: hostd's checks", get("checks")),
-        ("NodeStage: wipe", get("wipe")),
-        ("NodeStage: plan (probe)", get("plan")),
-        ("NodeStage: mkfs", (get("mkfs") - get("plan")).max(0.0)),
-        ("NodeStage: claim", get("claim")),
-        ("NodeStage: mount", get("mount")),
-    ];
-    let timed: f64 = rows.iter().map(|(_, ms)| ms).sum();
-    let mut rows = rows;
-    rows.push(("NodeStage: node plugin, RPC, untimed", total - timed));
-    rows
 }
 
 /// The floor's phases a driver phase stands against (none: the floor has

@@ -127,7 +127,7 @@ async fn probe_ready(ch: &Channel) -> bool {
 pub async fn run(rounds: usize) -> Result<Report> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut g = Guest::boot().await?;
-    crate::guest_pod::random_ready(&mut g).await?;
+    crate::guest_node::random_ready(&mut g).await?;
     let images = tempfile::tempdir()?;
     let state = format!(
         "nodes: [{{ name: pve2 }}]\nstorages: [{{ id: local-lvm, type: lvmthin, total: 107374182400 }}]\n\

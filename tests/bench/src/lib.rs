@@ -5,6 +5,7 @@
 pub mod burst;
 pub mod footprint;
 pub mod golike;
+pub mod guest_node;
 pub mod guest_pod;
 pub mod guest_stage;
 pub mod kube_calls;

@@ -184,3 +184,45 @@ pub async fn provision(
         .context("CreateVolume answered no volume")?;
     Ok(provisioner::persistent_volume(sc, claim, &v))
 }
+
+/// The Proxmox API called directly with the bench's token, no retries: the
+/// Go driver's strategy and the floors call it so.
+#[derive(Debug)]
+pub struct DirectApi {
+    api: String,
+    http: reqwest::Client,
+}
+
+impl DirectApi {
+    pub fn new(api: &str) -> Self {
+        Self {
+            api: api.to_string(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// One call; its `data`. A GET sends `form` as the query.
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        form: &[(&str, String)],
+    ) -> Result<Value> {
+        let mut req = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.api))
+            .header("Authorization", format!("PVEAPIToken={TOKEN}={SECRET}"));
+        req = if method == reqwest::Method::GET {
+            req.query(form)
+        } else {
+            req.form(form)
+        };
+        let r = req.send().await?;
+        let status = r.status();
+        let body: Value = r.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            anyhow::bail!("{method} {path}: {status} {body}");
+        }
+        Ok(body["data"].clone())
+    }
+}
