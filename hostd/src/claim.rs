@@ -348,7 +348,7 @@ mod tests {
     }
 
     #[test]
-    fn a_wipe_of_a_mounted_device_is_refused_and_writes_nothing() {
+    fn a_wipe_of_a_mounted_device_is_refused_and_its_superblock_stays() {
         testkit::require_root!();
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("disk");
