@@ -246,11 +246,10 @@ pub fn wipe(device: &Path) -> Result<(), HostdError> {
     let mut f = open(device, true)?;
     let size = direct::size(&mut f, device)?;
     let tail = size.saturating_sub(RESERVED) / ALIGN as u64 * ALIGN as u64;
-    let head = HEAD.min(tail);
-    let mut ranges = vec![(tail, size - tail)];
-    if head > 0 {
-        ranges.insert(0, (0, head));
-    }
+    let ranges: Vec<(u64, u64)> = [(0, HEAD.min(tail)), (tail, size - tail)]
+        .into_iter()
+        .filter(|&(_, len)| len > 0)
+        .collect();
     direct::zero(&f, &ranges)
         .and_then(|()| f.sync_all())
         .map_err(|e| HostdError::io("wiping stale bytes on", device.display(), e))

@@ -14,6 +14,8 @@ use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use tonic::transport::Channel;
 
+use crate::stage::{PHASES, split};
+
 /// hostd's wait for the disk inside NodeStage: on a fresh attachment, the
 /// udev event.
 pub const WAIT: &str = "hostd's wait for the disk (udev event)";
@@ -31,9 +33,20 @@ pub async fn random_ready(g: &mut Guest) -> Result<()> {
     g.sh("head -c 1 /dev/random > /dev/null").await.map(|_| ())
 }
 
+/// Whether the node plugin on `ch` answers Probe ready (it asks hostd).
+pub async fn probe_ready(ch: &Channel) -> bool {
+    let mut probe = IdentityClient::new(ch.clone());
+    probe
+        .probe(callers::identity::probe())
+        .await
+        .is_ok_and(|r| r.into_inner().ready == Some(true))
+}
+
 /// A guest and the node plugin inside it.
 pub struct Worker {
     pub guest: Guest,
+    /// The channel to the node plugin (QEMU's forwarded port).
+    pub channel: Channel,
     pub node: NodeClient<Channel>,
     /// Kernel marks written so far (see [`Worker::timed`]).
     marks: usize,
@@ -49,31 +62,26 @@ impl std::fmt::Debug for Worker {
 }
 
 impl Worker {
+    /// Waits for the guest's random pool and its node plugin's readiness.
     pub async fn start(mut guest: Guest) -> Result<Self> {
         random_ready(&mut guest).await?;
+        let endpoint = tonic::transport::Endpoint::from_shared(format!(
+            "http://127.0.0.1:{}",
+            guest.csi_port
+        ))?;
         let deadline = Instant::now() + Duration::from_secs(60);
         // QEMU accepts the forwarded port before the guest listens: ready
         // is when Probe says hostd answers.
         loop {
-            if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!(
-                "http://127.0.0.1:{}",
-                guest.csi_port
-            ))?
-            .connect()
-            .await
+            if let Ok(ch) = endpoint.connect().await
+                && probe_ready(&ch).await
             {
-                let mut probe = IdentityClient::new(ch.clone());
-                if probe
-                    .probe(callers::identity::probe())
-                    .await
-                    .is_ok_and(|r| r.into_inner().ready == Some(true))
-                {
-                    return Ok(Self {
-                        guest,
-                        node: NodeClient::new(ch),
-                        marks: 0,
-                    });
-                }
+                return Ok(Self {
+                    guest,
+                    node: NodeClient::new(ch.clone()),
+                    channel: ch,
+                    marks: 0,
+                });
             }
             if Instant::now() > deadline {
                 bail!("the node plugin in a guest never answered");
@@ -217,22 +225,25 @@ impl Worker {
     }
 }
 
-/// A NodeStage of `total` ms as rows: hostd's phases (`timings_ms`: its
-/// "mkfs" includes its plan) and the rest (the node plugin, the RPCs,
-/// steps hostd does not time).
+/// How a NodeStage row names each of hostd's phases ([`PHASES`]).
+const LABELS: [&str; PHASES.len()] = [
+    WAIT,
+    "NodeStage: hostd's checks",
+    "NodeStage: wipe",
+    "NodeStage: plan (probe)",
+    "NodeStage: mkfs",
+    "NodeStage: claim",
+    "NodeStage: mount",
+];
+
+/// A NodeStage of `total` ms as rows: hostd's phases (`timings_ms`, see
+/// [`split`]) and the rest (the node plugin, the RPCs, steps hostd does
+/// not time).
 pub fn stage_rows(total: f64, t: &HashMap<String, f64>) -> Vec<(&'static str, f64)> {
-    let get = |k: &str| t.get(k).copied().unwrap_or(0.0);
-    let rows = vec![
-        (WAIT, get("wait")),
-        ("NodeStage: hostd's checks", get("checks")),
-        ("NodeStage: wipe", get("wipe")),
-        ("NodeStage: plan (probe)", get("plan")),
-        ("NodeStage: mkfs", (get("mkfs") - get("plan")).max(0.0)),
-        ("NodeStage: claim", get("claim")),
-        ("NodeStage: mount", get("mount")),
-    ];
-    let timed: f64 = rows.iter().map(|(_, ms)| ms).sum();
-    let mut rows = rows;
-    rows.push(("NodeStage: node plugin, RPC, untimed", total - timed));
-    rows
+    let (phases, other) = split(total, |k| t.get(k).copied().unwrap_or(0.0));
+    LABELS
+        .into_iter()
+        .zip(phases)
+        .chain([("NodeStage: node plugin, RPC, untimed", other)])
+        .collect()
 }

@@ -48,7 +48,7 @@ use tonic::Request;
 
 use crate::guest_node::{WAIT, Worker, since};
 use crate::percentile;
-use crate::sim::{DirectApi, SECRET, TOKEN};
+use crate::sim::DirectApi;
 
 const GIB: u64 = 1 << 30;
 /// A cluster id, as the controller reads it from the kube-system namespace.
@@ -61,7 +61,7 @@ const FLOOR_SLOT: &str = "scsi30";
 pub type Phases = Vec<(&'static str, f64)>;
 
 /// Medians of every journey, the driver's beside its floor.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Report {
     pub rounds: usize,
     pub new_volume: (Phases, Phases),
@@ -136,29 +136,18 @@ async fn publish(
         .publish_context)
 }
 
-fn cluster(qmp_a: &std::path::Path, qmp_b: &std::path::Path) -> String {
-    format!(
-        "nodes: [{{ name: pve2 }}]\nstorages: [{{ id: local-lvm, type: lvmthin, total: 107374182400 }}]\n\
-         vms:\n  - {{ vmid: 112, node: pve2, name: worker-2, qmp: \"{}\", config: {{ scsihw: virtio-scsi-pci }} }}\n\
-         \x20 - {{ vmid: 113, node: pve2, name: worker-3, qmp: \"{}\", config: {{ scsihw: virtio-scsi-pci }} }}\n\
-         users:\n  - {{ userid: kubernetes-csi@pve, tokens: [{{ name: csi, secret: {SECRET} }}] }}\n\
-         roles:\n  CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]\n\
-         acl:\n  - {{ path: /, roles: [CSI], tokens: [\"{TOKEN}\"], users: [kubernetes-csi@pve] }}\n",
-        qmp_a.display(),
-        qmp_b.display()
-    )
-}
-
 pub async fn run(rounds: usize) -> Result<Report> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let (a, b) = tokio::join!(Guest::boot(), Guest::boot());
     let (a, b) = (a?, b?);
     let images = tempfile::tempdir()?;
-    let sim = testkit::sim::plain_with(&cluster(&a.qmp, &b.qmp), |s| {
-        s.volume_dir(images.path().to_path_buf())
-    })
-    .await
-    .map_err(anyhow::Error::msg)?;
+    let state = e2e::guest::guest_cluster_of(
+        &[(112, "worker-2", &a.qmp), (113, "worker-3", &b.qmp)],
+        testkit::sim::MINIMAL_ROLE,
+    );
+    let sim = testkit::sim::plain_with(&state, |s| s.volume_dir(images.path().to_path_buf()))
+        .await
+        .map_err(anyhow::Error::msg)?;
     let cfg = CloudConfig::parse(&testkit::sim::config_of(&sim))?;
     let mut controller = Controller::from_config(
         &cfg,
@@ -177,10 +166,6 @@ pub async fn run(rounds: usize) -> Result<Report> {
         ("storage", "local-lvm"),
         ("csi.storage.k8s.io/fstype", "ext4"),
     ]);
-    let mut report = Report {
-        rounds,
-        ..Default::default()
-    };
     let (mut new, mut new_floor) = (Journey::default(), Journey::default());
     let (mut same, mut same_floor) = (Journey::default(), Journey::default());
     let (mut other, mut other_floor) = (Journey::default(), Journey::default());
@@ -333,11 +318,13 @@ pub async fn run(rounds: usize) -> Result<Report> {
             .await?;
         rtt.push(since(t));
     }
-    report.rpc_ms = percentile(&mut rtt, 50.0);
-    report.new_volume = (new.medians(), new_floor.medians());
-    report.same_node = (same.medians(), same_floor.medians());
-    report.other_node = (other.medians(), other_floor.medians());
-    Ok(report)
+    Ok(Report {
+        rounds,
+        new_volume: (new.medians(), new_floor.medians()),
+        same_node: (same.medians(), same_floor.medians()),
+        other_node: (other.medians(), other_floor.medians()),
+        rpc_ms: percentile(&mut rtt, 50.0),
+    })
 }
 
 /// The floor's phases a driver phase stands against (none: the floor has

@@ -21,12 +21,11 @@ use proxmox_csi_controller::csi::controller::ControllerService;
 use proxmox_csi_controller::ctl::Controller;
 use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
-use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use tonic::Request;
 use tonic::transport::Channel;
 
+use crate::guest_node::{Worker, probe_ready};
 use crate::percentile;
-use crate::sim::{SECRET, TOKEN};
 
 const PASSPHRASE: &str = "bench passphrase, not a secret";
 
@@ -116,27 +115,16 @@ async fn restart_hostd(g: &mut Guest, ch: &Channel, kdf: Kdf) -> Result<()> {
     )
 }
 
-async fn probe_ready(ch: &Channel) -> bool {
-    let mut probe = IdentityClient::new(ch.clone());
-    probe
-        .probe(callers::identity::probe())
-        .await
-        .is_ok_and(|r| r.into_inner().ready == Some(true))
-}
-
 pub async fn run(rounds: usize) -> Result<Report> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut g = Guest::boot().await?;
-    crate::guest_node::random_ready(&mut g).await?;
+    let Worker {
+        guest: mut g,
+        channel: ch,
+        mut node,
+        ..
+    } = Worker::start(Guest::boot().await?).await?;
     let images = tempfile::tempdir()?;
-    let state = format!(
-        "nodes: [{{ name: pve2 }}]\nstorages: [{{ id: local-lvm, type: lvmthin, total: 107374182400 }}]\n\
-         vms:\n  - {{ vmid: 112, node: pve2, name: worker-2, qmp: \"{}\", config: {{ scsihw: virtio-scsi-pci }} }}\n\
-         users:\n  - {{ userid: kubernetes-csi@pve, tokens: [{{ name: csi, secret: {SECRET} }}] }}\n\
-         roles:\n  CSI: [VM.Audit, VM.Config.Disk, Datastore.Allocate, Datastore.AllocateSpace, Datastore.Audit]\n\
-         acl:\n  - {{ path: /, roles: [CSI], tokens: [\"{TOKEN}\"], users: [kubernetes-csi@pve] }}\n",
-        g.qmp.display()
-    );
+    let state = e2e::guest::guest_cluster(&g.qmp, testkit::sim::MINIMAL_ROLE);
     let sim = testkit::sim::plain_with(&state, |s| s.volume_dir(images.path().to_path_buf()))
         .await
         .map_err(anyhow::Error::msg)?;
@@ -147,24 +135,6 @@ pub async fn run(rounds: usize) -> Result<Report> {
         Default::default(),
         Duration::from_secs(60),
     )?));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    // QEMU accepts the forwarded port before the guest listens: ready is
-    // when Probe says hostd answers.
-    let ch = loop {
-        if let Ok(ch) =
-            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", g.csi_port))?
-                .connect()
-                .await
-            && probe_ready(&ch).await
-        {
-            break ch;
-        }
-        if Instant::now() > deadline {
-            bail!("the node plugin in the guest never answered");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let mut node = NodeClient::new(ch.clone());
     let kubelet = Kubelet::new("/var/lib/kubelet");
     let mut medians = Vec::new();
     for kdf in [Kdf::Pbkdf2, Kdf::Argon2id] {

@@ -44,6 +44,16 @@ const MIB: u64 = 1 << 20;
 /// claim written, the mount.
 pub const PHASES: [&str; 7] = ["wait", "checks", "wipe", "plan", "mkfs", "claim", "mount"];
 
+/// hostd's phases of one Stage of `total` ms, as [`PHASES`] (its "mkfs"
+/// includes its plan, taken out here), and the rest of `total`.
+pub fn split(total: f64, get: impl Fn(&str) -> f64) -> ([f64; PHASES.len()], f64) {
+    let phases = PHASES.map(|k| match k {
+        "mkfs" => (get("mkfs") - get("plan")).max(0.0),
+        k => get(k),
+    });
+    (phases, total - phases.iter().sum::<f64>())
+}
+
 /// Medians of one kind of Stage: the whole call, hostd's phases (as
 /// [`PHASES`]) and the rest (the node plugin, the RPCs, untimed steps).
 #[derive(Debug, Clone, Default)]
@@ -89,19 +99,12 @@ struct Samples {
 
 impl Samples {
     fn push(&mut self, total: f64, t: &HashMap<String, u64>) {
-        let get = |k: &str| t.get(k).copied().unwrap_or(0) as f64;
-        // hostd's "mkfs" includes its plan.
-        let phase = |k: &str| match k {
-            "mkfs" => get("mkfs") - get("plan"),
-            k => get(k),
-        };
+        let (phases, other) = split(total, |k| t.get(k).copied().unwrap_or(0) as f64);
         self.total.push(total);
-        let mut timed = 0.0;
-        for (i, k) in PHASES.iter().enumerate() {
-            self.phases[i].push(phase(k));
-            timed += phase(k);
+        for (v, ms) in self.phases.iter_mut().zip(phases) {
+            v.push(ms);
         }
-        self.other.push(total - timed);
+        self.other.push(other);
     }
 
     fn medians(mut self) -> Phases {

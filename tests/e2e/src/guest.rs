@@ -370,19 +370,31 @@ pub use testkit::sim::SECRET;
 /// pvesim's cluster for one guest: VM 112 (worker-2 on pve2) bound to the
 /// guest's QMP socket, local-lvm, and the CSI token with `role`'s privileges.
 pub fn guest_cluster(qmp: &Path, role: &str) -> String {
+    guest_cluster_of(&[(112, "worker-2", qmp)], role)
+}
+
+/// The same for several guests, each a VM on pve2: `(vmid, name, QMP socket)`.
+pub fn guest_cluster_of(vms: &[(u32, &str, &Path)], role: &str) -> String {
+    let vms: String = vms
+        .iter()
+        .map(|(vmid, name, qmp)| {
+            format!(
+                "  - {{ vmid: {vmid}, node: pve2, name: {name}, qmp: \"{}\", config: {{ scsihw: virtio-scsi-pci }} }}\n",
+                qmp.display()
+            )
+        })
+        .collect();
     format!(
         r#"
 nodes: [{{ name: pve2 }}]
 storages: [{{ id: local-lvm, type: lvmthin, total: 107374182400 }}]
 vms:
-  - {{ vmid: 112, node: pve2, name: worker-2, qmp: "{}", config: {{ scsihw: virtio-scsi-pci }} }}
-users:
+{vms}users:
   - {{ userid: kubernetes-csi@pve, tokens: [{{ name: csi, secret: {SECRET} }}] }}
 roles:
   CSI: [{role}]
 acl:
   - {{ path: /, roles: [CSI], tokens: ["kubernetes-csi@pve!csi"], users: [kubernetes-csi@pve] }}
-"#,
-        qmp.display()
+"#
     )
 }
