@@ -27,7 +27,8 @@ pub fn since(t: Instant) -> f64 {
 /// Initializes the guest kernel's random pool before anything is timed:
 /// the test guest has no hardware RNG under TCG, and the first getrandom
 /// (mke2fs's UUIDs, cryptsetup's salts) blocks about 3 s while the kernel
-/// gathers jitter entropy. A read of /dev/random blocks the same way, once.
+/// gathers jitter entropy (linux drivers/char/random.c
+/// `try_to_generate_entropy`). A read of /dev/random blocks the same way, once.
 /// A worker VM with the host's CPU model has RDRAND and is ready at boot.
 pub async fn random_ready(g: &mut Guest) -> Result<()> {
     g.sh("head -c 1 /dev/random > /dev/null").await.map(|_| ())
@@ -200,7 +201,8 @@ impl Worker {
     pub async fn timed(&mut self, steps: &[&str]) -> Result<Vec<f64>> {
         self.marks += 1;
         let tag = |i: usize| format!("bench-mark-{}-{i}", self.marks);
-        // Unlimited: the kernel drops /dev/kmsg lines past 10 in 5 s otherwise.
+        // Unlimited: the kernel drops /dev/kmsg lines past 10 in 5 s otherwise
+        // (linux kernel/printk/printk.c `devkmsg_write`, `printk_devkmsg`).
         let mut script = format!(
             "echo on > /proc/sys/kernel/printk_devkmsg && echo {} > /dev/kmsg",
             tag(0)
@@ -210,7 +212,8 @@ impl Worker {
         }
         script.push_str(&format!(" && dmesg | grep 'bench-mark-{}-'", self.marks));
         let out = self.guest.sh(&script).await?;
-        // `[   12.345678] bench-mark-3-1`
+        // `[   12.345678] bench-mark-3-1`: seconds since boot, as the kernel
+        // formats its log for dmesg (linux kernel/printk/printk.c `print_time`).
         let at: Vec<f64> = (0..=steps.len())
             .map(|i| {
                 let t = tag(i);
