@@ -5,9 +5,14 @@
 //! the type (`-t`), so no other tool needs to be on the node.
 //!
 //! Neither tool is forced (no `mkfs.ext4 -F`, no `mkfs.xfs -f` but over an
-//! unfinished xfs): each keeps its own refusal of a device that holds a
-//! signature as a second safety net behind hostd's. Neither discards: on
-//! thin storage a discard would free whatever a mistaken format met.
+//! unfinished xfs). mkfs.xfs keeps its own refusal of a device that holds a
+//! signature as a second safety net behind hostd's; mke2fs looks for an
+//! existing filesystem only when stdin and stdout are terminals
+//! (e2fsprogs misc/mke2fs.c `PRS`, `CHECK_FS_EXIST`), so for ext2/3/4
+//! hostd's checks are the only ones (the disk's identity among them, read
+//! again right before mkfs runs).
+//! Neither discards: on thin storage a discard would free whatever a
+//! mistaken format met.
 
 use std::path::Path;
 use std::process::Command;
@@ -68,7 +73,7 @@ pub fn command(fs: FsType, device: &Path, opts: MkfsOptions) -> Command {
     match fs {
         FsType::Ext2 | FsType::Ext3 | FsType::Ext4 => {
             c = Command::new("mkfs.ext4");
-            // stdin is /dev/null: a question mke2fs asks is answered no.
+            // stdin is /dev/null: mke2fs asks nothing (see the module's note).
             c.args(["-q", "-t", fs.name(), "-m0", "-E", "nodiscard"]);
             if opts.block_size > 0 {
                 c.arg("-b").arg(opts.block_size.to_string());

@@ -134,6 +134,70 @@ async fn a_fresh_volume_holding_old_bytes_is_formatted_on_its_first_stage_and_cl
 }
 
 #[tokio::test]
+async fn a_disk_attached_under_the_volumes_name_during_its_first_stage_is_not_claimed() {
+    testkit::require_root!();
+    let mut env = Env::start().await;
+    let (wwn, img) = old_disk(&mut env, 1);
+    let dev = loop_of(&img);
+    // The disk that takes the name: another one, its last MiB its own.
+    let other = env.image(&env.image_sized(2, 512 * MIB));
+    let own: Vec<u8> = (0..MIB).map(|i| (i % 199) as u8 | 2).collect();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&other)
+        .unwrap()
+        .write_all_at(&own, 511 * MIB)
+        .unwrap();
+    // An mkfs that, once done, detaches the volume's disk and attaches the
+    // other under the same loop device (a new disk sequence number), as a
+    // SCSI disk detached and another attached may get the same sd name.
+    let tools = tempfile::tempdir().unwrap();
+    let real = String::from_utf8(
+        std::process::Command::new("sh")
+            .args(["-c", "command -v mkfs.ext4"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let script = tools.path().join("mkfs.ext4");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n{real} \"$@\" || exit $?\nlosetup -d {dev}\n\
+             for i in $(seq 100); do losetup {dev} {other} 2>/dev/null && exit 0; sleep 0.05; done\n\
+             exit 1\n",
+            real = real.trim(),
+            dev = dev.display(),
+            other = other.display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    env.restart_hostd_with_tools(Some(tools.path())).await;
+    let staging = env.staging(MARKED);
+    let err = env
+        .client
+        .stage(stage_req(MARKED, &wwn, &staging, "ext4"))
+        .await
+        .unwrap_err();
+    assert!(
+        err.message()
+            .contains("the disk changed since it was verified"),
+        "{err:?}"
+    );
+    assert_eq!(loop_of(&other), dev, "the other disk did not take the name");
+    // Nothing claimed on the disk that took the name, nothing mounted.
+    let mut tail = vec![0u8; MIB as usize];
+    std::fs::File::open(&other)
+        .unwrap()
+        .read_exact_at(&mut tail, 511 * MIB)
+        .unwrap();
+    assert!(tail == own, "the other disk's last MiB was written");
+    assert_eq!(mount_at(&staging), None);
+}
+
+#[tokio::test]
 async fn a_disk_without_the_mark_keeps_the_refusal_of_old_bytes() {
     testkit::require_root!();
     let mut env = Env::start().await;

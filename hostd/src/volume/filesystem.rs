@@ -160,6 +160,7 @@ impl Volumes {
         match plan {
             FsPlan::Format => {
                 self.bindings.begin_format(volume_id, &disk)?;
+                self.still_the_disk(volume_id, device, &disk, claim)?;
                 mkfs::run(fs_type, fs_device, claim.sized(opts, device, fs_device)?)?;
                 timings.insert("mkfs".into(), ms(started));
                 actions.push(if case.begun && claim != Claim::FirstStage {
@@ -170,6 +171,7 @@ impl Volumes {
                 // Claimed before the first mount: no data is ever in the
                 // volume without its claim.
                 let t = Instant::now();
+                self.still_the_disk(volume_id, device, &disk, claim)?;
                 claim.write(volume_id, device, &mut actions)?;
                 timings.insert("claim".into(), ms(t));
                 self.bindings.end_format(volume_id)?;
@@ -179,12 +181,14 @@ impl Volumes {
                     replace_unfinished: true,
                     ..opts
                 };
+                self.still_the_disk(volume_id, device, &disk, claim)?;
                 mkfs::run(fs_type, fs_device, claim.sized(opts, device, fs_device)?)?;
                 timings.insert("mkfs".into(), ms(started));
                 actions.push(format!(
                     "mkfs {} (an earlier mkfs was interrupted)",
                     fs_type.name()
                 ));
+                self.still_the_disk(volume_id, device, &disk, claim)?;
                 claim.write(volume_id, device, &mut actions)?;
                 self.bindings.end_format(volume_id)?;
             }
@@ -196,6 +200,7 @@ impl Volumes {
                     && probe::fs_bytes(fs_device)?
                         == Some(claim::first_stage_size(device, fs_device)?)
                 {
+                    self.still_the_disk(volume_id, device, &disk, claim)?;
                     claim.write(volume_id, device, &mut actions)?;
                 }
                 self.bindings.end_format(volume_id)?;
@@ -257,14 +262,7 @@ impl Volumes {
                 "closed {name}, left by a first stage that did not finish"
             ));
         }
-        // The disk under this name is still the volume's, right before
-        // the one write hostd makes over bytes it did not write.
-        if !self.resolver.proves_volume_id(device, volume_id) || DiskId::of(device)? != *disk {
-            return Err(HostdError::DeviceRefused {
-                device: device.to_path_buf(),
-                reason: "the disk changed since it was verified (detached, or another attached under its name); the stage is retried".into(),
-            });
-        }
+        self.still_the_disk(volume_id, device, disk, Claim::FirstStage)?;
         claim::wipe(device)?;
         self.bindings.begin_format(volume_id, disk)?;
         actions.push(
@@ -272,6 +270,28 @@ impl Volumes {
                 .into(),
         );
         Ok(())
+    }
+
+    /// The disk under `device`'s name is still the one verified (`disk`)
+    /// and, for a marked volume (its serial proved `volume_id`), proves it
+    /// still: checked right before each write over bytes hostd did not
+    /// make (the wipe, mkfs, the claim). Each opens the device by its
+    /// name, which a detached disk hands to the next one attached.
+    fn still_the_disk(
+        &self,
+        volume_id: &str,
+        device: &Path,
+        disk: &DiskId,
+        claim: Claim,
+    ) -> Result<(), HostdError> {
+        let proven = claim == Claim::Unmarked || self.resolver.proves_volume_id(device, volume_id);
+        if proven && DiskId::of(device).ok().as_ref() == Some(disk) {
+            return Ok(());
+        }
+        Err(HostdError::DeviceRefused {
+            device: device.to_path_buf(),
+            reason: "the disk changed since it was verified (detached, or another attached under its name); the stage is retried".into(),
+        })
     }
 }
 
@@ -308,6 +328,14 @@ pub(super) enum FsPlan {
 /// else that is not the filesystem asked for, and a claimed volume whose
 /// filesystem is gone.
 pub(super) fn fs_plan(host: &impl Probe, c: &FsCase<'_>) -> Result<FsPlan, HostdError> {
+    // A first stage's checks found no signature made since the allocation,
+    // and it zeroed the head and tail itself (`first_stage`), then wrote
+    // the LUKS header if any: a probe now would read those zeroes, or the
+    // fresh mapping's noise, over what the removed volume left, which the
+    // first-format rule formats over whatever it holds.
+    if c.claim == Claim::FirstStage && !c.read_only && (!c.encrypted || c.made_luks) {
+        return Ok(FsPlan::Format);
+    }
     let found = host.probe(c.fs_device)?;
     let fs_type = c.fs_type.name();
     match found {

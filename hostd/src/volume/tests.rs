@@ -183,6 +183,43 @@ fn a_mapping_without_a_filesystem_is_formatted_only_when_this_stage_made_its_hea
 }
 
 #[test]
+fn a_first_stage_formats_after_its_wipe_without_reading_the_disk_again() {
+    // What the probe would find is never consulted: the first stage's own
+    // checks and wipe decided. A sample would have found the data.
+    let mut host = Fake::default().disk("sdb", "8:16", fs("xfs"));
+    host.data_at.insert(SDB.into(), 4096);
+    let first = FsCase {
+        claim: Claim::FirstStage,
+        begun: true,
+        ..case(Path::new(SDB))
+    };
+    assert_eq!(fs_plan(&host, &first).unwrap(), FsPlan::Format);
+    assert_eq!(host.samples.get(), 0);
+    // A mapping this stage did not make, or a read-only stage, goes by the
+    // general rules: what the disk holds is looked at.
+    let mapper = Path::new("/dev/mapper/m");
+    host.contents.insert(mapper.into(), Contents::Blank);
+    let not_made = FsCase {
+        encrypted: true,
+        begun: false,
+        ..case(mapper)
+    };
+    let not_made = FsCase {
+        claim: Claim::FirstStage,
+        ..not_made
+    };
+    holds_data(
+        fs_plan(&host, &not_made),
+        "an existing LUKS volume whose contents carry no filesystem signature",
+    );
+    let read_only = FsCase {
+        read_only: true,
+        ..first
+    };
+    holds_data(fs_plan(&host, &read_only), "a xfs signature");
+}
+
+#[test]
 fn a_signature_made_since_allocation_is_what_hostd_did_not_leave() {
     let mut host = Fake::default().disk("sdb", "8:16", Contents::Blank);
     assert!(!formatted_since_allocation(&host, Path::new(SDB)).unwrap());
