@@ -19,8 +19,8 @@ struct PhaseLabels {
     phase: String,
 }
 
-/// Seconds per stage phase: the keys of `StageResponse.timings_ms` (wait,
-/// luks_format, luks_open, mkfs, mount).
+/// Seconds per stage phase: the keys of `StageResponse.timings_ms`
+/// (hostd.proto names them).
 static STAGE_PHASES: LazyLock<Family<PhaseLabels, Histogram>> = LazyLock::new(|| {
     Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.01, 3.0, 10)))
 });

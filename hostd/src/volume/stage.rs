@@ -26,6 +26,7 @@ pub struct StageWork {
 impl Volumes {
     /// Stage's checks and its wait for the device; nothing is touched yet.
     pub async fn prepare_stage(&self, req: &mut pb::StageRequest) -> Result<StageWork, HostdError> {
+        let begun = Instant::now();
         check_volume_id(&req.volume_id)?;
         let access = req
             .access
@@ -67,6 +68,7 @@ impl Volumes {
         }
         let key = self.resolver.key(&wwn);
         let index = &self.index;
+        let request = ms(begun);
         let waiting = Instant::now();
         let rescanned = index.clone();
         let device = index
@@ -87,6 +89,8 @@ impl Volumes {
                 wwn: wwn.to_string(),
                 reason: format!("no block device with {key} within {:?}", self.device_wait),
             })?;
+        let wait = ms(waiting);
+        let verifying = Instant::now();
         self.resolver
             .verify_identity(&device, &wwn, &dev.serial, &req.volume_id)?;
         self.require_serial(&device, &req.volume_id, || {
@@ -102,12 +106,17 @@ impl Volumes {
             access,
             read_only: req.read_only,
             passphrase,
-            timings: HashMap::from([("wait".to_string(), ms(waiting))]),
+            timings: HashMap::from([
+                ("request".to_string(), request),
+                ("wait".to_string(), wait),
+                ("identity".to_string(), ms(verifying)),
+            ]),
         })
     }
 
     /// Stage's work on the device, once found: blocking.
     pub fn stage(&self, mut w: StageWork) -> Result<pb::StageResponse, HostdError> {
+        let verifying = Instant::now();
         // The same disk still, under the same name, as it was verified.
         if DiskId::of(&w.device).ok().as_ref() != Some(&w.disk) {
             return Err(HostdError::DeviceRefused {
@@ -117,6 +126,7 @@ impl Volumes {
         }
         self.resolver
             .verify_identity(&w.device, &w.wwn, &w.serial, &w.volume_id)?;
+        *w.timings.entry("identity".into()).or_default() += ms(verifying);
         let (actions, majmin, block) = match &w.access {
             pb::stage_request::Access::Filesystem(fs) => {
                 let crypt = w
@@ -146,6 +156,7 @@ impl Volumes {
                 (a, m, true)
             }
         };
+        let recording = Instant::now();
         let mut binding = self.bindings.get(&w.volume_id)?.unwrap_or_else(|| Binding {
             volume_id: w.volume_id.clone(),
             staging_path: w.staging.path.clone(),
@@ -156,11 +167,13 @@ impl Volumes {
         binding.staging_path = w.staging.path.clone();
         binding.majmin = majmin.clone();
         self.bindings.put(&binding)?;
+        let size_bytes = blockdev::name_of(&majmin)
+            .and_then(|n| blockdev::size_of(&n))
+            .unwrap_or(0);
+        w.timings.insert("record".into(), ms(recording));
         Ok(pb::StageResponse {
             actions,
-            size_bytes: blockdev::name_of(&majmin)
-                .and_then(|n| blockdev::size_of(&n))
-                .unwrap_or(0),
+            size_bytes,
             timings_ms: w.timings,
         })
     }

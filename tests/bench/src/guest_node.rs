@@ -230,13 +230,16 @@ impl Worker {
 
 /// How a NodeStage row names each of hostd's phases ([`PHASES`]).
 const LABELS: [&str; PHASES.len()] = [
+    "NodeStage: hostd's request checks (paths, kubelet's records)",
     WAIT,
+    "NodeStage: the disk's WWN and serial verified",
     "NodeStage: hostd's checks",
     "NodeStage: wipe",
     "NodeStage: plan (probe)",
     "NodeStage: mkfs",
     "NodeStage: claim",
     "NodeStage: mount",
+    "NodeStage: hostd's record",
 ];
 
 /// A NodeStage of `total` ms as rows: hostd's phases (`timings_ms`, see
@@ -247,6 +250,6 @@ pub fn stage_rows(total: f64, t: &HashMap<String, f64>) -> Vec<(&'static str, f6
     LABELS
         .into_iter()
         .zip(phases)
-        .chain([("NodeStage: node plugin, RPC, untimed", other)])
+        .chain([("NodeStage: node plugin, RPCs, untimed", other)])
         .collect()
 }

@@ -37,12 +37,15 @@ const CLUSTER: &str = "5bc58ec71c2d";
 const MIB: u64 = 1 << 20;
 
 /// hostd's timed phases of a filesystem Stage, in the order they run
-/// (`timings_ms`): waiting for the device, the checks before anything is
-/// written (mount table, device unused, the claim looked for, the probe
-/// for a signature made since), the first stage's wipe, the plan (the
-/// probe, and the data sample of an unmarked volume), mkfs alone, the
-/// claim written, the mount.
-pub const PHASES: [&str; 7] = ["wait", "checks", "wipe", "plan", "mkfs", "claim", "mount"];
+/// (`timings_ms`, named in hostd.proto): the request's paths and kubelet's
+/// records checked, waiting for the device, its WWN and serial verified,
+/// the checks before anything is written (mount table, device unused, the
+/// claim looked for, the probe for a signature made since), the first
+/// stage's wipe, the plan (the probe, and the data sample of an unmarked
+/// volume), mkfs alone, the claim written, the mount, hostd's record.
+pub const PHASES: [&str; 10] = [
+    "request", "wait", "identity", "checks", "wipe", "plan", "mkfs", "claim", "mount", "record",
+];
 
 /// hostd's phases of one Stage of `total` ms, as [`PHASES`] (its "mkfs"
 /// includes its plan, taken out here), and the rest of `total`.
@@ -231,9 +234,21 @@ pub fn print(rounds: usize, rows: &[Row], idle: (u64, u64), pieces: &Pieces) {
                 r.hostd_rss_kib
             );
         }
+        // The bare commands under hostd's mkfs and mount columns.
+        let bare: Vec<String> = PHASES
+            .iter()
+            .map(|p| match *p {
+                "mkfs" => format!("{:.0} (mkfs alone)", r.bare_mkfs_ms),
+                "mount" => format!("{:.0}", r.bare_mount_ms),
+                _ => String::new(),
+            })
+            .collect();
         println!(
-            "  | {} | bare | {:.0} | {:.0} | | | | | | | {:.0} (mkfs alone) | | {:.0} | | |",
-            r.fs, r.bare_ms, r.bare_ms, r.bare_mkfs_ms, r.bare_mount_ms
+            "  | {} | bare | {:.0} | {:.0} | | | {} | | |",
+            r.fs,
+            r.bare_ms,
+            r.bare_ms,
+            bare.join(" | ")
         );
     }
     println!(

@@ -70,7 +70,9 @@ enum What {
     /// In two guest VMs: a new volume's way to a pod, and its moves to
     /// another pod and another node, phase by phase against the floor (QEMU).
     GuestPod {
-        #[arg(long, default_value_t = 3)]
+        /// Rounds are cheap (about 5 s each) and the guests' timings vary
+        /// under TCG: enough of them for steady medians.
+        #[arg(long, default_value_t = 9)]
         rounds: usize,
     },
 }
