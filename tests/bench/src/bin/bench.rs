@@ -45,7 +45,9 @@ enum What {
     },
     /// hostd's Stage against bare mkfs + mount on loop devices (root; hostd with the loop-resolver feature).
     Stage {
-        #[arg(long, default_value_t = 5)]
+        /// A stage is tens of milliseconds, which the machine's disk moves
+        /// by a few: enough rounds for steady medians.
+        #[arg(long, default_value_t = 15)]
         rounds: usize,
     },
     /// Resident memory of hostd and the node plugin idle, with N ext4 volumes staged and published on loop devices, and after unstaging them (root; hostd with the loop-resolver feature).
