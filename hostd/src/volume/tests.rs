@@ -200,13 +200,9 @@ fn a_first_stage_formats_after_its_wipe_without_reading_the_disk_again() {
     let mapper = Path::new("/dev/mapper/m");
     host.contents.insert(mapper.into(), Contents::Blank);
     let not_made = FsCase {
-        encrypted: true,
-        begun: false,
-        ..case(mapper)
-    };
-    let not_made = FsCase {
         claim: Claim::FirstStage,
-        ..not_made
+        encrypted: true,
+        ..case(mapper)
     };
     holds_data(
         fs_plan(&host, &not_made),
