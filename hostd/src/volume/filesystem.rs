@@ -105,19 +105,20 @@ impl Volumes {
         } else {
             Claim::Unmarked
         };
+        timings.insert("checks".into(), ms(checks));
         // Proxmox's lvcreate wipes the signatures a removed volume left;
         // one found now was made since: by this node's own first stage that
         // did not finish (its note says so; nothing was mounted, so it is
         // made again), or by another node's, or by the Go node plugin during
         // a switch of drivers: then the general rules decide.
-        if claim == Claim::FirstStage
-            && !self.bindings.format_begun(volume_id, &disk)
-            && formatted_since_allocation(&HOST, device)?
-        {
-            tracing::info!(%volume_id, device = %device.display(), "a volume created blank holds a signature made since: staged by the general rules");
-            claim = Claim::MadeSince;
+        if claim == Claim::FirstStage && !self.bindings.format_begun(volume_id, &disk) {
+            let t = Instant::now();
+            if formatted_since_allocation(&HOST, device)? {
+                tracing::info!(%volume_id, device = %device.display(), "a volume created blank holds a signature made since: staged by the general rules");
+                claim = Claim::MadeSince;
+            }
+            timings.insert("probe".into(), ms(t));
         }
-        timings.insert("checks".into(), ms(checks));
         if claim == Claim::FirstStage {
             let t = Instant::now();
             self.first_stage(

@@ -85,8 +85,11 @@ pub struct Volumes {
     pub go_takeover: bool,
 }
 
+/// Milliseconds since `since`, rounded to the nearest: phases are summed
+/// against the whole call, and truncating each would lose half a
+/// millisecond per phase to the untimed rest.
 fn ms(since: Instant) -> u64 {
-    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+    u64::try_from((since.elapsed().as_micros() + 500) / 1000).unwrap_or(u64::MAX)
 }
 
 pub fn check_volume_id(id: &str) -> Result<(), HostdError> {

@@ -234,6 +234,7 @@ const LABELS: [&str; PHASES.len()] = [
     WAIT,
     "NodeStage: the disk's WWN and serial verified",
     "NodeStage: hostd's checks",
+    "NodeStage: probe for a signature made since allocation",
     "NodeStage: wipe",
     "NodeStage: plan (probe)",
     "NodeStage: mkfs",

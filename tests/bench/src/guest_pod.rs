@@ -10,7 +10,7 @@
 //!   (the attacher's: hot-plug into VM 112), NodeStage split into hostd's
 //!   phases (its `timings_ms`, from the node plugin's "volume staged" log
 //!   line: the wait for the disk, which on a fresh attachment is the udev
-//!   event, then checks, wipe, plan, mkfs, claim, mount) and the rest (the
+//!   event, then checks, probe, wipe, plan, mkfs, claim, mount) and the rest (the
 //!   node plugin, the RPC), and NodePublish (kubelet's);
 //! - to another pod on the same node: kubelet's NodeUnpublish and
 //!   NodeUnstage for the old pod, NodeStage and NodePublish for the new one

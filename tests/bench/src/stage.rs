@@ -40,11 +40,13 @@ const MIB: u64 = 1 << 20;
 /// (`timings_ms`, named in hostd.proto): the request's paths and kubelet's
 /// records checked, waiting for the device, its WWN and serial verified,
 /// the checks before anything is written (mount table, device unused, the
-/// claim looked for, the probe for a signature made since), the first
-/// stage's wipe, the plan (the probe, and the data sample of an unmarked
-/// volume), mkfs alone, the claim written, the mount, hostd's record.
-pub const PHASES: [&str; 10] = [
-    "request", "wait", "identity", "checks", "wipe", "plan", "mkfs", "claim", "mount", "record",
+/// claim looked for), a first stage's probe for a signature made since
+/// allocation, its wipe, the plan (the probe, and the data sample of an
+/// unmarked volume), mkfs alone, the claim written, the mount, hostd's
+/// record.
+pub const PHASES: [&str; 11] = [
+    "request", "wait", "identity", "checks", "probe", "wipe", "plan", "mkfs", "claim", "mount",
+    "record",
 ];
 
 /// hostd's phases of one Stage of `total` ms, as [`PHASES`] (its "mkfs"
