@@ -10,10 +10,12 @@ impl Volumes {
     /// written by the Go driver, which stages block volumes without their
     /// class's encryption (pkg/csi/node.go NodeStageVolume returns for block
     /// before it reads the secrets): it stays usable, unencrypted, as there.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn stage_block_volume(
         &self,
         volume_id: &str,
         device: &Path,
+        disk: &DiskId,
         staging: &Place,
         read_only: bool,
         passphrase: Option<&Secret<Vec<u8>>>,
@@ -47,6 +49,7 @@ impl Volumes {
         self.open_luks(
             volume_id,
             device,
+            disk,
             (&name, pass),
             Claim::Unmarked,
             read_only,

@@ -18,14 +18,16 @@ pub(super) enum LuksPlan {
 }
 
 impl Volumes {
-    /// Opens the volume's LUKS mapping `name` on `device`, formatting a
-    /// blank disk first; an open mapping is reused only on this very disk.
-    /// Whether this call wrote the LUKS header.
+    /// Opens the volume's LUKS mapping `name` on `device` (the disk `disk`,
+    /// as verified), formatting a blank disk first; an open mapping is
+    /// reused only on this very disk. Whether this call wrote the LUKS
+    /// header.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn open_luks(
         &self,
         volume_id: &str,
         device: &Path,
+        disk: &DiskId,
         (name, pass): (&str, &Secret<Vec<u8>>),
         claim: Claim,
         read_only: bool,
@@ -33,30 +35,25 @@ impl Volumes {
         actions: &mut Vec<String>,
         timings: &mut HashMap<String, u64>,
     ) -> Result<bool, HostdError> {
+        let planning = Instant::now();
         close_half_made(&HOST, name, table)?;
-        // The disk the format note was read for is the one it is written for.
-        let mut noted = None;
         let plan = luks_plan(&HOST, device, name, claim, read_only, || {
-            let disk = DiskId::of(device)?;
-            let begun = self.bindings.format_begun(volume_id, &disk);
-            noted = Some(disk);
-            Ok(begun)
+            Ok(self.bindings.format_begun(volume_id, disk))
         })?;
+        timings.insert("luks_plan".into(), ms(planning));
         match plan {
             LuksPlan::Reuse => return Ok(false),
             LuksPlan::Format => {
-                let disk = match noted {
-                    Some(disk) => disk,
-                    None => DiskId::of(device)?,
-                };
-                self.bindings.begin_format(volume_id, &disk)?;
                 let t = Instant::now();
+                self.bindings.begin_format(volume_id, disk)?;
+                self.still_the_disk(volume_id, device, disk, claim)?;
                 kdf::format(device, pass, self.pbkdf)?;
                 timings.insert("luks_format".into(), ms(t));
                 actions.push("luksFormat".to_string());
             }
             LuksPlan::FormatAgain => {
                 tracing::warn!(device = %device.display(), "LUKS header without a key slot: hostd's earlier luksFormat was interrupted; formatting again");
+                self.still_the_disk(volume_id, device, disk, claim)?;
                 kdf::format(device, pass, self.pbkdf)?;
                 actions.push("luksFormat (an earlier one was interrupted)".to_string());
                 luks::check_header_costs(device, self.kdf_bounds)?;

@@ -12,6 +12,7 @@ impl Volumes {
         &self,
         volume_id: &str,
         device: &Path,
+        disk: &DiskId,
         staging: &Place,
         fs: &pb::Filesystem,
         read_only: bool,
@@ -98,7 +99,6 @@ impl Volumes {
             actions.push(closed);
         }
         device::verify_unused(device, &table, crypt.as_ref().map(|(n, _)| n.as_str()))?;
-        let disk = DiskId::of(device)?;
         // The id's mark counts only where the disk's serial proves the id.
         let mut claim = if self.resolver.proves_volume_id(device, volume_id) {
             Claim::of(volume_id, device)?
@@ -111,7 +111,7 @@ impl Volumes {
         // did not finish (its note says so; nothing was mounted, so it is
         // made again), or by another node's, or by the Go node plugin during
         // a switch of drivers: then the general rules decide.
-        if claim == Claim::FirstStage && !self.bindings.format_begun(volume_id, &disk) {
+        if claim == Claim::FirstStage && !self.bindings.format_begun(volume_id, disk) {
             let t = Instant::now();
             if formatted_since_allocation(&HOST, device)? {
                 tracing::info!(%volume_id, device = %device.display(), "a volume created blank holds a signature made since: staged by the general rules");
@@ -124,7 +124,7 @@ impl Volumes {
             self.first_stage(
                 volume_id,
                 device,
-                &disk,
+                disk,
                 read_only,
                 crypt.as_ref(),
                 &mut actions,
@@ -136,6 +136,7 @@ impl Volumes {
             made_luks = self.open_luks(
                 volume_id,
                 device,
+                disk,
                 (name, pass),
                 claim,
                 read_only,
@@ -154,14 +155,14 @@ impl Volumes {
             encrypted: crypt.is_some(),
             made_luks,
             // Data hostd's own interrupted format left is not someone's.
-            begun: self.bindings.format_begun(volume_id, &disk),
+            begun: self.bindings.format_begun(volume_id, disk),
         };
         let plan = fs_plan(&HOST, &case)?;
         timings.insert("plan".into(), ms(started));
         match plan {
             FsPlan::Format => {
-                self.bindings.begin_format(volume_id, &disk)?;
-                self.still_the_disk(volume_id, device, &disk, claim)?;
+                self.bindings.begin_format(volume_id, disk)?;
+                self.still_the_disk(volume_id, device, disk, claim)?;
                 mkfs::run(fs_type, fs_device, claim.sized(opts, device, fs_device)?)?;
                 timings.insert("mkfs".into(), ms(started));
                 actions.push(if case.begun && claim != Claim::FirstStage {
@@ -172,7 +173,7 @@ impl Volumes {
                 // Claimed before the first mount: no data is ever in the
                 // volume without its claim.
                 let t = Instant::now();
-                self.still_the_disk(volume_id, device, &disk, claim)?;
+                self.still_the_disk(volume_id, device, disk, claim)?;
                 claim.write(volume_id, device, &mut actions)?;
                 timings.insert("claim".into(), ms(t));
                 self.bindings.end_format(volume_id)?;
@@ -182,14 +183,14 @@ impl Volumes {
                     replace_unfinished: true,
                     ..opts
                 };
-                self.still_the_disk(volume_id, device, &disk, claim)?;
+                self.still_the_disk(volume_id, device, disk, claim)?;
                 mkfs::run(fs_type, fs_device, claim.sized(opts, device, fs_device)?)?;
                 timings.insert("mkfs".into(), ms(started));
                 actions.push(format!(
                     "mkfs {} (an earlier mkfs was interrupted)",
                     fs_type.name()
                 ));
-                self.still_the_disk(volume_id, device, &disk, claim)?;
+                self.still_the_disk(volume_id, device, disk, claim)?;
                 claim.write(volume_id, device, &mut actions)?;
                 self.bindings.end_format(volume_id)?;
             }
@@ -201,7 +202,7 @@ impl Volumes {
                     && probe::fs_bytes(fs_device)?
                         == Some(claim::first_stage_size(device, fs_device)?)
                 {
-                    self.still_the_disk(volume_id, device, &disk, claim)?;
+                    self.still_the_disk(volume_id, device, disk, claim)?;
                     claim.write(volume_id, device, &mut actions)?;
                 }
                 self.bindings.end_format(volume_id)?;
@@ -276,9 +277,9 @@ impl Volumes {
     /// The disk under `device`'s name is still the one verified (`disk`)
     /// and, for a marked volume (its serial proved `volume_id`), proves it
     /// still: checked right before each write over bytes hostd did not
-    /// make (the wipe, mkfs, the claim). Each opens the device by its
-    /// name, which a detached disk hands to the next one attached.
-    fn still_the_disk(
+    /// make (the wipe, luksFormat, mkfs, the claim). Each opens the device
+    /// by its name, which a detached disk hands to the next one attached.
+    pub(super) fn still_the_disk(
         &self,
         volume_id: &str,
         device: &Path,

@@ -52,6 +52,8 @@ mod publish;
 mod stage;
 mod stats;
 #[cfg(test)]
+mod swapped;
+#[cfg(test)]
 mod tests;
 mod unstage;
 

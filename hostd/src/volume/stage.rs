@@ -136,6 +136,7 @@ impl Volumes {
                 let (a, m) = self.stage_filesystem(
                     &w.volume_id,
                     &w.device,
+                    &w.disk,
                     &w.staging,
                     fs,
                     w.read_only,
@@ -148,6 +149,7 @@ impl Volumes {
                 let (a, m) = self.stage_block_volume(
                     &w.volume_id,
                     &w.device,
+                    &w.disk,
                     &w.staging,
                     w.read_only,
                     w.passphrase.as_ref(),

@@ -1,0 +1,92 @@
+//! A disk that takes the volume's device name in the middle of its stage
+//! (the volume's disk detached, another attached under the same name): on
+//! loop devices, as root. What hostd writes is checked against the disk it
+//! verified, right before each write.
+
+use std::os::unix::fs::FileExt;
+use testkit::loopdev::Loop;
+
+use super::*;
+
+const MIB: u64 = 1 << 20;
+const VOL: &str = "local-lvm:vm-9999-disk-0";
+
+fn volumes(dir: &Path) -> Volumes {
+    let kubelet = dir.join("kubelet");
+    std::fs::create_dir_all(&kubelet).unwrap();
+    Volumes {
+        paths: KubeletPaths::new(&kubelet, "csi.proxmox.sinextra.dev").unwrap(),
+        bindings: Bindings::open(&dir.join("state")).unwrap(),
+        resolver: Resolver::default(),
+        index: Arc::new(DeviceIndex::default()),
+        device_wait: Duration::from_secs(1),
+        pbkdf: luks::Pbkdf::Pbkdf2 { iterations: 1000 },
+        kdf_bounds: luks::KdfBounds::default(),
+        go_takeover: false,
+    }
+}
+
+#[test]
+fn a_disk_attached_under_the_volumes_name_before_its_luks_format_keeps_its_bytes() {
+    testkit::require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let v = volumes(dir.path());
+    let disk = {
+        let ours = Loop::create(&dir.path().join("ours.img"), 64 * MIB).unwrap();
+        let disk = DiskId::of(&ours.dev).unwrap();
+        // The volume's first stage noted its format of this disk (after
+        // its wipe, the disk blank): LUKS's plan formats it without a data
+        // sample.
+        v.bindings.begin_format(VOL, &disk).unwrap();
+        disk
+        // Detached here.
+    };
+    // Another disk under the device name the stage holds (loop devices
+    // are taken by whoever asks first, so the test hands it over as the
+    // name, not by number): blank where libblkid looks, its own bytes at
+    // 10 MiB, inside the 16 MiB a LUKS2 header takes.
+    let other = dir.path().join("other.img");
+    std::fs::File::create(&other)
+        .unwrap()
+        .set_len(64 * MIB)
+        .unwrap();
+    let own = vec![0x5au8; 4096];
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&other)
+        .unwrap()
+        .write_all_at(&own, 10 * MIB)
+        .unwrap();
+    let now = Loop::attach(&other).unwrap();
+    assert_ne!(DiskId::of(&now.dev).unwrap(), disk);
+
+    let err = v
+        .open_luks(
+            VOL,
+            &now.dev,
+            &disk,
+            ("swapped", &Secret::new(b"passphrase".to_vec())),
+            Claim::Unmarked,
+            false,
+            &[],
+            &mut Vec::new(),
+            &mut HashMap::new(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, HostdError::DeviceRefused { reason, .. } if reason.contains("the disk changed since it was verified")),
+        "{err:?}"
+    );
+    let mut read = vec![0u8; 4096];
+    std::fs::File::open(&other)
+        .unwrap()
+        .read_exact_at(&mut read, 10 * MIB)
+        .unwrap();
+    assert_eq!(read, own, "the other disk's bytes were overwritten");
+    let mut head = vec![0u8; 4096];
+    std::fs::File::open(&other)
+        .unwrap()
+        .read_exact_at(&mut head, 0)
+        .unwrap();
+    assert!(head.iter().all(|b| *b == 0), "a LUKS header was written");
+}
