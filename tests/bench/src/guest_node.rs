@@ -14,7 +14,8 @@ use proxmox_csi_proto::csi::v1::identity_client::IdentityClient;
 use proxmox_csi_proto::csi::v1::node_client::NodeClient;
 use tonic::transport::Channel;
 
-use crate::stage::{PHASES, split};
+use crate::percentile;
+use crate::stage::split;
 
 /// hostd's wait for the disk inside NodeStage: on a fresh attachment, the
 /// udev event.
@@ -98,17 +99,19 @@ impl Worker {
             .map(|_| ())
     }
 
-    /// kubelet's NodeStage of `pv`: its rows (see [`stage_rows`]).
+    /// kubelet's NodeStage of `pv` with its class's node-stage `secrets`:
+    /// its rows (see [`stage_rows`]).
     pub async fn stage(
         &mut self,
         k: &Kubelet,
         pv: &PersistentVolume,
         pc: &HashMap<String, String>,
+        secrets: HashMap<String, String>,
     ) -> Result<Vec<(&'static str, f64)>> {
         self.mkdirs(k.stage_dirs(pv)).await?;
         let t = Instant::now();
         self.node
-            .node_stage_volume(k.node_stage(pv, pc, HashMap::new()))
+            .node_stage_volume(k.node_stage(pv, pc, secrets))
             .await
             .map_err(|e| anyhow::anyhow!("NodeStage: {}", e.message()))?;
         let ms = since(t);
@@ -228,29 +231,114 @@ impl Worker {
     }
 }
 
-/// How a NodeStage row names each of hostd's phases ([`PHASES`]).
-const LABELS: [&str; PHASES.len()] = [
-    "NodeStage: hostd's request checks (paths, kubelet's records)",
-    WAIT,
-    "NodeStage: the disk's WWN and serial verified",
-    "NodeStage: hostd's checks",
-    "NodeStage: probe for a signature made since allocation",
-    "NodeStage: wipe",
-    "NodeStage: plan (probe)",
-    "NodeStage: mkfs",
-    "NodeStage: claim",
-    "NodeStage: mount",
-    "NodeStage: hostd's record",
+/// hostd's phases of a NodeStage in the guest, in the order they run
+/// (`timings_ms`, named in hostd.proto: [`PHASES`] with LUKS's), each with
+/// the row that shows it.
+const NODE_PHASES: [(&str, &str); 14] = [
+    (
+        "request",
+        "NodeStage: hostd's request checks (paths, kubelet's records)",
+    ),
+    ("wait", WAIT),
+    ("identity", "NodeStage: the disk's WWN and serial verified"),
+    ("checks", "NodeStage: hostd's checks"),
+    (
+        "probe",
+        "NodeStage: probe for a signature made since allocation",
+    ),
+    ("wipe", "NodeStage: wipe"),
+    ("luks_plan", "NodeStage: LUKS header looked at"),
+    ("luks_format", "NodeStage: luksFormat"),
+    ("luks_open", "NodeStage: LUKS open"),
+    ("plan", "NodeStage: plan (probe)"),
+    ("mkfs", "NodeStage: mkfs"),
+    ("claim", "NodeStage: claim"),
+    ("mount", "NodeStage: mount"),
+    ("record", "NodeStage: hostd's record"),
 ];
 
 /// A NodeStage of `total` ms as rows: hostd's phases (`timings_ms`, see
 /// [`split`]) and the rest (the node plugin, the RPCs, steps hostd does
 /// not time).
 pub fn stage_rows(total: f64, t: &HashMap<String, f64>) -> Vec<(&'static str, f64)> {
-    let (phases, other) = split(total, |k| t.get(k).copied().unwrap_or(0.0));
-    LABELS
+    let (phases, other) = split(NODE_PHASES.map(|(k, _)| k), total, |k| {
+        t.get(k).copied().unwrap_or(0.0)
+    });
+    NODE_PHASES
         .into_iter()
+        .map(|(_, label)| label)
         .zip(phases)
         .chain([("NodeStage: node plugin, RPCs, untimed", other)])
         .collect()
+}
+
+/// One journey's phases, in order: (name, ms).
+pub type Phases = Vec<(&'static str, f64)>;
+
+/// Per-phase samples of one journey over rounds, in the order first pushed.
+#[derive(Debug, Default)]
+pub struct Journey(Vec<(&'static str, Vec<f64>)>);
+
+impl Journey {
+    pub fn push(&mut self, phase: &'static str, ms: f64) {
+        match self.0.iter_mut().find(|(p, _)| *p == phase) {
+            Some((_, v)) => v.push(ms),
+            None => self.0.push((phase, vec![ms])),
+        }
+    }
+
+    pub fn medians(mut self) -> Phases {
+        self.0
+            .iter_mut()
+            .map(|(p, v)| (*p, percentile(v, 50.0)))
+            .collect()
+    }
+}
+
+/// Prints one journey: the driver's phases beside the baseline's (the
+/// floor, or the bare commands) that `counterpart` names for each, the
+/// totals, the largest gap. Phases under half a millisecond on both
+/// sides are left out.
+pub fn print_journey(
+    name: &str,
+    baseline: &str,
+    (ours, base_phases): &(Phases, Phases),
+    counterpart: fn(&str) -> &'static [&'static str],
+) {
+    let total = |p: &Phases| p.iter().map(|(_, ms)| ms).sum::<f64>();
+    let (t, f) = (total(ours), total(base_phases));
+    println!(
+        "  {name}: {t:.0} ms against {baseline} of {f:.0} ms ({:.2}x)",
+        t / f
+    );
+    println!("  | driver phase | ms | {baseline} counterpart | ms | gap ms |");
+    let mut largest: Option<(&str, f64)> = None;
+    for (phase, ms) in ours {
+        let names = counterpart(phase);
+        // `+ 0.0`: an empty sum of floats is -0.0.
+        let base: f64 = base_phases
+            .iter()
+            .filter(|(f, _)| names.contains(f))
+            .map(|(_, ms)| ms)
+            .sum::<f64>()
+            + 0.0;
+        if ms.abs() < 0.5 && base < 0.5 {
+            continue;
+        }
+        let gap = ms - base;
+        println!(
+            "  | {phase} | {ms:.0} | {} | {base:.0} | {gap:+.0} |",
+            if names.is_empty() {
+                "(none)".to_string()
+            } else {
+                names.join(" + ")
+            }
+        );
+        if largest.is_none_or(|(_, g)| gap > g) {
+            largest = Some((phase, gap));
+        }
+    }
+    if let Some((phase, gap)) = largest {
+        println!("  largest gap: {phase}, {gap:+.0} ms");
+    }
 }

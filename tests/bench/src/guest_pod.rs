@@ -46,20 +46,16 @@ use proxmox_csi_proto::csi::v1::controller_server::Controller as _;
 use reqwest::Method;
 use tonic::Request;
 
-use crate::guest_node::{WAIT, Worker, since};
+use crate::guest_node::{Journey, Phases, WAIT, Worker, print_journey, since};
 use crate::percentile;
 use crate::sim::DirectApi;
+use crate::stage::CLUSTER;
 
 const GIB: u64 = 1 << 30;
-/// A cluster id, as the controller reads it from the kube-system namespace.
-const CLUSTER: &str = "5bc58ec71c2d";
 const NODE_A: &str = "worker-2/112";
 const NODE_B: &str = "worker-3/113";
 /// The slot the floor's disk takes; the driver's disks take the lowest free.
 const FLOOR_SLOT: &str = "scsi30";
-/// One journey's phases, in order: (name, ms).
-pub type Phases = Vec<(&'static str, f64)>;
-
 /// Medians of every journey, the driver's beside its floor.
 #[derive(Debug)]
 pub struct Report {
@@ -71,26 +67,6 @@ pub struct Report {
     /// guest (QEMU's user network and the guest's TCP, where kubelet uses
     /// a local unix socket): what every node RPC pays before any work.
     pub rpc_ms: f64,
-}
-
-/// Per-phase samples of one journey, in the order first pushed.
-#[derive(Default)]
-struct Journey(Vec<(&'static str, Vec<f64>)>);
-
-impl Journey {
-    fn push(&mut self, phase: &'static str, ms: f64) {
-        match self.0.iter_mut().find(|(p, _)| *p == phase) {
-            Some((_, v)) => v.push(ms),
-            None => self.0.push((phase, vec![ms])),
-        }
-    }
-
-    fn medians(mut self) -> Phases {
-        self.0
-            .iter_mut()
-            .map(|(p, v)| (*p, percentile(v, 50.0)))
-            .collect()
-    }
 }
 
 /// `POST …/config` on VM `vmid` and its task to the end, polled every 10 ms.
@@ -188,7 +164,7 @@ pub async fn run(rounds: usize) -> Result<Report> {
         let t = Instant::now();
         let pc = publish(&ctl, &pv, NODE_A).await?;
         keep(&mut new, "ControllerPublish (hot-plug)", since(t));
-        for (p, ms) in a.stage(&kubelet, &pv, &pc).await? {
+        for (p, ms) in a.stage(&kubelet, &pv, &pc, HashMap::new()).await? {
             keep(&mut new, p, ms);
         }
         let first = Pod::new(&format!("0a0b0c0d-0000-4000-8000-{i:012}"));
@@ -206,7 +182,7 @@ pub async fn run(rounds: usize) -> Result<Report> {
         let [unpublished, unstaged] = a.release(&kubelet, &pv, &first).await?;
         keep(&mut same, "NodeUnpublish", unpublished);
         keep(&mut same, "NodeUnstage", unstaged);
-        for (p, ms) in a.stage(&kubelet, &pv, &pc).await? {
+        for (p, ms) in a.stage(&kubelet, &pv, &pc, HashMap::new()).await? {
             keep(&mut same, p, ms);
         }
         let second = Pod::new(&format!("1a0b0c0d-0000-4000-8000-{i:012}"));
@@ -228,7 +204,7 @@ pub async fn run(rounds: usize) -> Result<Report> {
         let t = Instant::now();
         let pc = publish(&ctl, &pv, NODE_B).await?;
         keep(&mut other, "ControllerPublish (hot-plug)", since(t));
-        for (p, ms) in b.stage(&kubelet, &pv, &pc).await? {
+        for (p, ms) in b.stage(&kubelet, &pv, &pc, HashMap::new()).await? {
             keep(&mut other, p, ms);
         }
         let third = Pod::new(&format!("2a0b0c0d-0000-4000-8000-{i:012}"));
@@ -342,47 +318,6 @@ fn counterpart(phase: &str) -> &'static [&'static str] {
     }
 }
 
-/// Prints one journey: the driver's phases beside their floor, the
-/// totals, the largest gap.
-fn print_journey(name: &str, (ours, floor): &(Phases, Phases)) {
-    let total = |p: &Phases| p.iter().map(|(_, ms)| ms).sum::<f64>();
-    let (t, f) = (total(ours), total(floor));
-    println!(
-        "  {name}: {t:.0} ms against a floor of {f:.0} ms ({:.2}x)",
-        t / f
-    );
-    println!("  | driver phase | ms | floor counterpart | ms | gap ms |");
-    let mut largest: Option<(&str, f64)> = None;
-    for (phase, ms) in ours {
-        let names = counterpart(phase);
-        // `+ 0.0`: an empty sum of floats is -0.0.
-        let base: f64 = floor
-            .iter()
-            .filter(|(f, _)| names.contains(f))
-            .map(|(_, ms)| ms)
-            .sum::<f64>()
-            + 0.0;
-        if ms.abs() < 0.5 && base < 0.5 {
-            continue;
-        }
-        let gap = ms - base;
-        println!(
-            "  | {phase} | {ms:.0} | {} | {base:.0} | {gap:+.0} |",
-            if names.is_empty() {
-                "(none)".to_string()
-            } else {
-                names.join(" + ")
-            }
-        );
-        if largest.is_none_or(|(_, g)| gap > g) {
-            largest = Some((phase, gap));
-        }
-    }
-    if let Some((phase, gap)) = largest {
-        println!("  largest gap: {phase}, {gap:+.0} ms");
-    }
-}
-
 /// Prints what [`run`] measured.
 pub fn print(r: &Report) {
     println!(
@@ -393,7 +328,11 @@ pub fn print(r: &Report) {
         "  a node RPC's round trip from the host into the guest (NodeGetCapabilities, median of 20): {:.1} ms",
         r.rpc_ms
     );
-    print_journey("a new volume to a pod", &r.new_volume);
-    print_journey("to another pod on the same node", &r.same_node);
-    print_journey("to a pod on another node", &r.other_node);
+    for (name, journey) in [
+        ("a new volume to a pod", &r.new_volume),
+        ("to another pod on the same node", &r.same_node),
+        ("to a pod on another node", &r.other_node),
+    ] {
+        print_journey(name, "a floor", journey, counterpart);
+    }
 }

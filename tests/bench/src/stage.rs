@@ -33,7 +33,7 @@ use testkit::loopdev::Loop;
 use crate::percentile;
 
 /// A cluster id, as the controller marks the disks it creates blank.
-const CLUSTER: &str = "5bc58ec71c2d";
+pub const CLUSTER: &str = "5bc58ec71c2d";
 const MIB: u64 = 1 << 20;
 
 /// hostd's timed phases of a filesystem Stage, in the order they run
@@ -49,10 +49,15 @@ pub const PHASES: [&str; 11] = [
     "record",
 ];
 
-/// hostd's phases of one Stage of `total` ms, as [`PHASES`] (its "mkfs"
-/// includes its plan, taken out here), and the rest of `total`.
-pub fn split(total: f64, get: impl Fn(&str) -> f64) -> ([f64; PHASES.len()], f64) {
-    let phases = PHASES.map(|k| match k {
+/// hostd's phases of one Stage of `total` ms, as `names` (a subset of
+/// `timings_ms`' keys; its "mkfs" includes its plan, taken out here), and
+/// the rest of `total`.
+pub fn split<const N: usize>(
+    names: [&str; N],
+    total: f64,
+    get: impl Fn(&str) -> f64,
+) -> ([f64; N], f64) {
+    let phases = names.map(|k| match k {
         "mkfs" => (get("mkfs") - get("plan")).max(0.0),
         k => get(k),
     });
@@ -104,7 +109,7 @@ struct Samples {
 
 impl Samples {
     fn push(&mut self, total: f64, t: &HashMap<String, u64>) {
-        let (phases, other) = split(total, |k| t.get(k).copied().unwrap_or(0) as f64);
+        let (phases, other) = split(PHASES, total, |k| t.get(k).copied().unwrap_or(0) as f64);
         self.total.push(total);
         for (v, ms) in self.phases.iter_mut().zip(phases) {
             v.push(ms);

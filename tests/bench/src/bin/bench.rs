@@ -296,29 +296,7 @@ async fn main() -> Result<()> {
             }
         }
         What::GuestStage { rounds } => {
-            println!(
-                "guest stage: median of {rounds} rounds, LUKS2 + xfs on hot-plugged 1 GiB disks, QEMU TCG, 1 GiB guest"
-            );
-            let r = bench::guest_stage::run(rounds).await?;
-            println!(
-                "  | key derivation | NodeStage (node plugin + hostd) ms | bare cryptsetup luksFormat + open + mkfs.xfs + mount ms | overhead ms |"
-            );
-            for (kdf, ours, bare) in &r.medians {
-                println!(
-                    "  | {kdf:?} | {ours:.0} | {bare:.0} | {:+.0} |",
-                    ours - bare
-                );
-            }
-            println!(
-                "  six argon2id NodeStage calls at once: {:.0} ms until the last; Probe (hostd Health via the node plugin) {} times meanwhile: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms, {} over 100 ms",
-                r.six_wall,
-                r.probes,
-                r.probe_p50,
-                r.probe_p90,
-                r.probe_p99,
-                r.probe_max,
-                r.probes_over_100ms
-            );
+            bench::guest_stage::print(&bench::guest_stage::run(rounds).await?);
         }
         What::GuestPod { rounds } => {
             bench::guest_pod::print(&bench::guest_pod::run(rounds).await?);
