@@ -61,6 +61,7 @@ impl Volumes {
             LuksPlan::Open => luks::check_header_costs(device, self.kdf_bounds)?,
         }
         let t = Instant::now();
+        self.still_the_disk(volume_id, device, disk, claim)?;
         kdf::open(device, name, pass)?;
         timings.insert("luks_open".into(), ms(t));
         actions.push(format!("luksOpen {name}"));

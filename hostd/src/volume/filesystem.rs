@@ -211,6 +211,8 @@ impl Volumes {
         staging.ensure_dir()?;
         let t = Instant::now();
         let target = staging.open()?;
+        // What the pod gets: the disk as verified, or a mapping opened on it.
+        self.still_the_disk(volume_id, device, disk, claim)?;
         mounts::mount_fs(
             fs_device,
             &target.proc_path(),
@@ -277,8 +279,9 @@ impl Volumes {
     /// The disk under `device`'s name is still the one verified (`disk`)
     /// and, for a marked volume (its serial proved `volume_id`), proves it
     /// still: checked right before each write over bytes hostd did not
-    /// make (the wipe, luksFormat, mkfs, the claim). Each opens the device
-    /// by its name, which a detached disk hands to the next one attached.
+    /// make (the wipe, luksFormat, mkfs, the claim), and before the LUKS
+    /// open and the mount that hand it to a pod. Each opens the device by
+    /// its name, which a detached disk hands to the next one attached.
     pub(super) fn still_the_disk(
         &self,
         volume_id: &str,

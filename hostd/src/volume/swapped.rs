@@ -3,6 +3,7 @@
 //! loop devices, as root. What hostd writes is checked against the disk it
 //! verified, right before each write.
 
+use sha2::Digest;
 use std::os::unix::fs::FileExt;
 use testkit::loopdev::Loop;
 
@@ -89,4 +90,74 @@ fn a_disk_attached_under_the_volumes_name_before_its_luks_format_keeps_its_bytes
         .read_exact_at(&mut head, 0)
         .unwrap();
     assert!(head.iter().all(|b| *b == 0), "a LUKS header was written");
+}
+
+#[test]
+fn a_disk_attached_under_the_volumes_name_is_not_mounted() {
+    testkit::require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let v = volumes(dir.path());
+    let disk = {
+        let ours = Loop::create(&dir.path().join("ours.img"), 64 * MIB).unwrap();
+        DiskId::of(&ours.dev).unwrap()
+    };
+    // Another disk under the device name, holding the filesystem asked
+    // for: the plan keeps it and mounts it, unless the disk is checked.
+    let other = dir.path().join("other.img");
+    std::fs::File::create(&other)
+        .unwrap()
+        .set_len(64 * MIB)
+        .unwrap();
+    let made = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&other)
+        .status();
+    assert!(made.unwrap().success());
+    let now = Loop::attach(&other).unwrap();
+    // kubelet's staging path: the SHA-256 of the volume id
+    // (kubernetes pkg/volume/csi/csi_attacher.go makeDeviceMountPath).
+    let hash: String = sha2::Sha256::digest(VOL.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let parent = v
+        .paths
+        .root()
+        .join("plugins/kubernetes.io/csi/csi.proxmox.sinextra.dev")
+        .join(hash);
+    std::fs::create_dir_all(&parent).unwrap();
+    let path = parent.join("globalmount");
+    let staging = v
+        .paths
+        .place(
+            "staging_path",
+            &path.display().to_string(),
+            &[Layout::FsStaging],
+        )
+        .unwrap();
+    let fs = pb::Filesystem {
+        fs_type: "ext4".into(),
+        ..Default::default()
+    };
+    let err = v
+        .stage_filesystem(
+            VOL,
+            &now.dev,
+            &disk,
+            &staging,
+            &fs,
+            false,
+            None,
+            &mut HashMap::new(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, HostdError::DeviceRefused { reason, .. } if reason.contains("the disk changed since it was verified")),
+        "{err:?}"
+    );
+    let table = mounts::table().unwrap();
+    assert!(
+        !table.iter().any(|m| m.mount_point == path),
+        "the other disk was mounted"
+    );
 }
