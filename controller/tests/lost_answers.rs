@@ -474,3 +474,48 @@ async fn a_saturated_pvedaemon_answers_596_and_each_write_lands_once() {
         e.faults().proxy_timeouts
     );
 }
+
+/// A snapshot's copy VM created while pvedaemon's workers are held: each
+/// POST /qemu is answered 596 by pveproxy and carried out later, after the
+/// retry looked for the VM and found none. The retry creates under the VMID
+/// whose answer was lost, so that of the creates that land one makes the
+/// VM and the others find it taken: one copy VM, and the snapshot id the
+/// first answer gave stays the snapshot's.
+#[tokio::test]
+async fn a_snapshot_while_pvedaemon_is_saturated_makes_one_copy_vm() {
+    let e = env_with_role(COPY_ROLE).await;
+    let v = create(&e, "pvc-sat", Some("pve2")).await;
+    e.knobs(r#"{"daemon_workers": 3, "proxy_timeout_ms": 300}"#)
+        .await;
+    e.admin("POST", "daemon/busy?workers=3&seconds=1.5", "")
+        .await;
+    let req = snap_req("snapshot-sat", &v.volume_id);
+    let mut ids = Vec::new();
+    let snap = loop {
+        let (r, _) = retried("snapshot", || {
+            e.svc.create_snapshot(Request::new(req.clone()))
+        })
+        .await;
+        let s = r.snapshot.unwrap();
+        ids.push(s.snapshot_id.clone());
+        if s.ready_to_use {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Let every queued create land before counting.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(e.faults().proxy_timeouts >= 1, "the proxy never timed out");
+    let vms = e.admin("GET", "vms", "").await;
+    let copies: Vec<&Value> = vms
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|vm| vm["config"]["name"] == "snapshot-sat")
+        .collect();
+    assert_eq!(copies.len(), 1, "one copy VM: {copies:?}");
+    assert!(
+        ids.iter().all(|id| *id == snap.snapshot_id),
+        "one snapshot id in every answer: {ids:?}"
+    );
+}

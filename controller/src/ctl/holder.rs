@@ -110,9 +110,18 @@ impl Controller {
         // "destroy unreferenced disks" would free them.
         let owners = client.disk_owners(node, d).await.map_err(denied)?;
         self.none_being_created(client, d).await?;
+        let doubt = (client.region().to_string(), vm.name.to_string());
+        // A create whose answer was lost may still land (pveproxy answers
+        // 596 while the call waits for a pvedaemon worker, which carries it
+        // out later): the next one takes the same VMID, so that only one of
+        // them makes the VM.
+        let mut doubted = self.creates_in_doubt.take(&doubt);
         let mut last = String::new();
         for _ in 0..5 {
-            let vmid = self.next_vmid(client, &owners, d).await?;
+            let vmid = match doubted {
+                Some(vmid) => vmid,
+                None => self.next_vmid(client, &owners, d).await?,
+            };
             let form = vec![
                 ("vmid", vmid.to_string()),
                 ("name", vm.name.to_string()),
@@ -164,12 +173,25 @@ impl Controller {
                         hastate: None,
                     });
                 }
+                // The create whose answer was lost landed meanwhile: its VM,
+                // if it is this one.
+                Err(e) if e.kind() == ErrorKind::AlreadyExists && doubted == Some(vmid) => {
+                    doubted = None;
+                    if let Some(found) = self.landed(client, node, vmid, vm.name, d).await? {
+                        return Ok(found);
+                    }
+                    last = e.message();
+                }
                 // A concurrent create took the VMID (qemu-server create_vm:
                 // "unable to create VM N - VM N already exists on node 'x'").
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => last = e.message(),
                 // Nothing under the id, unless the answer was lost (then the
-                // create may have happened and the id stays kept).
-                Err(e) if e.is_transient() => return Err(denied(e)),
+                // create may have happened and the id stays kept, for this
+                // VM's next create).
+                Err(e) if e.is_transient() => {
+                    self.creates_in_doubt.keep(doubt, vmid);
+                    return Err(denied(e));
+                }
                 Err(e) => {
                     self.recent_vmids.forget(vmid);
                     return Err(denied(e));
@@ -180,6 +202,43 @@ impl Controller {
             "creating VM {} on {node}: every VMID tried was taken meanwhile ({last})",
             vm.name
         )))
+    }
+
+    /// VM `vmid` on `node`, which an earlier create of `name` whose answer
+    /// was lost may have made: it, if its config names it; Unavailable while
+    /// it is still being created (`lock: create`, no name yet); `None` if it
+    /// is another VM.
+    async fn landed(
+        &self,
+        client: &Client,
+        node: &str,
+        vmid: u32,
+        name: &str,
+        d: Deadline,
+    ) -> Result<Option<VmResource>, CtlError> {
+        let cfg = client.vm_config(node, vmid, d).await?;
+        match cfg.values.get("name") {
+            Some(n) if n == name => {
+                self.vms.invalidate(client.region()).await;
+                Ok(Some(VmResource {
+                    vmid,
+                    node: node.to_string(),
+                    name: Some(name.to_string()),
+                    kind: "qemu".into(),
+                    template: None,
+                    tags: cfg.values.get("tags").cloned(),
+                    hastate: None,
+                }))
+            }
+            None if cfg.values.get("lock").map(String::as_str) == Some("create") => {
+                self.creates_in_doubt
+                    .keep((client.region().to_string(), name.to_string()), vmid);
+                Err(CtlError::Unavailable(format!(
+                    "VM {vmid}, created for {name} by a call whose answer was lost, is not written yet; the next call finds it"
+                )))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Unavailable while a VM this controller made a moment ago is still
@@ -393,6 +452,26 @@ impl RecentVmids {
         if let Ok(mut m) = self.0.lock() {
             m.remove(&vmid);
         }
+    }
+}
+
+/// The VMID of each create whose answer was lost, by (region, VM name),
+/// for the next create of that VM; forgotten after [`RECENT`].
+#[derive(Debug, Default)]
+pub struct CreatesInDoubt(std::sync::Mutex<HashMap<(String, String), (u32, Instant)>>);
+
+impl CreatesInDoubt {
+    fn keep(&self, key: (String, String), vmid: u32) {
+        if let Ok(mut m) = self.0.lock() {
+            m.retain(|_, (_, at)| at.elapsed() < RECENT);
+            m.insert(key, (vmid, Instant::now()));
+        }
+    }
+
+    fn take(&self, key: &(String, String)) -> Option<u32> {
+        let mut m = self.0.lock().ok()?;
+        m.remove(key)
+            .and_then(|(vmid, at)| (at.elapsed() < RECENT).then_some(vmid))
     }
 }
 

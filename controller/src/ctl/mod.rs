@@ -49,6 +49,8 @@ pub struct Controller {
     /// VMIDs handed to a create lately, kept from the next one while
     /// Proxmox may not list them yet.
     recent_vmids: holder::RecentVmids,
+    /// VMIDs of creates whose answer was lost, by region and VM name.
+    creates_in_doubt: holder::CreatesInDoubt,
     /// Serialises finding or making each node's holder VM.
     holder_locks: holder::HolderLocks,
     pub vms: Arc<VmIndex>,
@@ -127,6 +129,7 @@ impl Controller {
             controller_vmid,
             vmid_range: crate::config::VmidRange::above(controller_vmid),
             recent_vmids: holder::RecentVmids::default(),
+            creates_in_doubt: holder::CreatesInDoubt::default(),
             holder_locks: holder::HolderLocks::default(),
             vms: vms.clone(),
             attacher: Arc::new(Attacher::new(vms, attachments.clone())),
