@@ -749,28 +749,16 @@ async fn a_cancelled_stage_keeps_its_volume_locked_until_its_work_ends() {
     testkit::require_root!();
     let mut env = Env::start().await;
     // An mkfs that takes 3 s, and counts its runs.
-    let tools = tempfile::tempdir().unwrap();
-    let runs = tools.path().join("runs");
-    let real = String::from_utf8(
-        std::process::Command::new("sh")
-            .args(["-c", "command -v mkfs.ext4"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
-    let script = tools.path().join("mkfs.ext4");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\necho run >> {}\nsleep 3\nexec {} \"$@\"\n",
-            runs.display(),
-            real.trim()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    env.restart_hostd_with_tools(Some(tools.path())).await;
+    let counted = tempfile::tempdir().unwrap();
+    let runs = counted.path().join("runs");
+    let _tools = env
+        .restart_hostd_with_mkfs_ext4(|real| {
+            format!(
+                "#!/bin/sh\necho run >> {}\nsleep 3\nexec {real} \"$@\"\n",
+                runs.display()
+            )
+        })
+        .await;
     let mut node = env.node_plugin().await;
     let wwn = env.disk(25);
     let staging = env.staging("vol-slow");

@@ -151,30 +151,17 @@ async fn a_disk_attached_under_the_volumes_name_during_its_first_stage_is_not_cl
     // An mkfs that, once done, detaches the volume's disk and attaches the
     // other under the same loop device (a new disk sequence number), as a
     // SCSI disk detached and another attached may get the same sd name.
-    let tools = tempfile::tempdir().unwrap();
-    let real = String::from_utf8(
-        std::process::Command::new("sh")
-            .args(["-c", "command -v mkfs.ext4"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
-    let script = tools.path().join("mkfs.ext4");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\n{real} \"$@\" || exit $?\nlosetup -d {dev}\n\
-             for i in $(seq 100); do losetup {dev} {other} 2>/dev/null && exit 0; sleep 0.05; done\n\
-             exit 1\n",
-            real = real.trim(),
-            dev = dev.display(),
-            other = other.display(),
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    env.restart_hostd_with_tools(Some(tools.path())).await;
+    let _tools = env
+        .restart_hostd_with_mkfs_ext4(|real| {
+            format!(
+                "#!/bin/sh\n{real} \"$@\" || exit $?\nlosetup -d {dev}\n\
+                 for i in $(seq 100); do losetup {dev} {other} 2>/dev/null && exit 0; sleep 0.05; done\n\
+                 exit 1\n",
+                dev = dev.display(),
+                other = other.display(),
+            )
+        })
+        .await;
     let staging = env.staging(MARKED);
     let err = env
         .client

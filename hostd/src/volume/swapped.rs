@@ -27,21 +27,22 @@ fn volumes(dir: &Path) -> Volumes {
     }
 }
 
+/// The identity of the volume's disk as the stage verified it; the disk
+/// is detached when this returns.
+fn verified_then_detached(dir: &Path) -> DiskId {
+    let ours = Loop::create(&dir.join("ours.img"), 64 * MIB).unwrap();
+    DiskId::of(&ours.dev).unwrap()
+}
+
 #[test]
 fn a_disk_attached_under_the_volumes_name_before_its_luks_format_keeps_its_bytes() {
     testkit::require_root!();
     let dir = tempfile::tempdir().unwrap();
     let v = volumes(dir.path());
-    let disk = {
-        let ours = Loop::create(&dir.path().join("ours.img"), 64 * MIB).unwrap();
-        let disk = DiskId::of(&ours.dev).unwrap();
-        // The volume's first stage noted its format of this disk (after
-        // its wipe, the disk blank): LUKS's plan formats it without a data
-        // sample.
-        v.bindings.begin_format(VOL, &disk).unwrap();
-        disk
-        // Detached here.
-    };
+    let disk = verified_then_detached(dir.path());
+    // The volume's first stage noted its format of this disk (after its
+    // wipe, the disk blank): LUKS's plan formats it without a data sample.
+    v.bindings.begin_format(VOL, &disk).unwrap();
     // Another disk under the device name the stage holds (loop devices
     // are taken by whoever asks first, so the test hands it over as the
     // name, not by number): blank where libblkid looks, its own bytes at
@@ -97,10 +98,7 @@ fn a_disk_attached_under_the_volumes_name_is_not_mounted() {
     testkit::require_root!();
     let dir = tempfile::tempdir().unwrap();
     let v = volumes(dir.path());
-    let disk = {
-        let ours = Loop::create(&dir.path().join("ours.img"), 64 * MIB).unwrap();
-        DiskId::of(&ours.dev).unwrap()
-    };
+    let disk = verified_then_detached(dir.path());
     // Another disk under the device name, holding the filesystem asked
     // for: the plan keeps it and mounts it, unless the disk is checked.
     let other = dir.path().join("other.img");

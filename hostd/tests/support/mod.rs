@@ -226,6 +226,30 @@ impl Env {
         self.client = connect(dir.join("hostd.sock")).await;
     }
 
+    /// Restarts hostd with an `mkfs.ext4` of its own first on its PATH: a
+    /// shell script whose body `script` writes from the real mkfs.ext4's
+    /// path. The directory holding it is kept while the answer lives.
+    pub async fn restart_hostd_with_mkfs_ext4(
+        &mut self,
+        script: impl FnOnce(&str) -> String,
+    ) -> tempfile::TempDir {
+        let tools = tempfile::tempdir().unwrap();
+        let real = String::from_utf8(
+            Command::new("sh")
+                .args(["-c", "command -v mkfs.ext4"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        let path = tools.path().join("mkfs.ext4");
+        std::fs::write(&path, script(real.trim())).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        self.restart_hostd_with_tools(Some(tools.path())).await;
+        tools
+    }
+
     /// A client connected as the node plugin's uid.
     pub async fn node_plugin(&self) -> HostdClient<Channel> {
         connect_as(&self._dir.path().join("hostd.sock"), NODE_PLUGIN_UID).await
