@@ -133,6 +133,45 @@ async fn restart_hostd(g: &mut Guest, ch: &Channel, kdf: Kdf) -> Result<()> {
     )
 }
 
+/// The bare commands on the disk `wwn` in the guest, each timed there by
+/// the kernel's clock (from a settled disk, as NodeStage is); then undone.
+async fn bare_stage(
+    worker: &mut Worker,
+    wwn: &str,
+    kdf: Kdf,
+    i: usize,
+) -> Result<Vec<(&'static str, f64)>> {
+    let dev = worker
+        .guest
+        .sh(&format!(
+            "mkdir -p /mnt/bare{i}; udevadm settle; readlink -f /dev/disk/by-id/wwn-{wwn}"
+        ))
+        .await?;
+    let steps = [
+        (
+            "cryptsetup luksFormat",
+            format!(
+                "printf %s '{PASSPHRASE}' | cryptsetup luksFormat --batch-mode --type luks2 \
+                 --cipher aes-xts-plain64 --key-size 512 {} --key-file - {dev}",
+                kdf.cryptsetup()
+            ),
+        ),
+        (
+            "cryptsetup open",
+            format!("printf %s '{PASSPHRASE}' | cryptsetup open --key-file - {dev} bare{i}"),
+        ),
+        ("mkfs.xfs", format!("mkfs.xfs -q /dev/mapper/bare{i}")),
+        ("mount", format!("mount /dev/mapper/bare{i} /mnt/bare{i}")),
+    ];
+    let commands: Vec<&str> = steps.iter().map(|(_, c)| c.as_str()).collect();
+    let timed = worker.timed(&commands).await?;
+    worker
+        .guest
+        .sh(&format!("umount /mnt/bare{i} && cryptsetup close bare{i}"))
+        .await?;
+    Ok(steps.iter().map(|(name, _)| *name).zip(timed).collect())
+}
+
 pub async fn run(rounds: usize) -> Result<Report> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut worker = Worker::start(Guest::boot().await?).await?;
@@ -174,38 +213,9 @@ pub async fn run(rounds: usize) -> Result<Report> {
 
             let (_, pc) = plugged(&ctl, &format!("bare-{tag}")).await?;
             let wwn = pc.get("wwn").cloned().unwrap_or_default();
-            let dev = worker
-                .guest
-                .sh(&format!(
-                    "mkdir -p /mnt/bare{i}; udevadm settle; readlink -f /dev/disk/by-id/wwn-{wwn}"
-                ))
-                .await?;
-            let steps = [
-                (
-                    "cryptsetup luksFormat",
-                    format!(
-                        "printf %s '{PASSPHRASE}' | cryptsetup luksFormat --batch-mode --type luks2 \
-                         --cipher aes-xts-plain64 --key-size 512 {} --key-file - {dev}",
-                        kdf.cryptsetup()
-                    ),
-                ),
-                (
-                    "cryptsetup open",
-                    format!(
-                        "printf %s '{PASSPHRASE}' | cryptsetup open --key-file - {dev} bare{i}"
-                    ),
-                ),
-                ("mkfs.xfs", format!("mkfs.xfs -q /dev/mapper/bare{i}")),
-                ("mount", format!("mount /dev/mapper/bare{i} /mnt/bare{i}")),
-            ];
-            let commands: Vec<&str> = steps.iter().map(|(_, c)| c.as_str()).collect();
-            for ((name, _), ms) in steps.iter().zip(worker.timed(&commands).await?) {
-                bare.push(name, ms);
+            for (step, ms) in bare_stage(&mut worker, &wwn, kdf, i).await? {
+                bare.push(step, ms);
             }
-            worker
-                .guest
-                .sh(&format!("umount /mnt/bare{i} && cryptsetup close bare{i}"))
-                .await?;
         }
         medians.push((kdf, (ours.medians(), bare.medians())));
     }
