@@ -47,6 +47,42 @@ where
     }
 }
 
+/// CreateSnapshot of `name` from `volume_id`, asked again until the
+/// snapshot is ready to use, as the external-snapshotter does: every
+/// answer, the ready one last.
+async fn until_ready(
+    e: &Env,
+    name: &str,
+    volume_id: &str,
+) -> Vec<proxmox_csi_proto::csi::v1::Snapshot> {
+    let req = snap_req(name, volume_id);
+    let mut answers = Vec::new();
+    loop {
+        let (r, _) = retried("snapshot", || {
+            e.svc.create_snapshot(Request::new(req.clone()))
+        })
+        .await;
+        let s = r.snapshot.unwrap();
+        let ready = s.ready_to_use;
+        answers.push(s);
+        if ready {
+            return answers;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// pvesim's VMs whose config is named `name`.
+async fn vms_named(e: &Env, name: &str) -> Vec<Value> {
+    let vms = e.admin("GET", "vms", "").await;
+    vms.as_array()
+        .unwrap()
+        .iter()
+        .filter(|vm| vm["config"]["name"] == name)
+        .cloned()
+        .collect()
+}
+
 async fn volumes(e: &Env) -> Vec<Value> {
     e.admin("GET", "volumes", "")
         .await
@@ -274,29 +310,13 @@ async fn snapshot_with_a_lost_answer_makes_one_copy_when(how: u16) {
         let e = env_with_role(COPY_ROLE).await;
         let v = create(&e, "pvc-ls", Some("pve2")).await;
         lose_write(&e, skip, how).await;
-        let req = snap_req("snapshot-ls", &v.volume_id);
-        let snap = loop {
-            let (r, _) = retried("snapshot", || {
-                e.svc.create_snapshot(Request::new(req.clone()))
-            })
-            .await;
-            let s = r.snapshot.unwrap();
-            if s.ready_to_use {
-                break s;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        let answers = until_ready(&e, "snapshot-ls", &v.volume_id).await;
+        let snap = answers.last().unwrap();
         if !fired(&e).await {
             break;
         }
         writes += 1;
-        let vms = e.admin("GET", "vms", "").await;
-        let copies: Vec<&Value> = vms
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|vm| vm["config"]["name"] == "snapshot-ls")
-            .collect();
+        let copies = vms_named(&e, "snapshot-ls").await;
         assert_eq!(copies.len(), 1, "write {skip}: one copy VM: {copies:?}");
         let vols = volumes(&e).await;
         let owned = vols
@@ -489,31 +509,14 @@ async fn a_snapshot_while_pvedaemon_is_saturated_makes_one_copy_vm() {
         .await;
     e.admin("POST", "daemon/busy?workers=3&seconds=1.5", "")
         .await;
-    let req = snap_req("snapshot-sat", &v.volume_id);
-    let mut ids = Vec::new();
-    let snap = loop {
-        let (r, _) = retried("snapshot", || {
-            e.svc.create_snapshot(Request::new(req.clone()))
-        })
-        .await;
-        let s = r.snapshot.unwrap();
-        ids.push(s.snapshot_id.clone());
-        if s.ready_to_use {
-            break s;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let answers = until_ready(&e, "snapshot-sat", &v.volume_id).await;
+    let snap = answers.last().unwrap();
     // Let every queued create land before counting.
     tokio::time::sleep(Duration::from_millis(2000)).await;
     assert!(e.faults().proxy_timeouts >= 1, "the proxy never timed out");
-    let vms = e.admin("GET", "vms", "").await;
-    let copies: Vec<&Value> = vms
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|vm| vm["config"]["name"] == "snapshot-sat")
-        .collect();
+    let copies = vms_named(&e, "snapshot-sat").await;
     assert_eq!(copies.len(), 1, "one copy VM: {copies:?}");
+    let ids: Vec<&str> = answers.iter().map(|a| a.snapshot_id.as_str()).collect();
     assert!(
         ids.iter().all(|id| *id == snap.snapshot_id),
         "one snapshot id in every answer: {ids:?}"

@@ -110,12 +110,11 @@ impl Controller {
         // "destroy unreferenced disks" would free them.
         let owners = client.disk_owners(node, d).await.map_err(denied)?;
         self.none_being_created(client, d).await?;
-        let doubt = (client.region().to_string(), vm.name.to_string());
         // A create whose answer was lost may still land (pveproxy answers
         // 596 while the call waits for a pvedaemon worker, which carries it
         // out later): the next one takes the same VMID, so that only one of
         // them makes the VM.
-        let mut doubted = self.creates_in_doubt.take(&doubt);
+        let mut doubted = self.recent_vmids.lost_create(client.region(), vm.name);
         let mut last = String::new();
         for _ in 0..5 {
             let vmid = match doubted {
@@ -161,18 +160,7 @@ impl Controller {
                 other => other,
             };
             match created {
-                Ok(()) => {
-                    self.vms.invalidate(client.region()).await;
-                    return Ok(VmResource {
-                        vmid,
-                        node: node.to_string(),
-                        name: Some(vm.name.to_string()),
-                        kind: "qemu".into(),
-                        template: None,
-                        tags: Some(tags),
-                        hastate: None,
-                    });
-                }
+                Ok(()) => return Ok(self.made(client, node, vmid, vm.name, Some(tags)).await),
                 // The create whose answer was lost landed meanwhile: its VM,
                 // if it is this one.
                 Err(e) if e.kind() == ErrorKind::AlreadyExists && doubted == Some(vmid) => {
@@ -189,7 +177,7 @@ impl Controller {
                 // create may have happened and the id stays kept, for this
                 // VM's next create).
                 Err(e) if e.is_transient() => {
-                    self.creates_in_doubt.keep(doubt, vmid);
+                    self.recent_vmids.lost(vmid, client.region(), vm.name);
                     return Err(denied(e));
                 }
                 Err(e) => {
@@ -219,25 +207,38 @@ impl Controller {
         let cfg = client.vm_config(node, vmid, d).await?;
         match cfg.values.get("name") {
             Some(n) if n == name => {
-                self.vms.invalidate(client.region()).await;
-                Ok(Some(VmResource {
-                    vmid,
-                    node: node.to_string(),
-                    name: Some(name.to_string()),
-                    kind: "qemu".into(),
-                    template: None,
-                    tags: cfg.values.get("tags").cloned(),
-                    hastate: None,
-                }))
+                let tags = cfg.values.get("tags").cloned();
+                Ok(Some(self.made(client, node, vmid, name, tags).await))
             }
             None if cfg.values.get("lock").map(String::as_str) == Some("create") => {
-                self.creates_in_doubt
-                    .keep((client.region().to_string(), name.to_string()), vmid);
+                self.recent_vmids.lost(vmid, client.region(), name);
                 Err(CtlError::Unavailable(format!(
                     "VM {vmid}, created for {name} by a call whose answer was lost, is not written yet; the next call finds it"
                 )))
             }
             _ => Ok(None),
+        }
+    }
+
+    /// VM `vmid` that this controller made on `node` as `name`, as the
+    /// cached VM list will show it once read again.
+    async fn made(
+        &self,
+        client: &Client,
+        node: &str,
+        vmid: u32,
+        name: &str,
+        tags: Option<String>,
+    ) -> VmResource {
+        self.vms.invalidate(client.region()).await;
+        VmResource {
+            vmid,
+            node: node.to_string(),
+            name: Some(name.to_string()),
+            kind: "qemu".into(),
+            template: None,
+            tags,
+            hastate: None,
         }
     }
 
@@ -428,23 +429,32 @@ impl Controller {
 
 /// VMIDs handed to creates, or of VMs destroyed, in the last five minutes
 /// (the Go driver's go-proxmox GetNextID keeps the same window for ids it
-/// handed out).
+/// handed out); for a create whose answer was lost, the VM it was for.
 #[derive(Debug, Default)]
-pub struct RecentVmids(std::sync::Mutex<HashMap<u32, Instant>>);
+pub struct RecentVmids(std::sync::Mutex<HashMap<u32, Handed>>);
 
 const RECENT: Duration = Duration::from_secs(300);
+
+/// One VMID handed out: when, and, if its create's answer was lost, the
+/// (region, VM name) it was for.
+#[derive(Debug)]
+struct Handed {
+    at: Instant,
+    lost_for: Option<(String, String)>,
+}
 
 impl RecentVmids {
     fn recent(&self, vmid: u32) -> bool {
         self.0
             .lock()
-            .is_ok_and(|m| m.get(&vmid).is_some_and(|at| at.elapsed() < RECENT))
+            .is_ok_and(|m| m.get(&vmid).is_some_and(|h| h.at.elapsed() < RECENT))
     }
 
     fn hand_out(&self, vmid: u32) {
         if let Ok(mut m) = self.0.lock() {
-            m.retain(|_, at| at.elapsed() < RECENT);
-            m.insert(vmid, Instant::now());
+            m.retain(|_, h| h.at.elapsed() < RECENT);
+            let at = Instant::now();
+            m.insert(vmid, Handed { at, lost_for: None });
         }
     }
 
@@ -453,25 +463,34 @@ impl RecentVmids {
             m.remove(&vmid);
         }
     }
-}
 
-/// The VMID of each create whose answer was lost, by (region, VM name),
-/// for the next create of that VM; forgotten after [`RECENT`].
-#[derive(Debug, Default)]
-pub struct CreatesInDoubt(std::sync::Mutex<HashMap<(String, String), (u32, Instant)>>);
-
-impl CreatesInDoubt {
-    fn keep(&self, key: (String, String), vmid: u32) {
+    /// `vmid`'s create of `name` in `region` lost its answer: the next
+    /// create of that VM takes it again ([`Self::lost_create`]).
+    fn lost(&self, vmid: u32, region: &str, name: &str) {
         if let Ok(mut m) = self.0.lock() {
-            m.retain(|_, (_, at)| at.elapsed() < RECENT);
-            m.insert(key, (vmid, Instant::now()));
+            let lost_for = Some((region.to_string(), name.to_string()));
+            m.insert(
+                vmid,
+                Handed {
+                    at: Instant::now(),
+                    lost_for,
+                },
+            );
         }
     }
 
-    fn take(&self, key: &(String, String)) -> Option<u32> {
+    /// The VMID of a recent create of `name` in `region` whose answer was
+    /// lost, taken once.
+    fn lost_create(&self, region: &str, name: &str) -> Option<u32> {
         let mut m = self.0.lock().ok()?;
-        m.remove(key)
-            .and_then(|(vmid, at)| (at.elapsed() < RECENT).then_some(vmid))
+        let (vmid, h) = m.iter_mut().find(|(_, h)| {
+            h.at.elapsed() < RECENT
+                && h.lost_for
+                    .as_ref()
+                    .is_some_and(|(r, n)| r == region && n == name)
+        })?;
+        h.lost_for = None;
+        Some(*vmid)
     }
 }
 

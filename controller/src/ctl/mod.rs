@@ -47,10 +47,9 @@ pub struct Controller {
     /// Where the controller's own VMs take their VMIDs.
     pub vmid_range: crate::config::VmidRange,
     /// VMIDs handed to a create lately, kept from the next one while
-    /// Proxmox may not list them yet.
+    /// Proxmox may not list them yet, and taken again by the next create of
+    /// a VM whose create lost its answer.
     recent_vmids: holder::RecentVmids,
-    /// VMIDs of creates whose answer was lost, by region and VM name.
-    creates_in_doubt: holder::CreatesInDoubt,
     /// Serialises finding or making each node's holder VM.
     holder_locks: holder::HolderLocks,
     pub vms: Arc<VmIndex>,
@@ -129,7 +128,6 @@ impl Controller {
             controller_vmid,
             vmid_range: crate::config::VmidRange::above(controller_vmid),
             recent_vmids: holder::RecentVmids::default(),
-            creates_in_doubt: holder::CreatesInDoubt::default(),
             holder_locks: holder::HolderLocks::default(),
             vms: vms.clone(),
             attacher: Arc::new(Attacher::new(vms, attachments.clone())),
