@@ -110,10 +110,13 @@ impl Controller {
         // "destroy unreferenced disks" would free them.
         let owners = client.disk_owners(node, d).await.map_err(denied)?;
         self.none_being_created(client, d).await?;
-        // A create whose answer was lost may still land (pveproxy answers
-        // 596 while the call waits for a pvedaemon worker, which carries it
-        // out later): the next one takes the same VMID, so that only one of
-        // them makes the VM.
+        // A create whose answer was lost may still land: pveproxy answers
+        // 596 once its wait for pvedaemon runs out (pve-http-server
+        // src/PVE/APIServer/AnyEvent.pm proxy_request, `timeout => 30`) while
+        // the call still waits for one of pvedaemon's workers (pve-manager
+        // PVE/Service/pvedaemon.pm `max_workers`), which carries it out
+        // later. The next create takes the same VMID, so that only one of
+        // them makes the VM (qemu-server create_vm refuses a VMID in use).
         let mut doubted = self.recent_vmids.lost_create(client.region(), vm.name);
         let mut last = String::new();
         for _ in 0..5 {
